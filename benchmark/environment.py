@@ -1,0 +1,74 @@
+"""Where a result came from: device, driver, CUDA, library versions, git commit."""
+
+from __future__ import annotations
+
+import platform
+import re
+import subprocess
+from functools import cache
+from importlib.metadata import PackageNotFoundError, version
+
+from pytorch_custom_ops.library import REPO_ROOT
+
+
+def _version(pkg: str) -> str:
+    try:
+        return version(pkg)
+    except PackageNotFoundError:
+        return "-"
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return (out.stdout.strip() or "unknown") + ("+dirty" if dirty else "")
+    except OSError:
+        return "unknown"
+
+
+def _driver() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "-"
+    except (OSError, subprocess.TimeoutExpired):
+        return "-"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@cache
+def stamp() -> dict[str, str]:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return {
+        "device": torch.cuda.get_device_name(0) if cuda else f"CPU {_cpu_name()}",
+        "device_type": "cuda" if cuda else "cpu",
+        "driver": _driver() if cuda else "-",
+        "cuda": (torch.version.cuda or "-") if cuda else "-",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "max": _version("max"),
+        "mojo": _version("mojo") if _version("mojo") != "-" else _version("mojo-compiler"),
+        "git_commit": _git_commit(),
+    }
+
+
+def device_slug(name: str | None = None) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3': the results folder name."""
+    name = name or stamp()["device"]
+    if name.startswith("CPU"):
+        return "cpu"  # CPU runs are smoke runs, not comparable across machines anyway
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")

@@ -1,0 +1,86 @@
+"""The results store: append-only CSV files, `results/<device>/<day>.csv`.
+
+One row per measurement (implementation x shape x dtype), stamped with the run id and
+the environment. Earlier runs are never rewritten; readers pick the run they want
+(`latest_run`). The site and the plots read only from here.
+"""
+
+from __future__ import annotations
+
+import csv
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from pytorch_custom_ops.library import REPO_ROOT
+
+from .environment import device_slug, stamp
+
+RESULTS_DIR = REPO_ROOT / "results"
+
+STAMP_COLUMNS = ["run_id", "timestamp", "git_commit", "device", "device_type", "driver", "cuda",
+                 "python", "torch", "triton", "max", "mojo"]
+ROW_COLUMNS = [
+    "day", "op", "impl", "shape", "dtype",
+    "status",           # ok | NA (could not run: OOM, build error...) | wrong (failed validation)
+    "reason",
+    "ms_median", "ms_p20", "ms_p80", "ms_std",
+    "gbps", "tflops", "pct_copy_bw", "speedup_vs_torch",
+    "peak_extra_mib",
+    "host_us",          # host-side cost of one call (steady state), where measured
+    "note",
+]
+COLUMNS = STAMP_COLUMNS + ROW_COLUMNS
+
+
+def new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+
+
+def append_rows(rows: Iterable[Mapping], day: str, run_id: str, results_dir: Path = RESULTS_DIR) -> Path:
+    """Append `rows` (dicts with ROW_COLUMNS keys; missing ones are blank) for `day`."""
+    path = results_dir / device_slug() / f"{day}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists()
+    env = stamp()
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    with path.open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="raise")
+        if new:
+            writer.writeheader()
+        for row in rows:
+            unknown = set(row) - set(ROW_COLUMNS)
+            if unknown:
+                raise KeyError(f"unknown result columns: {sorted(unknown)}")
+            full = {**{k: "" for k in COLUMNS}, **env, "run_id": run_id, "timestamp": now, "day": day}
+            full.update({k: _fmt(v) for k, v in row.items()})
+            writer.writerow(full)
+    return path
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def load(day: str | None = None, device: str | None = None, results_dir: Path = RESULTS_DIR):
+    """All stored rows (optionally of one day / device folder) as a pandas DataFrame."""
+    import pandas as pd
+
+    files = sorted(results_dir.glob(f"{device or '*'}/{day or '*'}.csv"))
+    if not files:
+        return pd.DataFrame(columns=COLUMNS + ["device_dir"])
+    frames = [pd.read_csv(f, keep_default_na=False, na_values=[""]).assign(device_dir=f.parent.name) for f in files]
+    return pd.concat(frames, ignore_index=True)
+
+
+def latest_run(df):
+    """Rows of the newest run in `df`, per device folder and day."""
+    if df.empty:
+        return df
+    newest = df.groupby(["device_dir", "day"])["run_id"].transform("max")
+    return df[df["run_id"] == newest]

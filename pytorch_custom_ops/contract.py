@@ -1,0 +1,133 @@
+"""What Python knows about each Mojo op, and the checks made before a call reaches Mojo.
+
+MAX checks almost nothing on its own: a compile-time parameter that Python forgets gives
+"Failed to compile the model" with no reason, and a wrong output shape writes out of
+bounds (garbage or a segfault). So every op declares its contract once, here, as an
+`OpSpec`; each call is checked against it, and the spec itself is checked against the
+compiled library (`verify_against_library`), so Python and Mojo cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+SUPPORTED_DEVICES = ("cpu", "cuda")
+
+
+class ContractError(RuntimeError):
+    """The Python spec of an op does not match the Mojo op in the compiled library."""
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """A tensor argument: its Mojo name and one symbolic name per dimension.
+
+    Dimensions with the same name must have the same size in every tensor of a call
+    (e.g. `("rows", "cols")` for both the output and the input of a row softmax).
+    """
+
+    name: str
+    dims: tuple[str, ...]
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str  # the name given to @register in Mojo
+    outputs: tuple[TensorArg, ...]
+    inputs: tuple[TensorArg, ...]
+    dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES
+    params: Mapping[str, bool | int | str] = field(default_factory=dict)
+    # compile-time parameters MAX infers from the tensors instead of taking from Python
+    inferred: tuple[str, ...] = ("dtype",)
+
+    # -- per call ---------------------------------------------------------------------
+    def check_call(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> None:
+        """Raise TypeError/ValueError naming the op and the problem; return if the call is safe."""
+        op = self.name
+        for kind, given, declared in (("output", outputs, self.outputs), ("input", inputs, self.inputs)):
+            if len(given) != len(declared):
+                names = ", ".join(a.name for a in declared)
+                raise TypeError(f"{op}: expected {len(declared)} {kind} tensor(s) ({names}), got {len(given)}")
+        pairs = list(zip(self.outputs + self.inputs, list(outputs) + list(inputs)))
+        for arg, t in pairs:
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{op}: '{arg.name}' must be a torch.Tensor, got {type(t).__name__}")
+        first_arg, first = pairs[0]
+        sizes: dict[str, tuple[int, str]] = {}
+        for arg, t in pairs:
+            if t.dtype not in self.dtypes:
+                allowed = ", ".join(str(d).removeprefix("torch.") for d in self.dtypes)
+                raise TypeError(f"{op}: '{arg.name}' has dtype {t.dtype}; supported: {allowed}")
+            if t.dtype != first.dtype:
+                raise TypeError(f"{op}: '{arg.name}' is {t.dtype} but '{first_arg.name}' is {first.dtype}")
+            if t.device.type not in SUPPORTED_DEVICES:
+                raise ValueError(f"{op}: '{arg.name}' is on {t.device}; supported devices: cpu, cuda")
+            if t.device != first.device:
+                raise ValueError(f"{op}: '{arg.name}' is on {t.device} but '{first_arg.name}' is on {first.device}")
+            if t.dim() != arg.rank:
+                raise ValueError(f"{op}: '{arg.name}' must have rank {arg.rank} {arg.dims}, got shape {tuple(t.shape)}")
+            if not t.is_contiguous():
+                raise ValueError(f"{op}: '{arg.name}' must be contiguous (call .contiguous() first)")
+            for dim_name, size in zip(arg.dims, t.shape):
+                seen = sizes.setdefault(dim_name, (size, arg.name))
+                if seen[0] != size:
+                    raise ValueError(
+                        f"{op}: shape mismatch on '{dim_name}': '{arg.name}' has {size}, '{seen[1]}' has {seen[0]}"
+                    )
+        for i, (arg, out) in enumerate(zip(self.outputs, outputs)):
+            for other_arg, other in pairs[:i] + pairs[i + 1 :]:
+                if _overlaps(out, other):
+                    raise ValueError(f"{op}: output '{arg.name}' overlaps '{other_arg.name}' in memory")
+
+    # -- once per library -------------------------------------------------------------
+    def verify_against_library(self, declared_params: Sequence[str], tensor_args: Sequence[str], n_outputs: int) -> None:
+        """Compare this spec with the op's `execute` signature as the compiled library declares it."""
+        op = self.name
+        expected_tensors = [a.name for a in self.outputs + self.inputs]
+        if list(tensor_args) != expected_tensors or n_outputs != len(self.outputs):
+            raise ContractError(
+                f"{op}: Mojo declares tensors {list(tensor_args)} ({n_outputs} output(s)); "
+                f"Python declares {expected_tensors} ({len(self.outputs)} output(s))"
+            )
+        needed = set(declared_params) - {"target"} - set(self.inferred)
+        missing = sorted(needed - set(self.params))
+        extra = sorted(set(self.params) - needed)
+        if missing:
+            raise ContractError(f"{op}: Mojo declares compile-time parameter(s) {missing} that Python does not pass")
+        if extra:
+            raise ContractError(f"{op}: Python passes parameter(s) {extra} that the Mojo op does not declare")
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
+_PARAM_DECL = re.compile(r"param\.decl (\w+) :")
+
+
+def declared_parameters(kernel_decl: str) -> list[str]:
+    """Compile-time parameter names of an op's `execute`, read from its MLIR declaration.
+
+    Names MAX makes up for the tensors' internals contain a backquote and do not match.
+    """
+    return _PARAM_DECL.findall(kernel_decl)
+
+
+def user_ops(kernels) -> list[str]:
+    """Names of the ops registered with @register in our own Mojo sources."""
+    analysis = kernels._analysis
+    return sorted(n for n in kernels if "is_user_defined = true" in str(analysis.kernel(n)))

@@ -1,0 +1,140 @@
+"""Calling one Mojo op from torch with as little work per call as possible.
+
+MAX's own `CustomOpLibrary` compiles a graph for every new tensor shape (12-26 s on a
+GPU) and wraps each call in a generic torch custom op. Here each op is compiled once per
+(dtype, device) with *symbolic* dimensions, so a new shape costs nothing; the compiled
+`Model` is kept, and a call is: check the contract, wrap the tensors (DLPack, no copy),
+execute. MAX also caches the compiled graph on disk, so a new process skips the compile.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Sequence
+
+import torch
+
+from . import fallback
+from .contract import OpSpec, declared_parameters
+from .library import load_kernel_library
+
+
+class MojoOp:
+    def __init__(self, spec: OpSpec):
+        self.spec = spec
+        self._models: dict[tuple, object] = {}
+        self._lock = threading.Lock()
+        self._verified = False
+        self._broken: BaseException | None = None
+
+    # -- readiness ------------------------------------------------------------------------
+    def ready(self) -> bool:
+        """True when the Mojo path is live: library loaded and contract verified.
+
+        On failure the reason is kept, and `fallback.fall_back` warns (or raises, strict).
+        """
+        if self._broken is not None:
+            return False
+        if self._verified:
+            return True
+        try:
+            self.verify()
+        except Exception as exc:
+            self._broken = exc
+            return False
+        return True
+
+    def verify(self) -> None:
+        """Check this op's spec against the compiled library (raises ContractError)."""
+        kernels, _session, _path = load_kernel_library()
+        analysis = kernels._analysis
+        info = analysis.kernel_torch_info(self.spec.name)
+        params = declared_parameters(str(analysis.kernel(self.spec.name)))
+        self.spec.verify_against_library(params, info.tensor_arg_names, info.num_dps_outputs)
+        self._verified = True
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self._broken
+
+    # -- compile ------------------------------------------------------------------------
+    def model(self, dtype: torch.dtype, device: torch.device):
+        key = (dtype, device.type, device.index or 0)
+        model = self._models.get(key)
+        if model is None:
+            with self._lock:
+                model = self._models.get(key)
+                if model is None:
+                    try:
+                        model = self._compile(dtype, device)
+                    except Exception as exc:
+                        model = exc
+                    self._models[key] = model
+        if isinstance(model, Exception):
+            raise model
+        return model
+
+    def _compile(self, dtype: torch.dtype, device: torch.device):
+        from max.graph import DeviceRef, Graph, TensorType, ops
+        from max.experimental.torch.torch import torch_dtype_to_max
+
+        kernels, session, _ = load_kernel_library()
+        max_dtype = torch_dtype_to_max(dtype)
+        ref = DeviceRef.GPU(device.index or 0) if device.type == "cuda" else DeviceRef.CPU()
+        out_types = [TensorType(max_dtype, list(a.dims), device=ref) for a in self.spec.outputs]
+        in_types = [TensorType(max_dtype, list(a.dims), device=ref) for a in self.spec.inputs]
+        n_out = len(out_types)
+        graph_name = f"gpu_days_{self.spec.name}_{str(dtype).removeprefix('torch.')}_{device.type}"
+        with Graph(
+            graph_name,
+            input_types=[t.as_buffer() for t in out_types] + in_types,
+            kernel_library=kernels,
+        ) as graph:
+            results = ops.custom(
+                self.spec.name,
+                ref,
+                [v.tensor for v in graph.inputs[n_out:]],
+                out_types=out_types,
+                parameters=dict(self.spec.params),
+            )
+            for buf, result in zip(graph.inputs[:n_out], results):
+                buf.buffer[...] = result.tensor
+            graph.output()
+        return session.load(graph)
+
+    # -- call ---------------------------------------------------------------------------
+    def __call__(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], torch_impl=None) -> None:
+        """Run the op in destination-passing style: results are written into `outputs`.
+
+        Bad arguments always raise. If the Mojo path cannot run, `torch_impl()` fills the
+        outputs instead, after one warning per op (an error in strict mode, or when no
+        `torch_impl` is given).
+        """
+        self.spec.check_call(outputs, inputs)
+        try:
+            model = self.model(outputs[0].dtype, outputs[0].device) if self.ready() else None
+            reason = self._broken
+        except Exception as exc:  # the graph for this dtype/device failed to compile
+            model, reason = None, exc
+        if model is None:
+            if torch_impl is None:
+                raise fallback.MojoUnavailableError(f"{self.spec.name}: the Mojo kernel cannot run: {reason}")
+            fallback.fall_back(self.spec.name, reason)
+            torch_impl()
+            return
+        if any(t.numel() == 0 for t in outputs):
+            return  # nothing to write
+        model.execute(*[_to_max(t) for t in (*outputs, *inputs)])
+
+
+def _to_max(t: torch.Tensor):
+    from max.driver import Buffer
+
+    if t.device.type == "cuda":
+        # Hand MAX torch's current stream so the kernel is ordered after the work
+        # that produced the inputs (what MAX's own torch bridge does).
+        from max.experimental.torch.torch import max_device
+
+        stream = torch.cuda.current_stream(t.device).cuda_stream
+        return Buffer._from_dlpack(t.__dlpack__(), max_device(t.device), stream)
+    return Buffer.from_dlpack(t)

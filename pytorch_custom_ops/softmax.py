@@ -1,0 +1,105 @@
+"""`online_softmax(x, dim=-1)`: day009's Mojo kernel as a real torch op.
+
+Registered with torch.library as `gpu_days::online_softmax`, so it has a fake (meta)
+implementation for torch.compile, passes `torch.library.opcheck`, and is differentiable.
+The Mojo kernel works on a contiguous (rows, cols) tensor; this file moves `dim` last,
+flattens the rest into rows, and moves the result back.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .contract import FLOAT_DTYPES, SUPPORTED_DEVICES, OpSpec, TensorArg
+from .mojo_op import MojoOp
+
+ONLINE_SOFTMAX = OpSpec(
+    name="online_softmax",
+    outputs=(TensorArg("output", ("rows", "cols")),),
+    inputs=(TensorArg("x", ("rows", "cols")),),
+    params={"BLOCK": 256},  # threads per row; one compiled graph serves every shape
+)
+online_softmax_kernel = MojoOp(ONLINE_SOFTMAX)
+
+
+def check_softmax_args(name: str, x: torch.Tensor, dim: int) -> int:
+    """Validate like torch does, with messages that name the op; return dim >= 0."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name}: dtype {x.dtype} is not supported (float32, float16, bfloat16, float64)")
+    if x.device.type not in SUPPORTED_DEVICES:
+        raise ValueError(f"{name}: device {x.device} is not supported (cpu, cuda)")
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"{name}: dim must be an int, got {type(dim).__name__}")
+    ndim = max(x.dim(), 1)
+    if not -ndim <= dim < ndim:
+        raise IndexError(f"{name}: dim {dim} is out of range for a tensor of rank {x.dim()}")
+    return dim % ndim
+
+
+def _as_rows(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """(…, n, …) -> contiguous (rows, n) with `dim` last; copies only when needed."""
+    moved = x.reshape(1) if x.dim() == 0 else x.movedim(dim, -1)
+    return moved.contiguous().reshape(-1, moved.shape[-1] if moved.dim() else 1)
+
+
+def _from_rows(out2d: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
+    if x.dim() == 0:
+        return out2d.reshape(())
+    shape = list(x.movedim(dim, -1).shape)
+    return out2d.reshape(shape).movedim(-1, dim).contiguous()
+
+
+@torch.library.custom_op("gpu_days::online_softmax", mutates_args=())
+def _online_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
+    dim = check_softmax_args("online_softmax", x, dim)
+    rows = _as_rows(x, dim)
+    out = torch.empty_like(rows)
+    online_softmax_kernel([out], [rows], torch_impl=lambda: out.copy_(torch.softmax(rows, dim=-1)))
+    return _from_rows(out, x, dim)
+
+
+@_online_softmax.register_fake
+def _(x: torch.Tensor, dim: int) -> torch.Tensor:
+    check_softmax_args("online_softmax", x, dim)
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.dim = inputs[1]
+    ctx.save_for_backward(output)
+
+
+def _backward(ctx, grad):
+    # d softmax: y * (g - sum(g * y)). Plain torch until the softmax-family day brings
+    # a Mojo backward kernel.
+    (y,) = ctx.saved_tensors
+    return y * (grad - (grad * y).sum(ctx.dim, keepdim=True)), None
+
+
+_online_softmax.register_autograd(_backward, setup_context=_setup_context)
+
+
+def online_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Softmax of `x` along `dim`, computed by day009's one-pass (online) Mojo kernel."""
+    check_softmax_args("online_softmax", x, dim)
+    return torch.ops.gpu_days.online_softmax(x, dim)
+
+
+class MojoSoftmax(torch.nn.Module):
+    """Drop-in for `torch.nn.Softmax(dim)` backed by the Mojo kernel."""
+
+    def __init__(self, dim: int = -1):
+        super().__init__()
+        self.dim = dim
+
+    @property
+    def use_mojo(self) -> bool:
+        return online_softmax_kernel.ready()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return online_softmax(x, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
