@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 import subprocess
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 
-from pytorch_custom_ops.library import REPO_ROOT
+from pytorch_custom_ops.library import ENV_LIBRARY, REPO_ROOT
 
 
 def _version(pkg: str) -> str:
@@ -16,6 +17,26 @@ def _version(pkg: str) -> str:
         return version(pkg)
     except PackageNotFoundError:
         return "-"
+
+
+def _max_version() -> str:
+    found = _version("max")
+    if found == "-":  # the GPU machine's MAX bundle has no package metadata
+        try:
+            from max._core import __version__ as found
+        except ImportError:
+            pass
+    return found
+
+
+def _mojo_version() -> str:
+    """The compiler that built the kernels: installed here, or recorded beside a
+    precompiled library (GPU_DAYS_KERNEL_LIBRARY=x.mojoc, version in x.mojoc.version)."""
+    found = _version("mojo")
+    named = os.environ.get(ENV_LIBRARY)
+    if found == "-" and named and os.path.exists(named + ".version"):
+        found = open(named + ".version").read().strip()
+    return found
 
 
 def _git_commit() -> str:
@@ -60,8 +81,8 @@ def stamp() -> dict[str, str]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "triton": _version("triton"),
-        "max": _version("max"),
-        "mojo": _version("mojo") if _version("mojo") != "-" else _version("mojo-compiler"),
+        "max": _max_version(),
+        "mojo": _mojo_version(),
         "git_commit": _git_commit(),
     }
 

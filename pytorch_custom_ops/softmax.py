@@ -51,13 +51,15 @@ def _from_rows(out2d: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
     return out2d.reshape(shape).movedim(-1, dim).contiguous()
 
 
-@torch.library.custom_op("gpu_days::online_softmax", mutates_args=())
-def _online_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
+def _online_softmax_eager(x: torch.Tensor, dim: int) -> torch.Tensor:
     dim = check_softmax_args("online_softmax", x, dim)
     rows = _as_rows(x, dim)
     out = torch.empty_like(rows)
     online_softmax_kernel([out], [rows], torch_impl=lambda: out.copy_(torch.softmax(rows, dim=-1)))
     return _from_rows(out, x, dim)
+
+
+_online_softmax = torch.library.custom_op("gpu_days::online_softmax", _online_softmax_eager, mutates_args=())
 
 
 @_online_softmax.register_fake
@@ -84,7 +86,19 @@ _online_softmax.register_autograd(_backward, setup_context=_setup_context)
 def online_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Softmax of `x` along `dim`, computed by day009's one-pass (online) Mojo kernel."""
     check_softmax_args("online_softmax", x, dim)
-    return torch.ops.gpu_days.online_softmax(x, dim)
+    if _needs_dispatcher(x):
+        return torch.ops.gpu_days.online_softmax(x, dim)
+    return _online_softmax_eager(x, dim)
+
+
+def _needs_dispatcher(x) -> bool:
+    """Autograd, torch.compile tracing and tensor subclasses (fake tensors...) need the
+    registered op; a plain eager call skips the dispatcher, which costs ~50 us a call."""
+    return (
+        type(x) is not torch.Tensor
+        or (x.requires_grad and torch.is_grad_enabled())
+        or torch.compiler.is_compiling()
+    )
 
 
 class MojoSoftmax(torch.nn.Module):

@@ -1,0 +1,91 @@
+"""`python -m benchmark [--day dayNNN] [--op NAME] [--quick | --full] [--list] [--no-store]`
+
+Runs the registered cases on CUDA when present (full shapes), else on the CPU (quick
+shapes), prints a table, and appends the rows to results/<device>/<day>.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from . import timing
+from .cases import CASES
+from .environment import stamp
+from .store import append_rows, new_run_id
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmark", description=__doc__.splitlines()[0])
+    parser.add_argument("--day", action="append", help="only these days (repeatable), e.g. day009")
+    parser.add_argument("--op", action="append", help="only these ops (repeatable)")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="small shapes (default on CPU)")
+    size.add_argument("--full", action="store_true", help="all shapes (default on CUDA)")
+    parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    parser.add_argument("--no-store", action="store_true", help="print only; do not append to results/")
+    args = parser.parse_args(argv)
+
+    cases = [c for c in CASES if (not args.day or c.day in args.day) and (not args.op or c.op in args.op)]
+    if args.list or not cases:
+        for c in CASES:
+            print(f"{c.day}  {c.op:24s} impls: {', '.join(c.impls)}")
+        return 0 if cases or args.list else 2
+
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    quick = args.quick or (device == "cpu" and not args.full)
+    env = stamp()
+    console = Console(width=None if sys.stdout.isatty() else 150)
+    console.print(f"[bold]{env['device']}[/]  torch {env['torch']}  max {env['max']}  mojo {env['mojo']}  "
+                  f"commit {env['git_commit']}  ({'quick' if quick else 'full'} shapes)")
+    copy_gbps = timing.copy_bandwidth_gbps(device)
+    console.print(f"device copy bandwidth: {copy_gbps:.1f} GB/s (read + write)")
+    run_id = new_run_id()
+    by_day: dict[str, list[dict]] = {}
+    for c in cases:
+        by_day.setdefault(c.day, []).append({"op": "copy_bandwidth", "impl": "torch_copy", "status": "ok",
+                                              "gbps": copy_gbps, "pct_copy_bw": 100.0})
+
+    total = sum(len(c.shapes["quick" if quick else "full"]) * len(c.dtypes.get(device, [1])) for c in cases)
+    from .harness import run_case
+
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("benchmarking", total=total)
+        for c in cases:
+            rows = run_case(c, device, quick, copy_gbps, progress=lambda: progress.advance(task))
+            by_day[c.day].extend(rows)
+
+    table = Table(title=f"run {run_id}")
+    for col in ("day", "op", "shape", "dtype", "impl", "median ms", "p20-p80", "GB/s", "% copy", "vs torch", "status"):
+        table.add_column(col, justify="right" if col not in ("day", "op", "impl", "status") else "left")
+    for day, rows in by_day.items():
+        for r in rows:
+            if r["op"] == "copy_bandwidth":
+                continue
+            ok = r.get("status") == "ok"
+            table.add_row(
+                day, r["op"], r["shape"], r["dtype"], r["impl"],
+                f"{r['ms_median']:.4f}" if ok else "-",
+                f"{r['ms_p20']:.4f}-{r['ms_p80']:.4f}" if ok else "-",
+                f"{r['gbps']:.1f}" if ok and "gbps" in r else "-",
+                f"{r['pct_copy_bw']:.0f}%" if ok and "pct_copy_bw" in r else "-",
+                f"{r['speedup_vs_torch']:.2f}x" if ok and "speedup_vs_torch" in r else "-",
+                "ok" if ok else f"{r.get('status')}: {r.get('reason', '')}"[:60],
+            )
+    console.print(table)
+    if not args.no_store:
+        for day, rows in by_day.items():
+            path = append_rows(rows, day=day, run_id=run_id)
+            console.print(f"appended {len(rows)} rows to {path}")
+    bad = [r for rows in by_day.values() for r in rows if r.get("status") == "wrong"]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
