@@ -130,6 +130,8 @@ class MojoOp:
 def _to_max(t: torch.Tensor):
     from max.driver import Buffer
 
+    if t.requires_grad:  # DLPack refuses such tensors; autograd is handled above this layer
+        t = t.detach()
     if t.device.type == "cuda":
         # Hand MAX torch's current stream so the kernel is ordered after the work
         # that produced the inputs (what MAX's own torch bridge does).

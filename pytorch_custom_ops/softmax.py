@@ -53,6 +53,11 @@ def _from_rows(out2d: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
 
 def _online_softmax_eager(x: torch.Tensor, dim: int) -> torch.Tensor:
     dim = check_softmax_args("online_softmax", x, dim)
+    if dim == x.dim() - 1 and x.is_contiguous():  # the common case: views only
+        out = torch.empty_like(x)
+        n = x.shape[-1]
+        online_softmax_kernel([out.view(-1, n)], [x.view(-1, n)], torch_impl=lambda: out.copy_(torch.softmax(x, -1)))
+        return out
     rows = _as_rows(x, dim)
     out = torch.empty_like(rows)
     online_softmax_kernel([out], [rows], torch_impl=lambda: out.copy_(torch.softmax(rows, dim=-1)))
@@ -85,8 +90,8 @@ _online_softmax.register_autograd(_backward, setup_context=_setup_context)
 
 def online_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Softmax of `x` along `dim`, computed by day009's one-pass (online) Mojo kernel."""
-    check_softmax_args("online_softmax", x, dim)
     if _needs_dispatcher(x):
+        check_softmax_args("online_softmax", x, dim)  # our message before torch's schema check
         return torch.ops.gpu_days.online_softmax(x, dim)
     return _online_softmax_eager(x, dim)
 
@@ -95,7 +100,8 @@ def _needs_dispatcher(x) -> bool:
     """Autograd, torch.compile tracing and tensor subclasses (fake tensors...) need the
     registered op; a plain eager call skips the dispatcher, which costs ~50 us a call."""
     return (
-        type(x) is not torch.Tensor
+        not isinstance(x, torch.Tensor)
+        or type(x) is not torch.Tensor
         or (x.requires_grad and torch.is_grad_enabled())
         or torch.compiler.is_compiling()
     )

@@ -18,6 +18,9 @@ _compiled_softmax = None
 def _torch_compile(x):
     global _compiled_softmax
     if _compiled_softmax is None:
+        # one specialisation per (shape, dtype): 12 of them, above dynamo's default
+        # recompile limit of 8, past which it silently runs eager (seen on the H100)
+        torch._dynamo.config.recompile_limit = 64
         _compiled_softmax = torch.compile(lambda t: torch.softmax(t, dim=-1), dynamic=False)
     return _compiled_softmax(x)
 
