@@ -1,0 +1,27 @@
+"""The project's own files agree with each other (pins, commands the README promises)."""
+
+import re
+import tomllib
+
+from pytorch_custom_ops.library import REPO_ROOT
+
+
+def _pins(requirements):
+    return dict(re.match(r"([A-Za-z0-9_.-]+)==(\S+)", r).groups() for r in requirements if "==" in r)
+
+
+def test_pixi_pins_match_pyproject():
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    pixi = tomllib.loads((REPO_ROOT / "pixi.toml").read_text())
+    pinned = _pins(pyproject["project"]["dependencies"])
+    assert {"torch", "mojo", "max", "triton", "numpy"} <= set(pinned)
+    pixi_deps = {k: v.removeprefix("==") for k, v in pixi["pypi-dependencies"].items() if isinstance(v, str)}
+    assert pixi_deps == pinned
+    assert set(pixi["tasks"]) >= {"test", "bench", "docs", "lint"}
+
+
+def test_readme_quickstart_and_ci_agree():
+    readme = (REPO_ROOT / "README.md").read_text()
+    for cmd in ("pip install nox", "nox -s test", "nox -s bench", "nox -s docs"):
+        assert cmd in readme
+    assert "nox -s test" in (REPO_ROOT / ".ci" / "run").read_text()
