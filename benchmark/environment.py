@@ -40,6 +40,8 @@ def _mojo_version() -> str:
 
 
 def _git_commit() -> str:
+    if os.environ.get("GPU_DAYS_GIT_COMMIT"):  # a copy of the tree without .git (the GPU machine)
+        return os.environ["GPU_DAYS_GIT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
