@@ -37,7 +37,7 @@ def install(session: nox.Session, *extras: str) -> None:
 @nox.session
 def test(session: nox.Session) -> None:
     """Run every test (pytest exits non-zero when a test fails or none ran)."""
-    install(session, "test")
+    install(session, "test", "docs")  # docs: the site test builds the site
     session.run("python", "-m", "pytest", *session.posargs)
 
 

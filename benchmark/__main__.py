@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 
 import torch
 
 from . import timing
-from .cases import CASES
+from .cases import CASES, RUNNERS
 from .environment import stamp
 from .store import append_rows, new_run_id
 
@@ -28,11 +29,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-store", action="store_true", help="print only; do not append to results/")
     args = parser.parse_args(argv)
 
-    cases = [c for c in CASES if (not args.day or c.day in args.day) and (not args.op or c.op in args.op)]
-    if args.list or not cases:
+    def wanted(x) -> bool:
+        return (not args.day or x.day in args.day) and (not args.op or x.op in args.op)
+
+    cases = [c for c in CASES if wanted(c)]
+    runners = [r for r in RUNNERS if wanted(r)]
+    if args.list or not (cases or runners):
         for c in CASES:
             print(f"{c.day}  {c.op:24s} impls: {', '.join(c.impls)}")
-        return 0 if cases or args.list else 2
+        for r in RUNNERS:
+            print(f"{r.day}  {r.op:24s} (the day's own sweep)")
+        return 0 if args.list else 2
 
     from rich.console import Console
     from rich.progress import Progress
@@ -42,15 +49,18 @@ def main(argv: list[str] | None = None) -> int:
     quick = args.quick or (device == "cpu" and not args.full)
     env = stamp()
     console = Console(width=None if sys.stdout.isatty() else 150)
-    console.print(f"[bold]{env['device']}[/]  torch {env['torch']}  max {env['max']}  mojo {env['mojo']}  "
-                  f"commit {env['git_commit']}  ({'quick' if quick else 'full'} shapes)")
+    console.print(
+        f"[bold]{env['device']}[/]  torch {env['torch']}  max {env['max']}  mojo {env['mojo']}  "
+        f"commit {env['git_commit']}  ({'quick' if quick else 'full'} shapes)"
+    )
     copy_gbps = timing.copy_bandwidth_gbps(device)
     console.print(f"device copy bandwidth: {copy_gbps:.1f} GB/s (read + write)")
     run_id = new_run_id()
     by_day: dict[str, list[dict]] = {}
-    for c in cases:
-        by_day.setdefault(c.day, []).append({"op": "copy_bandwidth", "impl": "torch_copy", "status": "ok",
-                                              "gbps": copy_gbps, "pct_copy_bw": 100.0})
+    for day in sorted({x.day for x in cases + runners}):
+        by_day.setdefault(day, []).append(
+            {"op": "copy_bandwidth", "impl": "torch_copy", "status": "ok", "gbps": copy_gbps, "pct_copy_bw": 100.0}
+        )
 
     total = sum(len(c.shapes["quick" if quick else "full"]) * len(c.dtypes.get(device, [1])) for c in cases)
     from .harness import run_case
@@ -60,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         for c in cases:
             rows = run_case(c, device, quick, copy_gbps, progress=lambda: progress.advance(task))
             by_day[c.day].extend(rows)
+        for r in runners:
+            progress.update(task, description=f"{r.day} {r.op}")
+            by_day.setdefault(r.day, []).extend(r.rows(quick, device))
 
     table = Table(title=f"run {run_id}")
     for col in ("day", "op", "shape", "dtype", "impl", "median ms", "p20-p80", "GB/s", "% copy", "vs torch", "status"):
@@ -69,13 +82,19 @@ def main(argv: list[str] | None = None) -> int:
             if r["op"] == "copy_bandwidth":
                 continue
             ok = r.get("status") == "ok"
+            cell = partial(_cell, r)
+
             table.add_row(
-                day, r["op"], r["shape"], r["dtype"], r["impl"],
-                f"{r['ms_median']:.4f}" if ok else "-",
-                f"{r['ms_p20']:.4f}-{r['ms_p80']:.4f}" if ok else "-",
-                f"{r['gbps']:.1f}" if ok and "gbps" in r else "-",
-                f"{r['pct_copy_bw']:.0f}%" if ok and "pct_copy_bw" in r else "-",
-                f"{r['speedup_vs_torch']:.2f}x" if ok and "speedup_vs_torch" in r else "-",
+                day,
+                r["op"],
+                r["shape"],
+                r["dtype"],
+                r["impl"],
+                cell("ms_median", ".4f"),
+                f"{cell('ms_p20', '.4f')}-{cell('ms_p80', '.4f')}",
+                cell("gbps", ".1f"),
+                cell("pct_copy_bw", ".0f", "%"),
+                cell("speedup_vs_torch", ".2f", "x"),
                 "ok" if ok else f"{r.get('status')}: {r.get('reason', '')}"[:60],
             )
     console.print(table)
@@ -85,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"appended {len(rows)} rows to {path}")
     bad = [r for rows in by_day.values() for r in rows if r.get("status") == "wrong"]
     return 1 if bad else 0
+
+
+def _cell(row: dict, key: str, spec: str, suffix: str = "") -> str:
+    v = row.get(key)
+    return f"{v:{spec}}{suffix}" if row.get("status") == "ok" and v is not None and v != "" else "-"
 
 
 if __name__ == "__main__":

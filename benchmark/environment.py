@@ -8,8 +8,11 @@ import re
 import subprocess
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
-from pytorch_custom_ops.library import ENV_LIBRARY, REPO_ROOT
+# not imported from pytorch_custom_ops: that imports torch, and the docs build reads this
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ENV_LIBRARY = "GPU_DAYS_KERNEL_LIBRARY"  # as in pytorch_custom_ops.library (importing it imports torch)
 
 
 def _version(pkg: str) -> str:
@@ -44,8 +47,9 @@ def _git_commit() -> str:
         return os.environ["GPU_DAYS_GIT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                               capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT, capture_output=True, text=True
+        ).stdout.strip()
         return (out.stdout.strip() or "unknown") + ("+dirty" if dirty else "")
     except OSError:
         return "unknown"
@@ -53,8 +57,12 @@ def _git_commit() -> str:
 
 def _driver() -> str:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "-"
     except (OSError, subprocess.TimeoutExpired):
         return "-"

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 
@@ -101,7 +101,7 @@ def run_case(case: Case, device: str, quick: bool, copy_gbps: float | None, prog
                         row.update(status="wrong", reason=f"max abs error {err:.3g} > {tol:g} x max|ref| {scale:.3g}")
                         continue
                     del got
-                    runnable[name] = (lambda impl=impl: impl(*inputs))
+                    runnable[name] = lambda impl=impl, inputs=inputs: impl(*inputs)
                 except Exception as exc:
                     _free_after_failure(device)
                     row.update(status="NA", reason=_reason(exc))

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 
 import torch
 
@@ -58,8 +59,9 @@ def fresh_process_s(call: str, cache_dir: str | None) -> float:
     env = dict(os.environ)
     if cache_dir:
         env["MODULAR_CACHE_DIR"] = cache_dir
-    out = subprocess.run([sys.executable, "-c", FRESH.format(dev=DEVICE, call=call)], env=env,
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", FRESH.format(dev=DEVICE, call=call)], env=env, capture_output=True, text=True, check=True
+    )
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -79,34 +81,73 @@ def levers(xt, tiny, model, add, rows) -> None:
         model.replay(1, *bufs)
         torch.cuda.synchronize()
         ok = torch.allclose(out, torch.softmax(new, -1), atol=1e-6)
-        add("c_lever_max_graph_replay", "mojo", us=per_call_us(lambda: model.replay(1, *bufs)), shape=tiny,
-            note=f"Model.capture/replay; replay result {'correct' if ok else 'WRONG'}")
+        add(
+            "c_lever_max_graph_replay",
+            "mojo",
+            us=per_call_us(lambda: model.replay(1, *bufs)),
+            shape=tiny,
+            note=f"Model.capture/replay; replay result {'correct' if ok else 'WRONG'}",
+        )
     except Exception as exc:
-        rows.append({"op": "c_lever_max_graph_replay", "impl": "mojo", "shape": tiny, "dtype": "float32",
-                     "status": "NA", "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"})
+        rows.append(
+            {
+                "op": "c_lever_max_graph_replay",
+                "impl": "mojo",
+                "shape": tiny,
+                "dtype": "float32",
+                "status": "NA",
+                "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
+            }
+        )
         print("max graph replay failed:", exc)
-    # torch's CUDA graph around the torch op call
-    try:
-        static_x = torch.randn_like(xt)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                pco.online_softmax(static_x)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_y = pco.online_softmax(static_x)
-        static_x.copy_(new)
-        graph.replay()
-        torch.cuda.synchronize()
-        ok = torch.allclose(static_y, torch.softmax(new, -1), atol=1e-6)
-        add("c_lever_torch_cuda_graph", "mojo", us=per_call_us(graph.replay), shape=tiny,
-            note=f"torch.cuda.graph around the op; replay result {'correct' if ok else 'WRONG'}")
-    except Exception as exc:
-        rows.append({"op": "c_lever_torch_cuda_graph", "impl": "mojo", "shape": tiny, "dtype": "float32",
-                     "status": "NA", "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"})
-        print("torch cuda graph failed:", exc)
+    # torch's CUDA graph around the op call. In a child process: a failed capture leaves
+    # the CUDA context unusable (seen on the H100: "capturing stream has unjoined work").
+    proc = subprocess.run([sys.executable, "-c", TORCH_GRAPH_LEVER], capture_output=True, text=True)
+    last = (proc.stdout.strip().splitlines() or ["fail no output"])[-1].split(" ", 2)
+    if proc.returncode == 0 and last[0] == "ok":
+        add(
+            "c_lever_torch_cuda_graph",
+            "mojo",
+            us=float(last[1]),
+            shape=tiny,
+            note=f"torch.cuda.graph around the op; replay result {last[2]}",
+        )
+    else:
+        err = proc.stderr.strip().splitlines() or ["?"]
+        reason = next((line for line in err if "Error" in line), err[-1])[:200]
+        rows.append(
+            {
+                "op": "c_lever_torch_cuda_graph",
+                "impl": "mojo",
+                "shape": tiny,
+                "dtype": "float32",
+                "status": "NA",
+                "reason": reason,
+            }
+        )
+        print("torch cuda graph lever failed:", reason)
+
+
+TORCH_GRAPH_LEVER = """
+import torch, pytorch_custom_ops as pco
+from benchmark.timing import host_overhead_us
+x = torch.randn(8, 128, device="cuda")
+side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):
+    for _ in range(3):
+        pco.online_softmax(x)
+torch.cuda.current_stream().wait_stream(side)
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    y = pco.online_softmax(x)
+new = torch.randn_like(x)
+x.copy_(new)
+graph.replay()
+torch.cuda.synchronize()
+ok = torch.allclose(y, torch.softmax(new, -1), atol=1e-6)
+print("ok", host_overhead_us(graph.replay, 300), "correct" if ok else "WRONG")
+"""
 
 
 def main(argv=None) -> int:
@@ -117,19 +158,44 @@ def main(argv=None) -> int:
     rows: list[dict] = []
 
     def add(metric, impl, *, ms=None, us=None, shape="", note=""):
-        rows.append({"op": metric, "impl": impl, "shape": shape, "dtype": "float32", "status": "ok",
-                     "ms_median": ms, "host_us": us, "note": note})
+        rows.append(
+            {
+                "op": metric,
+                "impl": impl,
+                "shape": shape,
+                "dtype": "float32",
+                "status": "ok",
+                "ms_median": ms,
+                "host_us": us,
+                "note": note,
+            }
+        )
         val = f"{ms:.3f} ms" if ms is not None else f"{us:.1f} us"
         print(f"{metric:34s} {impl:28s} {shape:10s} {val}  {note}")
 
     # (a) first call in a fresh process: cold MAX cache, then warm
     with tempfile.TemporaryDirectory() as cold:
-        add("a_first_call_fresh_process", "mojo", ms=1e3 * fresh_process_s("pco.online_softmax(x)", cold),
-            shape="64x1000", note="empty MAX cache: library load + graph compile")
-    add("a_first_call_fresh_process", "mojo", ms=1e3 * fresh_process_s("pco.online_softmax(x)", None),
-        shape="64x1000", note="warm MAX disk cache")
-    add("a_first_call_fresh_process", "torch", ms=1e3 * fresh_process_s("torch.softmax(x, -1)", None),
-        shape="64x1000", note="import + first call")
+        add(
+            "a_first_call_fresh_process",
+            "mojo",
+            ms=1e3 * fresh_process_s("pco.online_softmax(x)", cold),
+            shape="64x1000",
+            note="empty MAX cache: library load + graph compile",
+        )
+    add(
+        "a_first_call_fresh_process",
+        "mojo",
+        ms=1e3 * fresh_process_s("pco.online_softmax(x)", None),
+        shape="64x1000",
+        note="warm MAX disk cache",
+    )
+    add(
+        "a_first_call_fresh_process",
+        "torch",
+        ms=1e3 * fresh_process_s("torch.softmax(x, -1)", None),
+        shape="64x1000",
+        note="import + first call",
+    )
 
     # warm up both paths
     x = torch.randn(64, 1000, device=DEVICE)
@@ -140,10 +206,15 @@ def main(argv=None) -> int:
     for shape in [(77, 3001), (1000, 129)]:
         xs = torch.randn(shape, device=DEVICE)
         s = "x".join(map(str, shape))
-        add("b_first_call_new_shape", "mojo", ms=1e3 * timed_once(lambda: pco.online_softmax(xs)), shape=s,
-            note="symbolic dims: no recompile")
+        add(
+            "b_first_call_new_shape",
+            "mojo",
+            ms=1e3 * timed_once(partial(pco.online_softmax, xs)),
+            shape=s,
+            note="symbolic dims: no recompile",
+        )
         xs2 = torch.randn(shape[0] + 1, shape[1], device=DEVICE)
-        add("b_first_call_new_shape", "torch", ms=1e3 * timed_once(lambda: torch.softmax(xs2, -1)), shape=s)
+        add("b_first_call_new_shape", "torch", ms=1e3 * timed_once(partial(torch.softmax, xs2, -1)), shape=s)
     if not args.skip_max_customop:
         from pathlib import Path
 
@@ -154,32 +225,61 @@ def main(argv=None) -> int:
         for shape in [(64, 1000), (65, 1000)]:
             xs = torch.randn(shape, device=DEVICE)
             out = torch.empty_like(xs)
-            add("b_first_call_new_shape", "max_customoplibrary", ms=1e3 * timed_once(lambda: op(out, xs)),
-                shape="x".join(map(str, shape)), note="MAX's own bridge: one graph per shape")
+            add(
+                "b_first_call_new_shape",
+                "max_customoplibrary",
+                ms=1e3 * timed_once(partial(op, out, xs)),
+                shape="x".join(map(str, shape)),
+                note="MAX's own bridge: one graph per shape",
+            )
         add("c_host_per_call", "max_customoplibrary", us=per_call_us(lambda: op(out, xs)), shape="65x1000")
 
     # (c) steady-state host cost per call, and its parts for the Mojo path
     xt = torch.randn(*TINY, device=DEVICE)
     tiny = "x".join(map(str, TINY))
     add("c_host_per_call", "torch", us=per_call_us(lambda: torch.softmax(xt, -1)), shape=tiny)
-    add("c_host_per_call", "mojo", us=per_call_us(lambda: pco.online_softmax(xt)), shape=tiny,
-        note="public op: checks, dispatch, MAX execute")
+    add(
+        "c_host_per_call",
+        "mojo",
+        us=per_call_us(lambda: pco.online_softmax(xt)),
+        shape=tiny,
+        note="public op: checks, dispatch, MAX execute",
+    )
     kernel = pco.online_softmax_kernel
     out = torch.empty_like(xt)
-    add("c_part_torch_dispatch_and_wrapper", "mojo",
+    add(
+        "c_part_torch_dispatch_and_wrapper",
+        "mojo",
         us=per_call_us(lambda: torch.ops.gpu_days.online_softmax(xt, -1)) - per_call_us(lambda: kernel([out], [xt])),
-        shape=tiny, note="torch.library op + movedim/reshape around the kernel call")
+        shape=tiny,
+        note="torch.library op + movedim/reshape around the kernel call",
+    )
     add("c_part_contract_check", "mojo", us=per_call_us(lambda: kernel.spec.check_call([out], [xt])), shape=tiny)
-    add("c_part_dlpack_wrap", "mojo", us=per_call_us(lambda: (_to_max(out), _to_max(xt))), shape=tiny,
-        note="two tensors -> MAX buffers")
+    add(
+        "c_part_dlpack_wrap",
+        "mojo",
+        us=per_call_us(lambda: (_to_max(out), _to_max(xt))),
+        shape=tiny,
+        note="two tensors -> MAX buffers",
+    )
     model = kernel.model(xt.dtype, xt.device)
     bufs = (_to_max(out), _to_max(xt))
-    add("c_part_model_execute", "mojo", us=per_call_us(lambda: model.execute(*bufs)), shape=tiny,
-        note="MAX Model.execute with ready buffers")
+    add(
+        "c_part_model_execute",
+        "mojo",
+        us=per_call_us(lambda: model.execute(*bufs)),
+        shape=tiny,
+        note="MAX Model.execute with ready buffers",
+    )
 
     # levers for the steady-state cost (c)
-    add("c_lever_execute_device_tensors", "mojo", us=per_call_us(lambda: model._execute_device_tensors(list(bufs))),
-        shape=tiny, note="skip Model.execute's Python argument loop")
+    add(
+        "c_lever_execute_device_tensors",
+        "mojo",
+        us=per_call_us(lambda: model._execute_device_tensors(list(bufs))),
+        shape=tiny,
+        note="skip Model.execute's Python argument loop",
+    )
     if DEVICE == "cuda":
         levers(xt, tiny, model, add, rows)
 
@@ -190,11 +290,15 @@ def main(argv=None) -> int:
         if DEVICE == "cuda":
             ms = timing.kernel_time_ms(fn)
             add("d_kernel_time", impl, ms=ms, shape=big, note="device time (profiler)")
-            add("d_end_to_end_time", impl, ms=timing.time_cuda({impl: fn})[impl].median_ms, shape=big,
-                note="CUDA events, L2 flushed")
+            add(
+                "d_end_to_end_time",
+                impl,
+                ms=timing.time_cuda({impl: fn})[impl].median_ms,
+                shape=big,
+                note="CUDA events, L2 flushed",
+            )
         else:
-            add("d_end_to_end_time", impl, ms=timing.time_cpu({impl: fn})[impl].median_ms, shape=big,
-                note="wall clock")
+            add("d_end_to_end_time", impl, ms=timing.time_cpu({impl: fn})[impl].median_ms, shape=big, note="wall clock")
 
     if not args.no_store:
         print("appended to", append_rows(rows, day="day010", run_id=new_run_id()))

@@ -9,33 +9,53 @@ from __future__ import annotations
 
 import csv
 import uuid
-from datetime import datetime, timezone
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Iterable, Mapping
 
-from pytorch_custom_ops.library import REPO_ROOT
-
-from .environment import device_slug, stamp
+from .environment import REPO_ROOT, device_slug, stamp
 
 RESULTS_DIR = REPO_ROOT / "results"
 
-STAMP_COLUMNS = ["run_id", "timestamp", "git_commit", "device", "device_type", "driver", "cuda",
-                 "python", "torch", "triton", "max", "mojo"]
+STAMP_COLUMNS = [
+    "run_id",
+    "timestamp",
+    "git_commit",
+    "device",
+    "device_type",
+    "driver",
+    "cuda",
+    "python",
+    "torch",
+    "triton",
+    "max",
+    "mojo",
+]
 ROW_COLUMNS = [
-    "day", "op", "impl", "shape", "dtype",
-    "status",           # ok | NA (could not run: OOM, build error...) | wrong (failed validation)
+    "day",
+    "op",
+    "impl",
+    "shape",
+    "dtype",
+    "status",  # ok | NA (could not run: OOM, build error...) | wrong (failed validation)
     "reason",
-    "ms_median", "ms_p20", "ms_p80", "ms_std",
-    "gbps", "tflops", "pct_copy_bw", "speedup_vs_torch",
+    "ms_median",
+    "ms_p20",
+    "ms_p80",
+    "ms_std",
+    "gbps",
+    "tflops",
+    "pct_copy_bw",
+    "speedup_vs_torch",
     "peak_extra_mib",
-    "host_us",          # host-side cost of one call (steady state), where measured
+    "host_us",  # host-side cost of one call (steady state), where measured
     "note",
 ]
 COLUMNS = STAMP_COLUMNS + ROW_COLUMNS
 
 
 def new_run_id() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
 
 
 def append_rows(rows: Iterable[Mapping], day: str, run_id: str, results_dir: Path = RESULTS_DIR) -> Path:
@@ -44,7 +64,7 @@ def append_rows(rows: Iterable[Mapping], day: str, run_id: str, results_dir: Pat
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.exists()
     env = stamp()
-    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    now = datetime.now(UTC).isoformat(timespec="seconds")
     with path.open("a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="raise")
         if new:
@@ -74,7 +94,11 @@ def load(day: str | None = None, device: str | None = None, results_dir: Path = 
     files = sorted(results_dir.glob(f"{device or '*'}/{day or '*'}.csv"))
     if not files:
         return pd.DataFrame(columns=COLUMNS + ["device_dir"])
-    frames = [pd.read_csv(f, keep_default_na=False, na_values=[""]).assign(device_dir=f.parent.name) for f in files]
+    text = {c: str for c in STAMP_COLUMNS + ["day", "op", "impl", "shape", "dtype", "status", "reason", "note"]}
+    frames = [
+        pd.read_csv(f, keep_default_na=False, na_values=[""], dtype=text).assign(device_dir=f.parent.name)
+        for f in files
+    ]
     return pd.concat(frames, ignore_index=True)
 
 

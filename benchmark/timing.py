@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -42,8 +42,10 @@ def time_cuda(fns: dict[str, Callable[[], object]], min_reps: int = 100, budget_
     per_round = max(time.perf_counter() - t0, 1e-6)
     reps = max(min_reps, min(1000, int(budget_s / per_round)))
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    events = {name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-              for name in fns}
+    events = {
+        name: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        for name in fns
+    }
     for i in range(reps):
         for name, fn in fns.items():
             flush.zero_()
@@ -107,5 +109,9 @@ def copy_bandwidth_gbps(device: str) -> float:
     src = torch.rand(n, device=device)
     dst = torch.empty_like(src)
     fn = lambda: dst.copy_(src)  # noqa: E731
-    t = time_cuda({"copy": fn}, min_reps=20, budget_s=1.0)["copy"] if device == "cuda" else time_cpu({"copy": fn})["copy"]
+    t = (
+        time_cuda({"copy": fn}, min_reps=20, budget_s=1.0)["copy"]
+        if device == "cuda"
+        else time_cpu({"copy": fn})["copy"]
+    )
     return 2 * n * 4 / (t.median_ms * 1e-3) / 1e9

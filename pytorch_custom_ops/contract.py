@@ -10,8 +10,8 @@ compiled library (`verify_against_library`), so Python and Mojo cannot drift apa
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 import torch
 
@@ -57,7 +57,7 @@ class OpSpec:
             if len(given) != len(declared):
                 names = ", ".join(a.name for a in declared)
                 raise TypeError(f"{op}: expected {len(declared)} {kind} tensor(s) ({names}), got {len(given)}")
-        pairs = list(zip(self.outputs + self.inputs, list(outputs) + list(inputs)))
+        pairs = list(zip(self.outputs + self.inputs, list(outputs) + list(inputs), strict=True))
         for arg, t in pairs:
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{op}: '{arg.name}' must be a torch.Tensor, got {type(t).__name__}")
@@ -77,19 +77,21 @@ class OpSpec:
                 raise ValueError(f"{op}: '{arg.name}' must have rank {arg.rank} {arg.dims}, got shape {tuple(t.shape)}")
             if not t.is_contiguous():
                 raise ValueError(f"{op}: '{arg.name}' must be contiguous (call .contiguous() first)")
-            for dim_name, size in zip(arg.dims, t.shape):
+            for dim_name, size in zip(arg.dims, t.shape, strict=True):
                 seen = sizes.setdefault(dim_name, (size, arg.name))
                 if seen[0] != size:
                     raise ValueError(
                         f"{op}: shape mismatch on '{dim_name}': '{arg.name}' has {size}, '{seen[1]}' has {seen[0]}"
                     )
-        for i, (arg, out) in enumerate(zip(self.outputs, outputs)):
+        for i, (arg, out) in enumerate(zip(self.outputs, outputs, strict=True)):
             for other_arg, other in pairs[:i] + pairs[i + 1 :]:
                 if _overlaps(out, other):
                     raise ValueError(f"{op}: output '{arg.name}' overlaps '{other_arg.name}' in memory")
 
     # -- once per library -------------------------------------------------------------
-    def verify_against_library(self, declared_params: Sequence[str], tensor_args: Sequence[str], n_outputs: int) -> None:
+    def verify_against_library(
+        self, declared_params: Sequence[str], tensor_args: Sequence[str], n_outputs: int
+    ) -> None:
         """Compare this spec with the op's `execute` signature as the compiled library declares it."""
         op = self.name
         expected_tensors = [a.name for a in self.outputs + self.inputs]

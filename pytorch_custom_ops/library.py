@@ -68,9 +68,7 @@ def build_library(package: Path = KERNEL_PACKAGE, build_dir: Path = BUILD_DIR) -
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         shutil.rmtree(staging, ignore_errors=True)
-        raise KernelBuildError(
-            f"`{' '.join(cmd)}` failed (exit {proc.returncode}):\n{proc.stderr or proc.stdout}"
-        )
+        raise KernelBuildError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}):\n{proc.stderr or proc.stdout}")
     (staging / target.name).replace(target)  # atomic: parallel workers never see half a file
     shutil.rmtree(staging, ignore_errors=True)
     for old in build_dir.iterdir():

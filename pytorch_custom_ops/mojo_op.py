@@ -10,7 +10,7 @@ execute. MAX also caches the compiled graph on disk, so a new process skips the 
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -75,8 +75,8 @@ class MojoOp:
         return model
 
     def _compile(self, dtype: torch.dtype, device: torch.device):
-        from max.graph import DeviceRef, Graph, TensorType, ops
         from max.experimental.torch.torch import torch_dtype_to_max
+        from max.graph import DeviceRef, Graph, TensorType, ops
 
         kernels, session, _ = load_kernel_library()
         max_dtype = torch_dtype_to_max(dtype)
@@ -97,7 +97,7 @@ class MojoOp:
                 out_types=out_types,
                 parameters=dict(self.spec.params),
             )
-            for buf, result in zip(graph.inputs[:n_out], results):
+            for buf, result in zip(graph.inputs[:n_out], results, strict=True):
                 buf.buffer[...] = result.tensor
             graph.output()
         return session.load(graph)

@@ -18,8 +18,19 @@ CHECKS = sorted((REPO_ROOT / "tests" / "mojo").glob("*_gpu_check.mojo"))
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda p: p.stem)
 def test_gpu_branch_compiles_to_sm90_ptx(check: Path, tmp_path):
-    cmd = [mojo_executable(), "build", "-I", str(REPO_ROOT), "--target-accelerator", "nvidia:90",
-           "--emit", "asm", str(check), "-o", str(tmp_path / "out.s")]
+    cmd = [
+        mojo_executable(),
+        "build",
+        "-I",
+        str(REPO_ROOT),
+        "--target-accelerator",
+        "nvidia:90",
+        "--emit",
+        "asm",
+        str(check),
+        "-o",
+        str(tmp_path / "out.s"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT)
     assert proc.returncode == 0, proc.stderr
     ptx = "\n".join(p.read_text() for p in tmp_path.glob("*.ptx"))
@@ -30,8 +41,9 @@ def test_gpu_branch_compiles_to_sm90_ptx(check: Path, tmp_path):
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda p: p.stem)
 def test_gpu_check_cpu_branch_passes(check: Path):
-    proc = subprocess.run([mojo_executable(), "run", "-I", str(REPO_ROOT), str(check)],
-                          capture_output=True, text=True, cwd=REPO_ROOT)
+    proc = subprocess.run(
+        [mojo_executable(), "run", "-I", str(REPO_ROOT), str(check)], capture_output=True, text=True, cwd=REPO_ROOT
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK" in proc.stdout
 

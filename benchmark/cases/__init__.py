@@ -1,5 +1,30 @@
-"""Every day's benchmark cases. A new day adds a module here and lists it in CASES."""
+"""Every day's benchmarks. A new day adds a module here and lists it in CASES (a Case
+timed by the shared harness) or RUNNERS (a day that drives its own sweep and returns
+store rows, like day011's assignment benchmark)."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
 
 from . import day009
 
+
+@dataclass
+class Runner:
+    day: str
+    op: str
+    rows: Callable[[bool, str], list[dict]]  # (quick, device) -> results-store rows
+
+
+def _day011(quick: bool, device: str) -> list[dict]:
+    from days.day011 import bench_softmax_matmul as day011  # imports triton: only when asked
+
+    rows = day011.benchmark_rows(quick=quick, dtype=torch.float32)
+    if device == "cuda":
+        rows += day011.benchmark_rows(quick=quick, dtype=torch.bfloat16)
+    return rows
+
+
 CASES = [*day009.CASES]
+RUNNERS = [Runner("day011", "softmax_matmul", _day011)]

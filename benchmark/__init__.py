@@ -1,0 +1,9 @@
+"""One benchmark harness for every day: `python -m benchmark` (or `nox -s bench`).
+
+harness.py   Case + run_case: validate against float64, then time interleaved
+timing.py    CUDA-event / wall-clock timers, profiler kernel time, copy bandwidth
+cases/       one module per day registering its Case(s)
+store.py     append-only results/<device>/<day>.csv, stamped by environment.py
+plots.py     PNGs for the site, from the store
+overhead.py  where one op call's time goes (day 010)
+"""

@@ -1,0 +1,225 @@
+"""Plots from the results store, for the site (docs/hooks.py calls these at build time).
+
+    plot_day(df, "day009", out_dir)       # one PNG per (device, op) of the day's latest runs
+    plot_family(df, "softmax", ["softmax"], out_dir)   # every day's softmax ops, one PNG per device
+
+x is the problem size (elements: the product of the `shape` string "AxBxC", log scale),
+y is GB/s (ms where a figure has no GB/s), one panel per dtype, one line per implementation,
+the shaded band is the p20-p80 spread, and the dashed line is the device's copy bandwidth
+when the run measured it (a row with op == "copy_bandwidth").
+
+Matplotlib is driven through `Figure` objects (Agg canvas), never pyplot: no global
+backend or state is touched, so this is safe to call from any process.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+COPY_OP = "copy_bandwidth"
+NUMERIC = [
+    "ms_median",
+    "ms_p20",
+    "ms_p80",
+    "ms_std",
+    "gbps",
+    "tflops",
+    "pct_copy_bw",
+    "speedup_vs_torch",
+    "peak_extra_mib",
+    "host_us",
+]
+MAX_PANELS_PER_ROW = 3
+
+
+def shape_elements(shape) -> int | None:
+    """'4096x32768' -> 134217728; None when the string holds no dimension."""
+    dims = [int(d) for d in re.findall(r"\d+", str(shape))]
+    return math.prod(dims) if dims else None
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-") or "x"
+
+
+def plot_name(*parts: str) -> str:
+    """File name of a plot: plot_day writes plot_name(day, device_dir, op), plot_family
+    plot_name("family", family, device_dir)."""
+    return "-".join(slug(p) for p in parts) + ".png"
+
+
+def prepare(df):
+    """Numeric columns as floats, a `size` column (elements); a copy of `df`."""
+    import pandas as pd
+
+    df = df.copy()
+    for col in NUMERIC:
+        if col in df.columns:
+            df[col] = pd.to_numeric(df[col], errors="coerce")
+    df["size"] = df["shape"].map(shape_elements) if "shape" in df.columns else None
+    return df
+
+
+def _latest(df):
+    from .store import latest_run
+
+    return latest_run(df)
+
+
+def copy_bandwidth(rows) -> float | None:
+    """The best copy bandwidth (GB/s) among `rows` (one device's run), or None."""
+    copy = rows[(rows["op"] == COPY_OP) & (rows["status"] == "ok")]["gbps"].dropna()
+    return float(copy.max()) if len(copy) else None
+
+
+def plot_day(df, day: str, out_dir: Path) -> list[Path]:
+    """PNGs of `day`'s latest run on each device: one per (device, op), a panel per dtype."""
+    df = prepare(df)
+    if df.empty:
+        return []
+    rows = _latest(df[df["day"] == day])
+    out_dir = Path(out_dir)
+    paths = []
+    for device_dir, dev in sorted(rows.groupby("device_dir"), key=lambda kv: kv[0]):
+        copy_gbps = copy_bandwidth(dev)
+        device = _first(dev, "device") or device_dir
+        for op, sub in sorted(dev[dev["op"] != COPY_OP].groupby("op"), key=lambda kv: kv[0]):
+            path = out_dir / plot_name(day, device_dir, op)
+            if _plot(sub, lambda r: str(r["impl"]), f"{day} · {op} — {device}", copy_gbps, path):
+                paths.append(path)
+    return paths
+
+
+def plot_family(df, family: str, ops: list[str] | tuple[str, ...], out_dir: Path) -> list[Path]:
+    """PNGs comparing every implementation of ops whose name contains one of `ops`, across days:
+    one per device (latest run of each day), a panel per dtype, a line per (day, op, impl)."""
+    df = prepare(df)
+    if df.empty:
+        return []
+    latest = _latest(df)
+    out_dir = Path(out_dir)
+    paths = []
+    for device_dir, dev in sorted(latest.groupby("device_dir"), key=lambda kv: kv[0]):
+        copy_gbps = copy_bandwidth(dev)
+        match = dev["op"].astype(str).map(lambda op: op != COPY_OP and any(s in op for s in ops))
+        sub = dev[match]
+        if sub.empty:
+            continue
+        several_ops = sub["op"].nunique() > 1
+
+        def label(r, several_ops=several_ops):
+            return f"{r['day']} {r['op']}/{r['impl']}" if several_ops else f"{r['day']} {r['impl']}"
+
+        device = _first(dev, "device") or device_dir
+        path = out_dir / plot_name("family", family, device_dir)
+        if _plot(sub, label, f"{family} — {device}", copy_gbps, path):
+            paths.append(path)
+    return paths
+
+
+def _first(rows, col: str) -> str | None:
+    vals = [v for v in rows[col].tolist() if isinstance(v, str) and v] if col in rows.columns else []
+    return vals[0] if vals else None
+
+
+def _plot(rows, label, title: str, copy_gbps: float | None, path: Path) -> bool:
+    """One figure, a panel per dtype; False (and no file) when no row has a value to draw."""
+    from matplotlib.figure import Figure
+
+    ok = rows[(rows["status"] == "ok") & rows["size"].notna()]
+    metric = "gbps" if ok["gbps"].notna().any() else "ms_median"
+    ok = ok[ok[metric].notna() & (ok[metric] > 0)]
+    if ok.empty:
+        return False
+    dtypes = sorted(ok["dtype"].astype(str).unique())
+    ncols = min(len(dtypes), MAX_PANELS_PER_ROW)
+    nrows = math.ceil(len(dtypes) / ncols)
+    fig = Figure(figsize=(5.4 * ncols, 3.9 * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    labels = sorted({label(r) for _, r in ok.iterrows()})
+    colors = {name: f"C{i % 10}" for i, name in enumerate(labels)}
+    markers = "osD^vP*Xh<>"
+    for ax in axes.flat[len(dtypes) :]:
+        ax.set_visible(False)
+    for ax, dtype in zip(axes.flat, dtypes, strict=False):
+        panel = ok[ok["dtype"].astype(str) == dtype]
+        series: dict[str, list] = {}
+        for _, r in panel.iterrows():
+            series.setdefault(label(r), []).append(r)
+        for name in sorted(series):
+            pts = sorted(series[name], key=lambda r: r["size"])
+            xs = [r["size"] for r in pts]
+            ys = [r[metric] for r in pts]
+            i = labels.index(name)
+            ax.plot(
+                xs, ys, marker=markers[i % len(markers)], color=colors[name], label=name, linewidth=1.6, markersize=5
+            )
+            band = _band(pts, metric)
+            if band:
+                ax.fill_between(xs, band[0], band[1], color=colors[name], alpha=0.12, linewidth=0)
+        if metric == "gbps" and copy_gbps:
+            ax.axhline(
+                copy_gbps, color="0.35", linestyle="--", linewidth=1.2, label=f"copy bandwidth ({copy_gbps:,.0f} GB/s)"
+            )
+        ax.set_xscale("log")
+        if metric == "gbps":
+            ax.set_ylim(bottom=0)
+            ax.set_ylabel("GB/s (higher is better)")
+        else:
+            ax.set_yscale("log")
+            ax.set_ylabel("median ms (lower is better)")
+        ax.set_xlabel("problem size (elements, log scale)")
+        _shape_ticks(ax, panel)
+        ax.set_title(dtype, fontsize=10)
+        ax.grid(True, which="major", alpha=0.35)
+        ax.legend(fontsize=8, loc="best")
+    fig.suptitle(title, fontsize=11)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=110)
+    return path.exists() and path.stat().st_size > 0
+
+
+def _shape_ticks(ax, rows) -> None:
+    """Label the x axis with the measured shapes at their sizes; shapes of nearly the same size
+    (within 8%) share one tick. Each label is the shape and its size, e.g. "4096x4096 (16.8M)"."""
+    from matplotlib.ticker import NullLocator
+
+    sizes = sorted({(r["size"], str(r["shape"])) for _, r in rows.iterrows()})
+    groups: list[list] = []
+    for size, shape in sizes:
+        if groups and size / groups[-1][0][0] < 1.08:
+            if shape not in [s for _, s in groups[-1]]:
+                groups[-1].append((size, shape))
+        else:
+            groups.append([(size, shape)])
+    ticks = [math.exp(sum(math.log(z) for z, _ in g) / len(g)) for g in groups]
+    labels = ["\n".join(f"{s} ({_human(z)})" for z, s in g) for g in groups]
+    ax.set_xticks(ticks, labels, fontsize=7, rotation=30, ha="right", rotation_mode="anchor")
+    ax.xaxis.set_minor_locator(NullLocator())
+    if len(ticks) == 1:
+        ax.set_xlim(ticks[0] / 2, ticks[0] * 2)
+
+
+def _human(n: float) -> str:
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if n >= div:
+            return f"{n / div:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+def _band(pts, metric: str):
+    """(low, high) of the p20-p80 spread in `metric` units, or None when not measured."""
+    lo, hi = [], []
+    for r in pts:
+        p20, p80, med = r.get("ms_p20"), r.get("ms_p80"), r.get("ms_median")
+        if any(v is None or not math.isfinite(v) or v <= 0 for v in (p20, p80, med)):
+            return None
+        if metric == "gbps":  # bytes are fixed, so GB/s scales with 1/ms
+            lo.append(r[metric] * med / p80)
+            hi.append(r[metric] * med / p20)
+        else:
+            lo.append(p20)
+            hi.append(p80)
+    return lo, hi
