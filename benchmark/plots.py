@@ -18,19 +18,10 @@ import math
 import re
 from pathlib import Path
 
+from .store import NUMERIC_COLUMNS
+
 COPY_OP = "copy_bandwidth"
-NUMERIC = [
-    "ms_median",
-    "ms_p20",
-    "ms_p80",
-    "ms_std",
-    "gbps",
-    "tflops",
-    "pct_copy_bw",
-    "speedup_vs_torch",
-    "peak_extra_mib",
-    "host_us",
-]
+NUMERIC = NUMERIC_COLUMNS
 MAX_PANELS_PER_ROW = 3
 
 

@@ -31,14 +31,7 @@ STAMP_COLUMNS = [
     "max",
     "mojo",
 ]
-ROW_COLUMNS = [
-    "day",
-    "op",
-    "impl",
-    "shape",
-    "dtype",
-    "status",  # ok | NA (could not run: OOM, build error...) | wrong (failed validation)
-    "reason",
+NUMERIC_COLUMNS = [
     "ms_median",
     "ms_p20",
     "ms_p80",
@@ -49,6 +42,16 @@ ROW_COLUMNS = [
     "speedup_vs_torch",
     "peak_extra_mib",
     "host_us",  # host-side cost of one call (steady state), where measured
+]
+ROW_COLUMNS = [
+    "day",
+    "op",
+    "impl",
+    "shape",
+    "dtype",
+    "status",  # ok | NA (could not run: OOM, build error...) | wrong (failed validation)
+    "reason",
+    *NUMERIC_COLUMNS,
     "note",
 ]
 COLUMNS = STAMP_COLUMNS + ROW_COLUMNS

@@ -23,7 +23,11 @@ def accum_dtype[dtype: DType]() -> DType:
 
 # --8<-- [start:combine]
 @always_inline
-def rescale[acc: DType](m_old: Scalar[acc], m_new: Scalar[acc]) -> Scalar[acc] where acc.is_floating_point():
+def rescale[
+    acc: DType
+](m_old: Scalar[acc], m_new: Scalar[acc]) -> Scalar[
+    acc
+] where acc.is_floating_point():
     """Return exp(m_old - m_new), or 0 when m_old is -inf.
 
     An empty or fully masked partial has m = -inf; the plain formula would
@@ -35,7 +39,9 @@ def rescale[acc: DType](m_old: Scalar[acc], m_new: Scalar[acc]) -> Scalar[acc] w
 
 
 @always_inline
-def combine[acc: DType](
+def combine[
+    acc: DType
+](
     m_a: Scalar[acc], s_a: Scalar[acc], m_b: Scalar[acc], s_b: Scalar[acc]
 ) -> Tuple[Scalar[acc], Scalar[acc]] where acc.is_floating_point():
     """Merge two (running max, running sum) pairs into one."""
@@ -51,11 +57,15 @@ def finite[acc: DType](m: Scalar[acc]) -> Bool:
     gives a NaN row there, while exp() here maps NaN to inf (Mojo 1.2), so such rows
     are written as NaN explicitly."""
     return m > Scalar[acc].MIN and m < Scalar[acc].MAX
+
+
 # --8<-- [end:combine]
 
 
 # --8<-- [start:gpu_kernel]
-def online_softmax_kernel[dtype: DType, BLOCK: Int](
+def online_softmax_kernel[
+    dtype: DType, BLOCK: Int
+](
     dst: Pointer[Scalar[dtype], MutAnyOrigin],
     src: Pointer[Scalar[dtype], MutAnyOrigin],
     cols: Int64,
@@ -64,8 +74,12 @@ def online_softmax_kernel[dtype: DType, BLOCK: Int](
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     comptime NW = BLOCK // WARP_SIZE
-    var red_m = stack_allocation[NW, Scalar[acc], address_space=AddressSpace.SHARED]()
-    var red_s = stack_allocation[NW, Scalar[acc], address_space=AddressSpace.SHARED]()
+    var red_m = stack_allocation[
+        NW, Scalar[acc], address_space=AddressSpace.SHARED
+    ]()
+    var red_s = stack_allocation[
+        NW, Scalar[acc], address_space=AddressSpace.SHARED
+    ]()
     var n = Int(cols)
     var base = block_idx.x * n
 
@@ -93,10 +107,14 @@ def online_softmax_kernel[dtype: DType, BLOCK: Int](
         m, s = combine(m, s, red_m[unsafe_offset=w], red_s[unsafe_offset=w])
 
     # 4. second pass: normalise
-    var inv = 1 / s if finite(m) else Scalar[acc].MIN - Scalar[acc].MIN  # NaN row
+    var inv = (
+        1 / s if finite(m) else Scalar[acc].MIN - Scalar[acc].MIN
+    )  # NaN row
     for c in range(thread_idx.x, n, BLOCK):
         var x = src[unsafe_offset=base + c].cast[acc]()
         dst[unsafe_offset=base + c] = (exp(x - m) * inv).cast[dtype]()
+
+
 # --8<-- [end:gpu_kernel]
 
 
@@ -104,7 +122,9 @@ def online_softmax_kernel[dtype: DType, BLOCK: Int](
 comptime CPU_CHUNK = 256
 
 
-def online_softmax_row_cpu[dtype: DType](
+def online_softmax_row_cpu[
+    dtype: DType
+](
     dst: Pointer[Scalar[dtype], MutAnyOrigin],
     src: Pointer[Scalar[dtype], MutAnyOrigin],
     base: Int,
@@ -121,12 +141,21 @@ def online_softmax_row_cpu[dtype: DType](
         var chunk_m = Scalar[acc].MIN
         var chunk_s = Scalar[acc](0)
         for c in range(start, min(start + CPU_CHUNK, n)):
-            chunk_m, chunk_s = combine(chunk_m, chunk_s, src[unsafe_offset=base + c].cast[acc](), Scalar[acc](1))
+            chunk_m, chunk_s = combine(
+                chunk_m,
+                chunk_s,
+                src[unsafe_offset=base + c].cast[acc](),
+                Scalar[acc](1),
+            )
         m, s = combine(m, s, chunk_m, chunk_s)
-    var inv = 1 / s if finite(m) else Scalar[acc].MIN - Scalar[acc].MIN  # NaN row
+    var inv = (
+        1 / s if finite(m) else Scalar[acc].MIN - Scalar[acc].MIN
+    )  # NaN row
     for c in range(n):
         var x = src[unsafe_offset=base + c].cast[acc]()
         dst[unsafe_offset=base + c] = (exp(x - m) * inv).cast[dtype]()
+
+
 # --8<-- [end:cpu_row]
 
 
@@ -144,10 +173,19 @@ struct OnlineSoftmax:
         x: InputTensor[dtype=dtype, rank=2, ...],
         ctx: DeviceContext,
     ) raises:
-        comptime assert dtype.is_floating_point(), "online_softmax: float dtypes only"
-        comptime assert BLOCK % 32 == 0 and 32 <= BLOCK and BLOCK <= 1024, "online_softmax: BLOCK must be a multiple of 32 in [32, 1024]"
+        comptime assert (
+            dtype.is_floating_point()
+        ), "online_softmax: float dtypes only"
+        comptime assert (
+            BLOCK % 32 == 0 and 32 <= BLOCK and BLOCK <= 1024
+        ), "online_softmax: BLOCK must be a multiple of 32 in [32, 1024]"
         if output.shape() != x.shape():
-            raise Error("online_softmax: output shape ", output.shape(), " != input shape ", x.shape())
+            raise Error(
+                "online_softmax: output shape ",
+                output.shape(),
+                " != input shape ",
+                x.shape(),
+            )
         var rows = x.dim_size(0)
         var cols = x.dim_size(1)
         if rows == 0 or cols == 0:

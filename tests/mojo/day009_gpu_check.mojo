@@ -47,8 +47,20 @@ def main() raises:
                 s += exp(Float64(host[r * COLS + c]) - m)
             for c in range(COLS):
                 var want = exp(Float64(host[r * COLS + c]) - m) / s
-                worst = max(worst, abs(Float64(out[r * COLS + c]) - want) / (want + 1e-12))
-    print("day009 online_softmax on", target, "rows", ROWS, "cols", COLS, "max rel err", worst)
+                worst = max(
+                    worst,
+                    abs(Float64(out[r * COLS + c]) - want) / (want + 1e-12),
+                )
+    print(
+        "day009 online_softmax on",
+        target,
+        "rows",
+        ROWS,
+        "cols",
+        COLS,
+        "max rel err",
+        worst,
+    )
     if worst > 1e-5:
         raise Error("day009 gpu_check: max relative error ", worst, " > 1e-5")
     print("OK")
