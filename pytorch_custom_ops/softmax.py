@@ -40,24 +40,23 @@ def check_softmax_args(name: str, x: torch.Tensor, dim: int) -> int:
 
 def _as_rows(x: torch.Tensor, dim: int) -> torch.Tensor:
     """(…, n, …) -> contiguous (rows, n) with `dim` last; copies only when needed."""
-    moved = x.reshape(1) if x.dim() == 0 else x.movedim(dim, -1)
-    return moved.contiguous().reshape(-1, moved.shape[-1] if moved.dim() else 1)
+    if x.dim() == 0:
+        return x.reshape(1, 1)
+    moved = x if dim == x.dim() - 1 else x.movedim(dim, -1)  # the common case costs no call
+    return moved.contiguous().view(-1, moved.shape[-1])
 
 
 def _from_rows(out2d: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
     if x.dim() == 0:
         return out2d.reshape(())
+    if dim == x.dim() - 1:
+        return out2d.view(x.shape)
     shape = list(x.movedim(dim, -1).shape)
-    return out2d.reshape(shape).movedim(-1, dim).contiguous()
+    return out2d.view(shape).movedim(-1, dim).contiguous()
 
 
 def _online_softmax_eager(x: torch.Tensor, dim: int) -> torch.Tensor:
     dim = check_softmax_args("online_softmax", x, dim)
-    if dim == x.dim() - 1 and x.is_contiguous():  # the common case: views only
-        out = torch.empty_like(x)
-        n = x.shape[-1]
-        online_softmax_kernel([out.view(-1, n)], [x.view(-1, n)], torch_impl=lambda: out.copy_(torch.softmax(x, -1)))
-        return out
     rows = _as_rows(x, dim)
     out = torch.empty_like(rows)
     online_softmax_kernel([out], [rows], torch_impl=lambda: out.copy_(torch.softmax(rows, dim=-1)))
@@ -100,8 +99,7 @@ def _needs_dispatcher(x) -> bool:
     """Autograd, torch.compile tracing and tensor subclasses (fake tensors...) need the
     registered op; a plain eager call skips the dispatcher, which costs ~50 us a call."""
     return (
-        not isinstance(x, torch.Tensor)
-        or type(x) is not torch.Tensor
+        type(x) is not torch.Tensor  # also true for non-tensors, which then get our error message
         or (x.requires_grad and torch.is_grad_enabled())
         or torch.compiler.is_compiling()
     )
