@@ -8,6 +8,8 @@ flattens the rest into rows, and moves the result back.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .contract import FLOAT_DTYPES, SUPPORTED_DEVICES, OpSpec, TensorArg
@@ -43,7 +45,8 @@ def _as_rows(x: torch.Tensor, dim: int) -> torch.Tensor:
     if x.dim() == 0:
         return x.reshape(1, 1)
     moved = x if dim == x.dim() - 1 else x.movedim(dim, -1)  # the common case costs no call
-    return moved.contiguous().view(-1, moved.shape[-1])
+    n = moved.shape[-1]
+    return moved.contiguous().view(math.prod(moved.shape[:-1]), n)  # not -1: ambiguous when n == 0
 
 
 def _from_rows(out2d: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:

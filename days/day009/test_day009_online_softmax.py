@@ -73,6 +73,8 @@ def test_masked_entries_and_row(device):
 def test_scalar_and_empty(device):
     assert pco.online_softmax(torch.tensor(3.0, device=device)).item() == 1.0
     assert pco.online_softmax(torch.empty(0, 5, device=device)).shape == (0, 5)
+    assert pco.online_softmax(torch.empty(5, 0, device=device)).shape == (5, 0)  # a zero-length softmax dim
+    assert pco.online_softmax(torch.empty(2, 0, 3, device=device), dim=1).shape == (2, 0, 3)
 
 
 def test_bad_inputs_raise_clear_errors():
