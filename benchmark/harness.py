@@ -46,7 +46,8 @@ def dtype_str(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _reason(exc: BaseException) -> str:
+def failure_reason(exc: BaseException) -> str:
+    """'ExceptionType: first line of the message', short enough for a results row."""
     first = (str(exc).strip().splitlines() or [""])[0]
     return f"{type(exc).__name__}: {first}"[:300]
 
@@ -83,7 +84,7 @@ def run_case(case: Case, device: str, quick: bool, copy_gbps: float | None, prog
                 want = case.reference(*inputs)
             except Exception as exc:  # e.g. OOM making the inputs
                 _free_after_failure(device)
-                rows += [{**base, "impl": n, "status": "NA", "reason": _reason(exc)} for n in impls]
+                rows += [{**base, "impl": n, "status": "NA", "reason": failure_reason(exc)} for n in impls]
                 continue
             runnable: dict[str, Callable[[], object]] = {}
             results: dict[str, dict] = {}
@@ -104,7 +105,7 @@ def run_case(case: Case, device: str, quick: bool, copy_gbps: float | None, prog
                     runnable[name] = lambda impl=impl, inputs=inputs: impl(*inputs)
                 except Exception as exc:
                     _free_after_failure(device)
-                    row.update(status="NA", reason=_reason(exc))
+                    row.update(status="NA", reason=failure_reason(exc))
                     if device == "cuda" and not isinstance(exc, torch.cuda.OutOfMemoryError):
                         traceback.print_exc(limit=2)
             try:
@@ -113,7 +114,7 @@ def run_case(case: Case, device: str, quick: bool, copy_gbps: float | None, prog
                 _free_after_failure(device)
                 timed = {}
                 for name in runnable:
-                    results[name].update(status="NA", reason=_reason(exc))
+                    results[name].update(status="NA", reason=failure_reason(exc))
             for name, t in timed.items():
                 row = results[name]
                 row.update(status="ok", ms_median=t.median_ms, ms_p20=t.p20_ms, ms_p80=t.p80_ms, ms_std=t.std_ms)

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from benchmark.harness import failure_reason
+from benchmark.timing import copy_bandwidth_gbps
 from days.day011.fused_softmax import autotuned_config, fused_softmax, fused_softmax_autotuned, softmax_mult
 
 OP = "softmax_matmul"
@@ -147,31 +149,14 @@ def _time(fn, x, V, device: str, warmup: int, passes: int) -> tuple[list[float],
     return [s.elapsed_time(e) for s, e in events], peak
 
 
-def _failure(exc: BaseException) -> str:
-    first = (str(exc).strip().splitlines() or [""])[0][:240]
-    return f"{type(exc).__name__}: {first}"
-
-
 def _copy_bandwidth_gbps(device: str) -> float | None:
-    """Device-to-device copy bandwidth (GB/s, read + write), the practical memory roofline."""
+    """The device's copy bandwidth (GB/s, read + write), the practical memory roofline."""
     if device != "cuda":
         return None
     try:
-        src = torch.empty(2**28, dtype=torch.uint8, device=device)  # 256 MiB, well past L2
-        dst = torch.empty_like(src)
-        for _ in range(5):
-            dst.copy_(src)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(20):
-            dst.copy_(src)
-        end.record()
-        torch.cuda.synchronize()
-        ms = start.elapsed_time(end) / 20
-        del src, dst
-        return 2 * 2**28 / (ms * 1e-3) / 1e9
+        return copy_bandwidth_gbps(device)
     except Exception as exc:  # a roofline is a nice-to-have; the benchmark goes on without
-        print(f"copy bandwidth not measured: {_failure(exc)}")
+        print(f"copy bandwidth not measured: {failure_reason(exc)}")
         return None
 
 
@@ -198,7 +183,7 @@ def measure(
             V = torch.randn(sweep.batch, d2, sweep.d3, generator=gen, device=device).to(dtype)
             ref = softmax_mult(x.float(), V.float())  # the yardstick for every implementation
         except Exception as exc:
-            reason = f"inputs: {_failure(exc)}"
+            reason = f"inputs: {failure_reason(exc)}"
             log(f"  all implementations NA: {reason}")
             results += [Measurement(i, *shape, dtype, "NA", reason) for i in implementations(input_precision)]
             x = V = ref = None
@@ -226,10 +211,10 @@ def measure(
                         picked += f" num_warps={cfg.num_warps} num_stages={cfg.num_stages}"
                         m.note = "; ".join(filter(None, [m.note, f"autotune picked {picked}"]))
             except torch.cuda.OutOfMemoryError as exc:
-                m.status, m.reason = "NA", f"OOM: {_failure(exc)}"
+                m.status, m.reason = "NA", f"OOM: {failure_reason(exc)}"
                 torch.cuda.empty_cache()
             except Exception as exc:  # triton OutOfResources, CompileTimeAssertionFailure, ...
-                m.status, m.reason = "NA", _failure(exc)
+                m.status, m.reason = "NA", failure_reason(exc)
                 if device == "cuda":
                     torch.cuda.empty_cache()
             if m.status == "ok":
