@@ -28,11 +28,14 @@ class TensorArg:
     """A tensor argument: its Mojo name and one symbolic name per dimension.
 
     Dimensions with the same name must have the same size in every tensor of a call
-    (e.g. `("rows", "cols")` for both the output and the input of a row softmax).
+    (e.g. `("rows", "cols")` for both the output and the input of a row softmax); an int
+    is a fixed size. `dtype=None` means "the op's dtype" (that of the first such tensor);
+    a fixed dtype is for side tensors such as float32 statistics next to bf16 data.
     """
 
     name: str
-    dims: tuple[str, ...]
+    dims: tuple[str | int, ...]
+    dtype: torch.dtype | None = None
 
     @property
     def rank(self) -> int:
@@ -61,13 +64,16 @@ class OpSpec:
         for arg, t in pairs:
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{op}: '{arg.name}' must be a torch.Tensor, got {type(t).__name__}")
-        first_arg, first = pairs[0]
+        first_arg, first = next(((a, t) for a, t in pairs if a.dtype is None), pairs[0])
         sizes: dict[str, tuple[int, str]] = {}
         for arg, t in pairs:
-            if t.dtype not in self.dtypes:
+            if arg.dtype is not None:
+                if t.dtype != arg.dtype:
+                    raise TypeError(f"{op}: '{arg.name}' must be {arg.dtype}, got {t.dtype}")
+            elif t.dtype not in self.dtypes:
                 allowed = ", ".join(str(d).removeprefix("torch.") for d in self.dtypes)
                 raise TypeError(f"{op}: '{arg.name}' has dtype {t.dtype}; supported: {allowed}")
-            if t.dtype != first.dtype:
+            elif t.dtype != first.dtype:
                 raise TypeError(f"{op}: '{arg.name}' is {t.dtype} but '{first_arg.name}' is {first.dtype}")
             if t.device.type not in SUPPORTED_DEVICES:
                 raise ValueError(f"{op}: '{arg.name}' is on {t.device}; supported devices: cpu, cuda")
@@ -78,6 +84,10 @@ class OpSpec:
             if not t.is_contiguous():
                 raise ValueError(f"{op}: '{arg.name}' must be contiguous (call .contiguous() first)")
             for dim_name, size in zip(arg.dims, t.shape, strict=True):
+                if isinstance(dim_name, int):
+                    if size != dim_name:
+                        raise ValueError(f"{op}: '{arg.name}' must have shape {arg.dims}, got {tuple(t.shape)}")
+                    continue
                 seen = sizes.setdefault(dim_name, (size, arg.name))
                 if seen[0] != size:
                     raise ValueError(
@@ -87,6 +97,22 @@ class OpSpec:
             for other_arg, other in pairs[:i] + pairs[i + 1 :]:
                 if _overlaps(out, other):
                     raise ValueError(f"{op}: output '{arg.name}' overlaps '{other_arg.name}' in memory")
+
+    def call_params(self, overrides: Mapping[str, bool | int | str] | None) -> dict[str, bool | int | str]:
+        """The compile-time parameters of one call: the spec's defaults with `overrides`
+        (e.g. a transpose flag). Each distinct set compiles its own graph, once."""
+        if not overrides:
+            return dict(self.params)
+        unknown = sorted(set(overrides) - set(self.params))
+        if unknown:
+            raise TypeError(f"{self.name}: unknown compile-time parameter(s) {unknown}; known: {sorted(self.params)}")
+        for key, value in overrides.items():
+            if type(value) is not type(self.params[key]):
+                raise TypeError(
+                    f"{self.name}: parameter {key!r} must be {type(self.params[key]).__name__}, "
+                    f"got {type(value).__name__}"
+                )
+        return {**self.params, **overrides}
 
     # -- once per library -------------------------------------------------------------
     def verify_against_library(

@@ -58,15 +58,16 @@ class MojoOp:
         return self._broken
 
     # -- compile ------------------------------------------------------------------------
-    def model(self, dtype: torch.dtype, device: torch.device):
-        key = (dtype, device.type, device.index or 0)
+    def model(self, dtype: torch.dtype, device: torch.device, params: dict | None = None):
+        params = self.spec.params if params is None else params
+        key = (dtype, device.type, device.index or 0, tuple(sorted(params.items())))
         model = self._models.get(key)
         if model is None:
             with self._lock:
                 model = self._models.get(key)
                 if model is None:
                     try:
-                        model = self._compile(dtype, device)
+                        model = self._compile(dtype, device, params)
                     except Exception as exc:
                         model = exc
                     self._models[key] = model
@@ -74,17 +75,21 @@ class MojoOp:
             raise model
         return model
 
-    def _compile(self, dtype: torch.dtype, device: torch.device):
+    def _compile(self, dtype: torch.dtype, device: torch.device, params):
         from max.experimental.torch.torch import torch_dtype_to_max
         from max.graph import DeviceRef, Graph, TensorType, ops
 
         kernels, session, _ = load_kernel_library()
-        max_dtype = torch_dtype_to_max(dtype)
         ref = DeviceRef.GPU(device.index or 0) if device.type == "cuda" else DeviceRef.CPU()
-        out_types = [TensorType(max_dtype, list(a.dims), device=ref) for a in self.spec.outputs]
-        in_types = [TensorType(max_dtype, list(a.dims), device=ref) for a in self.spec.inputs]
+
+        def tensor_type(arg):
+            return TensorType(torch_dtype_to_max(arg.dtype or dtype), list(arg.dims), device=ref)
+
+        out_types = [tensor_type(a) for a in self.spec.outputs]
+        in_types = [tensor_type(a) for a in self.spec.inputs]
         n_out = len(out_types)
-        graph_name = f"gpu_days_{self.spec.name}_{str(dtype).removeprefix('torch.')}_{device.type}"
+        variant = "".join(f"_{k}{int(v) if isinstance(v, bool) else v}" for k, v in sorted(params.items()))
+        graph_name = f"gpu_days_{self.spec.name}_{str(dtype).removeprefix('torch.')}_{device.type}{variant}"
         with Graph(
             graph_name,
             input_types=[t.as_buffer() for t in out_types] + in_types,
@@ -95,7 +100,7 @@ class MojoOp:
                 ref,
                 [v.tensor for v in graph.inputs[n_out:]],
                 out_types=out_types,
-                parameters=dict(self.spec.params),
+                parameters=dict(params),
             )
             for buf, result in zip(graph.inputs[:n_out], results, strict=True):
                 buf.buffer[...] = result.tensor
@@ -103,16 +108,25 @@ class MojoOp:
         return session.load(graph)
 
     # -- call ---------------------------------------------------------------------------
-    def __call__(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], torch_impl=None) -> None:
+    def __call__(
+        self,
+        outputs: Sequence[torch.Tensor],
+        inputs: Sequence[torch.Tensor],
+        torch_impl=None,
+        params: dict | None = None,
+    ) -> None:
         """Run the op in destination-passing style: results are written into `outputs`.
 
-        Bad arguments always raise. If the Mojo path cannot run, `torch_impl()` fills the
-        outputs instead, after one warning per op (an error in strict mode, or when no
-        `torch_impl` is given).
+        `params` overrides some of the spec's compile-time parameters for this call (one
+        graph per distinct set, compiled once). Bad arguments always raise. If the Mojo
+        path cannot run, `torch_impl()` fills the outputs instead, after one warning per op
+        (an error in strict mode, or when no `torch_impl` is given).
         """
         self.spec.check_call(outputs, inputs)
+        call_params = self.spec.call_params(params)
         try:
-            model = self.model(outputs[0].dtype, outputs[0].device) if self.ready() else None
+            dtype = self._op_dtype(outputs, inputs)
+            model = self.model(dtype, outputs[0].device, call_params) if self.ready() else None
             reason = self._broken
         except Exception as exc:  # the graph for this dtype/device failed to compile
             model, reason = None, exc
@@ -125,6 +139,13 @@ class MojoOp:
         if any(t.numel() == 0 for t in outputs):
             return  # nothing to write
         model.execute(*[_to_max(t) for t in (*outputs, *inputs)])
+
+    def _op_dtype(self, outputs, inputs) -> torch.dtype:
+        """The call's dtype: that of the first tensor whose spec has no fixed dtype."""
+        for arg, t in zip(self.spec.outputs + self.spec.inputs, (*outputs, *inputs), strict=True):
+            if arg.dtype is None:
+                return t.dtype
+        return outputs[0].dtype
 
 
 def _to_max(t: torch.Tensor):

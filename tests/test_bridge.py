@@ -219,3 +219,37 @@ def test_new_shapes_do_not_recompile():
     for shape in [(1, 1), (9, 123), (2, 4097)]:
         pco.online_softmax(torch.randn(shape))
     assert len(KERNEL._models) == n_models  # one compiled graph per (dtype, device), any shape
+
+
+# -- side tensors with a fixed dtype or size, and per-call compile-time parameters ---------
+STATS_SPEC = OpSpec(
+    name="norm_like",
+    outputs=(TensorArg("y", ("rows", "cols")), TensorArg("mean", ("rows",), dtype=torch.float32)),
+    inputs=(TensorArg("x", ("rows", "cols")), TensorArg("eps", (1,), dtype=torch.float32)),
+    params={"BLOCK": 128, "TRANSPOSE": False},
+)
+
+
+def _stats_call(dtype=torch.bfloat16, mean_dtype=torch.float32, eps_size=1):
+    x = torch.randn(3, 5).to(dtype)
+    return [torch.empty_like(x), torch.empty(3, dtype=mean_dtype)], [x, torch.ones(eps_size)]
+
+
+def test_contract_fixed_dtype_side_tensors():
+    STATS_SPEC.check_call(*_stats_call())  # bf16 data with float32 statistics is fine
+    with pytest.raises(TypeError, match="norm_like: 'mean' must be torch.float32, got torch.bfloat16"):
+        STATS_SPEC.check_call(*_stats_call(mean_dtype=torch.bfloat16))
+
+
+def test_contract_fixed_size_dims():
+    with pytest.raises(ValueError, match=r"norm_like: 'eps' must have shape \(1,\), got \(2,\)"):
+        STATS_SPEC.check_call(*_stats_call(eps_size=2))
+
+
+def test_call_params_override_defaults_and_reject_unknown_or_mistyped():
+    assert STATS_SPEC.call_params(None) == {"BLOCK": 128, "TRANSPOSE": False}
+    assert STATS_SPEC.call_params({"TRANSPOSE": True}) == {"BLOCK": 128, "TRANSPOSE": True}
+    with pytest.raises(TypeError, match=r"norm_like: unknown compile-time parameter\(s\) \['UNROLL'\]"):
+        STATS_SPEC.call_params({"UNROLL": 4})
+    with pytest.raises(TypeError, match="norm_like: parameter 'TRANSPOSE' must be bool, got int"):
+        STATS_SPEC.call_params({"TRANSPOSE": 1})
