@@ -1,8 +1,9 @@
 """Mojo kernels from the days of gpu-days, as torch ops and modules.
 
     import pytorch_custom_ops as pco
-    y = pco.online_softmax(x, dim=-1)      # torch.ops.gpu_days.online_softmax
-    pco.use_mojo("online_softmax")         # True when the Mojo path is live
+    y = pco.softmax(x, dim=-1)             # torch.ops.gpu_days.softmax (day012)
+    y = pco.online_softmax(x, dim=-1)      # day009's one-pass kernel
+    pco.use_mojo("softmax")                # True when the Mojo path is live
 
 The kernels come from `days/` (built on first use, cached in `build/`), or from a
 precompiled library named by GPU_DAYS_KERNEL_LIBRARY. If the Mojo path cannot run, ops
@@ -12,9 +13,18 @@ warn once and fall back to torch; GPU_DAYS_STRICT=1 turns that into an error.
 from .contract import ContractError, OpSpec, TensorArg
 from .fallback import MojoFallbackWarning, MojoUnavailableError, strict
 from .library import KernelBuildError, build_library
-from .softmax import MojoSoftmax, online_softmax, online_softmax_kernel
+from . import softmax_family
+from .softmax import online_softmax, online_softmax_kernel
+from .softmax_family import (
+    MojoLogSoftmax,
+    MojoSoftmax,
+    log_softmax,
+    log_softmax_backward,
+    softmax,
+    softmax_backward,
+)
 
-KERNELS = {k.spec.name: k for k in (online_softmax_kernel,)}
+KERNELS = {k.spec.name: k for k in (online_softmax_kernel, *softmax_family.KERNELS)}
 
 
 def use_mojo(op: str) -> bool:
@@ -30,13 +40,18 @@ __all__ = [
     "ContractError",
     "KernelBuildError",
     "MojoFallbackWarning",
+    "MojoLogSoftmax",
     "MojoSoftmax",
     "MojoUnavailableError",
     "OpSpec",
     "TensorArg",
     "build_library",
+    "log_softmax",
+    "log_softmax_backward",
     "online_softmax",
     "online_softmax_kernel",
+    "softmax",
+    "softmax_backward",
     "strict",
     "use_mojo",
 ]

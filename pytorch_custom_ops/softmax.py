@@ -81,10 +81,10 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad):
-    # d softmax: y * (g - sum(g * y)). Plain torch until the softmax-family day brings
-    # a Mojo backward kernel.
+    # d softmax: y * (g - sum(g * y)), by day012's Mojo kernel (registered when
+    # pytorch_custom_ops is imported, before any backward can run)
     (y,) = ctx.saved_tensors
-    return y * (grad - (grad * y).sum(ctx.dim, keepdim=True)), None
+    return torch.ops.gpu_days.softmax_backward(grad.contiguous(), y, ctx.dim), None
 
 
 _online_softmax.register_autograd(_backward, setup_context=_setup_context)
@@ -106,21 +106,3 @@ def _needs_dispatcher(x) -> bool:
         or (x.requires_grad and torch.is_grad_enabled())
         or torch.compiler.is_compiling()
     )
-
-
-class MojoSoftmax(torch.nn.Module):
-    """Drop-in for `torch.nn.Softmax(dim)` backed by the Mojo kernel."""
-
-    def __init__(self, dim: int = -1):
-        super().__init__()
-        self.dim = dim
-
-    @property
-    def use_mojo(self) -> bool:
-        return online_softmax_kernel.ready()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return online_softmax(x, self.dim)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}"

@@ -59,7 +59,53 @@ def finite[acc: DType](m: Scalar[acc]) -> Bool:
     return m > Scalar[acc].MIN and m < Scalar[acc].MAX
 
 
+@always_inline
+def nan_value[acc: DType]() -> Scalar[acc] where acc.is_floating_point():
+    return Scalar[acc].MIN - Scalar[acc].MIN  # -inf - -inf
+
+
 # --8<-- [end:combine]
+
+
+# --8<-- [start:block_combine]
+@always_inline
+def block_combine[
+    acc: DType, BLOCK: Int
+](
+    m_in: Scalar[acc],
+    s_in: Scalar[acc],
+    red_m: Pointer[
+        Scalar[acc], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    red_s: Pointer[
+        Scalar[acc], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+) -> Tuple[Scalar[acc], Scalar[acc]] where acc.is_floating_point():
+    """Merge every thread's (max, sum) pair; all BLOCK threads get the block's pair.
+
+    Warps merge by butterfly shuffles (every lane ends with its warp's pair), then
+    each warp's pair goes through shared memory (`red_m`/`red_s`, BLOCK // 32 slots).
+    """
+    comptime NW = BLOCK // WARP_SIZE
+    var m = m_in
+    var s = s_in
+    comptime for k in range(5):
+        var m_other = warp.shuffle_xor(m, UInt32(1 << k))
+        var s_other = warp.shuffle_xor(s, UInt32(1 << k))
+        m, s = combine(m, s, m_other, s_other)
+    comptime if NW > 1:
+        if lane_id() == 0:
+            red_m[unsafe_offset=warp_id()] = m
+            red_s[unsafe_offset=warp_id()] = s
+        barrier()
+        m = red_m[unsafe_offset=0]
+        s = red_s[unsafe_offset=0]
+        comptime for w in range(1, NW):
+            m, s = combine(m, s, red_m[unsafe_offset=w], red_s[unsafe_offset=w])
+    return (m, s)
+
+
+# --8<-- [end:block_combine]
 
 
 # --8<-- [start:gpu_kernel]
@@ -90,26 +136,11 @@ def online_softmax_kernel[
         var x = src[unsafe_offset=base + c].cast[acc]()
         m, s = combine(m, s, x, Scalar[acc](1))
 
-    # 2. merge the pairs inside each warp (butterfly: every lane ends with the warp's pair)
-    comptime for k in range(5):
-        var m_other = warp.shuffle_xor(m, UInt32(1 << k))
-        var s_other = warp.shuffle_xor(s, UInt32(1 << k))
-        m, s = combine(m, s, m_other, s_other)
-
-    # 3. merge the warps' pairs through shared memory
-    if lane_id() == 0:
-        red_m[unsafe_offset=warp_id()] = m
-        red_s[unsafe_offset=warp_id()] = s
-    barrier()
-    m = red_m[unsafe_offset=0]
-    s = red_s[unsafe_offset=0]
-    comptime for w in range(1, NW):
-        m, s = combine(m, s, red_m[unsafe_offset=w], red_s[unsafe_offset=w])
+    # 2. merge the pairs: warp shuffles, then one round through shared memory
+    m, s = block_combine[acc, BLOCK](m, s, red_m, red_s)
 
     # 4. second pass: normalise
-    var inv = (
-        1 / s if finite(m) else Scalar[acc].MIN - Scalar[acc].MIN
-    )  # NaN row
+    var inv = 1 / s if finite(m) else nan_value[acc]()  # NaN row
     for c in range(thread_idx.x, n, BLOCK):
         var x = src[unsafe_offset=base + c].cast[acc]()
         dst[unsafe_offset=base + c] = (exp(x - m) * inv).cast[dtype]()
@@ -122,17 +153,15 @@ def online_softmax_kernel[
 comptime CPU_CHUNK = 256
 
 
-def online_softmax_row_cpu[
+def row_max_sum_cpu[
     dtype: DType
-](
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
-    base: Int,
-    n: Int,
-) where dtype.is_floating_point():
-    """One row on the CPU. Chunks play the part of GPU threads: summing a long row
-    straight through in float32 drifts (6.6e-5 relative error at n = 70000), while
-    per-chunk partials merged with `combine` stay near float32 rounding."""
+](src: Pointer[Scalar[dtype], MutAnyOrigin], base: Int, n: Int) -> Tuple[
+    Scalar[accum_dtype[dtype]()], Scalar[accum_dtype[dtype]()]
+] where dtype.is_floating_point():
+    """The (max, sum of exp(x - max)) pair of one row on the CPU. Chunks play the part
+    of GPU threads: summing a long row straight through in float32 drifts (6.6e-5
+    relative error at n = 70000), while per-chunk partials merged with `combine`
+    stay near float32 rounding."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     var m = Scalar[acc].MIN
@@ -148,9 +177,22 @@ def online_softmax_row_cpu[
                 Scalar[acc](1),
             )
         m, s = combine(m, s, chunk_m, chunk_s)
-    var inv = (
-        1 / s if finite(m) else Scalar[acc].MIN - Scalar[acc].MIN
-    )  # NaN row
+    return (m, s)
+
+
+def online_softmax_row_cpu[
+    dtype: DType
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    base: Int,
+    n: Int,
+) where dtype.is_floating_point():
+    """One row on the CPU: the row's (max, sum) pair, then normalise."""
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    var m, s = row_max_sum_cpu(src, base, n)
+    var inv = 1 / s if finite(m) else nan_value[acc]()  # NaN row
     for c in range(n):
         var x = src[unsafe_offset=base + c].cast[acc]()
         dst[unsafe_offset=base + c] = (exp(x - m) * inv).cast[dtype]()

@@ -1,0 +1,1 @@
+# Day 012: the softmax family (softmax, log_softmax and their backwards).

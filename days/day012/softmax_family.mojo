@@ -1,0 +1,631 @@
+# Day 012: the softmax family at (close to) the speed of memory.
+#
+# Day 009 read every row twice, one element per thread at a time, and reached 33-40%
+# of the H100's copy bandwidth. Here a row that fits is read ONCE into registers
+# with 16-byte vector loads, reduced there (max, then sum of exp), and written once:
+# 2 bytes moved per byte of output, the least a softmax can move. Small rows get one
+# warp each (several rows per block, shuffles only); medium rows one block each;
+# rows too long for the registers (vocabulary sizes) fall back to a looped kernel
+# with an online (max, sum) first pass and a second read.
+# The same three shapes serve log_softmax and the two backwards.
+
+from extensibility import register, InputTensor, OutputTensor
+from max.gpu import thread_idx, block_idx, barrier, WARP_SIZE, lane_id, warp_id
+from max.gpu.primitives import warp
+from max.gpu.host import DeviceContext
+from std.math import exp, log, ceildiv
+from std.memory import stack_allocation
+from std.sys import size_of
+
+from days.day009.online_softmax import (
+    CPU_CHUNK,
+    accum_dtype,
+    block_combine,
+    combine,
+    finite,
+    nan_value,
+    row_max_sum_cpu,
+)
+
+comptime VEC_BYTES = 16  # one LDG.128 / STG.128 per vector
+comptime WARP_ROWS_BLOCK = 128  # threads per block when each warp owns a row
+
+comptime SharedPtr[acc: DType] = Pointer[
+    Scalar[acc], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+]
+
+
+def vec_width[dtype: DType]() -> Int:
+    """Elements per 16-byte vector: 4 for float32, 8 for bf16/fp16, 2 for float64.
+    """
+    return VEC_BYTES // size_of[dtype]()
+
+
+# --8<-- [start:group_reduce]
+@always_inline
+def merge[
+    acc: DType, IS_MAX: Bool
+](a: Scalar[acc], b: Scalar[acc]) -> Scalar[acc]:
+    comptime if IS_MAX:
+        # NaN-sticky: the hardware max drops a NaN, torch's softmax propagates it
+        if a != a:
+            return a
+        if b != b:
+            return b
+        return max(a, b)
+    else:
+        return a + b
+
+
+@always_inline
+def group_reduce[
+    acc: DType, IS_MAX: Bool, G: Int
+](v: Scalar[acc], red: SharedPtr[acc]) -> Scalar[acc]:
+    """Max or sum over the G threads that own one row; every one of them gets it.
+
+    G = 32: one warp, butterfly shuffles only, no barrier. G > 32 (G = block size):
+    each warp's result goes through shared memory `red` (G // 32 slots), one barrier.
+    """
+    var r = v
+    comptime for k in range(5):
+        r = merge[acc, IS_MAX](r, warp.shuffle_xor(r, UInt32(1 << k)))
+    comptime if G > WARP_SIZE:
+        if lane_id() == 0:
+            red[unsafe_offset=warp_id()] = r
+        barrier()
+        r = red[unsafe_offset=0]
+        comptime for w in range(1, G // WARP_SIZE):
+            r = merge[acc, IS_MAX](r, red[unsafe_offset=w])
+    return r
+
+
+# --8<-- [end:group_reduce]
+
+
+@always_inline
+def load_vec[
+    dtype: DType, W: Int
+](p: Pointer[Scalar[dtype], MutAnyOrigin], i: Int) -> SIMD[dtype, W]:
+    comptime if W == 1:
+        return p[unsafe_offset=i]
+    else:
+        return p.unsafe_offset(i).unsafe_load[
+            width=W, alignment=W * size_of[dtype]()
+        ]()
+
+
+@always_inline
+def store_vec[
+    dtype: DType, W: Int
+](p: Pointer[Scalar[dtype], MutAnyOrigin], i: Int, v: SIMD[dtype, W]):
+    comptime if W == 1:
+        p[unsafe_offset=i] = v[0]
+    else:
+        p.unsafe_offset(i).unsafe_store[alignment=W * size_of[dtype]()](0, v)
+
+
+@always_inline
+def poisoned[acc: DType, L: Int](x: SIMD[acc, L]) -> Bool:
+    """A NaN or +inf makes torch's softmax row NaN (exp(inf - inf))."""
+    return x.ne(x).reduce_or() or x.eq(Scalar[acc].MAX).reduce_or()
+
+
+# --8<-- [start:forward_registers]
+def softmax_rows_kernel[
+    dtype: DType, LOG: Bool, W: Int, NV: Int, G: Int, BLOCK: Int
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int64,
+    cols: Int64,
+) where dtype.is_floating_point():
+    """A row of cols <= G * NV * W elements lives in the registers of G threads.
+
+    Thread t of the row holds vectors v = 0..NV-1 at columns (v * G + t) * W, so a
+    warp's loads are contiguous (coalesced) for every v. W divides cols (the host
+    picks W = 1 otherwise), so a vector is either wholly inside the row or outside.
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime assert (
+        G == WARP_SIZE or G == BLOCK
+    ), "a row is one warp or one block"
+    comptime L = W * NV
+    var red_m = stack_allocation[
+        max(G // WARP_SIZE, 1), Scalar[acc], address_space=AddressSpace.SHARED
+    ]()
+    var red_s = stack_allocation[
+        max(G // WARP_SIZE, 1), Scalar[acc], address_space=AddressSpace.SHARED
+    ]()
+    var row = block_idx.x * (BLOCK // G) + thread_idx.x // G
+    if row >= Int(
+        rows
+    ):  # only for G = 32: the whole warp leaves, no barrier follows
+        return
+    var t = thread_idx.x % G
+    var n = Int(cols)
+    var base = row * n
+
+    # 1. one read: the row into registers; padding is -inf, which exp() maps to 0
+    var xs = SIMD[acc, L](Scalar[acc].MIN)
+    comptime for v in range(NV):
+        var c = (v * G + t) * W
+        if c < n:
+            xs = xs.insert[offset=v * W](
+                load_vec[dtype, W](src, base + c).cast[acc]()
+            )
+
+    # 2. the row max (NaN-sticky), then the sum of exp(x - max), from registers
+    var m = nan_value[acc]() if poisoned(xs) else xs.reduce_max()
+    m = group_reduce[acc, True, G](m, red_m)
+    var e = exp(xs - m)
+    var s = group_reduce[acc, False, G](e.reduce_add(), red_s)
+
+    # 3. one write
+    var y: SIMD[acc, L]
+    comptime if LOG:
+        y = xs - (m + log(s))
+    else:
+        y = e * (1 / s)
+    if not finite(m):  # masked (-inf), NaN or +inf row: NaN like torch
+        y = SIMD[acc, L](nan_value[acc]())
+    comptime for v in range(NV):
+        var c = (v * G + t) * W
+        if c < n:
+            store_vec[dtype, W](
+                dst, base + c, y.slice[W, offset=v * W]().cast[dtype]()
+            )
+
+
+# --8<-- [end:forward_registers]
+
+
+# --8<-- [start:backward_registers]
+def softmax_backward_rows_kernel[
+    dtype: DType, LOG: Bool, W: Int, NV: Int, G: Int, BLOCK: Int
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    grad: Pointer[Scalar[dtype], MutAnyOrigin],
+    fwd_out: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int64,
+    cols: Int64,
+) where dtype.is_floating_point():
+    """Grad_input from grad_output g and the forward's output y, both in registers.
+
+    softmax:     dx = y * (g - sum(g * y))
+    log_softmax: dx = g - exp(y) * sum(g)
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime assert (
+        G == WARP_SIZE or G == BLOCK
+    ), "a row is one warp or one block"
+    comptime L = W * NV
+    var red = stack_allocation[
+        max(G // WARP_SIZE, 1), Scalar[acc], address_space=AddressSpace.SHARED
+    ]()
+    var row = block_idx.x * (BLOCK // G) + thread_idx.x // G
+    if row >= Int(rows):
+        return
+    var t = thread_idx.x % G
+    var n = Int(cols)
+    var base = row * n
+    var gs = SIMD[acc, L](0)
+    var ys = SIMD[acc, L](0)
+    comptime for v in range(NV):
+        var c = (v * G + t) * W
+        if c < n:
+            gs = gs.insert[offset=v * W](
+                load_vec[dtype, W](grad, base + c).cast[acc]()
+            )
+            ys = ys.insert[offset=v * W](
+                load_vec[dtype, W](fwd_out, base + c).cast[acc]()
+            )
+    var dx: SIMD[acc, L]
+    comptime if LOG:
+        var s = group_reduce[acc, False, G](gs.reduce_add(), red)
+        dx = gs - exp(ys) * s
+    else:
+        var s = group_reduce[acc, False, G]((gs * ys).reduce_add(), red)
+        dx = ys * (gs - s)
+    comptime for v in range(NV):
+        var c = (v * G + t) * W
+        if c < n:
+            store_vec[dtype, W](
+                dst, base + c, dx.slice[W, offset=v * W]().cast[dtype]()
+            )
+
+
+# --8<-- [end:backward_registers]
+
+
+# --8<-- [start:forward_looped]
+def softmax_looped_kernel[
+    dtype: DType, LOG: Bool, W: Int, BLOCK: Int
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    cols: Int64,
+) where dtype.is_floating_point():
+    """Rows too long for registers: one block per row, two reads.
+
+    Pass 1 keeps an online (max, sum) pair per thread, one update per vector, and
+    merges the pairs with day009's block_combine; pass 2 normalises.
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    var red_m = stack_allocation[
+        BLOCK // WARP_SIZE, Scalar[acc], address_space=AddressSpace.SHARED
+    ]()
+    var red_s = stack_allocation[
+        BLOCK // WARP_SIZE, Scalar[acc], address_space=AddressSpace.SHARED
+    ]()
+    var n = Int(cols)
+    var base = block_idx.x * n
+    var m = Scalar[acc].MIN
+    var s = Scalar[acc](0)
+    for c in range(thread_idx.x * W, n, BLOCK * W):
+        var x = load_vec[dtype, W](src, base + c).cast[acc]()
+        if poisoned(x):
+            m = nan_value[acc]()
+        var vm = x.reduce_max()
+        if vm > Scalar[acc].MIN:  # an all -inf vector adds nothing
+            m, s = combine(m, s, vm, exp(x - vm).reduce_add())
+    m, s = block_combine[acc, BLOCK](m, s, red_m, red_s)
+    var shift = m + log(s)
+    var inv = 1 / s
+    for c in range(thread_idx.x * W, n, BLOCK * W):
+        var x = load_vec[dtype, W](src, base + c).cast[acc]()
+        var y: SIMD[acc, W]
+        comptime if LOG:
+            y = x - shift
+        else:
+            y = exp(x - m) * inv
+        if not finite(m):
+            y = SIMD[acc, W](nan_value[acc]())
+        store_vec[dtype, W](dst, base + c, y.cast[dtype]())
+
+
+# --8<-- [end:forward_looped]
+
+
+def softmax_backward_looped_kernel[
+    dtype: DType, LOG: Bool, W: Int, BLOCK: Int
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    grad: Pointer[Scalar[dtype], MutAnyOrigin],
+    fwd_out: Pointer[Scalar[dtype], MutAnyOrigin],
+    cols: Int64,
+) where dtype.is_floating_point():
+    """The backward for rows too long for registers: a sum pass, then the write pass.
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    var red = stack_allocation[
+        BLOCK // WARP_SIZE, Scalar[acc], address_space=AddressSpace.SHARED
+    ]()
+    var n = Int(cols)
+    var base = block_idx.x * n
+    var part = Scalar[acc](0)
+    for c in range(thread_idx.x * W, n, BLOCK * W):
+        var g = load_vec[dtype, W](grad, base + c).cast[acc]()
+        comptime if LOG:
+            part += g.reduce_add()
+        else:
+            part += (
+                g * load_vec[dtype, W](fwd_out, base + c).cast[acc]()
+            ).reduce_add()
+    var s = group_reduce[acc, False, BLOCK](part, red)
+    for c in range(thread_idx.x * W, n, BLOCK * W):
+        var g = load_vec[dtype, W](grad, base + c).cast[acc]()
+        var y = load_vec[dtype, W](fwd_out, base + c).cast[acc]()
+        var dx: SIMD[acc, W]
+        comptime if LOG:
+            dx = g - exp(y) * s
+        else:
+            dx = y * (g - s)
+        store_vec[dtype, W](dst, base + c, dx.cast[dtype]())
+
+
+# --8<-- [start:dispatch]
+comptime LOOPED_BLOCK = 1024
+
+
+def _rows_launch_dims(G: Int, rows: Int) -> Tuple[Int, Int]:
+    """(grid, block): G = 32 packs WARP_ROWS_BLOCK // 32 rows per block."""
+    if G == WARP_SIZE:
+        return (ceildiv(rows, WARP_ROWS_BLOCK // WARP_SIZE), WARP_ROWS_BLOCK)
+    return (rows, G)
+
+
+def launch_rows[
+    dtype: DType, BACKWARD: Bool, LOG: Bool, W: Int, NV: Int, G: Int
+](
+    ctx: DeviceContext,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    b: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    cols: Int,
+) raises where dtype.is_floating_point():
+    comptime BLOCK = WARP_ROWS_BLOCK if G == WARP_SIZE else G
+    var grid, block = _rows_launch_dims(G, rows)
+    comptime if BACKWARD:
+        ctx.enqueue_function[
+            softmax_backward_rows_kernel[dtype, LOG, W, NV, G, BLOCK]
+        ](dst, a, b, Int64(rows), Int64(cols), grid_dim=grid, block_dim=block)
+    else:
+        ctx.enqueue_function[softmax_rows_kernel[dtype, LOG, W, NV, G, BLOCK]](
+            dst, a, Int64(rows), Int64(cols), grid_dim=grid, block_dim=block
+        )
+
+
+def launch_for_width[
+    dtype: DType, BACKWARD: Bool, LOG: Bool, W: Int
+](
+    ctx: DeviceContext,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    b: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    cols: Int,
+) raises where dtype.is_floating_point():
+    """Pick the smallest register layout (G threads x NV vectors of W) that holds a
+    row: small rows get a warp, larger ones a block; past 16 vectors per thread the
+    registers would spill, so the looped kernel takes over."""
+    comptime configs = [
+        (WARP_SIZE, 1),
+        (WARP_SIZE, 2),
+        (WARP_SIZE, 4),
+        (WARP_SIZE, 8),
+        (128, 4),
+        (256, 4),
+        (512, 4),
+        (512, 8),
+        (512, 16),
+    ]
+    comptime for i in range(len(configs)):
+        comptime G = configs[i][0]
+        comptime NV = configs[i][1]
+        if cols <= G * NV * W:
+            launch_rows[dtype, BACKWARD, LOG, W, NV, G](
+                ctx, dst, a, b, rows, cols
+            )
+            return
+    comptime if BACKWARD:
+        ctx.enqueue_function[
+            softmax_backward_looped_kernel[dtype, LOG, W, LOOPED_BLOCK]
+        ](dst, a, b, Int64(cols), grid_dim=rows, block_dim=LOOPED_BLOCK)
+    else:
+        ctx.enqueue_function[
+            softmax_looped_kernel[dtype, LOG, W, LOOPED_BLOCK]
+        ](dst, a, Int64(cols), grid_dim=rows, block_dim=LOOPED_BLOCK)
+
+
+def launch_softmax_family[
+    dtype: DType, BACKWARD: Bool, LOG: Bool
+](
+    ctx: DeviceContext,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    b: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    cols: Int,
+) raises where dtype.is_floating_point():
+    """16-byte vectors when every row starts on a 16-byte boundary, else scalars.
+    """
+    comptime VW = vec_width[dtype]()
+    var aligned = cols % VW == 0
+    for p in [Int(dst), Int(a), Int(b)]:
+        aligned = aligned and p % VEC_BYTES == 0
+    if aligned:
+        launch_for_width[dtype, BACKWARD, LOG, VW](ctx, dst, a, b, rows, cols)
+    else:
+        launch_for_width[dtype, BACKWARD, LOG, 1](ctx, dst, a, b, rows, cols)
+
+
+# --8<-- [end:dispatch]
+
+
+# --8<-- [start:cpu]
+def softmax_rows_cpu[
+    dtype: DType, LOG: Bool
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    cols: Int,
+) where dtype.is_floating_point():
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    for r in range(rows):
+        var base = r * cols
+        var m, s = row_max_sum_cpu(src, base, cols)
+        var shift = m + log(s)
+        for c in range(cols):
+            var x = src[unsafe_offset=base + c].cast[acc]()
+            var y: Scalar[acc]
+            comptime if LOG:
+                y = x - shift
+            else:
+                y = exp(x - m) / s
+            if not finite(m):
+                y = nan_value[acc]()
+            dst[unsafe_offset=base + c] = y.cast[dtype]()
+
+
+def softmax_backward_rows_cpu[
+    dtype: DType, LOG: Bool
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    grad: Pointer[Scalar[dtype], MutAnyOrigin],
+    fwd_out: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    cols: Int,
+) where dtype.is_floating_point():
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    for r in range(rows):
+        var base = r * cols
+        var s = Scalar[acc](0)
+        for start in range(
+            0, cols, CPU_CHUNK
+        ):  # chunked, like the forward's sums
+            var chunk = Scalar[acc](0)
+            for c in range(start, min(start + CPU_CHUNK, cols)):
+                var g = grad[unsafe_offset=base + c].cast[acc]()
+                comptime if LOG:
+                    chunk += g
+                else:
+                    chunk += g * fwd_out[unsafe_offset=base + c].cast[acc]()
+            s += chunk
+        for c in range(cols):
+            var g = grad[unsafe_offset=base + c].cast[acc]()
+            var y = fwd_out[unsafe_offset=base + c].cast[acc]()
+            var dx: Scalar[acc]
+            comptime if LOG:
+                dx = g - exp(y) * s
+            else:
+                dx = y * (g - s)
+            dst[unsafe_offset=base + c] = dx.cast[dtype]()
+
+
+# --8<-- [end:cpu]
+
+
+def run_forward[
+    target: StaticString, dtype: DType, LOG: Bool
+](
+    name: StaticString,
+    output: OutputTensor[dtype=dtype, rank=2, ...],
+    x: InputTensor[dtype=dtype, rank=2, ...],
+    ctx: DeviceContext,
+) raises:
+    comptime assert (
+        dtype.is_floating_point()
+    ), "softmax family: float dtypes only"
+    if output.shape() != x.shape():
+        raise Error(
+            name,
+            ": output shape ",
+            output.shape(),
+            " != input shape ",
+            x.shape(),
+        )
+    var rows = x.dim_size(0)
+    var cols = x.dim_size(1)
+    if rows == 0 or cols == 0:
+        return
+    var dst = output.unsafe_ptr()
+    var src = x.unsafe_ptr()
+    comptime if target == "gpu":
+        launch_softmax_family[dtype, False, LOG](ctx, dst, src, src, rows, cols)
+    else:
+        softmax_rows_cpu[dtype, LOG](dst, src, rows, cols)
+
+
+def run_backward[
+    target: StaticString, dtype: DType, LOG: Bool
+](
+    name: StaticString,
+    grad_input: OutputTensor[dtype=dtype, rank=2, ...],
+    grad_output: InputTensor[dtype=dtype, rank=2, ...],
+    output: InputTensor[dtype=dtype, rank=2, ...],
+    ctx: DeviceContext,
+) raises:
+    comptime assert (
+        dtype.is_floating_point()
+    ), "softmax family: float dtypes only"
+    if (
+        grad_input.shape() != grad_output.shape()
+        or output.shape() != grad_output.shape()
+    ):
+        raise Error(
+            name,
+            ": shapes differ: grad_input ",
+            grad_input.shape(),
+            ", grad_output ",
+            grad_output.shape(),
+            ", output ",
+            output.shape(),
+        )
+    var rows = grad_output.dim_size(0)
+    var cols = grad_output.dim_size(1)
+    if rows == 0 or cols == 0:
+        return
+    var dst = grad_input.unsafe_ptr()
+    var g = grad_output.unsafe_ptr()
+    var y = output.unsafe_ptr()
+    comptime if target == "gpu":
+        launch_softmax_family[dtype, True, LOG](ctx, dst, g, y, rows, cols)
+    else:
+        softmax_backward_rows_cpu[dtype, LOG](dst, g, y, rows, cols)
+
+
+@register("softmax")
+struct Softmax:
+    """Softmax over the last dim of a contiguous (rows, cols) tensor."""
+
+    @staticmethod
+    def execute[
+        target: StaticString, dtype: DType
+    ](
+        output: OutputTensor[dtype=dtype, rank=2, ...],
+        x: InputTensor[dtype=dtype, rank=2, ...],
+        ctx: DeviceContext,
+    ) raises:
+        run_forward[target, dtype, False]("softmax", output, x, ctx)
+
+
+@register("log_softmax")
+struct LogSoftmax:
+    """Log-softmax over the last dim, computed as x - max - log(sum(exp(x - max))).
+    """
+
+    @staticmethod
+    def execute[
+        target: StaticString, dtype: DType
+    ](
+        output: OutputTensor[dtype=dtype, rank=2, ...],
+        x: InputTensor[dtype=dtype, rank=2, ...],
+        ctx: DeviceContext,
+    ) raises:
+        run_forward[target, dtype, True]("log_softmax", output, x, ctx)
+
+
+@register("softmax_backward")
+struct SoftmaxBackward:
+    """Softmax backward: grad_input = output * (grad_output - sum(grad_output * output)).
+    """
+
+    @staticmethod
+    def execute[
+        target: StaticString, dtype: DType
+    ](
+        grad_input: OutputTensor[dtype=dtype, rank=2, ...],
+        grad_output: InputTensor[dtype=dtype, rank=2, ...],
+        output: InputTensor[dtype=dtype, rank=2, ...],
+        ctx: DeviceContext,
+    ) raises:
+        run_backward[target, dtype, False](
+            "softmax_backward", grad_input, grad_output, output, ctx
+        )
+
+
+@register("log_softmax_backward")
+struct LogSoftmaxBackward:
+    """Log-softmax backward: grad_input = grad_output - exp(output) * sum(grad_output).
+    """
+
+    @staticmethod
+    def execute[
+        target: StaticString, dtype: DType
+    ](
+        grad_input: OutputTensor[dtype=dtype, rank=2, ...],
+        grad_output: InputTensor[dtype=dtype, rank=2, ...],
+        output: InputTensor[dtype=dtype, rank=2, ...],
+        ctx: DeviceContext,
+    ) raises:
+        run_backward[target, dtype, True](
+            "log_softmax_backward", grad_input, grad_output, output, ctx
+        )
