@@ -69,6 +69,23 @@ def nan_value[acc: DType]() -> Scalar[acc] where acc.is_floating_point():
 
 # --8<-- [start:block_combine]
 @always_inline
+def warp_combine[
+    acc: DType
+](m_in: Scalar[acc], s_in: Scalar[acc]) -> Tuple[
+    Scalar[acc], Scalar[acc]
+] where acc.is_floating_point():
+    """Butterfly over the 32 lanes: every lane ends with the warp's merged pair.
+    """
+    var m = m_in
+    var s = s_in
+    comptime for k in range(5):
+        var m_other = warp.shuffle_xor(m, UInt32(1 << k))
+        var s_other = warp.shuffle_xor(s, UInt32(1 << k))
+        m, s = combine(m, s, m_other, s_other)
+    return (m, s)
+
+
+@always_inline
 def block_combine[
     acc: DType, BLOCK: Int
 ](
@@ -87,21 +104,18 @@ def block_combine[
     each warp's pair goes through shared memory (`red_m`/`red_s`, BLOCK // 32 slots).
     """
     comptime NW = BLOCK // WARP_SIZE
-    var m = m_in
-    var s = s_in
-    comptime for k in range(5):
-        var m_other = warp.shuffle_xor(m, UInt32(1 << k))
-        var s_other = warp.shuffle_xor(s, UInt32(1 << k))
-        m, s = combine(m, s, m_other, s_other)
+    var m, s = warp_combine(m_in, s_in)
     comptime if NW > 1:
         if lane_id() == 0:
             red_m[unsafe_offset=warp_id()] = m
             red_s[unsafe_offset=warp_id()] = s
         barrier()
-        m = red_m[unsafe_offset=0]
-        s = red_s[unsafe_offset=0]
-        comptime for w in range(1, NW):
-            m, s = combine(m, s, red_m[unsafe_offset=w], red_s[unsafe_offset=w])
+        # every warp merges the NW pairs with the same butterfly (log2(32) steps
+        # instead of NW - 1 serial combines, each with two exp())
+        var lane = lane_id()
+        m = red_m[unsafe_offset=lane] if lane < NW else Scalar[acc].MIN
+        s = red_s[unsafe_offset=lane] if lane < NW else Scalar[acc](0)
+        m, s = warp_combine(m, s)
     return (m, s)
 
 

@@ -10,12 +10,22 @@
 # The same three shapes serve log_softmax and the two backwards.
 
 from extensibility import register, InputTensor, OutputTensor
-from max.gpu import thread_idx, block_idx, barrier, WARP_SIZE, lane_id, warp_id
+from max.gpu import (
+    MAX_THREADS_PER_BLOCK_METADATA,
+    WARP_SIZE,
+    barrier,
+    block_idx,
+    lane_id,
+    thread_idx,
+    warp_id,
+)
 from max.gpu.primitives import warp
-from max.gpu.host import DeviceContext
+from max.gpu.host import DeviceContext, FuncAttribute
+from max.gpu.memory import external_memory
 from std.math import exp, log, ceildiv
 from std.memory import stack_allocation
 from std.sys import size_of
+from std.utils.static_tuple import StaticTuple
 
 from days.day009.online_softmax import (
     CPU_CHUNK,
@@ -105,12 +115,32 @@ def store_vec[
 
 
 @always_inline
+def load_shared[
+    dtype: DType, W: Int
+](p: SharedPtr[dtype], i: Int) -> SIMD[dtype, W]:
+    return p.unsafe_offset(i).unsafe_load[
+        width=W, alignment=W * size_of[dtype]()
+    ]()
+
+
+@always_inline
+def store_shared[
+    dtype: DType, W: Int
+](p: SharedPtr[dtype], i: Int, v: SIMD[dtype, W]):
+    p.unsafe_offset(i).unsafe_store[alignment=W * size_of[dtype]()](0, v)
+
+
+@always_inline
 def poisoned[acc: DType, L: Int](x: SIMD[acc, L]) -> Bool:
     """A NaN or +inf makes torch's softmax row NaN (exp(inf - inf))."""
     return x.ne(x).reduce_or() or x.eq(Scalar[acc].MAX).reduce_or()
 
 
 # --8<-- [start:forward_registers]
+# the block size bounds the registers ptxas may use (it spills rather than fail to launch)
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(BLOCK))
+)
 def softmax_rows_kernel[
     dtype: DType, LOG: Bool, W: Int, NV: Int, G: Int, BLOCK: Int
 ](
@@ -146,41 +176,48 @@ def softmax_rows_kernel[
     var n = Int(cols)
     var base = row * n
 
-    # 1. one read: the row into registers; padding is -inf, which exp() maps to 0
-    var xs = SIMD[acc, L](Scalar[acc].MIN)
+    # 1. one read: the row into registers, kept in the input dtype (half the
+    #    registers for bf16); padding is -inf, which exp() maps to 0
+    var xs = SIMD[dtype, L](Scalar[dtype].MIN)
     comptime for v in range(NV):
         var c = (v * G + t) * W
         if c < n:
-            xs = xs.insert[offset=v * W](
-                load_vec[dtype, W](src, base + c).cast[acc]()
-            )
+            xs = xs.insert[offset=v * W](load_vec[dtype, W](src, base + c))
 
     # 2. the row max (NaN-sticky), then the sum of exp(x - max), from registers
-    var m = nan_value[acc]() if poisoned(xs) else xs.reduce_max()
+    var m = nan_value[acc]() if poisoned(xs) else xs.reduce_max().cast[acc]()
     m = group_reduce[acc, True, G](m, red_m)
-    var e = exp(xs - m)
-    var s = group_reduce[acc, False, G](e.reduce_add(), red_s)
+    var part = Scalar[acc](0)
+    comptime for v in range(NV):
+        part += exp(xs.slice[W, offset=v * W]().cast[acc]() - m).reduce_add()
+    var s = group_reduce[acc, False, G](part, red_s)
 
-    # 3. one write
-    var y: SIMD[acc, L]
-    comptime if LOG:
-        y = xs - (m + log(s))
-    else:
-        y = e * (1 / s)
-    if not finite(m):  # masked (-inf), NaN or +inf row: NaN like torch
-        y = SIMD[acc, L](nan_value[acc]())
+    # 3. one write; exp() is recomputed rather than kept: registers are the
+    #    scarce resource here, the special-function units are not
+    var shift = m + log(s)
+    var inv = 1 / s
     comptime for v in range(NV):
         var c = (v * G + t) * W
         if c < n:
-            store_vec[dtype, W](
-                dst, base + c, y.slice[W, offset=v * W]().cast[dtype]()
-            )
+            var x = xs.slice[W, offset=v * W]().cast[acc]()
+            var y: SIMD[acc, W]
+            comptime if LOG:
+                y = x - shift
+            else:
+                y = exp(x - m) * inv
+            if not finite(m):  # masked (-inf), NaN or +inf row: NaN like torch
+                y = SIMD[acc, W](nan_value[acc]())
+            store_vec[dtype, W](dst, base + c, y.cast[dtype]())
 
 
 # --8<-- [end:forward_registers]
 
 
 # --8<-- [start:backward_registers]
+# the block size bounds the registers ptxas may use (it spills rather than fail to launch)
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(BLOCK))
+)
 def softmax_backward_rows_kernel[
     dtype: DType, LOG: Bool, W: Int, NV: Int, G: Int, BLOCK: Int
 ](
@@ -210,36 +247,55 @@ def softmax_backward_rows_kernel[
     var t = thread_idx.x % G
     var n = Int(cols)
     var base = row * n
-    var gs = SIMD[acc, L](0)
-    var ys = SIMD[acc, L](0)
+    var gs = SIMD[dtype, L](0)
+    var ys = SIMD[dtype, L](0)
     comptime for v in range(NV):
         var c = (v * G + t) * W
         if c < n:
-            gs = gs.insert[offset=v * W](
-                load_vec[dtype, W](grad, base + c).cast[acc]()
-            )
-            ys = ys.insert[offset=v * W](
-                load_vec[dtype, W](fwd_out, base + c).cast[acc]()
-            )
-    var dx: SIMD[acc, L]
-    comptime if LOG:
-        var s = group_reduce[acc, False, G](gs.reduce_add(), red)
-        dx = gs - exp(ys) * s
-    else:
-        var s = group_reduce[acc, False, G]((gs * ys).reduce_add(), red)
-        dx = ys * (gs - s)
+            gs = gs.insert[offset=v * W](load_vec[dtype, W](grad, base + c))
+            ys = ys.insert[offset=v * W](load_vec[dtype, W](fwd_out, base + c))
+    var part = Scalar[acc](0)
+    comptime for v in range(NV):
+        var g = gs.slice[W, offset=v * W]().cast[acc]()
+        comptime if LOG:
+            part += g.reduce_add()
+        else:
+            part += (g * ys.slice[W, offset=v * W]().cast[acc]()).reduce_add()
+    var s = group_reduce[acc, False, G](part, red)
     comptime for v in range(NV):
         var c = (v * G + t) * W
         if c < n:
-            store_vec[dtype, W](
-                dst, base + c, dx.slice[W, offset=v * W]().cast[dtype]()
-            )
+            var g = gs.slice[W, offset=v * W]().cast[acc]()
+            var y = ys.slice[W, offset=v * W]().cast[acc]()
+            var dx: SIMD[acc, W]
+            comptime if LOG:
+                dx = g - exp(y) * s
+            else:
+                dx = y * (g - s)
+            store_vec[dtype, W](dst, base + c, dx.cast[dtype]())
 
 
 # --8<-- [end:backward_registers]
 
 
 # --8<-- [start:forward_looped]
+comptime LOOPED_BLOCK = 1024
+comptime CACHE_BYTES = 200 * 1024  # of the 227 KB of shared memory a block may have
+comptime UNROLL = 4  # loads in flight per thread in the first pass
+
+
+@always_inline
+def cached_count[dtype: DType, W: Int](n: Int, tensors: Int) -> Int:
+    """How many leading elements of a row fit the shared-memory cache (a multiple of W).
+    """
+    var fit = CACHE_BYTES // (tensors * size_of[dtype]())
+    return min(n, fit - fit % W)
+
+
+# the block size bounds the registers ptxas may use (it spills rather than fail to launch)
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(BLOCK))
+)
 def softmax_looped_kernel[
     dtype: DType, LOG: Bool, W: Int, BLOCK: Int
 ](
@@ -247,10 +303,13 @@ def softmax_looped_kernel[
     src: Pointer[Scalar[dtype], MutAnyOrigin],
     cols: Int64,
 ) where dtype.is_floating_point():
-    """Rows too long for registers: one block per row, two reads.
+    """Rows too long for registers: one block per row, its head cached in shared memory.
 
-    Pass 1 keeps an online (max, sum) pair per thread, one update per vector, and
-    merges the pairs with day009's block_combine; pass 2 normalises.
+    Pass 1 reads the row (UNROLL vectors in flight per thread), keeps an online
+    (max, sum) pair per thread and copies the first `cached` elements to shared
+    memory; day009's block_combine merges the pairs. Pass 2 normalises, reading the
+    cached head from shared memory and only the tail from global memory again. Each
+    thread re-reads exactly what it cached, so no barrier guards the cache.
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
@@ -260,22 +319,41 @@ def softmax_looped_kernel[
     var red_s = stack_allocation[
         BLOCK // WARP_SIZE, Scalar[acc], address_space=AddressSpace.SHARED
     ]()
+    var cache = external_memory[
+        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
+    ]()
     var n = Int(cols)
+    var cached = cached_count[dtype, W](n, 1)
     var base = block_idx.x * n
     var m = Scalar[acc].MIN
     var s = Scalar[acc](0)
-    for c in range(thread_idx.x * W, n, BLOCK * W):
-        var x = load_vec[dtype, W](src, base + c).cast[acc]()
-        if poisoned(x):
-            m = nan_value[acc]()
-        var vm = x.reduce_max()
-        if vm > Scalar[acc].MIN:  # an all -inf vector adds nothing
-            m, s = combine(m, s, vm, exp(x - vm).reduce_add())
+    comptime STEP = BLOCK * W
+    for c0 in range(thread_idx.x * W, n, STEP * UNROLL):
+        var xs = SIMD[dtype, W * UNROLL](0)
+        comptime for u in range(UNROLL):
+            var c = c0 + u * STEP
+            if c < n:
+                xs = xs.insert[offset=u * W](load_vec[dtype, W](src, base + c))
+        comptime for u in range(UNROLL):
+            var c = c0 + u * STEP
+            if c < n:
+                var raw = xs.slice[W, offset=u * W]()
+                if c < cached:
+                    store_shared[dtype, W](cache, c, raw)
+                var x = raw.cast[acc]()
+                if poisoned(x):
+                    m = nan_value[acc]()
+                var vm = x.reduce_max()
+                if vm > Scalar[acc].MIN:  # an all -inf vector adds nothing
+                    m, s = combine(m, s, vm, exp(x - vm).reduce_add())
     m, s = block_combine[acc, BLOCK](m, s, red_m, red_s)
     var shift = m + log(s)
     var inv = 1 / s
-    for c in range(thread_idx.x * W, n, BLOCK * W):
-        var x = load_vec[dtype, W](src, base + c).cast[acc]()
+    for c in range(thread_idx.x * W, n, STEP):
+        var raw = load_shared[dtype, W](cache, c) if c < cached else load_vec[
+            dtype, W
+        ](src, base + c)
+        var x = raw.cast[acc]()
         var y: SIMD[acc, W]
         comptime if LOG:
             y = x - shift
@@ -289,6 +367,10 @@ def softmax_looped_kernel[
 # --8<-- [end:forward_looped]
 
 
+# the block size bounds the registers ptxas may use (it spills rather than fail to launch)
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(BLOCK))
+)
 def softmax_backward_looped_kernel[
     dtype: DType, LOG: Bool, W: Int, BLOCK: Int
 ](
@@ -297,28 +379,56 @@ def softmax_backward_looped_kernel[
     fwd_out: Pointer[Scalar[dtype], MutAnyOrigin],
     cols: Int64,
 ) where dtype.is_floating_point():
-    """The backward for rows too long for registers: a sum pass, then the write pass.
-    """
+    """The backward for rows too long for registers: a sum pass that also caches the
+    heads of grad_output and output in shared memory, then the write pass."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     var red = stack_allocation[
         BLOCK // WARP_SIZE, Scalar[acc], address_space=AddressSpace.SHARED
     ]()
+    var g_cache = external_memory[
+        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
+    ]()
     var n = Int(cols)
+    var cached = cached_count[dtype, W](n, 2)
+    var y_cache = g_cache.unsafe_offset(
+        cached
+    )  # cached is a multiple of W: aligned
     var base = block_idx.x * n
+    comptime STEP = BLOCK * W
     var part = Scalar[acc](0)
-    for c in range(thread_idx.x * W, n, BLOCK * W):
-        var g = load_vec[dtype, W](grad, base + c).cast[acc]()
+    for c0 in range(thread_idx.x * W, n, STEP * UNROLL):
+        var gs = SIMD[dtype, W * UNROLL](0)
+        var ys = SIMD[dtype, W * UNROLL](0)
+        comptime for u in range(UNROLL):
+            var c = c0 + u * STEP
+            if c < n:
+                gs = gs.insert[offset=u * W](load_vec[dtype, W](grad, base + c))
+                ys = ys.insert[offset=u * W](
+                    load_vec[dtype, W](fwd_out, base + c)
+                )
+        comptime for u in range(UNROLL):
+            var c = c0 + u * STEP
+            if c < n and c < cached:
+                store_shared[dtype, W](g_cache, c, gs.slice[W, offset=u * W]())
+                store_shared[dtype, W](y_cache, c, ys.slice[W, offset=u * W]())
         comptime if LOG:
-            part += g.reduce_add()
+            part += gs.cast[acc]().reduce_add()  # padding is 0
         else:
-            part += (
-                g * load_vec[dtype, W](fwd_out, base + c).cast[acc]()
-            ).reduce_add()
+            part += (gs.cast[acc]() * ys.cast[acc]()).reduce_add()
     var s = group_reduce[acc, False, BLOCK](part, red)
-    for c in range(thread_idx.x * W, n, BLOCK * W):
-        var g = load_vec[dtype, W](grad, base + c).cast[acc]()
-        var y = load_vec[dtype, W](fwd_out, base + c).cast[acc]()
+    for c in range(thread_idx.x * W, n, STEP):
+        var hit = c < cached
+        var g = (
+            load_shared[dtype, W](g_cache, c) if hit else load_vec[dtype, W](
+                grad, base + c
+            )
+        ).cast[acc]()
+        var y = (
+            load_shared[dtype, W](y_cache, c) if hit else load_vec[dtype, W](
+                fwd_out, base + c
+            )
+        ).cast[acc]()
         var dx: SIMD[acc, W]
         comptime if LOG:
             dx = g - exp(y) * s
@@ -328,7 +438,6 @@ def softmax_backward_looped_kernel[
 
 
 # --8<-- [start:dispatch]
-comptime LOOPED_BLOCK = 1024
 
 
 def _rows_launch_dims(G: Int, rows: Int) -> Tuple[Int, Int]:
@@ -370,36 +479,59 @@ def launch_for_width[
     rows: Int,
     cols: Int,
 ) raises where dtype.is_floating_point():
-    """Pick the smallest register layout (G threads x NV vectors of W) that holds a
-    row: small rows get a warp, larger ones a block; past 16 vectors per thread the
-    registers would spill, so the looped kernel takes over."""
+    """Pick the smallest register layout (G threads x E elements) that holds a row:
+    small rows get a warp, larger ones a block. E stays <= 32 values per thread (64
+    for a backward): beyond that ptxas spills or the block cannot launch (seen on the
+    H100 with 64 per thread at 512 threads), so the looped kernel takes over."""
     comptime configs = [
-        (WARP_SIZE, 1),
-        (WARP_SIZE, 2),
         (WARP_SIZE, 4),
         (WARP_SIZE, 8),
-        (128, 4),
-        (256, 4),
-        (512, 4),
-        (512, 8),
+        (WARP_SIZE, 16),
+        (WARP_SIZE, 32),
+        (128, 16),
+        (256, 16),
         (512, 16),
+        (512, 32),
     ]
     comptime for i in range(len(configs)):
         comptime G = configs[i][0]
-        comptime NV = configs[i][1]
-        if cols <= G * NV * W:
-            launch_rows[dtype, BACKWARD, LOG, W, NV, G](
-                ctx, dst, a, b, rows, cols
-            )
-            return
+        comptime E = configs[i][1]
+        comptime if E % W == 0:
+            if cols <= G * E:
+                launch_rows[dtype, BACKWARD, LOG, W, E // W, G](
+                    ctx, dst, a, b, rows, cols
+                )
+                return
+    comptime tensors = 2 if BACKWARD else 1
+    var smem = (
+        tensors * cached_count[dtype, W](cols, tensors) * size_of[dtype]()
+    )
+    var attr = FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(UInt32(CACHE_BYTES))
     comptime if BACKWARD:
         ctx.enqueue_function[
             softmax_backward_looped_kernel[dtype, LOG, W, LOOPED_BLOCK]
-        ](dst, a, b, Int64(cols), grid_dim=rows, block_dim=LOOPED_BLOCK)
+        ](
+            dst,
+            a,
+            b,
+            Int64(cols),
+            grid_dim=rows,
+            block_dim=LOOPED_BLOCK,
+            shared_mem_bytes=smem,
+            func_attribute=attr,
+        )
     else:
         ctx.enqueue_function[
             softmax_looped_kernel[dtype, LOG, W, LOOPED_BLOCK]
-        ](dst, a, Int64(cols), grid_dim=rows, block_dim=LOOPED_BLOCK)
+        ](
+            dst,
+            a,
+            Int64(cols),
+            grid_dim=rows,
+            block_dim=LOOPED_BLOCK,
+            shared_mem_bytes=smem,
+            func_attribute=attr,
+        )
 
 
 def launch_softmax_family[

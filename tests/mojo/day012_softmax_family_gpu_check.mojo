@@ -258,6 +258,7 @@ def main() raises:
         check_all_ops[DType.float32](ctx, 67, 4096, 1e-6)
         check_all_ops[DType.float32](ctx, 3, 32000, 1e-6)
         check_all_ops[DType.float32](ctx, 2, 40000, 1e-6)
+        check_all_ops[DType.float32](ctx, 2, 40001, 1e-6)  # unaligned, looped
         check_all_ops[DType.float32](ctx, 2, 128256, 1e-6)
         check_all_ops[DType.bfloat16](ctx, 3, 4100, 2e-2)
         check_all_ops[DType.bfloat16](ctx, 3, 128256, 2e-2)
