@@ -38,6 +38,23 @@ class Case:
     cuda_only: tuple[str, ...] = ()  # impls that only make sense on a GPU (e.g. torch.compile)
 
 
+def compiled(fn: Impl) -> Impl:
+    """`torch.compile(fn)`, built on first call (importing a case must not compile).
+
+    One specialisation per (shape, dtype): a sweep needs more than dynamo's default
+    recompile limit of 8, past which it silently runs eager (seen on the H100).
+    """
+    cache: list[Impl] = []
+
+    def run(*args):
+        if not cache:
+            torch._dynamo.config.recompile_limit = 64
+            cache.append(torch.compile(fn, dynamic=False))
+        return cache[0](*args)
+
+    return run
+
+
 def shape_str(shape: tuple[int, ...]) -> str:
     return "x".join(str(s) for s in shape)
 

@@ -10,10 +10,10 @@ precompiled library named by GPU_DAYS_KERNEL_LIBRARY. If the Mojo path cannot ru
 warn once and fall back to torch; GPU_DAYS_STRICT=1 turns that into an error.
 """
 
+from . import softmax_family
 from .contract import ContractError, OpSpec, TensorArg
 from .fallback import MojoFallbackWarning, MojoUnavailableError, strict
 from .library import KernelBuildError, build_library
-from . import softmax_family
 from .softmax import online_softmax, online_softmax_kernel
 from .softmax_family import (
     MojoLogSoftmax,

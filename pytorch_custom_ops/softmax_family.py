@@ -98,9 +98,7 @@ def _log_softmax_backward_eager(grad_output: torch.Tensor, output: torch.Tensor,
 # -- torch.library registration -------------------------------------------------------------
 _softmax_op = torch.library.custom_op("gpu_days::softmax", _softmax_eager, mutates_args=())
 _log_softmax_op = torch.library.custom_op("gpu_days::log_softmax", _log_softmax_eager, mutates_args=())
-_softmax_backward_op = torch.library.custom_op(
-    "gpu_days::softmax_backward", _softmax_backward_eager, mutates_args=()
-)
+_softmax_backward_op = torch.library.custom_op("gpu_days::softmax_backward", _softmax_backward_eager, mutates_args=())
 _log_softmax_backward_op = torch.library.custom_op(
     "gpu_days::log_softmax_backward", _log_softmax_backward_eager, mutates_args=()
 )

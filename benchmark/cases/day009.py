@@ -4,25 +4,12 @@ import torch
 
 import pytorch_custom_ops as pco
 
-from ..harness import Case
+from ..harness import Case, compiled
 
 
 def _inputs(shape, dtype, device):
     g = torch.Generator(device=device).manual_seed(0)
     return (torch.randn(shape, generator=g, device=device, dtype=torch.float32).mul_(3).to(dtype),)
-
-
-_compiled_softmax = None
-
-
-def _torch_compile(x):
-    global _compiled_softmax
-    if _compiled_softmax is None:
-        # one specialisation per (shape, dtype): 12 of them, above dynamo's default
-        # recompile limit of 8, past which it silently runs eager (seen on the H100)
-        torch._dynamo.config.recompile_limit = 64
-        _compiled_softmax = torch.compile(lambda t: torch.softmax(t, dim=-1), dynamic=False)
-    return _compiled_softmax(x)
 
 
 CASES = [
@@ -31,7 +18,7 @@ CASES = [
         op="softmax",
         impls={
             "torch": lambda x: torch.softmax(x, dim=-1),
-            "torch_compile": _torch_compile,
+            "torch_compile": compiled(lambda x: torch.softmax(x, dim=-1)),
             "mojo_online": lambda x: pco.online_softmax(x, dim=-1),
         },
         make_inputs=_inputs,

@@ -200,7 +200,8 @@ def test_bad_inputs_raise_clear_errors():
         pco.softmax(torch.randn(2, 3), dim=2)
     with pytest.raises(ValueError, match=r"softmax_backward: grad_output has shape \(2, 3\) but output has \(3, 2\)"):
         pco.softmax_backward(torch.randn(2, 3), torch.randn(3, 2))
-    with pytest.raises(TypeError, match="log_softmax_backward: grad_output is torch.float32 but output is torch.float64"):
+    mixed = "log_softmax_backward: grad_output is torch.float32 but output is torch.float64"
+    with pytest.raises(TypeError, match=mixed):
         pco.log_softmax_backward(torch.randn(2, 3), torch.randn(2, 3, dtype=torch.float64))
     with pytest.raises(TypeError, match="softmax: expected a torch.Tensor"):
         pco.softmax([1.0, 2.0])
