@@ -11,10 +11,11 @@ warn once and fall back to torch; GPU_DAYS_STRICT=1 turns that into an error.
 
 from .contract import ContractError, OpSpec, TensorArg
 from .fallback import MojoFallbackWarning, MojoUnavailableError, strict
+from .gemm import MojoGEMM, gemm, gemm_batched, gemm_batched_kernel, gemm_kernel
 from .library import KernelBuildError, build_library
 from .softmax import MojoSoftmax, online_softmax, online_softmax_kernel
 
-KERNELS = {k.spec.name: k for k in (online_softmax_kernel,)}
+KERNELS = {k.spec.name: k for k in (online_softmax_kernel, gemm_kernel, gemm_batched_kernel)}
 
 
 def use_mojo(op: str) -> bool:
@@ -30,11 +31,16 @@ __all__ = [
     "ContractError",
     "KernelBuildError",
     "MojoFallbackWarning",
+    "MojoGEMM",
     "MojoSoftmax",
     "MojoUnavailableError",
     "OpSpec",
     "TensorArg",
     "build_library",
+    "gemm",
+    "gemm_batched",
+    "gemm_batched_kernel",
+    "gemm_kernel",
     "online_softmax",
     "online_softmax_kernel",
     "strict",
