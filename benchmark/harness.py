@@ -36,6 +36,7 @@ class Case:
         default_factory=lambda: {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2, torch.float64: 1e-9}
     )
     cuda_only: tuple[str, ...] = ()  # impls that only make sense on a GPU (e.g. torch.compile)
+    note: Callable[[], str] | None = None  # recorded on every row, e.g. a backend setting of the run
 
 
 def compiled(fn: Impl) -> Impl:
@@ -103,6 +104,8 @@ def run_case(case: Case, device: str, quick: bool, copy_gbps: float | None, prog
                 _free_after_failure(device)
                 rows += [{**base, "impl": n, "status": "NA", "reason": failure_reason(exc)} for n in impls]
                 continue
+            if case.note is not None:  # after make_inputs, which may set the backend up
+                base["note"] = case.note()
             runnable: dict[str, Callable[[], object]] = {}
             results: dict[str, dict] = {}
             for name, impl in impls.items():

@@ -13,6 +13,7 @@ warn once and fall back to torch; GPU_DAYS_STRICT=1 turns that into an error.
 from . import softmax_family
 from .contract import ContractError, OpSpec, TensorArg
 from .fallback import MojoFallbackWarning, MojoUnavailableError, strict
+from .gemm import MojoGEMM, gemm, gemm_batched, gemm_batched_kernel, gemm_kernel
 from .library import KernelBuildError, build_library
 from .softmax import online_softmax, online_softmax_kernel
 from .softmax_family import (
@@ -25,6 +26,7 @@ from .softmax_family import (
 )
 
 KERNELS = {k.spec.name: k for k in (online_softmax_kernel, *softmax_family.KERNELS)}
+KERNELS = {k.spec.name: k for k in (online_softmax_kernel, gemm_kernel, gemm_batched_kernel)}
 
 
 def use_mojo(op: str) -> bool:
@@ -41,6 +43,7 @@ __all__ = [
     "KernelBuildError",
     "MojoFallbackWarning",
     "MojoLogSoftmax",
+    "MojoGEMM",
     "MojoSoftmax",
     "MojoUnavailableError",
     "OpSpec",
@@ -48,6 +51,10 @@ __all__ = [
     "build_library",
     "log_softmax",
     "log_softmax_backward",
+    "gemm",
+    "gemm_batched",
+    "gemm_batched_kernel",
+    "gemm_kernel",
     "online_softmax",
     "online_softmax_kernel",
     "softmax",

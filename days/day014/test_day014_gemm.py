@@ -1,0 +1,255 @@
+"""Day 014: the GEMM ops and MojoGEMM against float64 references.
+
+Graph compiles dominate the CPU time (~17 s per op x dtype x transpose pair), so the
+tests reuse a small set: gemm fp32 in all four transpose pairs, gemm fp64 NN/NT/TN
+(gradcheck), gemm bf16/fp16 NN, gemm_batched fp32 NN/NT/TN.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import pytorch_custom_ops as pco
+from pytorch_custom_ops.library import REPO_ROOT
+
+# allowed |got - want| relative to the error scale of the dot products (see `check`)
+TOL = {torch.float64: 1e-12, torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+TRANSPOSES = [(False, False), (False, True), (True, False), (True, True)]
+
+
+def stored(x: torch.Tensor, transpose: bool) -> torch.Tensor:
+    """The contiguous tensor to pass for op(x) = x (or x^T when transpose)."""
+    return x.mT.contiguous() if transpose else x.contiguous()
+
+
+def op(x: torch.Tensor, transpose: bool) -> torch.Tensor:
+    return x.mT if transpose else x
+
+
+def check(y, a, b, c=None, alpha=1.0, beta=0.0, ta=False, tb=False):
+    """y == alpha * op(a) @ op(b) + beta * c, in float64, to within TOL of the error scale
+    alpha * |op(a)| @ |op(b)| + |beta * c| (a dot product's rounding grows with it)."""
+    pa, pb = op(a.double(), ta), op(b.double(), tb)
+    want = alpha * (pa @ pb)
+    scale = abs(alpha) * (pa.abs() @ pb.abs())
+    if c is not None and beta != 0:
+        want = want + beta * c.double()
+        scale = scale + abs(beta) * c.double().abs()
+    assert y.shape == want.shape and y.dtype == a.dtype and y.device == a.device
+    assert torch.isfinite(y).all()
+    err = (y.double() - want).abs()
+    bound = TOL[a.dtype] * scale + 1e-30
+    worst = (err / bound).max().item() if y.numel() else 0.0
+    assert worst <= 1.0, f"max error {err.max().item():.3g} is {worst:.2f}x the bound"
+
+
+def rand(*shape, device="cpu", dtype=torch.float32, scale=1.0):
+    return (torch.randn(*shape, device=device) * scale).to(dtype)
+
+
+def test_mojo_path_is_live():
+    assert pco.use_mojo("gemm"), pco.gemm_kernel.failure
+    assert pco.use_mojo("gemm_batched"), pco.gemm_batched_kernel.failure
+
+
+# (M, N, K): 1, 17, 1000, 4097 in each position (4097 with the other dims small)
+SHAPES = [
+    (1, 1, 1),
+    (17, 17, 17),
+    (1000, 17, 5),
+    (17, 1000, 3),
+    (5, 17, 1000),
+    (4097, 3, 5),
+    (3, 4097, 5),
+    (5, 3, 4097),
+]
+
+
+@pytest.mark.parametrize("ta,tb", TRANSPOSES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_fp32_sizes_and_transposes(shape, ta, tb, device):
+    m, n, k = shape
+    torch.manual_seed(m + 3 * n + 7 * k)
+    a, b = rand(m, k, device=device), rand(k, n, device=device)
+    c = rand(m, n, device=device) if m % 2 else rand(1, n, device=device)  # full c or a bias row
+    y = pco.gemm(stored(a, ta), stored(b, tb), c, alpha=1.25, beta=-0.75, transpose_a=ta, transpose_b=tb)
+    check(y, a, b, c, 1.25, -0.75)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
+def test_other_dtypes(dtype, device):
+    torch.manual_seed(1)
+    a, b, c = rand(33, 1000, device=device, dtype=dtype), rand(1000, 17, device=device, dtype=dtype), None
+    check(pco.gemm(a, b), a, b)
+    c = rand(33, 1, device=device, dtype=dtype)  # a column of c broadcast along N
+    check(pco.gemm(a, b, c, alpha=0.5, beta=2.0), a, b, c, 0.5, 2.0)
+
+
+def test_large_magnitudes(device):
+    torch.manual_seed(2)
+    a, b = rand(64, 300, device=device, scale=1e4), rand(300, 40, device=device, scale=1e3)
+    c = rand(64, 40, device=device)
+    check(pco.gemm(a, b, c, alpha=-3.0, beta=1e6), a, b, c, -3.0, 1e6)
+
+
+def test_beta_zero_never_reads_c(device):
+    a, b = rand(9, 20, device=device), rand(20, 11, device=device)
+    for fill in (float("nan"), float("inf")):
+        c = torch.full((9, 11), fill, device=device)
+        y = pco.gemm(a, b, c, alpha=2.0, beta=0.0)
+        check(y, a, b, None, 2.0)  # asserts the result is finite
+    with pytest.raises(ValueError, match="gemm: beta is 0.5 but c is None"):
+        pco.gemm(a, b, None, beta=0.5)
+
+
+def test_transposed_views_need_no_copy(device):
+    a, b = rand(40, 30, device=device), rand(20, 30, device=device)
+    check(pco.gemm(a, b.t()), a, b.t())  # b.t() is passed as b with transpose_b flipped
+    check(pco.gemm(a.t(), a.t(), transpose_a=True), a.t(), a.t(), ta=True)  # a flag flipped back
+    x, y = rand(40, 30, device=device)[:, ::2], rand(15, 60, device=device)[:, ::3]  # copied: no layout fits
+    check(pco.gemm(x, y, alpha=0.5), x, y, alpha=0.5)
+
+
+def test_new_alpha_beta_do_not_recompile(device):
+    a, b, c = rand(8, 8, device=device), rand(8, 8, device=device), rand(8, 8, device=device)
+    pco.gemm(a, b, c, alpha=1.0, beta=1.0)
+    models = len(pco.gemm_kernel._models)
+    for alpha, beta in ((2.5, -1.0), (-0.125, 3.0)):
+        check(pco.gemm(a, b, c, alpha=alpha, beta=beta), a, b, c, alpha, beta)
+    assert len(pco.gemm_kernel._models) == models
+
+
+def test_empty_like_torch(device):
+    a, b = rand(0, 5, device=device), rand(5, 3, device=device)
+    assert pco.gemm(a, b).shape == (0, 3)
+    c = rand(4, 3, device=device)
+    y = pco.gemm(rand(4, 0, device=device), rand(0, 3, device=device), c, beta=2.0)  # K = 0
+    torch.testing.assert_close(y, torch.addmm(c, rand(4, 0, device=device), rand(0, 3, device=device), beta=2.0))
+    assert pco.gemm_batched(rand(0, 2, 3, device=device), rand(0, 3, 4, device=device)).shape == (0, 2, 4)
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (False, True), (True, False)])
+def test_batched(ta, tb, device):
+    torch.manual_seed(3)
+    a, b = rand(3, 17, 40, device=device), rand(3, 40, 9, device=device)
+    bias = rand(9, device=device)  # broadcasts to (3, 17, 9)
+    y = pco.gemm_batched(stored(a, ta), stored(b, tb), bias, alpha=0.75, beta=1.5, transpose_a=ta, transpose_b=tb)
+    check(y, a, b, bias, 0.75, 1.5)
+    c = rand(3, 17, 1, device=device)
+    check(pco.gemm_batched(a, b, c, beta=-1.0), a, b, c, 1.0, -1.0)
+    one = pco.gemm_batched(rand(1, 1, 1, device=device), rand(1, 1, 4097, device=device))
+    assert one.shape == (1, 1, 4097)
+
+
+def test_gradcheck_float64(device):
+    torch.manual_seed(4)
+    a = torch.randn(5, 7, dtype=torch.float64, device=device, requires_grad=True)
+    b = torch.randn(7, 3, dtype=torch.float64, device=device, requires_grad=True)
+    c = torch.randn(1, 3, dtype=torch.float64, device=device, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b, c: pco.gemm(a, b, c, alpha=1.3, beta=0.7), (a, b, c))
+
+
+@pytest.mark.parametrize("ta,tb", TRANSPOSES)
+def test_backward_fp32_matches_torch(ta, tb, device):
+    torch.manual_seed(5)
+    a0, b0, c0 = rand(6, 11, device=device), rand(11, 4, device=device), rand(6, 1, device=device)
+    a, b, c = (stored(a0, ta).requires_grad_(), stored(b0, tb).requires_grad_(), c0.clone().requires_grad_())
+    g = rand(6, 4, device=device)
+    pco.gemm(a, b, c, alpha=-0.5, beta=2.0, transpose_a=ta, transpose_b=tb).backward(g)
+    ref = [t.detach().double().requires_grad_() for t in (a, b, c)]
+    (-0.5 * op(ref[0], ta) @ op(ref[1], tb) + 2.0 * ref[2]).backward(g.double())
+    for got, want in zip((a, b, c), ref, strict=True):
+        torch.testing.assert_close(got.grad.double(), want.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_batched_backward(device):
+    torch.manual_seed(6)
+    a, b = rand(2, 5, 7, device=device).requires_grad_(), rand(2, 7, 3, device=device).requires_grad_()
+    bias = rand(3, device=device).requires_grad_()
+    pco.gemm_batched(a, b, bias, alpha=2.0, beta=1.0).sum().backward()
+    ref = [t.detach().double().requires_grad_() for t in (a, b, bias)]
+    (2.0 * ref[0] @ ref[1] + ref[2]).sum().backward()
+    for got, want in zip((a, b, bias), ref, strict=True):
+        torch.testing.assert_close(got.grad.double(), want.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_opcheck(device):
+    a, b, c = rand(4, 6, device=device), rand(6, 5, device=device), rand(1, 5, device=device)
+    torch.library.opcheck(torch.ops.gpu_days.gemm.default, (a, b, c, 1.5, 0.5, False, False))
+    torch.library.opcheck(
+        torch.ops.gpu_days.gemm.default, (a.requires_grad_(), b.requires_grad_(), None, 1.0, 0.0, False, False)
+    )
+    a3, b3 = rand(2, 4, 6, device=device), rand(2, 6, 5, device=device)
+    torch.library.opcheck(torch.ops.gpu_days.gemm_batched.default, (a3, b3, c, 2.0, 1.0, False, False))
+
+
+def test_torch_compile_fullgraph(device):
+    a, b, c = rand(8, 16, device=device), rand(16, 4, device=device), rand(4, device=device)
+    fn = torch.compile(lambda a, b, c: torch.relu(pco.gemm(a, b, c, alpha=2.0, beta=1.0)), fullgraph=True)
+    torch.testing.assert_close(fn(a, b, c), torch.relu(torch.addmm(c, a, b, alpha=2.0)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_mojogemm_matches_linear(bias, device):
+    torch.manual_seed(7)
+    linear = torch.nn.Linear(37, 23, bias=bias, device=device)
+    layer = pco.MojoGEMM(37, 23, bias=bias, device=device)
+    assert layer.use_mojo
+    layer.load_state_dict(linear.state_dict())
+    torch.nn.Linear(37, 23, bias=bias, device=device).load_state_dict(layer.state_dict())  # and back
+    x = rand(2, 5, 37, device=device, scale=3.0)
+    x_ref = x.clone().requires_grad_()
+    x.requires_grad_()
+    y = layer(x)
+    torch.testing.assert_close(y, linear(x_ref), rtol=1e-5, atol=1e-5)
+    g = torch.randn_like(y)
+    y.backward(g)
+    linear(x_ref).backward(g)
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer.weight.grad, linear.weight.grad, rtol=1e-5, atol=1e-5)
+    if bias:
+        torch.testing.assert_close(layer.bias.grad, linear.bias.grad, rtol=1e-5, atol=1e-5)
+    assert "in_features=37, out_features=23" in repr(layer)
+
+
+def test_seed_check_prints_mojo_enabled():
+    """Issue #3's check, verbatim, in a fresh interpreter."""
+    cmd = "from pytorch_custom_ops import MojoGEMM; layer = MojoGEMM(10, 10); print(f'Mojo enabled: {layer.use_mojo}')"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-c", cmd], capture_output=True, text=True, env=env, cwd=REPO_ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "Mojo enabled: True" in proc.stdout
+
+
+def test_bad_inputs_raise_clear_errors():
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    with pytest.raises(ValueError, match=r"gemm: inner dimensions differ: op\(a\) is 3x4 and op\(b\) is 5x4"):
+        pco.gemm(a, b, transpose_b=True)
+    with pytest.raises(ValueError, match="gemm: 'a' must have rank 2"):
+        pco.gemm(torch.randn(2, 3, 4), b)
+    with pytest.raises(ValueError, match="gemm_batched: 'b' must have rank 3"):
+        pco.gemm_batched(torch.randn(2, 3, 4), b)
+    with pytest.raises(ValueError, match="gemm_batched: batch sizes differ"):
+        pco.gemm_batched(torch.randn(2, 3, 4), torch.randn(3, 4, 5))
+    with pytest.raises(TypeError, match="gemm: 'b' is torch.float64 but 'a' is torch.float32"):
+        pco.gemm(a, b.double())
+    with pytest.raises(TypeError, match="gemm: 'a' has dtype torch.int64"):
+        pco.gemm(torch.ones(3, 4, dtype=torch.int64), b)
+    with pytest.raises(ValueError, match=r"gemm: c of shape \(2, 5\) does not broadcast to the output \(3, 5\)"):
+        pco.gemm(a, b, torch.randn(2, 5), beta=1.0)
+    with pytest.raises(TypeError, match="gemm: 'a' must be a torch.Tensor"):
+        pco.gemm([[1.0]], b)
+    with pytest.raises(TypeError, match="gemm: alpha must be a real number"):
+        pco.gemm(a, b, alpha="2")
+    with pytest.raises(TypeError, match="gemm: transpose_a must be a bool"):
+        pco.gemm(a, b, transpose_a=1)
+    with pytest.raises(ValueError, match="gemm: device meta is not supported"):
+        pco.gemm(a.to("meta"), b.to("meta"))
+    with pytest.raises(ValueError, match="MojoGEMM: input of shape"):
+        pco.MojoGEMM(5, 2)(torch.randn(3, 4))
+    a.requires_grad_()  # the autograd path checks first, with the same messages
+    with pytest.raises(ValueError, match="gemm: inner dimensions differ"):
+        pco.gemm(a, b.t())

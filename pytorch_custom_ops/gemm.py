@@ -1,0 +1,331 @@
+"""`gemm` and `gemm_batched`: day014's Mojo GEMM as torch ops, and `MojoGEMM`, a Linear.
+
+    out = alpha * op(a) @ op(b) + beta * c          op(x) = x, or x.mT when transpose_x
+
+`c` is an input, never written: the result is a new tensor (torch.addmm semantics, not
+BLAS's in-place update). beta scales `c` only; with beta == 0 (the default) `c` is not
+read at all, so NaN or inf in it cannot reach the result (as in BLAS and torch.addmm).
+`c` may broadcast: each of its dims is 1 or full, e.g. a bias row of shape (N,) or
+(1, N); `c=None` means no c (beta must then be 0). alpha = 0 is not special-cased: NaN
+in a or b still propagates, as in torch.
+
+Autograd runs through the same Mojo kernel with transpose flags instead of copies:
+    d a = alpha * g @ op(b)^T    (stored orientation: flip the flags, swap operands)
+    d b = alpha * op(a)^T @ g
+    d c = beta * g, summed over c's broadcast dims
+alpha and beta get no gradient. A non-contiguous `a` or `b` that is the transpose of a
+contiguous tensor (e.g. `w.t()`) is passed as that tensor with its flag flipped.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from functools import lru_cache
+
+import torch
+
+from .contract import FLOAT_DTYPES, SUPPORTED_DEVICES, OpSpec, TensorArg
+from .mojo_op import MojoOp
+from .softmax import _needs_dispatcher
+
+_TRANSPOSES = {"TRANSPOSE_A": False, "TRANSPOSE_B": False}
+
+GEMM = OpSpec(
+    name="gemm",
+    outputs=(TensorArg("output", ("m", "n")),),
+    inputs=(
+        TensorArg("a", ("a_rows", "a_cols")),  # (M, K), or (K, M) when TRANSPOSE_A
+        TensorArg("b", ("b_rows", "b_cols")),  # (K, N), or (N, K) when TRANSPOSE_B
+        TensorArg("c", ("c_rows", "c_cols")),  # each dim 1 or full
+        TensorArg("alpha_beta", (2,), dtype=torch.float32),
+    ),
+    params=_TRANSPOSES,
+)
+GEMM_BATCHED = OpSpec(
+    name="gemm_batched",
+    outputs=(TensorArg("output", ("batch", "m", "n")),),
+    inputs=(
+        TensorArg("a", ("batch", "a_rows", "a_cols")),
+        TensorArg("b", ("batch", "b_rows", "b_cols")),
+        TensorArg("c", ("c_batch", "c_rows", "c_cols")),
+        TensorArg("alpha_beta", (2,), dtype=torch.float32),
+    ),
+    params=_TRANSPOSES,
+)
+gemm_kernel = MojoOp(GEMM)
+gemm_batched_kernel = MojoOp(GEMM_BATCHED)
+
+MAX_BATCH = 65535  # the CUDA grid's z limit (one z slice per matrix)
+
+
+# -- argument checks ------------------------------------------------------------------
+def _op_shape(t: torch.Tensor, transpose: bool) -> tuple[int, int]:
+    rows, cols = t.shape[-2], t.shape[-1]
+    return (cols, rows) if transpose else (rows, cols)
+
+
+def check_gemm_args(name, a, b, c, alpha, beta, transpose_a, transpose_b, batched: bool) -> tuple[int, ...]:
+    """Validate like torch does, with messages that name the op; return the output shape."""
+    rank = 3 if batched else 2
+    for arg, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: '{arg}' must be a torch.Tensor, got {type(t).__name__}")
+    if c is not None and not isinstance(c, torch.Tensor):
+        raise TypeError(f"{name}: 'c' must be a torch.Tensor or None, got {type(c).__name__}")
+    for arg, v in (("alpha", alpha), ("beta", beta)):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"{name}: {arg} must be a real number, got {type(v).__name__}")
+        if not math.isfinite(v):
+            raise ValueError(f"{name}: {arg} must be finite, got {v}")
+    for arg, v in (("transpose_a", transpose_a), ("transpose_b", transpose_b)):
+        if not isinstance(v, bool):
+            raise TypeError(f"{name}: {arg} must be a bool, got {type(v).__name__}")
+    tensors = [("a", a), ("b", b)] + ([("c", c)] if c is not None else [])
+    for arg, t in tensors:
+        if t.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"{name}: '{arg}' has dtype {t.dtype}; supported: float32, float16, bfloat16, float64")
+        if t.dtype != a.dtype:
+            raise TypeError(f"{name}: '{arg}' is {t.dtype} but 'a' is {a.dtype}")
+        if t.device.type not in SUPPORTED_DEVICES:
+            raise ValueError(f"{name}: device {t.device} is not supported (cpu, cuda)")
+        if t.device != a.device:
+            raise ValueError(f"{name}: '{arg}' is on {t.device} but 'a' is on {a.device}")
+    for arg, t in (("a", a), ("b", b)):
+        if t.dim() != rank:
+            want = "(batch, rows, cols)" if batched else "(rows, cols)"
+            raise ValueError(f"{name}: '{arg}' must have rank {rank} {want}, got shape {tuple(t.shape)}")
+    m, k = _op_shape(a, transpose_a)
+    k2, n = _op_shape(b, transpose_b)
+    if k != k2:
+        raise ValueError(
+            f"{name}: inner dimensions differ: op(a) is {m}x{k} and op(b) is {k2}x{n} "
+            f"(a {tuple(a.shape)}, transpose_a={transpose_a}; b {tuple(b.shape)}, transpose_b={transpose_b})"
+        )
+    out_shape: tuple[int, ...] = (m, n)
+    if batched:
+        if a.shape[0] != b.shape[0]:
+            raise ValueError(f"{name}: batch sizes differ: a has {a.shape[0]}, b has {b.shape[0]}")
+        if a.shape[0] > MAX_BATCH and a.device.type == "cuda":
+            raise ValueError(f"{name}: batch {a.shape[0]} > {MAX_BATCH} is not supported on the GPU")
+        out_shape = (a.shape[0], m, n)
+    if c is None:
+        if beta != 0:
+            raise ValueError(f"{name}: beta is {beta} but c is None")
+    else:
+        if c.dim() > rank or any(s not in (1, o) for s, o in zip(reversed(c.shape), reversed(out_shape), strict=False)):
+            raise ValueError(f"{name}: c of shape {tuple(c.shape)} does not broadcast to the output {out_shape}")
+    return out_shape
+
+
+# -- the call into Mojo -----------------------------------------------------------------
+@lru_cache(maxsize=64)
+def _alpha_beta(alpha: float, beta: float, device: torch.device) -> torch.Tensor:
+    """A float32 (2,) tensor on the op's device, made once per (alpha, beta, device)."""
+    return torch.tensor([alpha, beta], dtype=torch.float32, device=device)
+
+
+@lru_cache(maxsize=16)
+def _no_c(dtype: torch.dtype, device: torch.device, rank: int) -> torch.Tensor:
+    """The c passed when there is none: one element, never read (beta is 0)."""
+    return torch.zeros((1,) * rank, dtype=dtype, device=device)
+
+
+def _stored(t: torch.Tensor, transpose: bool) -> tuple[torch.Tensor, bool]:
+    """A contiguous tensor and flag for the kernel: a transposed view becomes its
+    contiguous base with the flag flipped, so `w.t()` costs no copy."""
+    if t.is_contiguous():
+        return t, transpose
+    if t.mT.is_contiguous():
+        return t.mT, not transpose
+    return t.contiguous(), transpose
+
+
+def _gemm_eager(a, b, c, alpha, beta, transpose_a, transpose_b, batched: bool) -> torch.Tensor:
+    name = "gemm_batched" if batched else "gemm"
+    out_shape = check_gemm_args(name, a, b, c, alpha, beta, transpose_a, transpose_b, batched)
+    rank = len(out_shape)
+    if beta == 0:
+        c = None  # never read: don't copy or broadcast it
+    out = torch.empty(out_shape, dtype=a.dtype, device=a.device)
+    if out.numel() == 0:
+        return out
+    if a.shape[-1] == 0 or a.shape[-2] == 0 or b.shape[-1] == 0 or b.shape[-2] == 0:
+        # K == 0: an empty sum; the kernel would get zero-size inputs MAX cannot wrap
+        return out.copy_(torch.broadcast_to(c * beta, out_shape)) if c is not None else out.zero_()
+    a, transpose_a = _stored(a, transpose_a)
+    b, transpose_b = _stored(b, transpose_b)
+    if c is None:
+        c_in = _no_c(a.dtype, a.device, rank)
+    else:
+        c_in = c.reshape((1,) * (rank - c.dim()) + tuple(c.shape)).contiguous()
+    kernel = gemm_batched_kernel if batched else gemm_kernel
+
+    def torch_impl():
+        pa = a.mT if transpose_a else a
+        pb = b.mT if transpose_b else b
+        res = alpha * torch.matmul(pa, pb)
+        if c is not None:
+            res = res + beta * c_in
+        out.copy_(res)
+
+    kernel(
+        [out],
+        [a, b, c_in, _alpha_beta(float(alpha), float(beta), a.device)],
+        torch_impl=torch_impl,
+        params={"TRANSPOSE_A": transpose_a, "TRANSPOSE_B": transpose_b},
+    )
+    return out
+
+
+def _gemm_2d(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor | None,
+    alpha: float,
+    beta: float,
+    transpose_a: bool,
+    transpose_b: bool,
+) -> torch.Tensor:
+    return _gemm_eager(a, b, c, alpha, beta, transpose_a, transpose_b, batched=False)
+
+
+def _gemm_3d(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor | None,
+    alpha: float,
+    beta: float,
+    transpose_a: bool,
+    transpose_b: bool,
+) -> torch.Tensor:
+    return _gemm_eager(a, b, c, alpha, beta, transpose_a, transpose_b, batched=True)
+
+
+_gemm_op = torch.library.custom_op("gpu_days::gemm", mutates_args=())(_gemm_2d)
+_gemm_batched_op = torch.library.custom_op("gpu_days::gemm_batched", mutates_args=())(_gemm_3d)
+
+
+def _fake(batched: bool):
+    def fake(a, b, c, alpha, beta, transpose_a, transpose_b):
+        name = "gemm_batched" if batched else "gemm"
+        shape = check_gemm_args(name, a, b, c, alpha, beta, transpose_a, transpose_b, batched)
+        return a.new_empty(shape)
+
+    return fake
+
+
+_gemm_op.register_fake(_fake(batched=False))
+_gemm_batched_op.register_fake(_fake(batched=True))
+
+
+# -- autograd ---------------------------------------------------------------------------
+def _setup_context(ctx, inputs, output):
+    a, b, c, alpha, beta, transpose_a, transpose_b = inputs
+    ctx.alpha, ctx.beta, ctx.ta, ctx.tb = alpha, beta, transpose_a, transpose_b
+    ctx.c_shape = None if c is None else c.shape
+    ctx.save_for_backward(a, b)
+
+
+def _backward_with(op):
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        alpha, ta, tb = ctx.alpha, ctx.ta, ctx.tb
+        g = g.contiguous()
+        grad_a = grad_b = grad_c = None
+        if ctx.needs_input_grad[0]:
+            # op(a) = g @ op(b)^T; stored a is op(a) or its transpose
+            if ta:  # a = (g @ op(b)^T)^T = op(b) @ g^T
+                grad_a = op(b, g, None, alpha, 0.0, tb, True)
+            else:
+                grad_a = op(g, b, None, alpha, 0.0, False, not tb)
+        if ctx.needs_input_grad[1]:
+            # op(b) = op(a)^T @ g
+            if tb:  # b = g^T @ op(a)
+                grad_b = op(g, a, None, alpha, 0.0, True, ta)
+            else:
+                grad_b = op(a, g, None, alpha, 0.0, not ta, False)
+        if ctx.c_shape is not None and ctx.needs_input_grad[2]:
+            grad_c = (g * ctx.beta).sum_to_size(ctx.c_shape)
+        return grad_a, grad_b, grad_c, None, None, None, None
+
+    return backward
+
+
+_gemm_op.register_autograd(_backward_with(_gemm_op), setup_context=_setup_context)
+_gemm_batched_op.register_autograd(_backward_with(_gemm_batched_op), setup_context=_setup_context)
+
+
+# -- public API -------------------------------------------------------------------------
+def gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor | None = None,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    transpose_a: bool = False,
+    transpose_b: bool = False,
+) -> torch.Tensor:
+    """alpha * op(a) @ op(b) + beta * c for 2-D a, b (c broadcasts; beta == 0: c unread)."""
+    return _dispatch(_gemm_op, False, a, b, c, alpha, beta, transpose_a, transpose_b)
+
+
+def gemm_batched(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor | None = None,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    transpose_a: bool = False,
+    transpose_b: bool = False,
+) -> torch.Tensor:
+    """`gemm` for each of the (batch, ., .) matrices of a and b; c broadcasts to (batch, M, N)."""
+    return _dispatch(_gemm_batched_op, True, a, b, c, alpha, beta, transpose_a, transpose_b)
+
+
+def _dispatch(op, batched, a, b, c, alpha, beta, transpose_a, transpose_b):
+    name = "gemm_batched" if batched else "gemm"
+    if any(_needs_dispatcher(t) for t in (a, b) + ((c,) if c is not None else ())):
+        check_gemm_args(name, a, b, c, alpha, beta, transpose_a, transpose_b, batched)  # our message first
+        return op(a, b, c, float(alpha), float(beta), transpose_a, transpose_b)
+    return _gemm_eager(a, b, c, alpha, beta, transpose_a, transpose_b, batched)
+
+
+class MojoGEMM(torch.nn.Module):
+    """Drop-in for `torch.nn.Linear`: y = x @ weight^T + bias, any leading dims.
+
+    `weight` (out_features, in_features) and `bias` (out_features,) are named and
+    initialised as in nn.Linear, so its state_dicts load either way. The whole layer is
+    one GEMM call: x as (rows, in) with transpose_b=True reads the weight in place, and
+    the bias is c = bias as a (1, out) row with beta = 1 (no separate add).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        factory = {"device": device, "dtype": dtype}
+        self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, **factory))
+        self.bias = torch.nn.Parameter(torch.empty(out_features, **factory)) if bias else None
+        self.reset_parameters()
+
+    reset_parameters = torch.nn.Linear.reset_parameters
+
+    @property
+    def use_mojo(self) -> bool:
+        return gemm_kernel.ready()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"MojoGEMM: expected a torch.Tensor, got {type(x).__name__}")
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(
+                f"MojoGEMM: input of shape {tuple(x.shape)} does not end in in_features={self.in_features}"
+            )
+        rows = x.reshape(-1, self.in_features)
+        bias = None if self.bias is None else self.bias.view(1, -1)
+        y = gemm(rows, self.weight, bias, 1.0, 0.0 if bias is None else 1.0, False, True)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
