@@ -2,6 +2,7 @@
 
     import pytorch_custom_ops as pco
     y = pco.online_softmax(x, dim=-1)      # torch.ops.gpu_days.online_softmax
+    y = pco.long_softmax(v)                # day015: a few very long rows (e.g. 2^28)
     pco.use_mojo("online_softmax")         # True when the Mojo path is live
 
 The kernels come from `days/` (built on first use, cached in `build/`), or from a
@@ -12,9 +13,10 @@ warn once and fall back to torch; GPU_DAYS_STRICT=1 turns that into an error.
 from .contract import ContractError, OpSpec, TensorArg
 from .fallback import MojoFallbackWarning, MojoUnavailableError, strict
 from .library import KernelBuildError, build_library
+from .long_softmax import MojoLongSoftmax, long_softmax, long_softmax_kernel
 from .softmax import MojoSoftmax, online_softmax, online_softmax_kernel
 
-KERNELS = {k.spec.name: k for k in (online_softmax_kernel,)}
+KERNELS = {k.spec.name: k for k in (online_softmax_kernel, long_softmax_kernel)}
 
 
 def use_mojo(op: str) -> bool:
@@ -30,11 +32,14 @@ __all__ = [
     "ContractError",
     "KernelBuildError",
     "MojoFallbackWarning",
+    "MojoLongSoftmax",
     "MojoSoftmax",
     "MojoUnavailableError",
     "OpSpec",
     "TensorArg",
     "build_library",
+    "long_softmax",
+    "long_softmax_kernel",
     "online_softmax",
     "online_softmax_kernel",
     "strict",

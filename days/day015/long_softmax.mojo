@@ -87,10 +87,11 @@ def online_update[
     var keep = exp(m - m_new)
     var add = exp(x - m_new).reduce_add()
     s = (0 if m == NEG_INF else keep) * s + (0 if m_new == NEG_INF else add)
-    # a NaN in x makes the plain sum NaN: 3 adds, where isnan().reduce_or() took
-    # 16 instructions a vector. (-inf + inf is NaN too, but a row holding +inf is
-    # a NaN row anyway.)
-    var total = x.reduce_add()
+    # A NaN in x makes the sum NaN: w multiplies and adds, where isnan().reduce_or()
+    # took 16 instructions a vector. Scaled by 1/w (exact) so that finite values of
+    # opposite signs near the float max cannot overflow to inf - inf. (A real
+    # -inf + inf is NaN too, but a row holding +inf is a NaN row anyway.)
+    var total = (x * Scalar[acc](1.0 / Float64(w))).reduce_add()
     m = nan[acc]() if (m != m or total != total) else m_new
 
 
@@ -157,7 +158,10 @@ struct ExpSum[dtype: DType, VEC: Int](SliceVisitor):
     var total: SIMD[Self.acc, Self.VEC]
 
     def __init__(
-        out self, src: Ptr[Self.dtype], dst: Ptr[Self.dtype], m: Scalar[Self.acc]
+        out self,
+        src: Ptr[Self.dtype],
+        dst: Ptr[Self.dtype],
+        m: Scalar[Self.acc],
     ):
         self.src = src
         self.dst = dst
@@ -199,9 +203,9 @@ struct Scale[dtype: DType](SliceVisitor):
 @always_inline
 def block_combine[
     acc: DType
-](m: Scalar[acc], s: Scalar[acc]) -> Tuple[Scalar[acc], Scalar[acc]] where (
-    acc.is_floating_point()
-):
+](m: Scalar[acc], s: Scalar[acc]) -> Tuple[
+    Scalar[acc], Scalar[acc]
+] where acc.is_floating_point():
     """Day 009's warp butterfly of `combine`, then one round through shared memory;
     every thread gets the block's pair."""
     comptime assert WARP_SIZE == 32, "NVIDIA warps"
@@ -219,8 +223,8 @@ def block_combine[
         var s_other = warp.shuffle_xor(ss, UInt32(1 << k))
         mm, ss = combine(mm, ss, m_other, s_other)
     if lane_id() == 0:
-        red_m[unsafe_offset = warp_id()] = mm
-        red_s[unsafe_offset = warp_id()] = ss
+        red_m[unsafe_offset=warp_id()] = mm
+        red_s[unsafe_offset=warp_id()] = ss
     barrier()
     mm = red_m[unsafe_offset=0]
     ss = red_s[unsafe_offset=0]
@@ -233,15 +237,16 @@ def block_combine[
 def fold_row_pairs(
     ws_row: WsPtr, cap: Int, blocks: Int, start: Int, step: Int
 ) -> Tuple[Scalar[PARTIAL], Scalar[PARTIAL]]:
-    """Fused stage B for one thread: combine pairs start, start + step, ... of a row."""
+    """Fused stage B for one thread: combine pairs start, start + step, ... of a row.
+    """
     var m = Scalar[PARTIAL].MIN
     var s = Scalar[PARTIAL](0)
     for j in range(start, blocks, step):
         m, s = combine(
             m,
             s,
-            ws_row[unsafe_offset = PARTIALS + j],
-            ws_row[unsafe_offset = PARTIALS + cap + j],
+            ws_row[unsafe_offset=PARTIALS + j],
+            ws_row[unsafe_offset=PARTIALS + cap + j],
         )
     return (m, s)
 
@@ -258,7 +263,8 @@ def online_partials_kernel[
     n: Int64,
     blocks: Int64,
 ):
-    """Stage A: block b of row r writes its (max, sum) pair to region A / B [b]."""
+    """Stage A: block b of row r writes its (max, sum) pair to region A / B [b].
+    """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     var nb = Int(blocks)
@@ -271,8 +277,8 @@ def online_partials_kernel[
     m, s = block_combine(v.m, v.s)
     if thread_idx.x == 0:
         var ws_row = ws.unsafe_offset(row * Int(ws_stride))
-        ws_row[unsafe_offset = PARTIALS + blk] = m.cast[PARTIAL]()
-        ws_row[unsafe_offset = PARTIALS + Int(cap) + blk] = s.cast[PARTIAL]()
+        ws_row[unsafe_offset=PARTIALS + blk] = m.cast[PARTIAL]()
+        ws_row[unsafe_offset=PARTIALS + Int(cap) + blk] = s.cast[PARTIAL]()
 
 
 def normalize_kernel[
@@ -315,7 +321,15 @@ def normalize_kernel[
 
 def online_partials_cpu[
     dtype: DType, VEC: Int
-](ws: WsPtr, ws_stride: Int, cap: Int, x: Ptr[dtype], n: Int, rows: Int, blocks: Int):
+](
+    ws: WsPtr,
+    ws_stride: Int,
+    cap: Int,
+    x: Ptr[dtype],
+    n: Int,
+    rows: Int,
+    blocks: Int,
+):
     for row in range(rows):
         var ws_row = ws.unsafe_offset(row * ws_stride)
         for blk in range(blocks):
@@ -325,8 +339,8 @@ def online_partials_cpu[
                 var v = OnlineFold[dtype](x.unsafe_offset(row * n))
                 visit_slice[VEC=VEC](v, n, blk, blocks, tid)
                 m, s = combine(m, s, v.m.cast[PARTIAL](), v.s.cast[PARTIAL]())
-            ws_row[unsafe_offset = PARTIALS + blk] = m
-            ws_row[unsafe_offset = PARTIALS + cap + blk] = s
+            ws_row[unsafe_offset=PARTIALS + blk] = m
+            ws_row[unsafe_offset=PARTIALS + cap + blk] = s
 
 
 def normalize_cpu[
@@ -432,7 +446,9 @@ def fused_softmax[
                 y, x, ws, ws_stride, cap, n, rows, blocks
             )
         else:
-            online_partials_cpu[dtype, 1](ws, ws_stride, cap, x, n, rows, blocks)
+            online_partials_cpu[dtype, 1](
+                ws, ws_stride, cap, x, n, rows, blocks
+            )
             normalize_cpu[dtype, 1, REVERSE](
                 y, x, ws, ws_stride, cap, n, rows, blocks
             )
@@ -453,7 +469,8 @@ def exp_sum_kernel[
     n: Int64,
     blocks: Int64,
 ):
-    """Stage 2: y = exp(x - m); block b of row r writes its sum to region A[b]."""
+    """Stage 2: y = exp(x - m); block b of row r writes its sum to region A[b].
+    """
     comptime acc = accum_dtype[dtype]()
     var nb = Int(blocks)
     var row = block_idx.x // nb
@@ -468,7 +485,7 @@ def exp_sum_kernel[
     visit_slice[VEC=VEC](v, Int(n), blk, nb, thread_idx.x)
     var total = block_reduce[SumOp](v.result())
     if thread_idx.x == 0:
-        ws_row[unsafe_offset = PARTIALS + blk] = total
+        ws_row[unsafe_offset=PARTIALS + blk] = total
 
 
 def scale_kernel[
@@ -513,7 +530,7 @@ def exp_sum_cpu[
                 )
                 visit_slice[VEC=VEC](v, n, blk, blocks, tid)
                 total += v.result()
-            ws_row[unsafe_offset = PARTIALS + blk] = total
+            ws_row[unsafe_offset=PARTIALS + blk] = total
 
 
 def scale_cpu[
@@ -628,7 +645,8 @@ def four_stage_softmax[
     n: Int,
     ws_stride: Int,
 ) raises -> Int:
-    """Five launches: 3 reads + 2 writes of x's size. Returns the launch count."""
+    """Five launches: 3 reads + 2 writes of x's size. Returns the launch count.
+    """
     var cap = workspace_cap(ws_stride)
     var fill = target_blocks[target](ctx)
     var blocks = blocks_per_row(n, rows, cap, fill)
@@ -636,7 +654,18 @@ def four_stage_softmax[
     var region_b = PARTIALS + cap
     # 1. m = reduce[max](x): one partial per block into A, then A -> MAX_SLOT
     var launches = reduce_rows[MaxOp, dtype, target](
-        ctx, x, n, n, rows, ws, ws_stride, MAX_SLOT, region_a, region_b, cap, fill
+        ctx,
+        x,
+        n,
+        n,
+        rows,
+        ws,
+        ws_stride,
+        MAX_SLOT,
+        region_a,
+        region_b,
+        cap,
+        fill,
     )
     # 2. y = exp(x - m); one partial sum per block into A (same blocks as pass 1)
     exp_sum_stage[dtype, target](ctx, y, x, ws, ws_stride, n, rows, blocks)
@@ -668,7 +697,8 @@ def four_stage_softmax[
 struct LongSoftmax:
     """Softmax over the last dim of a contiguous (rows, n) tensor, each row spread
     over many blocks. `workspace` is float64 scratch, at least PARTIALS + 2 slots a
-    row; more slots allow more blocks per row (up to (slots - PARTIALS) // 2)."""
+    row; more slots allow more blocks per row (up to (slots - PARTIALS) // 2).
+    """
 
     @staticmethod
     def execute[

@@ -88,7 +88,9 @@ struct SumOp(ReduceOp):
 
 
 @always_inline
-def reduce_lanes[Op: ReduceOp, acc: DType, w: Int](v: SIMD[acc, w]) -> Scalar[acc]:
+def reduce_lanes[
+    Op: ReduceOp, acc: DType, w: Int
+](v: SIMD[acc, w]) -> Scalar[acc]:
     var r = v[0]
     comptime for i in range(1, w):
         r = Op.apply[acc, 1](r, v[i])
@@ -120,8 +122,9 @@ def accum_dtype[dtype: DType]() -> DType:
 def load_as[
     dtype: DType, acc: DType, w: Int
 ](src: Ptr[dtype], i: Int) -> SIMD[acc, w]:
-    """Elements i..i+w-1 converted to acc; i is a multiple of w (aligned load)."""
-    return src.unsafe_load[width=w, alignment = w * size_of[dtype]()](i).cast[
+    """Elements i..i+w-1 converted to acc; i is a multiple of w (aligned load).
+    """
+    return src.unsafe_load[width=w, alignment=w * size_of[dtype]()](i).cast[
         acc
     ]()
 
@@ -130,7 +133,7 @@ def load_as[
 def store_as[
     dtype: DType, acc: DType, w: Int
 ](dst: Ptr[dtype], i: Int, v: SIMD[acc, w]):
-    dst.unsafe_store[alignment = w * size_of[dtype]()](i, v.cast[dtype]())
+    dst.unsafe_store[alignment=w * size_of[dtype]()](i, v.cast[dtype]())
 
 
 def vectors_fit[
@@ -143,7 +146,8 @@ def vectors_fit[
 
 # --8<-- [start:traversal]
 trait SliceVisitor:
-    """One thread's part in a kernel: read w elements as `acc`, then use them."""
+    """One thread's part in a kernel: read w elements as `acc`, then use them.
+    """
 
     comptime acc: DType
 
@@ -192,10 +196,10 @@ def _visit_tile[V: SliceVisitor, VEC: Int](mut v: V, first: Int):
     # an in-place pass (src == dst) cannot have a store ordered before a load
     var xs = SIMD[V.acc, VEC * UNROLL](0)
     comptime for u in range(UNROLL):
-        xs = xs.insert[offset = u * VEC](v.load[VEC]((first + u * BLOCK) * VEC))
+        xs = xs.insert[offset=u * VEC](v.load[VEC]((first + u * BLOCK) * VEC))
     comptime for u in range(UNROLL):
         v.consume[VEC](
-            (first + u * BLOCK) * VEC, xs.slice[VEC, offset = u * VEC]()
+            (first + u * BLOCK) * VEC, xs.slice[VEC, offset=u * VEC]()
         )
 
 
@@ -232,7 +236,7 @@ def block_reduce[Op: ReduceOp, acc: DType](x: Scalar[acc]) -> Scalar[acc]:
     ]()
     var v = warp_reduce[Op](x)
     if lane_id() == 0:
-        red[unsafe_offset = warp_id()] = v
+        red[unsafe_offset=warp_id()] = v
     barrier()
     v = red[unsafe_offset=0]
     comptime for w in range(1, NW):
@@ -284,7 +288,7 @@ def reduce_kernel[
     visit_slice[VEC=VEC](fold, Int(n), blk, nb, thread_idx.x)
     var total = block_reduce[Op](fold.result())
     if thread_idx.x == 0:
-        dst[unsafe_offset = row * Int(dst_stride) + blk] = total
+        dst[unsafe_offset=row * Int(dst_stride) + blk] = total
 
 
 # --8<-- [end:reduce_kernel]
@@ -301,7 +305,8 @@ def reduce_blocks_cpu[
     rows: Int,
     blocks: Int,
 ):
-    """The reduce_kernel on the CPU: the same blocks and threads, one after another."""
+    """The reduce_kernel on the CPU: the same blocks and threads, one after another.
+    """
     for row in range(rows):
         for blk in range(blocks):
             var total = Op.identity[PARTIAL]()
@@ -311,7 +316,7 @@ def reduce_blocks_cpu[
                 )
                 visit_slice[VEC=VEC](fold, n, blk, blocks, tid)
                 total = Op.apply[PARTIAL, 1](total, fold.result())
-            dst[unsafe_offset = row * dst_stride + blk] = total
+            dst[unsafe_offset=row * dst_stride + blk] = total
 
 
 def reduce_pass[
@@ -326,7 +331,8 @@ def reduce_pass[
     rows: Int,
     blocks: Int,
 ) raises:
-    """One pass of `blocks` blocks per row; 16-byte loads when the rows allow."""
+    """One pass of `blocks` blocks per row; 16-byte loads when the rows allow.
+    """
     comptime VEC = vec_width[dtype]()
     var vec = vectors_fit(src, src_stride, rows)
     comptime if target == "gpu":

@@ -49,13 +49,7 @@ struct Lcg:
 
 def fill[
     dtype: DType
-](
-    h: Ptr[dtype],
-    rows: Int,
-    n: Int,
-    seed: UInt64,
-    specials: Bool,
-):
+](h: Ptr[dtype], rows: Int, n: Int, seed: UInt64, specials: Bool,):
     """Values in [-20, 20). With `specials`: row 0 gets -inf entries, row 1 is fully
     masked (NaN row), row 2 gets a +1e4 offset, row 3 a NaN (NaN row)."""
     var g = Lcg(seed)
@@ -68,14 +62,14 @@ def fill[
         h[unsafe_offset=c] = Scalar[dtype].MIN  # -inf
     if rows > 1:
         for c in range(n):
-            h[unsafe_offset = n + c] = Scalar[dtype].MIN
+            h[unsafe_offset=n + c] = Scalar[dtype].MIN
     if rows > 2:
         for c in range(n):
-            h[unsafe_offset = 2 * n + c] = (
-                h[unsafe_offset = 2 * n + c].cast[F64]() + 1e4
+            h[unsafe_offset=2 * n + c] = (
+                h[unsafe_offset=2 * n + c].cast[F64]() + 1e4
             ).cast[dtype]()
     if rows > 3:
-        h[unsafe_offset = 3 * n + n // 2] = inf - inf  # NaN
+        h[unsafe_offset=3 * n + n // 2] = inf - inf  # NaN
 
 
 def nan_row(x: List[Float64]) -> Bool:
@@ -244,13 +238,21 @@ def time_shape(ctx: DeviceContext, rows: Int, n: Int, iters: Int) raises:
     var y = rebind[Ptr[F32]](d_out.unsafe_ptr().as_unsafe_any_origin())
     var ws = rebind[WsPtr](d_ws.unsafe_ptr().as_unsafe_any_origin())
 
-    def fused(c: DeviceContext) raises {var x, var y, var ws, var rows, var n, var slots}:
+    def fused(
+        c: DeviceContext,
+    ) raises {var x, var y, var ws, var rows, var n, var slots}:
         _ = fused_softmax[F32, TARGET](c, y, x, ws, rows, n, slots)
 
-    def fused_forward(c: DeviceContext) raises {var x, var y, var ws, var rows, var n, var slots}:
-        _ = fused_softmax[F32, TARGET, REVERSE=False](c, y, x, ws, rows, n, slots)
+    def fused_forward(
+        c: DeviceContext,
+    ) raises {var x, var y, var ws, var rows, var n, var slots}:
+        _ = fused_softmax[F32, TARGET, REVERSE=False](
+            c, y, x, ws, rows, n, slots
+        )
 
-    def four_stage(c: DeviceContext) raises {var x, var y, var ws, var rows, var n, var slots}:
+    def four_stage(
+        c: DeviceContext,
+    ) raises {var x, var y, var ws, var rows, var n, var slots}:
         _ = four_stage_softmax[F32, TARGET](c, y, x, ws, rows, n, slots)
 
     var names = List[String]()
@@ -308,14 +310,14 @@ def time_shape(ctx: DeviceContext, rows: Int, n: Int, iters: Int) raises:
 
 
 def main() raises:
-    var ctx = DeviceContext() if has_accelerator() else DeviceContext(
-        api="cpu"
-    )
+    var ctx = DeviceContext() if has_accelerator() else DeviceContext(api="cpu")
     comptime TOL = 2e-5
     check_both[F32](ctx, 1, 1, False, TOL)
     check_both[F32](ctx, 1, 4097, False, TOL)  # 4096 in vectors, 1 in the tail
     check_both[F32](ctx, 3, 70001, False, TOL)  # rows > 1, odd n: scalar path
-    check_both[F32](ctx, 5, 50152, False, TOL)  # n % 4 == 0: vectors, partial tile
+    check_both[F32](
+        ctx, 5, 50152, False, TOL
+    )  # n % 4 == 0: vectors, partial tile
     check_both[F32](ctx, 4, 20000, True, TOL)  # -inf, masked row, +1e4, NaN row
     check_both[DType.bfloat16](ctx, 4, 9000, True, 1.6e-2)
     comptime if has_accelerator():
