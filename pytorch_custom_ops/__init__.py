@@ -3,6 +3,8 @@
     import pytorch_custom_ops as pco
     y = pco.softmax(x, dim=-1)             # torch.ops.gpu_days.softmax (day012)
     y = pco.online_softmax(x, dim=-1)      # day009's one-pass kernel
+    c = pco.gemm(a, b, alpha=2.0)          # day014
+    y = pco.long_softmax(v)                # day015: a few very long rows (e.g. 2^28)
     pco.use_mojo("softmax")                # True when the Mojo path is live
 
 The kernels come from `days/` (built on first use, cached in `build/`), or from a
@@ -15,6 +17,7 @@ from .contract import ContractError, OpSpec, TensorArg
 from .fallback import MojoFallbackWarning, MojoUnavailableError, strict
 from .gemm import MojoGEMM, gemm, gemm_batched, gemm_batched_kernel, gemm_kernel
 from .library import KernelBuildError, build_library
+from .long_softmax import MojoLongSoftmax, long_softmax, long_softmax_kernel
 from .softmax import online_softmax, online_softmax_kernel
 from .softmax_family import (
     MojoLogSoftmax,
@@ -25,8 +28,16 @@ from .softmax_family import (
     softmax_backward,
 )
 
-KERNELS = {k.spec.name: k for k in (online_softmax_kernel, *softmax_family.KERNELS)}
-KERNELS = {k.spec.name: k for k in (online_softmax_kernel, gemm_kernel, gemm_batched_kernel)}
+KERNELS = {
+    k.spec.name: k
+    for k in (
+        online_softmax_kernel,  # day009
+        *softmax_family.KERNELS,  # day012
+        gemm_kernel,  # day014
+        gemm_batched_kernel,
+        long_softmax_kernel,  # day015
+    )
+}
 
 
 def use_mojo(op: str) -> bool:
@@ -42,19 +53,22 @@ __all__ = [
     "ContractError",
     "KernelBuildError",
     "MojoFallbackWarning",
-    "MojoLogSoftmax",
     "MojoGEMM",
+    "MojoLogSoftmax",
+    "MojoLongSoftmax",
     "MojoSoftmax",
     "MojoUnavailableError",
     "OpSpec",
     "TensorArg",
     "build_library",
-    "log_softmax",
-    "log_softmax_backward",
     "gemm",
     "gemm_batched",
     "gemm_batched_kernel",
     "gemm_kernel",
+    "log_softmax",
+    "log_softmax_backward",
+    "long_softmax",
+    "long_softmax_kernel",
     "online_softmax",
     "online_softmax_kernel",
     "softmax",
