@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import day009
+from . import day009, day013
 
 
 @dataclass
@@ -26,5 +26,5 @@ def _day011(quick: bool, device: str) -> list[dict]:
     return rows
 
 
-CASES = [*day009.CASES]
+CASES = [*day009.CASES, *day013.CASES]
 RUNNERS = [Runner("day011", "softmax_matmul", _day011)]
