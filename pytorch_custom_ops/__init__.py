@@ -3,6 +3,7 @@
     import pytorch_custom_ops as pco
     y = pco.softmax(x, dim=-1)             # torch.ops.gpu_days.softmax (day012)
     y = pco.online_softmax(x, dim=-1)      # day009's one-pass kernel
+    y = pco.layer_norm(x, (d,), w, b)      # day013, differentiable through its Mojo backward
     c = pco.gemm(a, b, alpha=2.0)          # day014
     y = pco.long_softmax(v)                # day015: a few very long rows (e.g. 2^28)
     pco.use_mojo("softmax")                # True when the Mojo path is live
@@ -16,6 +17,7 @@ from . import softmax_family
 from .contract import ContractError, OpSpec, TensorArg
 from .fallback import MojoFallbackWarning, MojoUnavailableError, strict
 from .gemm import MojoGEMM, gemm, gemm_batched, gemm_batched_kernel, gemm_kernel
+from .layer_norm import MojoLayerNorm, layer_norm, layer_norm_backward, layer_norm_backward_kernel, layer_norm_kernel
 from .library import KernelBuildError, build_library
 from .long_softmax import MojoLongSoftmax, long_softmax, long_softmax_kernel
 from .softmax import online_softmax, online_softmax_kernel
@@ -33,6 +35,8 @@ KERNELS = {
     for k in (
         online_softmax_kernel,  # day009
         *softmax_family.KERNELS,  # day012
+        layer_norm_kernel,  # day013
+        layer_norm_backward_kernel,
         gemm_kernel,  # day014
         gemm_batched_kernel,
         long_softmax_kernel,  # day015
@@ -54,6 +58,7 @@ __all__ = [
     "KernelBuildError",
     "MojoFallbackWarning",
     "MojoGEMM",
+    "MojoLayerNorm",
     "MojoLogSoftmax",
     "MojoLongSoftmax",
     "MojoSoftmax",
@@ -65,6 +70,10 @@ __all__ = [
     "gemm_batched",
     "gemm_batched_kernel",
     "gemm_kernel",
+    "layer_norm",
+    "layer_norm_backward",
+    "layer_norm_backward_kernel",
+    "layer_norm_kernel",
     "log_softmax",
     "log_softmax_backward",
     "long_softmax",

@@ -7,8 +7,6 @@ from dataclasses import dataclass
 
 import torch
 
-from . import day009, day012, day014, day015
-
 
 @dataclass
 class Runner:
@@ -26,5 +24,4 @@ def _day011(quick: bool, device: str) -> list[dict]:
     return rows
 
 
-CASES = [*day009.CASES, *day012.CASES, *day014.CASES, *day015.CASES]
 RUNNERS = [Runner("day011", "softmax_matmul", _day011)]

@@ -1,0 +1,1 @@
+# Day 013: LayerNorm forward and backward (layer_norm.mojo).

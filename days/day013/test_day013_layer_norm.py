@@ -1,0 +1,271 @@
+"""Day 013: LayerNorm forward and backward (Mojo) against float64 references and torch.
+
+Compile budget: one MAX graph per (op, dtype, device) is built on first use (~17 s each
+on a 2-core CPU). These tests use 7 per device: the forward in 4 dtypes, the backward
+in float32, float64 and bfloat16.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pytorch_custom_ops as pco
+
+FWD_TOL = {torch.float32: 2e-6, torch.float64: 1e-12, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+BWD_TOL = {torch.float32: 2e-5, torch.float64: 1e-6, torch.bfloat16: 3e-2}  # fp64 grads use float32 rstd
+
+
+def reference(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """float64 layer norm and its (mean, rstd) over the flattened normalized dims."""
+    k = len(normalized_shape)
+    xd = x.double()
+    dims = tuple(range(x.dim() - k, x.dim()))
+    var, mean = torch.var_mean(xd, dim=dims, unbiased=False)
+    y = F.layer_norm(
+        xd, normalized_shape, None if weight is None else weight.double(), None if bias is None else bias.double(), eps
+    )
+    # eps travels as float32 to the kernel: the reference uses the same number
+    return y, mean, torch.rsqrt(var + torch.tensor(eps, dtype=torch.float32).double())
+
+
+def make(rows, cols, dtype=torch.float32, device="cpu", offset=0.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, cols, generator=g, dtype=torch.float64) * 2 + offset).to(dtype).to(device)
+    w = (1 + 0.5 * torch.randn(cols, generator=g, dtype=torch.float64)).to(dtype).to(device)
+    b = (0.5 * torch.randn(cols, generator=g, dtype=torch.float64)).to(dtype).to(device)
+    return x, w, b
+
+
+def scaled_close(got, want, tol, what):
+    """|got - want| <= tol * max(max|want|, 1): error on the scale of the output."""
+    got, want = got.double().cpu(), want.double().cpu()
+    scale = max(want.abs().max().item() if want.numel() else 0.0, 1.0)
+    err = (got - want).abs().max().item() if want.numel() else 0.0
+    assert err <= tol * scale, f"{what}: max error {err:.3g} > {tol:g} x {scale:.3g}"
+
+
+def test_mojo_path_is_live():
+    assert pco.use_mojo("layer_norm"), pco.layer_norm_kernel.failure
+    assert pco.use_mojo("layer_norm_backward"), pco.layer_norm_backward_kernel.failure
+    assert pco.MojoLayerNorm(8).use_mojo
+
+
+# -- forward ----------------------------------------------------------------------------
+@pytest.mark.parametrize("rows, cols", [(1, 1), (3, 17), (7, 1000), (2, 4097), (64, 128), (1, 70000)])
+def test_forward_fp32_matches_float64(rows, cols, device):
+    x, w, b = make(rows, cols, device=device, seed=cols)
+    y, mean, rstd = torch.ops.gpu_days.layer_norm(x, [cols], w, b, 1e-5)
+    ref_y, ref_mean, ref_rstd = reference(x, (cols,), w, b)
+    assert y.dtype == x.dtype and mean.dtype == rstd.dtype == torch.float32 and mean.shape == (rows,)
+    scaled_close(y, ref_y, FWD_TOL[torch.float32], "y")
+    scaled_close(mean, ref_mean, 1e-6, "mean")
+    torch.testing.assert_close(rstd.double().cpu(), ref_rstd.cpu(), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_forward_other_dtypes(dtype, device):
+    for rows, cols in [(5, 17), (9, 4096), (3, 4097)]:
+        x, w, b = make(rows, cols, dtype, device, seed=rows)
+        y = pco.layer_norm(x, (cols,), w, b)
+        assert y.dtype == dtype
+        scaled_close(y, reference(x, (cols,), w, b)[0], FWD_TOL[dtype], f"{dtype} {rows}x{cols}")
+
+
+def test_large_offset_keeps_the_variance(device):
+    """x = 1e4 + N(0, 4) in float32: E[x^2] - E[x]^2 subtracts two numbers near 1e8
+    (float32 spacing 8) and loses the variance; the merged (count, mean, M2) partials
+    computed around a shift do not."""
+    x, w, b = make(16, 4096, device=device, offset=1e4)
+    y, mean, rstd = torch.ops.gpu_days.layer_norm(x, [4096], w, b, 1e-5)
+    ref_y, _, ref_rstd = reference(x, (4096,), w, b)
+    rstd_err = (rstd.double().cpu() / ref_rstd.cpu() - 1).abs().max().item()
+    naive_var = (x * x).mean(-1) - x.mean(-1) ** 2
+    naive_err = (torch.rsqrt(naive_var.double().clamp_min(1e-30) + 1e-5).cpu() / ref_rstd.cpu() - 1).abs().max()
+    assert rstd_err < 1e-5 < naive_err.item()
+    # y is as good as for a centred row, and no worse than torch's own float32 result
+    torch_err = (F.layer_norm(x, (4096,), w, b).double() - ref_y).abs().max().item()
+    our_err = (y.double() - ref_y).abs().max().item()
+    assert our_err < max(1e-5, 2 * torch_err)
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1e3, 1e15])  # 1e20 would overflow x^2, as in torch
+def test_large_and_small_magnitudes(scale, device):
+    x, w, b = make(4, 1000, device=device, seed=3)
+    x = x * scale
+    y = pco.layer_norm(x, (1000,), w, b, eps=1e-5)
+    assert torch.isfinite(y).all()
+    scaled_close(y, reference(x, (1000,), w, b)[0], 1e-5, f"scale {scale}")
+
+
+def test_non_finite_rows_are_nan_like_torch(device):
+    x, w, b = make(3, 33, device=device)
+    x[1, 5] = math.inf
+    x[2, 7] = math.nan
+    y = pco.layer_norm(x, (33,), w, b)
+    assert torch.equal(torch.isnan(y), torch.isnan(F.layer_norm(x, (33,), w, b)))
+
+
+def test_eps_is_a_runtime_value(device):
+    x, w, b = make(4, 64, device=device)
+    pco.layer_norm(x, (64,), w, b, eps=1e-5)
+    n_models = len(pco.layer_norm_kernel._models)
+    for eps in (1e-6, 0.1, 3.0):
+        scaled_close(pco.layer_norm(x, (64,), w, b, eps=eps), reference(x, (64,), w, b, eps)[0], 1e-5, f"eps {eps}")
+    assert len(pco.layer_norm_kernel._models) == n_models
+
+
+def test_layouts_and_multi_dim_normalized_shape(device):
+    x, w, b = make(6, 35, device=device)
+    x3 = x.view(2, 3, 5, 7)
+    w2, b2 = w.view(5, 7), b.view(5, 7)
+    scaled_close(pco.layer_norm(x3, (5, 7), w2, b2), reference(x3, (5, 7), w2, b2)[0], 1e-5, "2 normalized dims")
+    xt = x3.transpose(0, 1)  # not contiguous
+    scaled_close(pco.layer_norm(xt, (5, 7), w2, b2), reference(xt, (5, 7), w2, b2)[0], 1e-5, "transposed")
+    v = torch.randn(10, device=device)
+    scaled_close(pco.layer_norm(v, 10), reference(v, (10,))[0], 1e-5, "1-D input, int normalized_shape")
+    assert pco.layer_norm(torch.randn(0, 8, device=device), (8,)).shape == (0, 8)
+    assert pco.layer_norm(torch.randn(3, 0, device=device), (0,)).shape == (3, 0)
+
+
+# -- backward ---------------------------------------------------------------------------
+def _grads(fn, x, w, b, dy):
+    x, w, b = (t.detach().clone().requires_grad_(True) for t in (x, w, b))
+    fn(x, w, b).backward(dy)
+    return x.grad, w.grad, b.grad
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 1), (3, 17), (300, 64), (5, 1000), (2, 4097)])
+def test_backward_fp32_matches_float64(rows, cols, device):
+    x, w, b = make(rows, cols, device=device, seed=rows + cols)
+    dy = torch.randn(rows, cols, device=device)
+    got = _grads(lambda x, w, b: pco.layer_norm(x, (cols,), w, b), x, w, b, dy)
+    want = _grads(lambda x, w, b: F.layer_norm(x, (cols,), w, b), x.double(), w.double(), b.double(), dy.double())
+    for g, r, name in zip(got, want, ("grad_x", "grad_weight", "grad_bias"), strict=True):
+        assert g.dtype == torch.float32
+        scaled_close(g, r, BWD_TOL[torch.float32], f"{name} {rows}x{cols}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_backward_other_dtypes(dtype, device):
+    x, w, b = make(33, 1000, dtype, device, offset=1e3 if dtype == torch.float64 else 0.0)
+    dy = torch.randn(33, 1000, device=device).to(dtype)
+    got = _grads(lambda x, w, b: pco.layer_norm(x, (1000,), w, b), x, w, b, dy)
+    want = _grads(lambda x, w, b: F.layer_norm(x, (1000,), w, b), x.double(), w.double(), b.double(), dy.double())
+    for g, r, name in zip(got, want, ("grad_x", "grad_weight", "grad_bias"), strict=True):
+        assert g.dtype == dtype
+        scaled_close(g, r, BWD_TOL[dtype], f"{dtype} {name}")
+
+
+def test_gradcheck_float64():
+    torch.manual_seed(0)
+    x = torch.randn(3, 2, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2, 5, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(2, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w, b: pco.layer_norm(x, (2, 5), w, b), (x, w, b))
+    assert torch.autograd.gradcheck(lambda x: pco.layer_norm(x, (5,)), (x,))  # no affine
+
+
+def test_opcheck():
+    x, w, b = make(4, 9)
+    for args in [
+        (x, [9], w, b, 1e-5),
+        (x.view(2, 2, 9).clone().requires_grad_(), [9], w.clone().requires_grad_(), b.clone().requires_grad_(), 1e-3),
+        (x.view(4, 3, 3), [3, 3], None, None, 1e-5),
+    ]:
+        torch.library.opcheck(torch.ops.gpu_days.layer_norm.default, args)
+    y, mean, rstd = torch.ops.gpu_days.layer_norm(x, [9], w, b, 1e-5)
+    torch.library.opcheck(torch.ops.gpu_days.layer_norm_backward.default, (torch.randn(4, 9), x, [9], w, mean, rstd))
+    torch.library.opcheck(torch.ops.gpu_days.layer_norm_backward.default, (torch.randn(4, 9), x, [9], None, mean, rstd))
+
+
+def test_empty_inputs_give_zero_parameter_grads(device):
+    x = torch.randn(0, 8, device=device, requires_grad=True)
+    w = torch.randn(8, device=device, requires_grad=True)
+    b = torch.randn(8, device=device, requires_grad=True)
+    pco.layer_norm(x, (8,), w, b).sum().backward()
+    assert x.grad.shape == (0, 8) and (w.grad == 0).all() and (b.grad == 0).all()
+
+
+# -- the drop-in module -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"elementwise_affine": False}, {"bias": False}, {"eps": 1e-3}],
+    ids=["affine", "no_affine", "no_bias", "eps"],
+)
+def test_module_is_a_drop_in_for_nn_layernorm(kwargs, device):
+    torch.manual_seed(1)
+    ref = torch.nn.LayerNorm((4, 6), device=device, **kwargs)
+    if ref.weight is not None:  # not the default ones/zeros
+        torch.nn.init.normal_(ref.weight)
+    if ref.bias is not None:
+        torch.nn.init.normal_(ref.bias)
+    mine = pco.MojoLayerNorm((4, 6), device=device, **kwargs)
+    mine.load_state_dict(ref.state_dict())
+    assert isinstance(mine, torch.nn.LayerNorm) and mine.extra_repr() == ref.extra_repr()
+    x = torch.randn(2, 3, 4, 6, device=device)
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y1, y2 = mine(x1), ref(x2)
+    torch.testing.assert_close(y1, y2, rtol=1e-5, atol=1e-5)
+    dy = torch.randn_like(y1)
+    y1.backward(dy)
+    y2.backward(dy)
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-4, atol=1e-5)
+    for p, q in zip(mine.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_torch_compile_fullgraph():
+    torch.manual_seed(2)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 24), pco.MojoLayerNorm(24), torch.nn.GELU())
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randn(5, 16)
+    ref = torch.nn.Sequential(model[0], torch.nn.LayerNorm(24), model[2])
+    ref[1].load_state_dict(model[1].state_dict())
+    torch.testing.assert_close(compiled(x), ref(x), rtol=1e-5, atol=1e-5)
+    compiled(x).square().sum().backward()
+    grad = model[0].weight.grad.clone()
+    model[0].weight.grad = None
+    ref(x).square().sum().backward()
+    torch.testing.assert_close(grad, model[0].weight.grad, rtol=1e-4, atol=1e-5)
+
+
+# -- bad inputs ---------------------------------------------------------------------------
+def test_bad_inputs_raise_clear_errors():
+    x, w, b = make(3, 4)
+    with pytest.raises(ValueError, match=r"layer_norm: normalized_shape \(5,\) does not match the last 1 dim"):
+        pco.layer_norm(x, (5,))
+    with pytest.raises(ValueError, match="layer_norm: normalized_shape must have at least one dim"):
+        pco.layer_norm(x, ())
+    with pytest.raises(TypeError, match="layer_norm: normalized_shape must be an int or a sequence of ints"):
+        pco.layer_norm(x, (4.0,))
+    with pytest.raises(ValueError, match=r"layer_norm: weight must have shape \(4,\) \(normalized_shape\), got \(3,\)"):
+        pco.layer_norm(x, (4,), w[:3])
+    with pytest.raises(ValueError, match=r"layer_norm: bias must have shape"):
+        pco.layer_norm(x, (4,), w, b.view(2, 2))
+    with pytest.raises(TypeError, match="layer_norm: weight is torch.float64 but the input is torch.float32"):
+        pco.layer_norm(x, (4,), w.double(), b)
+    with pytest.raises(TypeError, match="layer_norm: bias is torch.bfloat16"):
+        pco.layer_norm(x, (4,), w, b.bfloat16())
+    with pytest.raises(TypeError, match="layer_norm: dtype torch.int64 is not supported"):
+        pco.layer_norm(torch.arange(12).view(3, 4), (4,))
+    with pytest.raises(TypeError, match="layer_norm: expected a torch.Tensor"):
+        pco.layer_norm([1.0, 2.0], (2,))
+    with pytest.raises(TypeError, match="layer_norm: weight must be a torch.Tensor or None"):
+        pco.layer_norm(x, (4,), [1.0] * 4)
+    with pytest.raises(TypeError, match="layer_norm: eps must be a float"):
+        pco.layer_norm(x, (4,), eps="1e-5")
+    with pytest.raises(ValueError, match="layer_norm: eps must be finite and >= 0"):
+        pco.layer_norm(x, (4,), eps=-1.0)
+    with pytest.raises(ValueError, match="layer_norm: device meta is not supported"):
+        pco.layer_norm(x.to("meta"), (4,))
+    # the same messages through autograd (the registered op) and for the module
+    with pytest.raises(TypeError, match="layer_norm: weight is torch.float64"):
+        pco.layer_norm(x.requires_grad_(), (4,), w.double())
+    with pytest.raises(ValueError, match=r"layer_norm: normalized_shape \(8,\) does not match"):
+        pco.MojoLayerNorm(8)(x)
+    with pytest.raises(ValueError, match="layer_norm_backward: grad_out"):
+        stats = x.detach()[:, 0]
+        torch.ops.gpu_days.layer_norm_backward(torch.randn(3, 5), x.detach(), [4], None, stats, stats)
