@@ -19,6 +19,16 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 SUPPORTED_DEVICES = ("cpu", "cuda")
 
 
+def check_float_tensor(name: str, x) -> None:
+    """The first checks of every op's public function: a float tensor on a supported device."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name}: dtype {x.dtype} is not supported (float32, float16, bfloat16, float64)")
+    if x.device.type not in SUPPORTED_DEVICES:
+        raise ValueError(f"{name}: device {x.device} is not supported (cpu, cuda)")
+
+
 class ContractError(RuntimeError):
     """The Python spec of an op does not match the Mojo op in the compiled library."""
 

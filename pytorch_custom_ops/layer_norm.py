@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .contract import FLOAT_DTYPES, SUPPORTED_DEVICES, OpSpec, TensorArg
+from .contract import OpSpec, TensorArg, check_float_tensor
 from .mojo_op import MojoOp
 
 LAYER_NORM = OpSpec(
@@ -76,12 +76,7 @@ def normalized_shape_tuple(name: str, normalized_shape) -> tuple[int, ...]:
 
 def check_layer_norm_args(name: str, x, normalized_shape, weight, bias, eps) -> tuple[int, ...]:
     """Validate like torch does; return normalized_shape as a tuple."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name}: dtype {x.dtype} is not supported (float32, float16, bfloat16, float64)")
-    if x.device.type not in SUPPORTED_DEVICES:
-        raise ValueError(f"{name}: device {x.device} is not supported (cpu, cuda)")
+    check_float_tensor(name, x)
     shape = normalized_shape_tuple(name, normalized_shape)
     if x.dim() < len(shape) or tuple(x.shape[x.dim() - len(shape) :]) != shape:
         raise ValueError(

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from .contract import FLOAT_DTYPES, SUPPORTED_DEVICES, OpSpec, TensorArg
+from .contract import OpSpec, TensorArg, check_float_tensor
 from .mojo_op import MojoOp
 
 ONLINE_SOFTMAX = OpSpec(
@@ -26,12 +26,7 @@ online_softmax_kernel = MojoOp(ONLINE_SOFTMAX)
 
 def check_softmax_args(name: str, x: torch.Tensor, dim: int) -> int:
     """Validate like torch does, with messages that name the op; return dim >= 0."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name}: dtype {x.dtype} is not supported (float32, float16, bfloat16, float64)")
-    if x.device.type not in SUPPORTED_DEVICES:
-        raise ValueError(f"{name}: device {x.device} is not supported (cpu, cuda)")
+    check_float_tensor(name, x)
     if isinstance(dim, bool) or not isinstance(dim, int):
         raise TypeError(f"{name}: dim must be an int, got {type(dim).__name__}")
     ndim = max(x.dim(), 1)
