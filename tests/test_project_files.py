@@ -25,3 +25,12 @@ def test_readme_quickstart_and_ci_agree():
     for cmd in ("pip install nox", "nox -s test", "nox -s bench", "nox -s docs"):
         assert cmd in readme
     assert "nox -s test" in (REPO_ROOT / ".ci" / "run").read_text()
+
+
+def test_every_mojo_day_has_benchmark_cases():
+    """A merge once dropped the CASES list silently: `python -m benchmark` then ran nothing."""
+    from benchmark.cases import CASES
+    from pytorch_custom_ops.library import REPO_ROOT
+
+    mojo_days = {p.parent.name for p in (REPO_ROOT / "days").glob("day*/*.mojo") if p.name != "__init__.mojo"}
+    assert mojo_days <= {c.day for c in CASES}

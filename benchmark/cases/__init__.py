@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import day009, day012, day013, day014, day015
+
 
 @dataclass
 class Runner:
@@ -24,4 +26,5 @@ def _day011(quick: bool, device: str) -> list[dict]:
     return rows
 
 
+CASES = [*day009.CASES, *day012.CASES, *day013.CASES, *day014.CASES, *day015.CASES]
 RUNNERS = [Runner("day011", "softmax_matmul", _day011)]

@@ -5,8 +5,8 @@ import torch
 
 import pytorch_custom_ops as pco
 
-from ..harness import Case
-from .day009 import _inputs, _torch_compile
+from ..harness import Case, compiled
+from .day009 import _inputs
 
 CASES = [
     Case(
@@ -14,7 +14,7 @@ CASES = [
         op="long_softmax",
         impls={
             "torch": lambda x: torch.softmax(x, dim=-1),
-            "torch_compile": _torch_compile,
+            "torch_compile": compiled(lambda x: torch.softmax(x, dim=-1)),
             "mojo_four_stage": lambda x: pco.long_softmax(x, dim=-1, pipeline="four_stage"),
             "mojo_fused": lambda x: pco.long_softmax(x, dim=-1, pipeline="fused"),
         },
