@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import pytorch_custom_ops as pco
 
-from ..harness import Case
+from ..harness import Case, compiled
 
 SHAPES = {
     "quick": [(64, 1000), (512, 1024), (256, 4096)],
@@ -67,26 +67,6 @@ def _mojo_backward(dy, x, w, b, mean, rstd):
     return pco.layer_norm_backward(dy, x, (x.shape[-1],), w, mean, rstd)[0]
 
 
-_compiled: dict[str, object] = {}
-
-
-def _compile(name, fn):
-    if name not in _compiled:
-        # one specialisation per (shape, dtype): more than dynamo's default recompile
-        # limit of 8, past which it silently runs eager
-        torch._dynamo.config.recompile_limit = 64
-        _compiled[name] = torch.compile(fn, dynamic=False)
-    return _compiled[name]
-
-
-def _forward_compiled(x, w, b):
-    return _compile("forward", lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, 1e-5))(x, w, b)
-
-
-def _backward_compiled(*args):
-    return _compile("backward", _torch_backward)(*args)
-
-
 def _forward_bytes(shape, dtype):
     rows, cols = shape
     return 2 * rows * cols * dtype.itemsize + 2 * cols * dtype.itemsize + 8 * rows
@@ -103,7 +83,7 @@ CASES = [
         op="layer_norm",
         impls={
             "torch": lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, 1e-5),
-            "torch_compile": _forward_compiled,
+            "torch_compile": compiled(lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b, 1e-5)),
             "mojo": lambda x, w, b: pco.layer_norm(x, (x.shape[-1],), w, b, 1e-5),
         },
         make_inputs=_forward_inputs,
@@ -116,7 +96,7 @@ CASES = [
     Case(
         day="day013",
         op="layer_norm_backward",
-        impls={"torch": _torch_backward, "torch_compile": _backward_compiled, "mojo": _mojo_backward},
+        impls={"torch": _torch_backward, "torch_compile": compiled(_torch_backward), "mojo": _mojo_backward},
         make_inputs=_backward_inputs,
         reference=_backward_reference,
         bytes_moved=_backward_bytes,
