@@ -3,8 +3,8 @@
 # A row of n elements is cut across `blocks` blocks of BLOCK threads. Each block
 # folds its share (vectorized 16-byte loads, UNROLL loads in flight per thread),
 # merges its threads with warp shuffles and one round through shared memory, and
-# writes one float32 partial. The partials are a much shorter row, reduced the same
-# way; passes repeat until one value per row is left (`reduce_rows`).
+# writes one partial. The partials are a much shorter row, reduced the same way;
+# passes repeat until one value per row is left (`reduce_rows`).
 #
 # Which elements a thread visits is decided by `visit_slice`, shared by every kernel
 # of the day (the reductions and the softmax stages that write). The CPU branch runs
@@ -31,7 +31,9 @@ comptime WsPtr = Ptr[PARTIAL]
 
 comptime BLOCK = 256  # threads per block
 comptime UNROLL = 4  # vector loads a thread issues before it uses the first one
-comptime MIN_BLOCK_ELEMS = 4096  # a block gets at least one fp32 tile of work
+# a block gets at least one fp32 tile of work (pytorch_custom_ops/long_softmax.py
+# sizes the workspace with the same number; a mismatch only changes the block count)
+comptime MIN_BLOCK_ELEMS = 4096
 # Blocks resident per SM for a one-wave grid: 4 x 256 threads fit even at 64
 # registers a thread. 4 x 256 x UNROLL x 16 B = 64 KiB of loads in flight per SM
 # covers the H100's bandwidth-latency product (~25 KiB per SM) with room to spare.
