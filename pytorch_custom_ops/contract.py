@@ -62,15 +62,43 @@ class OpSpec:
     # compile-time parameters MAX infers from the tensors instead of taking from Python
     inferred: tuple[str, ...] = ("dtype",)
 
+    # -- which outputs MAX allocates ------------------------------------------------------
+    @property
+    def returned(self) -> tuple[bool, ...]:
+        """Per output: True when every dimension is fixed or named by an input.
+
+        MAX can size such an output itself, so the graph returns it and torch wraps the
+        buffer (DLPack, no copy). An output with a dimension no input names (GEMM's
+        (m, n), a workspace's slots) is passed in by the caller instead, and the graph
+        copies the op's result into it: one more read and write of that tensor.
+        """
+        named = {d for a in self.inputs for d in a.dims if isinstance(d, str)}
+        return tuple(all(isinstance(d, int) or d in named for d in a.dims) for a in self.outputs)
+
+    @property
+    def destinations(self) -> tuple[TensorArg, ...]:
+        """The outputs the caller passes in (see `returned`)."""
+        return tuple(a for a, r in zip(self.outputs, self.returned, strict=True) if not r)
+
+    def output_shapes(self, sizes: Mapping[str, int], destinations: Sequence[torch.Tensor]) -> list[tuple[int, ...]]:
+        """Every output's shape, from the sizes `check_call` bound."""
+        given = iter(destinations)
+        return [
+            tuple(d if isinstance(d, int) else sizes[d] for d in a.dims) if r else tuple(next(given).shape)
+            for a, r in zip(self.outputs, self.returned, strict=True)
+        ]
+
     # -- per call ---------------------------------------------------------------------
-    def check_call(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> None:
-        """Raise TypeError/ValueError naming the op and the problem; return if the call is safe."""
+    def check_call(self, inputs: Sequence[torch.Tensor], destinations: Sequence[torch.Tensor] = ()) -> dict[str, int]:
+        """Raise TypeError/ValueError naming the op and the problem; return the dimension
+        sizes the tensors bind when the call is safe. `destinations` are the outputs the
+        caller passes in (`self.destinations`), in order."""
         op = self.name
-        for kind, given, declared in (("output", outputs, self.outputs), ("input", inputs, self.inputs)):
+        for kind, given, declared in (("destination", destinations, self.destinations), ("input", inputs, self.inputs)):
             if len(given) != len(declared):
-                names = ", ".join(a.name for a in declared)
+                names = ", ".join(a.name for a in declared) or "none"
                 raise TypeError(f"{op}: expected {len(declared)} {kind} tensor(s) ({names}), got {len(given)}")
-        pairs = list(zip(self.outputs + self.inputs, list(outputs) + list(inputs), strict=True))
+        pairs = list(zip(self.destinations + self.inputs, list(destinations) + list(inputs), strict=True))
         for arg, t in pairs:
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{op}: '{arg.name}' must be a torch.Tensor, got {type(t).__name__}")
@@ -103,10 +131,11 @@ class OpSpec:
                     raise ValueError(
                         f"{op}: shape mismatch on '{dim_name}': '{arg.name}' has {size}, '{seen[1]}' has {seen[0]}"
                     )
-        for i, (arg, out) in enumerate(zip(self.outputs, outputs, strict=True)):
+        for i, (arg, out) in enumerate(zip(self.destinations, destinations, strict=True)):
             for other_arg, other in pairs[:i] + pairs[i + 1 :]:
                 if _overlaps(out, other):
                     raise ValueError(f"{op}: output '{arg.name}' overlaps '{other_arg.name}' in memory")
+        return {name: size for name, (size, _) in sizes.items()}
 
     def call_params(self, overrides: Mapping[str, bool | int | str] | None) -> dict[str, bool | int | str]:
         """The compile-time parameters of one call: the spec's defaults with `overrides`

@@ -167,11 +167,11 @@ def _gemm_eager(a, b, c, alpha, beta, transpose_a, transpose_b, batched: bool) -
         res = alpha * torch.matmul(pa, pb)
         if c is not None:
             res = res + beta * c_in
-        out.copy_(res)
+        return [res]
 
     kernel(
-        [out],
         [a, b, c_in, _alpha_beta(float(alpha), float(beta), a.device)],
+        out=[out],
         torch_impl=torch_impl,
         params={"TRANSPOSE_A": transpose_a, "TRANSPOSE_B": transpose_b},
     )

@@ -114,15 +114,15 @@ def _param(p: torch.Tensor | None, x: torch.Tensor, cols: int, fill: float) -> t
 
 
 # -- forward ------------------------------------------------------------------------------
-def _torch_forward(x2, w, b, eps, y, mean, rstd):
-    """The fallback (and the meaning of the outputs): statistics in float32 or float64."""
+def _torch_forward(x2, w, b, eps):
+    """The fallback (and the meaning of the outputs): statistics in float32 or float64,
+    stored as float32."""
     acc = torch.float64 if x2.dtype == torch.float64 else torch.float32
     xa = x2.to(acc)
     var, mu = torch.var_mean(xa, dim=1, unbiased=False)
     r = torch.rsqrt(var + eps)
-    y.copy_((xa - mu[:, None]) * r[:, None] * w.to(acc) + b.to(acc))
-    mean.copy_(mu)
-    rstd.copy_(r)
+    y = (xa - mu[:, None]) * r[:, None] * w.to(acc) + b.to(acc)
+    return [y.to(x2.dtype), mu.float(), r.float()]
 
 
 def _layer_norm_eager(
@@ -135,20 +135,15 @@ def _layer_norm_eager(
     shape = check_layer_norm_args("layer_norm", x, normalized_shape, weight, bias, eps)
     lead, rows, cols = _split(x, shape)
     x2 = x.contiguous().view(rows, cols)
-    y = torch.empty_like(x2)
-    mean = torch.empty(rows, dtype=torch.float32, device=x.device)
-    rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
-    if cols == 0:  # what torch.native_layer_norm gives for an empty normalized shape
-        mean.zero_()
-        rstd.fill_(math.nan)
-    elif rows:
+    if rows == 0 or cols == 0:
+        y = torch.empty_like(x2)
+        # what torch.native_layer_norm gives for an empty normalized shape
+        mean = torch.zeros(rows, dtype=torch.float32, device=x.device)
+        rstd = torch.full((rows,), math.nan, dtype=torch.float32, device=x.device)
+    else:
         w, b = _param(weight, x, cols, 1.0), _param(bias, x, cols, 0.0)
         eps_t = torch.full((1,), float(eps), dtype=torch.float32, device=x.device)
-        layer_norm_kernel(
-            [y, mean, rstd],
-            [x2, w, b, eps_t],
-            torch_impl=lambda: _torch_forward(x2, w, b, float(eps), y, mean, rstd),
-        )
+        y, mean, rstd = layer_norm_kernel([x2, w, b, eps_t], torch_impl=lambda: _torch_forward(x2, w, b, float(eps)))
     return y.view(x.shape), mean.view(lead), rstd.view(lead)
 
 
@@ -164,16 +159,15 @@ def _(x, normalized_shape, weight, bias, eps):
 
 
 # -- backward -----------------------------------------------------------------------------
-def _torch_backward(go2, x2, w, mean, rstd, gx, gw, gb):
+def _torch_backward(go2, x2, w, mean, rstd):
     acc = torch.float64 if x2.dtype == torch.float64 else torch.float32
     dy = go2.to(acc)
     xhat = (x2.to(acc) - mean.to(acc)[:, None]) * rstd.to(acc)[:, None]
     g = dy * w.to(acc)
     a = g.mean(dim=1, keepdim=True)
     b = (g * xhat).mean(dim=1, keepdim=True)
-    gx.copy_(rstd.to(acc)[:, None] * (g - a - xhat * b))
-    gw.copy_((dy * xhat).sum(0))
-    gb.copy_(dy.sum(0))
+    gx = rstd.to(acc)[:, None] * (g - a - xhat * b)
+    return [t.to(x2.dtype) for t in (gx, (dy * xhat).sum(0), dy.sum(0))]
 
 
 def _layer_norm_backward_eager(
@@ -190,20 +184,16 @@ def _layer_norm_backward_eager(
     lead, rows, cols = _split(x, shape)
     go2 = grad_out.to(x.dtype).contiguous().view(rows, cols)
     x2 = x.contiguous().view(rows, cols)
-    gx = torch.empty_like(x2)
-    gw = torch.empty(cols, dtype=x.dtype, device=x.device)
-    gb = torch.empty(cols, dtype=x.dtype, device=x.device)
-    if rows == 0:
-        gw.zero_()
-        gb.zero_()
-    elif cols:
+    if rows == 0 or cols == 0:
+        gx = torch.empty_like(x2)
+        gw = torch.zeros(cols, dtype=x.dtype, device=x.device)
+        gb = torch.zeros(cols, dtype=x.dtype, device=x.device)
+    else:
         w = _param(weight, x, cols, 1.0)
         m = mean.to(torch.float32).contiguous().view(rows)
         r = rstd.to(torch.float32).contiguous().view(rows)
-        layer_norm_backward_kernel(
-            [gx, gw, gb],
-            [go2, x2, w, m, r],
-            torch_impl=lambda: _torch_backward(go2, x2, w, m, r, gx, gw, gb),
+        gx, gw, gb = layer_norm_backward_kernel(
+            [go2, x2, w, m, r], torch_impl=lambda: _torch_backward(go2, x2, w, m, r)
         )
     return gx.view(x.shape), gw.view(shape), gb.view(shape)
 

@@ -60,12 +60,11 @@ def _long_softmax_eager(x: torch.Tensor, dim: int, pipeline: str = "fused") -> t
     dim = check_softmax_args("long_softmax", x, dim)
     _check_pipeline(pipeline)
     rows = _as_rows(x, dim)
-    out = torch.empty_like(rows)
     workspace = torch.empty(rows.shape[0], workspace_slots(rows.shape[1]), dtype=torch.float64, device=rows.device)
-    long_softmax_kernel(
-        [out, workspace],
+    out, _ = long_softmax_kernel(
         [rows],
-        torch_impl=lambda: out.copy_(torch.softmax(rows, dim=-1)),
+        out=[workspace],
+        torch_impl=lambda: [torch.softmax(rows, dim=-1), workspace],
         params={"PIPELINE": pipeline},
     )
     return _from_rows(out, x, dim)

@@ -5,10 +5,16 @@ GPU) and wraps each call in a generic torch custom op. Here each op is compiled 
 (dtype, device) with *symbolic* dimensions, so a new shape costs nothing; the compiled
 `Model` is kept, and a call is: check the contract, wrap the tensors (DLPack, no copy),
 execute. MAX also caches the compiled graph on disk, so a new process skips the compile.
+
+Outputs come back from the graph and are wrapped for torch, again without a copy. The
+first version passed torch-allocated outputs into the graph, as MAX's `CustomOpLibrary`
+does; the graph then copied each result into them, one more read and write of every
+output, which halved a memory-bound kernel's speed (found on day 012, see day 010).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
 
@@ -87,46 +93,57 @@ class MojoOp:
 
         out_types = [tensor_type(a) for a in self.spec.outputs]
         in_types = [tensor_type(a) for a in self.spec.inputs]
-        n_out = len(out_types)
+        dest_types = [t for t, r in zip(out_types, self.spec.returned, strict=True) if not r]
+        n_dest = len(dest_types)
         variant = "".join(f"_{k}{int(v) if isinstance(v, bool) else v}" for k, v in sorted(params.items()))
         graph_name = f"gpu_days_{self.spec.name}_{str(dtype).removeprefix('torch.')}_{device.type}{variant}"
         with Graph(
             graph_name,
-            input_types=[t.as_buffer() for t in out_types] + in_types,
+            input_types=[t.as_buffer() for t in dest_types] + in_types,
             kernel_library=kernels,
         ) as graph:
             results = ops.custom(
                 self.spec.name,
                 ref,
-                [v.tensor for v in graph.inputs[n_out:]],
+                [v.tensor for v in graph.inputs[n_dest:]],
                 out_types=out_types,
                 parameters=dict(params),
             )
-            for buf, result in zip(graph.inputs[:n_out], results, strict=True):
-                buf.buffer[...] = result.tensor
-            graph.output()
+            dests = iter(graph.inputs[:n_dest])
+            returned = []
+            for result, is_returned in zip(results, self.spec.returned, strict=True):
+                if is_returned:
+                    returned.append(result.tensor)
+                else:  # a size no input names: the caller's tensor, filled by a copy
+                    next(dests).buffer[...] = result.tensor
+            graph.output(*returned)
         return session.load(graph)
 
     # -- call ---------------------------------------------------------------------------
     def __call__(
         self,
-        outputs: Sequence[torch.Tensor],
         inputs: Sequence[torch.Tensor],
+        *,
+        out: Sequence[torch.Tensor] = (),
         torch_impl=None,
         params: dict | None = None,
-    ) -> None:
-        """Run the op in destination-passing style: results are written into `outputs`.
+    ) -> list[torch.Tensor]:
+        """Run the op and return its outputs, in the spec's order.
 
-        `params` overrides some of the spec's compile-time parameters for this call (one
-        graph per distinct set, compiled once). Bad arguments always raise. If the Mojo
-        path cannot run, `torch_impl()` fills the outputs instead, after one warning per op
-        (an error in strict mode, or when no `torch_impl` is given).
+        Outputs whose sizes follow from the inputs are allocated by MAX and handed to
+        torch without a copy; the others (`spec.destinations`) are passed in as `out` and
+        written in place. `params` overrides some of the spec's compile-time parameters
+        for this call (one graph per distinct set, compiled once). Bad arguments always
+        raise. If the Mojo path cannot run, `torch_impl()` computes the outputs instead,
+        after one warning per op (an error in strict mode, or when no `torch_impl` is
+        given).
         """
-        self.spec.check_call(outputs, inputs)
+        sizes = self.spec.check_call(inputs, out)
         call_params = self.spec.call_params(params)
         try:
-            dtype = self._op_dtype(outputs, inputs)
-            model = self.model(dtype, outputs[0].device, call_params) if self.ready() else None
+            dtype = self._op_dtype(inputs, out)
+            device = inputs[0].device
+            model = self.model(dtype, device, call_params) if self.ready() else None
             reason = self._broken
         except Exception as exc:  # the graph for this dtype/device failed to compile
             model, reason = None, exc
@@ -134,18 +151,47 @@ class MojoOp:
             if torch_impl is None:
                 raise fallback.MojoUnavailableError(f"{self.spec.name}: the Mojo kernel cannot run: {reason}")
             fallback.fall_back(self.spec.name, reason)
-            torch_impl()
-            return
-        if any(t.numel() == 0 for t in outputs):
-            return  # nothing to write
-        model.execute(*[_to_max(t) for t in (*outputs, *inputs)])
+            return self._fill_destinations(list(torch_impl()), out)
+        shapes = self.spec.output_shapes(sizes, out)
+        if any(math.prod(shape) == 0 for shape in shapes):  # nothing to compute
+            return self._assemble([], out, shapes, dtype, device)
+        buffers = model.execute(*[_to_max(t) for t in (*out, *inputs)])
+        return self._assemble([torch.from_dlpack(b) for b in buffers], out, shapes, dtype, device)
 
-    def _op_dtype(self, outputs, inputs) -> torch.dtype:
+    def _assemble(self, returned, out, shapes, dtype, device) -> list[torch.Tensor]:
+        """All outputs in order: the graph's results and the caller's destinations
+        (empty tensors stand in for the graph's results when an output has no elements)."""
+        returned, given = iter(returned), iter(out)
+        result = []
+        for arg, is_returned, shape in zip(self.spec.outputs, self.spec.returned, shapes, strict=True):
+            if not is_returned:
+                result.append(next(given))
+            else:
+                result.append(next(returned, None))
+                if result[-1] is None:
+                    result[-1] = torch.empty(shape, dtype=arg.dtype or dtype, device=device)
+        return result
+
+    def _fill_destinations(self, results: list[torch.Tensor], out) -> list[torch.Tensor]:
+        """The torch fallback's results, with the caller's destinations filled in place."""
+        if len(results) != len(self.spec.outputs):
+            want = len(self.spec.outputs)
+            raise TypeError(f"{self.spec.name}: torch_impl returned {len(results)} tensors, not {want}")
+        given = iter(out)
+        for i, is_returned in enumerate(self.spec.returned):
+            if not is_returned:
+                dest = next(given)
+                if results[i] is not dest:
+                    dest.copy_(results[i])
+                results[i] = dest
+        return results
+
+    def _op_dtype(self, inputs, out) -> torch.dtype:
         """The call's dtype: that of the first tensor whose spec has no fixed dtype."""
-        for arg, t in zip(self.spec.outputs + self.spec.inputs, (*outputs, *inputs), strict=True):
+        for arg, t in zip(self.spec.inputs + self.spec.destinations, (*inputs, *out), strict=True):
             if arg.dtype is None:
                 return t.dtype
-        return outputs[0].dtype
+        return inputs[0].dtype
 
 
 def _to_max(t: torch.Tensor):

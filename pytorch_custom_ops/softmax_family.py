@@ -44,8 +44,7 @@ def _forward(kernel: MojoOp, torch_fn, x: torch.Tensor, dim: int) -> torch.Tenso
     name = kernel.spec.name
     dim = check_softmax_args(name, x, dim)
     rows = _as_rows(x, dim)
-    out = torch.empty_like(rows)
-    kernel([out], [rows], torch_impl=lambda: out.copy_(torch_fn(rows, dim=-1)))
+    (out,) = kernel([rows], torch_impl=lambda: [torch_fn(rows, dim=-1)])
     return _from_rows(out, x, dim)
 
 
@@ -74,8 +73,7 @@ def _backward(kernel: MojoOp, torch_fn, grad: torch.Tensor, out: torch.Tensor, d
     dim = _check_backward_args(name, grad, out, dim)
     g_rows = _as_rows(grad, dim)
     y_rows = _as_rows(out, dim)
-    dx = torch.empty_like(g_rows)
-    kernel([dx], [g_rows, y_rows], torch_impl=lambda: dx.copy_(torch_fn(g_rows, y_rows)))
+    (dx,) = kernel([g_rows, y_rows], torch_impl=lambda: [torch_fn(g_rows, y_rows)])
     return _from_rows(dx, grad, dim)
 
 

@@ -14,38 +14,39 @@ KERNEL = pco.online_softmax_kernel
 
 
 # -- contract: one test per failure mode, all before anything reaches Mojo ---------------
-def _pair(shape=(4, 10), **kw):
-    x = torch.randn(shape, **kw)
-    return torch.empty_like(x), x
+BACKWARD = pco.KERNELS["softmax_backward"]  # two inputs that must agree
 
 
 @pytest.mark.parametrize(
-    "make, error, message",
+    "kernel, make, error, message",
     [
-        (lambda o, x: ([], [x]), TypeError, "expected 1 output tensor"),
-        (lambda o, x: ([o], [x, x]), TypeError, "expected 1 input tensor"),
-        (lambda o, x: ([o], [x.numpy()]), TypeError, "'x' must be a torch.Tensor"),
-        (lambda o, x: ([o.int()], [x.int()]), TypeError, "'output' has dtype torch.int32"),
-        (lambda o, x: ([o], [x.double()]), TypeError, "'x' is torch.float64 but 'output' is torch.float32"),
-        (lambda o, x: ([o], [x.to("meta")]), ValueError, "'x' is on meta"),
-        (lambda o, x: ([o.view(-1)], [x.view(-1)]), ValueError, "'output' must have rank 2"),
-        (lambda o, x: ([o], [x.t().contiguous().t()]), ValueError, "'x' must be contiguous"),
-        (lambda o, x: ([o[:3]], [x]), ValueError, "shape mismatch on 'rows'"),
-        (lambda o, x: ([o[:, :9].contiguous()], [x]), ValueError, "shape mismatch on 'cols'"),
-        (lambda o, x: ([x], [x]), ValueError, "output 'output' overlaps 'x'"),
+        (KERNEL, lambda x: ([x, x], {}), TypeError, r"online_softmax: expected 1 input tensor\(s\) \(x\), got 2"),
+        (KERNEL, lambda x: ([x], {"out": [x]}), TypeError, "online_softmax: expected 0 destination tensor"),
+        (KERNEL, lambda x: ([x.numpy()], {}), TypeError, "online_softmax: 'x' must be a torch.Tensor"),
+        (KERNEL, lambda x: ([x.int()], {}), TypeError, "online_softmax: 'x' has dtype torch.int32"),
+        (KERNEL, lambda x: ([x.to("meta")], {}), ValueError, "online_softmax: 'x' is on meta"),
+        (KERNEL, lambda x: ([x.view(-1)], {}), ValueError, "online_softmax: 'x' must have rank 2"),
+        (KERNEL, lambda x: ([x.t().contiguous().t()], {}), ValueError, "online_softmax: 'x' must be contiguous"),
+        (BACKWARD, lambda x: ([x, x.double()], {}), TypeError, "'output' is torch.float64 but 'grad_output'"),
+        (BACKWARD, lambda x: ([x, x[:3]], {}), ValueError, "shape mismatch on 'rows'"),
+        (BACKWARD, lambda x: ([x, x[:, :9].contiguous()], {}), ValueError, "shape mismatch on 'cols'"),
     ],
 )
-def test_contract_rejects_bad_calls(make, error, message):
-    out, x = _pair()
-    outputs, inputs = make(out, x)
-    with pytest.raises(error, match=f"online_softmax: .*{message}"):
-        KERNEL(outputs, inputs)
+def test_contract_rejects_bad_calls(kernel, make, error, message):
+    inputs, kw = make(torch.randn(4, 10))
+    with pytest.raises(error, match=message):
+        kernel(inputs, **kw)
 
 
-def test_contract_accepts_views_that_do_not_overlap():
-    buf = torch.randn(2, 4, 10)
-    KERNEL([buf[0]], [buf[1]])  # same storage, disjoint halves
-    torch.testing.assert_close(buf[0], torch.softmax(buf[1], -1))
+def test_outputs_are_fresh_tensors_that_later_calls_leave_alone():
+    # the graph returns its outputs (MAX allocates them; torch wraps them, no copy):
+    # each call must get its own memory, alive as long as torch holds the tensor
+    xs = [torch.randn(5, 33) * (i + 1) for i in range(3)]
+    ys = [KERNEL([x])[0] for x in xs]
+    for x, y in zip(xs, ys, strict=True):
+        assert y.data_ptr() != x.data_ptr() and y.is_contiguous() and y.dtype == x.dtype
+        torch.testing.assert_close(y, torch.softmax(x, -1))
+    assert len({y.data_ptr() for y in ys}) == 3
 
 
 # -- the spec is checked against the compiled library ---------------------------------------
@@ -150,11 +151,10 @@ def broken_kernel(monkeypatch):
 def test_fallback_warns_once_per_op_and_uses_torch(broken_kernel, monkeypatch):
     monkeypatch.setenv(fallback.STRICT_ENV, "0")
     x = torch.randn(3, 7)
-    out = torch.empty_like(x)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(3):
-            broken_kernel([out], [x], torch_impl=lambda: out.copy_(torch.softmax(x, -1)))
+            (out,) = broken_kernel([x], torch_impl=lambda: [torch.softmax(x, -1)])
     fallbacks = [w for w in caught if issubclass(w.category, pco.MojoFallbackWarning)]
     assert len(fallbacks) == 1 and "simulated: MAX is not installed" in str(fallbacks[0].message)
     assert not broken_kernel.ready()
@@ -164,9 +164,8 @@ def test_fallback_warns_once_per_op_and_uses_torch(broken_kernel, monkeypatch):
 def test_strict_mode_turns_fallback_into_an_error(broken_kernel):
     assert fallback.strict()  # conftest.py: the suite runs strict
     x = torch.randn(3, 7)
-    out = torch.empty_like(x)
     with pytest.raises(pco.MojoUnavailableError, match="GPU_DAYS_STRICT=1 forbids the torch fallback"):
-        broken_kernel([out], [x], torch_impl=lambda: out.copy_(torch.softmax(x, -1)))
+        broken_kernel([x], torch_impl=lambda: [torch.softmax(x, -1)])
 
 
 def test_use_mojo_reports_the_live_path():
@@ -230,20 +229,43 @@ STATS_SPEC = OpSpec(
 )
 
 
-def _stats_call(dtype=torch.bfloat16, mean_dtype=torch.float32, eps_size=1):
+def _stats_call(dtype=torch.bfloat16, eps_dtype=torch.float32, eps_size=1):
     x = torch.randn(3, 5).to(dtype)
-    return [torch.empty_like(x), torch.empty(3, dtype=mean_dtype)], [x, torch.ones(eps_size)]
+    return [x, torch.ones(eps_size, dtype=eps_dtype)]
 
 
 def test_contract_fixed_dtype_side_tensors():
-    STATS_SPEC.check_call(*_stats_call())  # bf16 data with float32 statistics is fine
-    with pytest.raises(TypeError, match="norm_like: 'mean' must be torch.float32, got torch.bfloat16"):
-        STATS_SPEC.check_call(*_stats_call(mean_dtype=torch.bfloat16))
+    assert STATS_SPEC.check_call(_stats_call()) == {"rows": 3, "cols": 5}  # bf16 data, float32 eps
+    with pytest.raises(TypeError, match="norm_like: 'eps' must be torch.float32, got torch.bfloat16"):
+        STATS_SPEC.check_call(_stats_call(eps_dtype=torch.bfloat16))
 
 
 def test_contract_fixed_size_dims():
     with pytest.raises(ValueError, match=r"norm_like: 'eps' must have shape \(1,\), got \(2,\)"):
-        STATS_SPEC.check_call(*_stats_call(eps_size=2))
+        STATS_SPEC.check_call(_stats_call(eps_size=2))
+
+
+# outputs sized by the inputs come back from the graph; the others are passed in
+DEST_SPEC = OpSpec(
+    name="matmul_like",
+    outputs=(TensorArg("out", ("m", "n")), TensorArg("row_max", ("rows",), dtype=torch.float32)),
+    inputs=(TensorArg("a", ("rows", "k")), TensorArg("b", ("k", "n"))),
+)
+
+
+def test_contract_returns_outputs_the_inputs_size_and_asks_for_the_rest():
+    assert STATS_SPEC.returned == (True, True) and STATS_SPEC.destinations == ()
+    assert DEST_SPEC.returned == (False, True)
+    assert [a.name for a in DEST_SPEC.destinations] == ["out"]
+    a, b = torch.randn(4, 3), torch.randn(3, 6)
+    with pytest.raises(TypeError, match=r"matmul_like: expected 1 destination tensor\(s\) \(out\), got 0"):
+        DEST_SPEC.check_call([a, b])
+    out = torch.empty(4, 6)
+    sizes = DEST_SPEC.check_call([a, b], [out])
+    assert DEST_SPEC.output_shapes(sizes, [out]) == [(4, 6), (4,)]
+    base = torch.randn(24)
+    with pytest.raises(ValueError, match="matmul_like: output 'out' overlaps 'a' in memory"):
+        DEST_SPEC.check_call([base[:12].view(4, 3), b], [base.view(4, 6)])
 
 
 def test_call_params_override_defaults_and_reject_unknown_or_mistyped():
@@ -253,3 +275,25 @@ def test_call_params_override_defaults_and_reject_unknown_or_mistyped():
         STATS_SPEC.call_params({"UNROLL": 4})
     with pytest.raises(TypeError, match="norm_like: parameter 'TRANSPOSE' must be bool, got int"):
         STATS_SPEC.call_params({"TRANSPOSE": 1})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (stream ordering)")
+@pytest.mark.parametrize("side_stream", [False, True], ids=["current_stream", "side_stream"])
+def test_cuda_results_are_ordered_with_torchs_stream(side_stream):
+    # A slow producer on torch's stream, the op, then a consumer: if MAX ran on its own
+    # stream without waiting, or torch read the returned buffer before the kernel
+    # finished, the row sums would be stale or partial.
+    stream = torch.cuda.Stream() if side_stream else torch.cuda.current_stream()
+    with torch.cuda.stream(stream):
+        slow = torch.randn(2048, 2048, device="cuda")
+        for trial in range(3):
+            for _ in range(30):
+                slow = torch.tanh(slow @ slow)  # ~ms of work queued ahead of x
+            x = torch.randn(1024, 4097, device="cuda") * 10 + slow[:1024, :1]
+            (y,) = KERNEL([x])
+            sums = y.double().sum(-1)
+            y2 = pco.softmax(x, -1)
+            del y  # its memory goes back to MAX while y2 is still in use
+            torch.testing.assert_close(sums, torch.ones_like(sums), rtol=0, atol=1e-5, msg=f"trial {trial}")
+            torch.testing.assert_close(y2, torch.softmax(x, -1), msg=f"trial {trial}")
+    stream.synchronize()

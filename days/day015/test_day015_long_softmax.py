@@ -112,9 +112,9 @@ def test_pipelines_agree_and_leave_max_and_sum_in_the_workspace(device):
     rows, n = x.shape
     results = {}
     for pipeline in PIPELINES:
-        out = torch.empty_like(x)
         ws = torch.full((rows, workspace_slots(n)), float("nan"), dtype=torch.float64, device=device)
-        pco.long_softmax_kernel([out, ws], [x], params={"PIPELINE": pipeline})
+        out, ws_back = pco.long_softmax_kernel([x], out=[ws], params={"PIPELINE": pipeline})
+        assert ws_back is ws
         torch.testing.assert_close(ws[:, 0], x.max(-1).values.double(), rtol=0, atol=0)  # exact
         want_sum = torch.exp(x.double() - x.double().max(-1, keepdim=True).values).sum(-1)
         torch.testing.assert_close(ws[:, 1], want_sum, rtol=1e-6, atol=0)
@@ -127,21 +127,19 @@ def test_a_small_workspace_means_fewer_blocks_not_wrong_results(device):
     torch.manual_seed(6)
     x = torch.randn(2, 50000, device=device)
     for slots in (PARTIALS + 2, PARTIALS + 6):  # one block a row, then three
-        out = torch.empty_like(x)
         ws = torch.empty(2, slots, dtype=torch.float64, device=device)
-        pco.long_softmax_kernel([out, ws], [x], params={"PIPELINE": "four_stage"})
+        out, _ = pco.long_softmax_kernel([x], out=[ws], params={"PIPELINE": "four_stage"})
         torch.testing.assert_close(out.double(), reference(x), rtol=2e-6, atol=1e-12)
 
 
 def test_workspace_too_small_or_wrong_raises(device):
     x = torch.randn(2, 100, device=device)
-    out = torch.empty_like(x)
     with pytest.raises(ValueError, match="long_softmax: workspace must be"):
-        pco.long_softmax_kernel([out, torch.empty(2, PARTIALS + 1, dtype=torch.float64, device=device)], [x])
+        pco.long_softmax_kernel([x], out=[torch.empty(2, PARTIALS + 1, dtype=torch.float64, device=device)])
     with pytest.raises(TypeError, match="long_softmax: 'workspace' must be torch.float64"):
-        pco.long_softmax_kernel([out, torch.empty(2, 64, device=device)], [x])
+        pco.long_softmax_kernel([x], out=[torch.empty(2, 64, device=device)])
     with pytest.raises(ValueError, match="long_softmax: shape mismatch on 'rows'"):
-        pco.long_softmax_kernel([out, torch.empty(3, 64, dtype=torch.float64, device=device)], [x])
+        pco.long_softmax_kernel([x], out=[torch.empty(3, 64, dtype=torch.float64, device=device)])
 
 
 def test_scalar_and_empty(device):
