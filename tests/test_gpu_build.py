@@ -25,6 +25,14 @@ PTX_FEATURES = {
         r"ldmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16",
         # cp.async with a src-size operand: out-of-range vectors are zero-filled
         r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+\], 16, %r\d+;",
+        # the Hopper kernel: warpgroup MMA from shared-memory descriptors, both tile widths
+        r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16",
+        r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16",
+        r"wgmma\.fence\.sync\.aligned",
+        r"wgmma\.commit_group\.sync\.aligned",
+        r"wgmma\.wait_group\.sync\.aligned 1;",
+        # cp.async writes are generic-proxy, wgmma reads async-proxy: the fence between
+        r"fence\.proxy\.async\.shared::cta",
     ),
 }
 DEFAULT_PTX_FEATURES = (r"shfl\.sync", r"bar\.sync")

@@ -8,6 +8,9 @@ both load paths (VEC on/off):
   * tc_load_tile: the shared tile equals op(A)[m0:, k0:] with zero padding;
   * the SIMT kernel: tile_coords, operand_offset, fetch/stash thread mapping, the
     per-thread 4-row/4-col groups, epilogue masks.
+  * the wgmma kernel: wg_load_tile's thread mapping into the core-matrix layout,
+    wg_desc's start/LBO/SBO read through the PTX ISA's canonical no-swizzle
+    layouts (K-major and MN-major), the m64nNk16 accumulator layout, the epilogue.
 It checks the arithmetic, not Mojo's semantics: the H100 run of
 tests/mojo/day014_gemm_gpu_check.mojo is the real test.
 
@@ -271,6 +274,110 @@ def tc_tile(TA, vec, M, K, BM, rng):
     print(f"tc tile TA={TA} vec={vec} M={M} K={K} BM={BM}: ok")
 
 
+# ---- the wgmma kernel (gemm_wgmma_kernel) ----
+WG_BK = 64
+
+
+def wg_load(src, kc, BMN, NT, mn0, k0, MN, K):  # noqa: N803
+    """wg_load_tile: one BMN x 64 tile into the core-matrix layout (elements)."""
+    rows = BMN if kc else WG_BK
+    vecs = WG_BK // 8 if kc else BMN // 8
+    rg = rows // 8
+    sm = np.full(rows * vecs * 8, np.nan)
+    written = np.zeros(rows * vecs, dtype=int)
+    for tid in range(NT):
+        for i in range(rows * vecs // NT):
+            v = tid + i * NT
+            q, lane = v // 32, v % 32
+            row = lane % 8 + 8 * (q % rg)
+            vec = lane // 8 + 4 * (q // rg)
+            mn = mn0 + (row if kc else vec * 8)
+            kk = k0 + (vec * 8 if kc else row)
+            inside = mn < MN and kk < K
+            o = off(kc, mn, kk, MN, K) if inside else 0
+            d = (vec * rows + row) * 8
+            sm[d : d + 8] = src[o : o + 8] if inside else 0
+            written[vec * rows + row] += 1
+    assert (written == 1).all(), "every 16-byte vector copied exactly once"
+    return sm
+
+
+def wg_desc(kc, BMN, mn, ks):  # noqa: N803
+    """wg_desc: (start element, SBO, LBO in 16-byte units)."""
+    if kc:
+        return (2 * ks * BMN + mn) * 8, 128 // 16, BMN
+    return (mn // 8) * WG_BK * 8 + 16 * ks * 8, WG_BK, 128 // 16
+
+
+def wgmma_read(sm, desc, kc, rows):
+    """The operand a wgmma reads: rows x 16 (mn, k), from the PTX ISA canonical
+    no-swizzle layouts, with T = 8 two-byte elements per 16 bytes:
+    K-major ((8,m),(T,2)):((1T,SBO),(1,LBO)); MN-major ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO)).
+    """
+    start, sbo, lbo = desc
+    sbo, lbo = sbo * 8, lbo * 8  # 16-byte units -> elements
+    out = np.zeros((rows, 16))
+    for mn in range(rows):
+        for k in range(16):
+            if kc:
+                a = start + (mn % 8) * 8 + (mn // 8) * sbo + (k % 8) + (k // 8) * lbo
+            else:
+                a = start + (mn % 8) + (mn // 8) * sbo + (k % 8) * 8 + (k // 8) * lbo
+            out[mn, k] = sm[a]
+    return out
+
+
+def wgmma_kernel(TA, TB, M, N, K, BM, BN, rng):  # noqa: N803
+    """Every tile of the wgmma kernel, stage by stage, against A @ B."""
+    A = rng.standard_normal((M, K))
+    B = rng.standard_normal((K, N))
+    a = (A.T if TA else A).copy().ravel()
+    b = (B if not TB else B.T).copy().ravel()
+    a_kc, b_kc = not TA, TB
+    nt = BM // 64 * 128
+    out = np.full((M, N), np.nan)
+    num_m, num_n = ceildiv(M, BM), ceildiv(N, BN)
+    seen = set()
+    for pid in range(num_m * num_n):
+        tm, tn = tile_coords(pid, num_m, num_n)
+        seen.add((tm, tn))
+        m0, n0 = tm * BM, tn * BN
+        acc = np.zeros((BM // 64, 128, BN // 2))  # [warpgroup][thread][register]
+        for kt in range(ceildiv(K, WG_BK)):
+            sa = wg_load(a, a_kc, BM, nt, m0, kt * WG_BK, M, K)
+            sb = wg_load(b, b_kc, BN, nt, n0, kt * WG_BK, N, K)
+            for wg in range(BM // 64):
+                d = np.zeros((64, BN))
+                for ks in range(WG_BK // 16):
+                    opa = wgmma_read(sa, wg_desc(a_kc, BM, wg * 64, ks), a_kc, 64)
+                    opb = wgmma_read(sb, wg_desc(b_kc, BN, 0, ks), b_kc, BN)
+                    d += opa @ opb.T
+                # PTX D fragment of m64nNk16: thread t (warp w, lane l), register i
+                for t in range(128):
+                    w, lane = t // 32, t % 32
+                    for i in range(BN // 2):
+                        r = 16 * w + lane // 4 + 8 * ((i // 2) % 2)
+                        c = 8 * (i // 4) + 2 * (lane % 4) + i % 2
+                        acc[wg, t, i] += d[r, c]
+        # the kernel's epilogue
+        for wg in range(BM // 64):
+            for t in range(128):
+                w, lane = t // 32, t % 32
+                g, q = lane // 4, lane % 4
+                for half in range(2):
+                    row = m0 + wg * 64 + (w % 4) * 16 + g + half * 8
+                    if row >= M:
+                        continue
+                    for j in range(BN // 8):
+                        col = n0 + j * 8 + 2 * q
+                        if col < N:
+                            out[row, col : col + 2] = acc[wg, t, 4 * j + 2 * half : 4 * j + 2 * half + 2]
+    assert len(seen) == num_m * num_n
+    err = np.abs(out - A @ B).max()
+    assert err < 1e-9, err
+    print(f"wgmma TA={TA} TB={TB} M={M} N={N} K={K} BM={BM} BN={BN}: ok ({err:.1e})")
+
+
 def main():
     rng = np.random.default_rng(1)
     for bm in (128, 64):
@@ -288,6 +395,11 @@ def main():
         tc_tile(ta, False, 70, 45, 64, rng)
         tc_tile(ta, True, 136, 72, 128, rng)
         tc_tile(ta, True, 72, 40, 64, rng)
+    for ta in (False, True):
+        for tb in (False, True):
+            wgmma_kernel(ta, tb, 136, 264, 72, 128, 128, rng)
+    wgmma_kernel(False, False, 72, 136, 136, 64, 128, rng)
+    wgmma_kernel(True, False, 136, 264, 80, 128, 256, rng)
     print("all index math OK")
 
 

@@ -20,6 +20,10 @@
 #     128x128x32 block tile, 8 warps each owning 64x32 outputs, a 4-stage cp.async
 #     pipeline from global to shared memory, ldmatrix (.trans for operands whose
 #     stored layout is the transpose of what mma wants) from shared to registers.
+#     On VEC shapes the op instead uses the Hopper kernel: wgmma.mma_async m64nNk16
+#     reading both operands from shared memory through matrix descriptors, one
+#     warpgroup per 64 rows of a 128x128 (or 64x128) tile, a cp.async pipeline
+#     into the canonical no-swizzle core-matrix layout (see gemm_wgmma_kernel).
 # Both read global memory with 16-byte vectors when every leading dimension and
 # pointer allows it (VEC); otherwise with guarded scalar loads. Tails (sizes that are
 # not tile multiples) are zero-filled in shared memory and masked on store.
@@ -33,7 +37,15 @@ from max.gpu import (
     lane_id,
     warp_id,
 )
-from max.gpu.compute.mma import mma, ld_matrix
+from max.gpu.compute.mma import (
+    mma,
+    ld_matrix,
+    WGMMADescriptor,
+    wgmma_async,
+    wgmma_fence_aligned,
+    wgmma_commit_group_sync,
+    wgmma_wait_group_sync,
+)
 from max.gpu.memory import (
     async_copy,
     async_copy_commit_group,
@@ -44,6 +56,7 @@ from max.gpu.host import DeviceContext, FuncAttribute
 from std.memory import stack_allocation, bitcast
 from std.math import ceildiv
 from std.sys import size_of
+from std.sys._assembly import inlined_assembly
 from std.utils import StaticTuple
 
 
@@ -704,6 +717,259 @@ def gemm_tc_kernel[
 
 
 # ---------------------------------------------------------------------------
+# Hopper tensor-core kernel (bfloat16, float16): wgmma.mma_async, fp32 accumulators.
+#
+# One warpgroup (4 warps, 128 threads) per 64 rows of the block tile: it issues
+# m64nBNk16 wgmma instructions whose operands are read straight from shared memory
+# through 64-bit matrix descriptors, so no ldmatrix and no A/B fragments in
+# registers. Shared tiles use the "no swizzle" canonical layout, built of 8x8 core
+# matrices (8 rows of 16 bytes, 128 contiguous bytes each):
+#   * byte offset of 16-byte vector (row r, vector v) of a tile is v * ROWS * 16 + r * 16,
+#     where "row" is the stored layout's strided dim and "vector" its contiguous one;
+#   * k-contiguous operand (A, or B^T): rows = mn (BMN), vectors = k/8 (8 per BK = 64);
+#     descriptor LBO (next core matrix along k) = BMN * 16, SBO (along mn) = 128;
+#   * mn-contiguous operand (A^T, or B): rows = k (64), vectors = mn/8;
+#     LBO (along k) = 128, SBO (along mn) = 64 * 16 = 1024.
+# Eight consecutive threads copy one core matrix (128 contiguous bytes), so the
+# cp.async writes are free of bank conflicts, and a warp reads 4 vectors (64 B) of
+# 8 global rows.
+
+comptime WG_BK = 64  # k per pipeline stage: 4 wgmma k16 steps
+comptime WG_STAGES = 4  # shared stages; loads run STAGES - 2 tiles ahead
+comptime WG_THREADS = 128  # one warpgroup
+
+
+def wg_smem_bytes[dtype: DType, BM: Int, BN: Int]() -> Int:
+    return WG_STAGES * (BM + BN) * WG_BK * size_of[dtype]()
+
+
+@always_inline
+def fence_async_shared():
+    """Make this thread's completed cp.async writes (generic proxy) visible to wgmma
+    (async proxy) reads of shared memory."""
+    inlined_assembly[
+        "fence.proxy.async.shared::cta;", NoneType, constraints=""
+    ]()
+
+
+# --8<-- [start:wg_load]
+@always_inline
+def wg_load_tile[
+    dtype: DType, K_CONTIG: Bool, BMN: Int, THREADS: Int
+](
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    smem: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    mn0: Int,
+    k0: Int,
+    mn_size: Int,
+    k_size: Int,
+):
+    """Global -> shared (cp.async, 16 B each) of one BMN x WG_BK tile into the
+    core-matrix layout. Vectors outside the matrix are zero-filled (src_size 0).
+
+    Vector i of thread t is v = t + i * THREADS; within a warp (q = v // 32, l = v % 32)
+    lanes l % 8 walk 8 consecutive rows and l // 8 four consecutive vectors.
+    """
+    comptime ROWS = BMN if K_CONTIG else WG_BK  # the stored layout's strided dim
+    comptime VECS = WG_BK // 8 if K_CONTIG else BMN // 8  # 16-byte vectors per row
+    comptime RG = ROWS // 8  # groups of 8 rows
+    comptime LV = ROWS * VECS // THREADS
+    comptime assert LV * THREADS == ROWS * VECS, "tile splits evenly"
+    comptime assert VECS % 4 == 0 and ROWS % 8 == 0, "whole warps per 8x4 block"
+    comptime for i in range(LV):
+        var v = thread_idx.x + i * THREADS
+        var q = v // 32
+        var l = v % 32
+        var row = l % 8 + 8 * (q % RG)
+        var vec = l // 8 + 4 * (q // RG)
+        var mn = mn0 + (row if K_CONTIG else vec * 8)
+        var kk = k0 + (vec * 8 if K_CONTIG else row)
+        var inside = mn < mn_size and kk < k_size
+        var off = operand_offset[K_CONTIG](
+            mn, kk, mn_size, k_size
+        ) if inside else 0
+        async_copy[16, fill=Scalar[dtype](0)](
+            src.unsafe_offset(off).unsafe_address_space_cast[
+                AddressSpace.GLOBAL
+            ](),
+            smem.unsafe_offset((vec * ROWS + row) * 8),
+            src_size=Int32(16 if inside else 0),
+        )
+
+
+# --8<-- [end:wg_load]
+
+
+# --8<-- [start:wg_desc]
+@always_inline
+def wg_desc[
+    dtype: DType, K_CONTIG: Bool, BMN: Int
+](
+    tile: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    mn: Int,
+    ks: Int,
+) -> WGMMADescriptor[dtype]:
+    """Descriptor of the (64 or BN) x k16 slice at row `mn`, k step `ks` (k = 16*ks)
+    of a tile in the core-matrix layout. LBO: next core matrix along k; SBO: along mn.
+    `create[SBO, LBO]` takes both in 16-byte units (it does not shift them).
+    """
+    comptime if K_CONTIG:
+        # vector (k/8) * BMN * 16 + mn * 16
+        return WGMMADescriptor[dtype].create[128 // 16, BMN](
+            tile.unsafe_offset((2 * ks * BMN + mn) * 8)
+        )
+    else:
+        # (mn/8) * 64 * 16 + k * 16
+        return WGMMADescriptor[dtype].create[WG_BK, 128 // 16](
+            tile.unsafe_offset((mn // 8) * WG_BK * 8 + 16 * ks * 8)
+        )
+
+
+# --8<-- [end:wg_desc]
+
+
+# --8<-- [start:wg_kernel]
+def gemm_wgmma_kernel[
+    dtype: DType,
+    TA: Bool,
+    TB: Bool,
+    BM: Int,
+    BN: Int,
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    b: Pointer[Scalar[dtype], MutAnyOrigin],
+    c: Pointer[Scalar[dtype], MutAnyOrigin],
+    alpha_beta: Pointer[Float32, MutAnyOrigin],
+    m: Int64,
+    n: Int64,
+    k: Int64,
+    a_bs: Int64,
+    b_bs: Int64,
+    c_bs: Int64,
+    c_rs: Int64,
+    c_cs: Int64,
+):
+    """Launch with grid (ceil(M/BM) * ceil(N/BN), 1, batch), BM/64 warpgroups
+    (2 * BM threads) and wg_smem_bytes() of dynamic shared memory. Requires the
+    VEC conditions (16-byte aligned rows and pointers)."""
+    comptime NWG = BM // 64  # warpgroups, each owns 64 rows x BN
+    comptime THREADS = NWG * WG_THREADS
+    comptime A_KC = not TA  # A is k-contiguous when stored (M, K)
+    comptime B_KC = TB  # B is k-contiguous when stored (N, K)
+    comptime A_ELEMS = BM * WG_BK
+    comptime B_ELEMS = BN * WG_BK
+    comptime assert BM % 64 == 0 and BN % 64 == 0 and BN <= 256, "tile shape"
+
+    var M = Int(m)
+    var N = Int(n)
+    var K = Int(k)
+    var tile = tile_coords(block_idx.x, ceildiv(M, BM), ceildiv(N, BN))
+    var m0 = tile[0] * BM
+    var n0 = tile[1] * BN
+    var bt = block_idx.z
+    var a_t = a.unsafe_offset(bt * Int(a_bs))
+    var b_t = b.unsafe_offset(bt * Int(b_bs))
+
+    var smem = external_memory[
+        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=128
+    ]()
+    var sa = smem
+    var sb = smem.unsafe_offset(WG_STAGES * A_ELEMS)
+    var wg = thread_idx.x // WG_THREADS
+    var acc = SIMD[DType.float32, BN // 2](0)
+    var num_k = ceildiv(K, WG_BK)
+
+    # prologue: STAGES - 2 tiles in flight, one commit group per tile (empty ones
+    # too), so "at most STAGES - 3 groups pending" means "tile kt has landed"
+    comptime for s in range(WG_STAGES - 2):
+        if s < num_k:
+            wg_load_tile[dtype, A_KC, BM, THREADS](
+                a_t, sa.unsafe_offset(s * A_ELEMS), m0, s * WG_BK, M, K
+            )
+            wg_load_tile[dtype, B_KC, BN, THREADS](
+                b_t, sb.unsafe_offset(s * B_ELEMS), n0, s * WG_BK, N, K
+            )
+        async_copy_commit_group()
+
+    for kt in range(num_k):
+        async_copy_wait_group(WG_STAGES - 3)
+        fence_async_shared()
+        # tile kt is visible to every thread, and every warpgroup has retired the
+        # wgmma group of tile kt - 2 (wait_group 1 below), so its stage is free
+        barrier()
+        var nxt = kt + WG_STAGES - 2
+        if nxt < num_k:
+            var s = nxt % WG_STAGES
+            wg_load_tile[dtype, A_KC, BM, THREADS](
+                a_t, sa.unsafe_offset(s * A_ELEMS), m0, nxt * WG_BK, M, K
+            )
+            wg_load_tile[dtype, B_KC, BN, THREADS](
+                b_t, sb.unsafe_offset(s * B_ELEMS), n0, nxt * WG_BK, N, K
+            )
+        async_copy_commit_group()
+
+        var cur = kt % WG_STAGES
+        var sa_k = sa.unsafe_offset(cur * A_ELEMS)
+        var sb_k = sb.unsafe_offset(cur * B_ELEMS)
+        wgmma_fence_aligned()
+        comptime for ks in range(WG_BK // 16):
+            acc = wgmma_async[
+                64,
+                BN,
+                16,
+                a_type=dtype,
+                b_type=dtype,
+                layout_a="row" if A_KC else "col",
+                layout_b="col" if B_KC else "row",
+            ](
+                wg_desc[dtype, A_KC, BM](sa_k, wg * 64, ks),
+                wg_desc[dtype, B_KC, BN](sb_k, 0, ks),
+                acc,
+            )
+        wgmma_commit_group_sync()
+        # keep one group in flight: the next tile's loads and wgmma overlap it
+        wgmma_wait_group_sync[1]()
+    wgmma_wait_group_sync[0]()
+
+    # epilogue. Accumulator element 4*j + e: row 16*warp + g + 8*(e//2), col
+    # 8*j + 2*t + e%2 (g = lane // 4, t = lane % 4), the mma.sync C layout per n8.
+    var alpha = alpha_beta[unsafe_offset=0]
+    var beta = alpha_beta[unsafe_offset=1]
+    var o_t = dst.unsafe_offset(bt * M * N)
+    var c_t = c.unsafe_offset(bt * Int(c_bs))
+    var g = lane_id() // 4
+    var t = lane_id() % 4
+    var wrow = m0 + wg * 64 + (warp_id() % 4) * 16 + g
+    comptime for half in range(2):
+        var row = wrow + half * 8
+        if row < M:
+            comptime for j in range(BN // 8):
+                var col = n0 + j * 8 + 2 * t
+                if col < N:  # N % 8 == 0: the pair is all in or all out
+                    var v = acc.slice[2, offset=4 * j + 2 * half]() * alpha
+                    if beta != 0:
+                        comptime for e in range(2):
+                            v[e] += (
+                                beta
+                                * c_t[
+                                    unsafe_offset=row * Int(c_rs)
+                                    + (col + e) * Int(c_cs)
+                                ].cast[DType.float32]()
+                            )
+                    o_t.unsafe_store[alignment=4](
+                        row * N + col, v.cast[dtype]()
+                    )
+
+
+# --8<-- [end:wg_kernel]
+
+
+# ---------------------------------------------------------------------------
 # CPU branch (what CI runs): plain loops, accumulating a row of C at a time.
 
 
@@ -821,6 +1087,73 @@ def launch_tc[
     )
 
 
+# Which tensor-core kernel the bf16/fp16 path uses (launch_gemm's KERNEL parameter;
+# the op itself always uses GEMM_AUTO). The others exist so that the gpu_check can
+# time them against each other in one binary.
+comptime GEMM_AUTO = 0  # wgmma when VEC (tile size by grid size), else mma.sync
+comptime GEMM_MMA_SYNC = 1  # the Ampere-style kernel (ldmatrix + mma.sync)
+comptime GEMM_WG_64x128 = 2  # wgmma, one warpgroup per block
+comptime GEMM_WG_128x128 = 3  # wgmma, two warpgroups
+comptime GEMM_WG_128x256 = 4  # wgmma, two warpgroups of m64n256
+
+
+def launch_wgmma[
+    dtype: DType, TA: Bool, TB: Bool, BM: Int, BN: Int
+](p: GemmProblem[dtype], ctx: DeviceContext) raises:
+    comptime smem = wg_smem_bytes[dtype, BM, BN]()
+    ctx.enqueue_function[gemm_wgmma_kernel[dtype, TA, TB, BM, BN]](
+        p.out.as_unsafe_any_origin(),
+        p.a.as_unsafe_any_origin(),
+        p.b.as_unsafe_any_origin(),
+        p.c.as_unsafe_any_origin(),
+        p.alpha_beta.as_unsafe_any_origin(),
+        Int64(p.m),
+        Int64(p.n),
+        Int64(p.k),
+        Int64(p.a_bs),
+        Int64(p.b_bs),
+        Int64(p.c_bs),
+        Int64(p.c_rs),
+        Int64(p.c_cs),
+        grid_dim=(ceildiv(p.m, BM) * ceildiv(p.n, BN), 1, p.batch),
+        block_dim=(BM // 64) * WG_THREADS,
+        shared_mem_bytes=smem,
+        func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
+            UInt32(smem)
+        ),
+    )
+
+
+def launch_tensor_core[
+    dtype: DType, TA: Bool, TB: Bool, KERNEL: Int
+](p: GemmProblem[dtype], vec: Bool, ctx: DeviceContext) raises:
+    """bf16/fp16: wgmma needs 16-byte vectors (VEC); otherwise mma.sync."""
+    var tiles128 = ceildiv(p.m, 128) * ceildiv(p.n, 128) * p.batch
+    if vec and KERNEL != GEMM_MMA_SYNC:
+        comptime if KERNEL == GEMM_WG_64x128:
+            launch_wgmma[dtype, TA, TB, 64, 128](p, ctx)
+        elif KERNEL == GEMM_WG_128x128:
+            launch_wgmma[dtype, TA, TB, 128, 128](p, ctx)
+        elif KERNEL == GEMM_WG_128x256:
+            launch_wgmma[dtype, TA, TB, 128, 256](p, ctx)
+        else:  # GEMM_AUTO: 128x128 tiles unless they would leave SMs idle.
+            # (128x256 is not the default: ptxas spills it at 255 registers.)
+            if tiles128 >= SMALL_GRID:
+                launch_wgmma[dtype, TA, TB, 128, 128](p, ctx)
+            else:
+                launch_wgmma[dtype, TA, TB, 64, 128](p, ctx)
+        return
+    var small = tiles128 < SMALL_GRID
+    if vec and small:
+        launch_tc[dtype, TA, TB, True, 64](p, ctx)
+    elif vec:
+        launch_tc[dtype, TA, TB, True, 128](p, ctx)
+    elif small:
+        launch_tc[dtype, TA, TB, False, 64](p, ctx)
+    else:
+        launch_tc[dtype, TA, TB, False, 128](p, ctx)
+
+
 def launch_simt[
     dtype: DType, TA: Bool, TB: Bool, VEC: Bool, BM: Int, BK: Int, TT: Int
 ](p: GemmProblem[dtype], ctx: DeviceContext) raises:
@@ -846,7 +1179,11 @@ def launch_simt[
 
 
 def launch_gemm[
-    target: StaticString, dtype: DType, TA: Bool, TB: Bool
+    target: StaticString,
+    dtype: DType,
+    TA: Bool,
+    TB: Bool,
+    KERNEL: Int = GEMM_AUTO,
 ](p: GemmProblem[dtype], ctx: DeviceContext) raises:
     if p.batch == 0 or p.m == 0 or p.n == 0:
         return
@@ -862,14 +1199,7 @@ def launch_gemm[
         var vec = vector_friendly[dtype, TA, TB](p)
         var small = ceildiv(p.m, 128) * ceildiv(p.n, 128) * p.batch < SMALL_GRID
         comptime if dtype == DType.bfloat16 or dtype == DType.float16:
-            if vec and small:
-                launch_tc[dtype, TA, TB, True, 64](p, ctx)
-            elif vec:
-                launch_tc[dtype, TA, TB, True, 128](p, ctx)
-            elif small:
-                launch_tc[dtype, TA, TB, False, 64](p, ctx)
-            else:
-                launch_tc[dtype, TA, TB, False, 128](p, ctx)
+            launch_tensor_core[dtype, TA, TB, KERNEL](p, vec, ctx)
         elif dtype == DType.float64:
             # 64x64 tiles, k steps of 8: 8x8 doubles per thread would spill
             if vec:

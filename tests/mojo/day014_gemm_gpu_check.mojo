@@ -7,12 +7,27 @@
 # unvectorised path (a leading dim that is not a multiple of 16 bytes), alpha/beta
 # other than 1/0, c broadcast as a row, and beta = 0 with NaN in c (must not leak).
 # Sizes too large for a full host reference are checked on sampled entries.
+# bf16 runs on every tensor-core kernel (mma.sync and the wgmma tile sizes) are
+# labelled [mma.sync] / [wgmma...]; [auto] is the op's own choice. Each TIME line
+# gives TFLOP/s and, for bf16, the percentage of the 714 TFLOP/s cuBLAS baseline.
 from extensibility import InputTensor, OutputTensor, StaticTensorSpec
 from max.gpu.host import DeviceContext
 from std.sys import has_accelerator
 from std.utils import IndexList
 
-from days.day014.gemm import Gemm, GemmBatched, operand_offset
+from days.day014.gemm import (
+    Gemm,
+    GemmBatched,
+    GemmProblem,
+    operand_offset,
+    launch_gemm,
+    untracked,
+    GEMM_AUTO,
+    GEMM_MMA_SYNC,
+    GEMM_WG_64x128,
+    GEMM_WG_128x128,
+    GEMM_WG_128x256,
+)
 
 comptime ON_GPU = has_accelerator()
 comptime TARGET = "gpu" if ON_GPU else "cpu"
@@ -84,10 +99,25 @@ struct Case:
         )
 
 
+def kernel_name(kernel: Int) -> String:
+    if kernel == GEMM_MMA_SYNC:
+        return "mma.sync"
+    if kernel == GEMM_WG_64x128:
+        return "wgmma64x128"
+    if kernel == GEMM_WG_128x128:
+        return "wgmma128x128"
+    if kernel == GEMM_WG_128x256:
+        return "wgmma128x256"
+    return "auto"
+
+
 def run[
-    dtype: DType, TA: Bool, TB: Bool, BATCHED: Bool
+    dtype: DType, TA: Bool, TB: Bool, BATCHED: Bool, KERNEL: Int = GEMM_AUTO
 ](ctx: DeviceContext, cs: Case, samples: Int, time_iters: Int) raises:
     """Run one case, check it (all entries, or `samples` random ones), optionally time it.
+
+    KERNEL == GEMM_AUTO goes through the op's execute (what torch calls); any other
+    value calls launch_gemm with that tensor-core kernel forced (bf16/fp16 only).
     """
     var B = cs.batch
     var M = cs.m
@@ -156,6 +186,26 @@ def run[
         var c_m,
         var c_n,
     }:
+        comptime if KERNEL != GEMM_AUTO:
+            var K = a_cols if not TA else a_rows
+            var p = GemmProblem[dtype](
+                untracked(po),
+                untracked(pa),
+                untracked(pb),
+                untracked(pc),
+                untracked(pab),
+                B,
+                M,
+                N,
+                K,
+                M * K,
+                K * N,
+                c_m * c_n if c_b > 1 else 0,
+                c_n if c_m > 1 else 0,
+                1 if c_n > 1 else 0,
+            )
+            launch_gemm[TARGET, dtype, TA, TB, KERNEL](p, ctx)
+            return
         comptime S1 = StaticTensorSpec[DType.float32, 1, ...].get_unknown()
         var ab = InputTensor[static_spec=S1](pab, IndexList[1](2))
         comptime if BATCHED:
@@ -231,7 +281,9 @@ def run[
             checked += 1
     var name = String(
         "gemm_batched" if BATCHED else "gemm",
-        " ",
+        " [",
+        kernel_name(KERNEL),
+        "] ",
         dtype,
         " TA=",
         TA,
@@ -263,9 +315,11 @@ def run[
     if time_iters > 0:
         var ns = ctx.execution_time(launch, time_iters)
         var us = Float64(ns) / Float64(time_iters) / 1e3
+        var tflops = cs.flops() / (us * 1e-6) / 1e12
         print(
             "TIME",
             "gemm_batched" if BATCHED else "gemm",
+            kernel_name(KERNEL),
             dtype,
             "TA=",
             TA,
@@ -282,7 +336,9 @@ def run[
             "us",
             us,
             "TFLOP/s",
-            cs.flops() / (us * 1e-6) / 1e12,
+            tflops,
+            "%cuBLAS714",
+            tflops / 7.14 if dtype == DType.bfloat16 else Float64(0),
         )
 
 
@@ -293,6 +349,75 @@ def check_transposes[
     run[dtype, False, True, False](ctx, cs, samples, 0)
     run[dtype, True, False, False](ctx, cs, samples, 0)
     run[dtype, True, True, False](ctx, cs, samples, 0)
+
+
+def check_kernels[
+    TA: Bool, TB: Bool, BATCHED: Bool
+](ctx: DeviceContext, cs: Case, samples: Int, time_iters: Int) raises:
+    """The same bf16 case on every tensor-core kernel (old mma.sync and the wgmma tiles).
+
+    A failing kernel does not stop the others (so one H100 run times whichever are
+    right); the first failure is raised after all four ran.
+    """
+    var failed = String()
+    try:
+        run[DType.bfloat16, TA, TB, BATCHED, GEMM_MMA_SYNC](
+            ctx, cs, samples, time_iters
+        )
+    except e:
+        print("FAIL", e)
+        failed = String(e)
+    try:
+        run[DType.bfloat16, TA, TB, BATCHED, GEMM_WG_64x128](
+            ctx, cs, samples, time_iters
+        )
+    except e:
+        print("FAIL", e)
+        failed = String(e)
+    try:
+        run[DType.bfloat16, TA, TB, BATCHED, GEMM_WG_128x128](
+            ctx, cs, samples, time_iters
+        )
+    except e:
+        print("FAIL", e)
+        failed = String(e)
+    try:
+        run[DType.bfloat16, TA, TB, BATCHED, GEMM_WG_128x256](
+            ctx, cs, samples, time_iters
+        )
+    except e:
+        print("FAIL", e)
+        failed = String(e)
+    if failed.byte_length() > 0:
+        raise Error(failed)
+
+
+def check_kernels_transposes(ctx: DeviceContext, cs: Case, samples: Int) raises:
+    check_kernels[False, False, False](ctx, cs, samples, 0)
+    check_kernels[False, True, False](ctx, cs, samples, 0)
+    check_kernels[True, False, False](ctx, cs, samples, 0)
+    check_kernels[True, True, False](ctx, cs, samples, 0)
+
+
+def timed[
+    dtype: DType, TA: Bool, TB: Bool, BATCHED: Bool, KERNEL: Int = GEMM_AUTO
+](ctx: DeviceContext, cs: Case, iters: Int, mut failures: Int):
+    """Time one case (checked on 256 sampled entries); a failure is counted, not raised.
+    """
+    try:
+        run[dtype, TA, TB, BATCHED, KERNEL](ctx, cs, 256, iters)
+    except e:
+        print("FAIL", e)
+        failures += 1
+
+
+def timed_kernels[
+    TA: Bool, TB: Bool, BATCHED: Bool
+](ctx: DeviceContext, cs: Case, iters: Int, mut failures: Int):
+    try:
+        check_kernels[TA, TB, BATCHED](ctx, cs, 256, iters)
+    except:
+        failures += 1  # check_kernels printed which kernel failed
 
 
 def main() raises:
@@ -313,59 +438,101 @@ def main() raises:
         run[DType.float32, True, False, True](
             ctx, Case(3, 6, 5, 4, 2, 1, C_FULL), 0, 0
         )
+        # the forced-kernel path (launch_gemm with a GemmProblem built here)
+        run[DType.bfloat16, True, True, True, GEMM_WG_128x128](
+            ctx, Case(2, 8, 16, 24, 1.5, -0.5, C_ROW), 0, 0
+        )
         print("OK")
         return
 
-    # ---- correctness: odd sizes, all transposes, both GPU kernels ----
-    # (M, N, K): tails in every dim; 1000 is a multiple of 8 (vector path) while the
-    # others force the guarded scalar path; 257 x 4097 crosses many tiles
-    var shapes = List[IndexList[3]]()
-    shapes.append(IndexList[3](1, 1, 1))
-    shapes.append(IndexList[3](17, 33, 9))
-    shapes.append(IndexList[3](1000, 1000, 1000))
-    shapes.append(IndexList[3](129, 4097, 65))
-    shapes.append(IndexList[3](4097, 17, 1000))
-    shapes.append(IndexList[3](200, 136, 4097))
-    shapes.append(IndexList[3](256, 256, 256))
-    for sh in shapes:
-        var full = sh[0] * sh[1] <= 300_000
-        var samples = 0 if full else 2000
-        var cs = Case(1, sh[0], sh[1], sh[2], 1.25, -0.75, C_FULL)
-        check_transposes[DType.float32](ctx, cs, samples)
-        check_transposes[DType.bfloat16](ctx, cs, samples)
-    check_transposes[DType.float16](
-        ctx, Case(1, 1000, 1000, 1000, 1, 0, C_NAN), 2000
-    )
-    check_transposes[DType.float64](
-        ctx, Case(1, 129, 67, 300, 0.5, 2, C_ROW), 0
-    )
-    # beta = 0 with NaN in c, and a bias row
-    run[DType.float32, False, False, False](
-        ctx, Case(1, 512, 512, 512, 1, 0, C_NAN), 2000, 0
-    )
-    run[DType.bfloat16, False, True, False](
-        ctx, Case(1, 512, 512, 512, 1, 0, C_NAN), 2000, 0
-    )
-    run[DType.float32, False, True, False](
-        ctx, Case(1, 300, 1000, 64, 1, 1, C_ROW), 2000, 0
-    )
-    run[DType.bfloat16, False, True, False](
-        ctx, Case(1, 300, 1000, 64, 1, 1, C_ROW), 2000, 0
-    )
-    # batched, including a batch of odd matrices (unaligned batch offsets)
-    run[DType.float32, False, False, True](
-        ctx, Case(5, 33, 17, 9, 1, 0.5, C_FULL), 0, 0
-    )
-    run[DType.float32, True, True, True](
-        ctx, Case(3, 130, 129, 64, 2, 1, C_ROW), 0, 0
-    )
-    run[DType.bfloat16, False, False, True](
-        ctx, Case(5, 33, 17, 9, 1, 0.5, C_FULL), 0, 0
-    )
-    run[DType.bfloat16, True, False, True](
-        ctx, Case(4, 256, 256, 256, 1, 0, C_NAN), 0, 0
-    )
-    print("correctness OK")
+    # Each section runs even if an earlier one failed (one H100 run should report
+    # everything); any failure makes the program exit non-zero at the end.
+    var failures = 0
+    try:
+        # every tensor-core kernel forced, on shapes where the wgmma path applies (rows
+        # multiples of 8 elements): tails in M (136 = 128 + 8), N (264 = 256 + 8) and
+        # K (72 = 64 + 8, 1032), a single 8x8x8 tile, and several tiles in each dim
+        var vshapes = List[IndexList[3]]()
+        vshapes.append(IndexList[3](8, 8, 8))
+        vshapes.append(IndexList[3](136, 264, 72))
+        vshapes.append(IndexList[3](520, 776, 1032))
+        for sh in vshapes:
+            var full = sh[0] * sh[1] <= 300_000
+            check_kernels_transposes(
+                ctx,
+                Case(1, sh[0], sh[1], sh[2], 1.25, -0.75, C_FULL),
+                0 if full else 2000,
+            )
+        check_kernels[False, True, False](
+            ctx, Case(1, 200, 1000, 64, 1, 1, C_ROW), 2000, 0
+        )
+        check_kernels[False, False, False](
+            ctx, Case(1, 256, 512, 128, 1, 0, C_NAN), 2000, 0
+        )
+        check_kernels[False, False, True](
+            ctx, Case(3, 136, 264, 72, 0.5, 2, C_FULL), 2000, 0
+        )
+        check_kernels[True, True, True](
+            ctx, Case(2, 64, 128, 200, 1, 0, C_NAN), 0, 0
+        )
+        print("correctness (forced kernels) OK")
+    except e:
+        print("FAIL forced-kernel correctness:", e)
+        failures += 1
+    try:
+        # ---- correctness: odd sizes, all transposes, both GPU kernels ----
+        # (M, N, K): tails in every dim; 1000 is a multiple of 8 (vector path) while the
+        # others force the guarded scalar path; 257 x 4097 crosses many tiles
+        var shapes = List[IndexList[3]]()
+        shapes.append(IndexList[3](1, 1, 1))
+        shapes.append(IndexList[3](17, 33, 9))
+        shapes.append(IndexList[3](1000, 1000, 1000))
+        shapes.append(IndexList[3](129, 4097, 65))
+        shapes.append(IndexList[3](4097, 17, 1000))
+        shapes.append(IndexList[3](200, 136, 4097))
+        shapes.append(IndexList[3](256, 256, 256))
+        for sh in shapes:
+            var full = sh[0] * sh[1] <= 300_000
+            var samples = 0 if full else 2000
+            var cs = Case(1, sh[0], sh[1], sh[2], 1.25, -0.75, C_FULL)
+            check_transposes[DType.float32](ctx, cs, samples)
+            check_transposes[DType.bfloat16](ctx, cs, samples)
+        check_transposes[DType.float16](
+            ctx, Case(1, 1000, 1000, 1000, 1, 0, C_NAN), 2000
+        )
+        check_transposes[DType.float64](
+            ctx, Case(1, 129, 67, 300, 0.5, 2, C_ROW), 0
+        )
+        # beta = 0 with NaN in c, and a bias row
+        run[DType.float32, False, False, False](
+            ctx, Case(1, 512, 512, 512, 1, 0, C_NAN), 2000, 0
+        )
+        run[DType.bfloat16, False, True, False](
+            ctx, Case(1, 512, 512, 512, 1, 0, C_NAN), 2000, 0
+        )
+        run[DType.float32, False, True, False](
+            ctx, Case(1, 300, 1000, 64, 1, 1, C_ROW), 2000, 0
+        )
+        run[DType.bfloat16, False, True, False](
+            ctx, Case(1, 300, 1000, 64, 1, 1, C_ROW), 2000, 0
+        )
+        # batched, including a batch of odd matrices (unaligned batch offsets)
+        run[DType.float32, False, False, True](
+            ctx, Case(5, 33, 17, 9, 1, 0.5, C_FULL), 0, 0
+        )
+        run[DType.float32, True, True, True](
+            ctx, Case(3, 130, 129, 64, 2, 1, C_ROW), 0, 0
+        )
+        run[DType.bfloat16, False, False, True](
+            ctx, Case(5, 33, 17, 9, 1, 0.5, C_FULL), 0, 0
+        )
+        run[DType.bfloat16, True, False, True](
+            ctx, Case(4, 256, 256, 256, 1, 0, C_NAN), 0, 0
+        )
+        print("correctness OK")
+    except e:
+        print("FAIL op correctness:", e)
+        failures += 1
 
     # ---- timing: the issue's benchmark shapes ----
     var sizes = List[Int]()
@@ -375,15 +542,27 @@ def main() raises:
     for s in sizes:
         var it = 20 if s < 8192 else 5
         var cs = Case(1, s, s, s, 1, 0, C_NAN)
-        run[DType.float32, False, False, False](ctx, cs, 256, it)
-        run[DType.bfloat16, False, False, False](ctx, cs, 256, it)
+        timed[DType.float32, False, False, False](ctx, cs, it, failures)
+        timed[DType.bfloat16, False, False, False](
+            ctx, cs, it, failures
+        )  # the op
+        timed_kernels[False, False, False](ctx, cs, it, failures)
     # the layout nn.Linear uses (weight stored (N, K)), and the other transposes, at 4096
     var cs4 = Case(1, 4096, 4096, 4096, 1, 0, C_NAN)
-    run[DType.float32, False, True, False](ctx, cs4, 256, 10)
-    run[DType.bfloat16, False, True, False](ctx, cs4, 256, 10)
-    run[DType.float32, True, False, False](ctx, cs4, 256, 10)
-    run[DType.bfloat16, True, False, False](ctx, cs4, 256, 10)
+    timed[DType.float32, False, True, False](ctx, cs4, 10, failures)
+    timed[DType.bfloat16, False, True, False](ctx, cs4, 10, failures)
+    timed[DType.bfloat16, False, True, False, GEMM_MMA_SYNC](
+        ctx, cs4, 10, failures
+    )
+    timed[DType.float32, True, False, False](ctx, cs4, 10, failures)
+    timed[DType.bfloat16, True, False, False](ctx, cs4, 10, failures)
+    timed[DType.bfloat16, True, False, False, GEMM_MMA_SYNC](
+        ctx, cs4, 10, failures
+    )
     var csb = Case(8, 1024, 1024, 1024, 1, 0, C_NAN)
-    run[DType.float32, False, False, True](ctx, csb, 256, 20)
-    run[DType.bfloat16, False, False, True](ctx, csb, 256, 20)
+    timed[DType.float32, False, False, True](ctx, csb, 20, failures)
+    timed[DType.bfloat16, False, False, True](ctx, csb, 20, failures)
+    timed_kernels[False, False, True](ctx, csb, 20, failures)
+    if failures > 0:
+        raise Error(failures, " check(s) failed (see FAIL lines)")
     print("OK")
