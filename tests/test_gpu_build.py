@@ -19,6 +19,19 @@ CHECKS = sorted((REPO_ROOT / "tests" / "mojo").glob("*_gpu_check.mojo"))
 # PTX patterns (regexes) each check's kernels must compile to; the default is a block
 # reduction (warp shuffles + barrier)
 PTX_FEATURES = {
+    "day012_softmax_family_gpu_check": (
+        r"shfl\.sync",
+        r"bar\.sync",
+        # long rows split over a thread-block cluster: the cluster shape is compiled
+        # into the kernel, the partial (max, sum) pairs travel through distributed
+        # shared memory between two cluster barriers
+        r"\.reqnctapercluster 8, 1, 1",
+        r"mov\.u32\s+%r\d+, %cluster_ctarank;",
+        r"barrier\.cluster\.arrive",
+        r"barrier\.cluster\.wait",
+        r"mapa\.shared::cluster\.u32",
+        r"ld\.shared::cluster\.v2\.b32",
+    ),
     "day014_gemm_gpu_check": (
         r"bar\.sync",
         r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32",

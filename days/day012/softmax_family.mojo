@@ -5,9 +5,12 @@
 # with 16-byte vector loads, reduced there (max, then sum of exp), and written once:
 # 2 bytes moved per byte of output, the least a softmax can move. Small rows get one
 # warp each (several rows per block, shuffles only); medium rows one block each;
-# rows too long for the registers (vocabulary sizes) fall back to a looped kernel
-# with an online (max, sum) first pass and a second read.
-# The same three shapes serve log_softmax and the two backwards.
+# rows too long for the registers get a looped kernel (one block per row, the row
+# cached in shared memory); rows too long for one block's shared memory (vocabulary
+# sizes) are split over a thread-block cluster of 2-8 CTAs that holds the whole row
+# on chip and merges the partial (max, sum) pairs through distributed shared memory
+# (only rows too long even for 8 CTAs read their uncached tail twice).
+# The same layouts serve log_softmax and the two backwards.
 
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu import (
@@ -20,8 +23,15 @@ from max.gpu import (
     warp_id,
 )
 from max.gpu.primitives import warp
-from max.gpu.host import DeviceContext, FuncAttribute
+from max.gpu.host import DeviceContext, Dim, FuncAttribute
 from max.gpu.memory import external_memory
+from max.gpu.primitives.cluster import (
+    block_rank_in_cluster,
+    cluster_arrive,
+    cluster_sync,
+    cluster_wait,
+    load_cluster_smem,
+)
 from std.math import exp, log, ceildiv
 from std.memory import stack_allocation
 from std.sys import size_of
@@ -35,6 +45,7 @@ from days.day009.online_softmax import (
     finite,
     nan_value,
     row_max_sum_cpu,
+    warp_combine,
 )
 
 comptime VEC_BYTES = 16  # one LDG.128 / STG.128 per vector
@@ -292,39 +303,25 @@ def cached_count[dtype: DType, W: Int](n: Int, tensors: Int) -> Int:
     return min(n, fit - fit % W)
 
 
-# the block size bounds the registers ptxas may use (it spills rather than fail to launch)
-@__llvm_metadata(
-    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(BLOCK))
-)
-def softmax_looped_kernel[
-    dtype: DType, LOG: Bool, W: Int, BLOCK: Int
+@always_inline
+def fold_and_cache[
+    dtype: DType, W: Int, BLOCK: Int
 ](
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
     src: Pointer[Scalar[dtype], MutAnyOrigin],
-    cols: Int64,
-) where dtype.is_floating_point():
-    """Rows too long for registers: one block per row, its head cached in shared memory.
+    base: Int,
+    n: Int,
+    cache: SharedPtr[dtype],
+    cached: Int,
+) -> Tuple[
+    Scalar[accum_dtype[dtype]()], Scalar[accum_dtype[dtype]()]
+] where dtype.is_floating_point():
+    """One read of src[base : base + n]: this thread's online (max, sum) pair.
 
-    Pass 1 reads the row (UNROLL vectors in flight per thread), keeps an online
-    (max, sum) pair per thread and copies the first `cached` elements to shared
-    memory; day009's block_combine merges the pairs. Pass 2 normalises, reading the
-    cached head from shared memory and only the tail from global memory again. Each
-    thread re-reads exactly what it cached, so no barrier guards the cache.
+    UNROLL vectors per thread are in flight at once. Elements c < cached are also
+    copied to cache[c]; a later pass of the same BLOCK threads reads them back.
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    var red_m = stack_allocation[
-        BLOCK // WARP_SIZE, Scalar[acc], address_space=AddressSpace.SHARED
-    ]()
-    var red_s = stack_allocation[
-        BLOCK // WARP_SIZE, Scalar[acc], address_space=AddressSpace.SHARED
-    ]()
-    var cache = external_memory[
-        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
-    ]()
-    var n = Int(cols)
-    var cached = cached_count[dtype, W](n, 1)
-    var base = block_idx.x * n
     var m = Scalar[acc].MIN
     var s = Scalar[acc](0)
     comptime STEP = BLOCK * W
@@ -346,10 +343,29 @@ def softmax_looped_kernel[
                 var vm = x.reduce_max()
                 if vm > Scalar[acc].MIN:  # an all -inf vector adds nothing
                     m, s = combine(m, s, vm, exp(x - vm).reduce_add())
-    m, s = block_combine[acc, BLOCK](m, s, red_m, red_s)
+    return (m, s)
+
+
+@always_inline
+def write_normalised[
+    dtype: DType, LOG: Bool, W: Int, BLOCK: Int
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    base: Int,
+    n: Int,
+    cache: SharedPtr[dtype],
+    cached: Int,
+    m: Scalar[accum_dtype[dtype]()],
+    s: Scalar[accum_dtype[dtype]()],
+) where dtype.is_floating_point():
+    """Write dst[base : base + n] from the row's (max, sum): elements c < cached come
+    from the cache that fold_and_cache filled, the rest from src again."""
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
     var shift = m + log(s)
     var inv = 1 / s
-    for c in range(thread_idx.x * W, n, STEP):
+    for c in range(thread_idx.x * W, n, BLOCK * W):
         var raw = load_shared[dtype, W](cache, c) if c < cached else load_vec[
             dtype, W
         ](src, base + c)
@@ -364,7 +380,126 @@ def softmax_looped_kernel[
         store_vec[dtype, W](dst, base + c, y.cast[dtype]())
 
 
+# the block size bounds the registers ptxas may use (it spills rather than fail to launch)
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(BLOCK))
+)
+def softmax_looped_kernel[
+    dtype: DType, LOG: Bool, W: Int, BLOCK: Int
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    cols: Int64,
+) where dtype.is_floating_point():
+    """Rows too long for registers: one block per row, its head cached in shared memory.
+
+    Pass 1 reads the row, keeps an online (max, sum) pair per thread and copies the
+    first `cached` elements to shared memory; day009's block_combine merges the
+    pairs. Pass 2 normalises, reading the cached head from shared memory and only
+    the tail from global memory again. Each thread re-reads exactly what it cached,
+    so no barrier guards the cache.
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    var red_m = stack_allocation[
+        BLOCK // WARP_SIZE, Scalar[acc], address_space=AddressSpace.SHARED
+    ]()
+    var red_s = stack_allocation[
+        BLOCK // WARP_SIZE, Scalar[acc], address_space=AddressSpace.SHARED
+    ]()
+    var cache = external_memory[
+        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
+    ]()
+    var n = Int(cols)
+    var cached = cached_count[dtype, W](n, 1)
+    var base = block_idx.x * n
+    var m, s = fold_and_cache[dtype, W, BLOCK](src, base, n, cache, cached)
+    m, s = block_combine[acc, BLOCK](m, s, red_m, red_s)
+    write_normalised[dtype, LOG, W, BLOCK](
+        dst, src, base, n, cache, cached, m, s
+    )
+
+
 # --8<-- [end:forward_looped]
+
+
+@always_inline
+def dot_and_cache[
+    dtype: DType, LOG: Bool, W: Int, BLOCK: Int
+](
+    grad: Pointer[Scalar[dtype], MutAnyOrigin],
+    fwd_out: Pointer[Scalar[dtype], MutAnyOrigin],
+    base: Int,
+    n: Int,
+    g_cache: SharedPtr[dtype],
+    y_cache: SharedPtr[dtype],
+    cached: Int,
+) -> Scalar[accum_dtype[dtype]()] where dtype.is_floating_point():
+    """One read of grad and fwd_out over [base, base + n): this thread's part of
+    sum(g * y) (log_softmax: sum(g)); elements c < cached are copied to the caches.
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime STEP = BLOCK * W
+    var part = Scalar[acc](0)
+    for c0 in range(thread_idx.x * W, n, STEP * UNROLL):
+        var gs = SIMD[dtype, W * UNROLL](0)
+        var ys = SIMD[dtype, W * UNROLL](0)
+        comptime for u in range(UNROLL):
+            var c = c0 + u * STEP
+            if c < n:
+                gs = gs.insert[offset=u * W](load_vec[dtype, W](grad, base + c))
+                ys = ys.insert[offset=u * W](
+                    load_vec[dtype, W](fwd_out, base + c)
+                )
+        comptime for u in range(UNROLL):
+            var c = c0 + u * STEP
+            if c < n and c < cached:
+                store_shared[dtype, W](g_cache, c, gs.slice[W, offset=u * W]())
+                store_shared[dtype, W](y_cache, c, ys.slice[W, offset=u * W]())
+        comptime if LOG:
+            part += gs.cast[acc]().reduce_add()  # padding is 0
+        else:
+            part += (gs.cast[acc]() * ys.cast[acc]()).reduce_add()
+    return part
+
+
+@always_inline
+def write_backward[
+    dtype: DType, LOG: Bool, W: Int, BLOCK: Int
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    grad: Pointer[Scalar[dtype], MutAnyOrigin],
+    fwd_out: Pointer[Scalar[dtype], MutAnyOrigin],
+    base: Int,
+    n: Int,
+    g_cache: SharedPtr[dtype],
+    y_cache: SharedPtr[dtype],
+    cached: Int,
+    s: Scalar[accum_dtype[dtype]()],
+) where dtype.is_floating_point():
+    """Write grad_input over [base, base + n) from the row's sum s: cached elements
+    from shared memory, the rest from global memory again."""
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    for c in range(thread_idx.x * W, n, BLOCK * W):
+        var hit = c < cached
+        var g = (
+            load_shared[dtype, W](g_cache, c) if hit else load_vec[dtype, W](
+                grad, base + c
+            )
+        ).cast[acc]()
+        var y = (
+            load_shared[dtype, W](y_cache, c) if hit else load_vec[dtype, W](
+                fwd_out, base + c
+            )
+        ).cast[acc]()
+        var dx: SIMD[acc, W]
+        comptime if LOG:
+            dx = g - exp(y) * s
+        else:
+            dx = y * (g - s)
+        store_vec[dtype, W](dst, base + c, dx.cast[dtype]())
 
 
 # the block size bounds the registers ptxas may use (it spills rather than fail to launch)
@@ -391,50 +526,175 @@ def softmax_backward_looped_kernel[
     ]()
     var n = Int(cols)
     var cached = cached_count[dtype, W](n, 2)
-    var y_cache = g_cache.unsafe_offset(
-        cached
-    )  # cached is a multiple of W: aligned
+    # cached is a multiple of W: y_cache stays 16-byte aligned
+    var y_cache = g_cache.unsafe_offset(cached)
     var base = block_idx.x * n
-    comptime STEP = BLOCK * W
-    var part = Scalar[acc](0)
-    for c0 in range(thread_idx.x * W, n, STEP * UNROLL):
-        var gs = SIMD[dtype, W * UNROLL](0)
-        var ys = SIMD[dtype, W * UNROLL](0)
-        comptime for u in range(UNROLL):
-            var c = c0 + u * STEP
-            if c < n:
-                gs = gs.insert[offset=u * W](load_vec[dtype, W](grad, base + c))
-                ys = ys.insert[offset=u * W](
-                    load_vec[dtype, W](fwd_out, base + c)
-                )
-        comptime for u in range(UNROLL):
-            var c = c0 + u * STEP
-            if c < n and c < cached:
-                store_shared[dtype, W](g_cache, c, gs.slice[W, offset=u * W]())
-                store_shared[dtype, W](y_cache, c, ys.slice[W, offset=u * W]())
-        comptime if LOG:
-            part += gs.cast[acc]().reduce_add()  # padding is 0
-        else:
-            part += (gs.cast[acc]() * ys.cast[acc]()).reduce_add()
+    var part = dot_and_cache[dtype, LOG, W, BLOCK](
+        grad, fwd_out, base, n, g_cache, y_cache, cached
+    )
     var s = group_reduce[acc, False, BLOCK](part, red)
-    for c in range(thread_idx.x * W, n, STEP):
-        var hit = c < cached
-        var g = (
-            load_shared[dtype, W](g_cache, c) if hit else load_vec[dtype, W](
-                grad, base + c
-            )
-        ).cast[acc]()
-        var y = (
-            load_shared[dtype, W](y_cache, c) if hit else load_vec[dtype, W](
-                fwd_out, base + c
-            )
-        ).cast[acc]()
-        var dx: SIMD[acc, W]
-        comptime if LOG:
-            dx = g - exp(y) * s
-        else:
-            dx = y * (g - s)
-        store_vec[dtype, W](dst, base + c, dx.cast[dtype]())
+    write_backward[dtype, LOG, W, BLOCK](
+        dst, grad, fwd_out, base, n, g_cache, y_cache, cached, s
+    )
+
+
+# --8<-- [start:forward_cluster]
+comptime CLUSTER_BLOCK = 512  # threads per CTA of a cluster
+# shared memory per CTA for the row slice: 224 KB of the 227 KB a block may have,
+# or 112 KB when the slice is small enough for two CTAs to share an SM
+comptime CLUSTER_CACHE_BYTES = 224 * 1024
+comptime CLUSTER_SHARED_SM_BYTES = 112 * 1024
+
+
+def cluster_slice(n: Int, c: Int, w: Int) -> Int:
+    """Elements per CTA when c CTAs split a row of n: ceil(n / c), rounded up to a
+    multiple of w so that every slice starts on a vector boundary."""
+    var per = ceildiv(n, c)
+    return ceildiv(per, w) * w
+
+
+def smallest_cluster(
+    n: Int, tensors: Int, elem_bytes: Int, w: Int, budget: Int
+) -> Int:
+    """The fewest CTAs (2, 4 or 8: 8 is the largest portable cluster) whose slices
+    of `tensors` rows of n elements fit `budget` bytes each; 0 if none do."""
+    for c in [2, 4, 8]:
+        if cluster_slice(n, c, w) * tensors * elem_bytes <= budget:
+            return c
+    return 0
+
+
+def cluster_size_for(n: Int, tensors: Int, elem_bytes: Int, w: Int) -> Int:
+    """The cluster that keeps a whole row on chip: the fewest CTAs whose slices
+    leave room for two CTAs per SM, else the fewest whose slices fit at all; 0 when
+    even 8 CTAs cannot hold the row (the looped kernel takes it)."""
+    var c = smallest_cluster(n, tensors, elem_bytes, w, CLUSTER_SHARED_SM_BYTES)
+    if c == 0:
+        c = smallest_cluster(n, tensors, elem_bytes, w, CLUSTER_CACHE_BYTES)
+    return c
+
+
+# two @__llvm_metadata: the cluster shape becomes `.reqnctapercluster C, 1, 1` in
+# the PTX; the declared 1024 threads (launched with BLOCK = 512) cap ptxas at 64
+# registers per thread, so two CTAs can share an SM
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(LOOPED_BLOCK)),
+    `nvvm.cluster_dim`=StaticTuple[Int32, 3](Int32(C), 1, 1),
+)
+def softmax_cluster_kernel[
+    dtype: DType, LOG: Bool, W: Int, BLOCK: Int, C: Int
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    cols: Int64,
+    slice_len: Int64,
+) where dtype.is_floating_point():
+    """A long row split over a cluster of C CTAs: the whole row stays on chip.
+
+    CTA r of the cluster reads its slice, [r * slice_len, (r + 1) * slice_len),
+    once into shared memory while folding its (max, sum) pair (the looped kernel's
+    pass 1 with everything cached). It publishes the pair in shared memory; after a cluster
+    barrier every warp reads the C pairs through distributed shared memory and
+    merges them. Then each CTA writes its slice from shared memory: N bytes read,
+    N written. Launch with grid_dim = rows * C, cluster_dim = C.
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime assert size_of[acc]() == 4, "DSMEM loads here are 32-bit"
+    comptime assert C <= WARP_SIZE
+    var red_m = stack_allocation[
+        BLOCK // WARP_SIZE, Scalar[acc], address_space=AddressSpace.SHARED
+    ]()
+    var red_s = stack_allocation[
+        BLOCK // WARP_SIZE, Scalar[acc], address_space=AddressSpace.SHARED
+    ]()
+    var pair = stack_allocation[
+        2, Scalar[acc], address_space=AddressSpace.SHARED, alignment=8
+    ]()  # this CTA's (max, sum), read by the whole cluster
+    var cache = external_memory[
+        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
+    ]()
+    var n = Int(cols)
+    var rank = Int(block_rank_in_cluster())
+    var lo = min(rank * Int(slice_len), n)
+    var count = min(lo + Int(slice_len), n) - lo
+    var base = (block_idx.x // C) * n + lo
+    var m, s = fold_and_cache[dtype, W, BLOCK](src, base, count, cache, count)
+    m, s = block_combine[acc, BLOCK](m, s, red_m, red_s)
+    if thread_idx.x == 0:
+        pair[unsafe_offset=0] = m
+        pair[unsafe_offset=1] = s
+    cluster_sync()  # release the pairs, and every CTA of the cluster has started
+    var lane = lane_id()
+    var peer = SIMD[acc, 2](Scalar[acc].MIN, 0)
+    if lane < C:
+        peer = load_cluster_smem[acc, 2](pair, UInt32(lane))
+    m, s = warp_combine(peer[0], peer[1])
+    # this CTA has read its peers; it may not exit (and free its shared memory)
+    # before they have read it: arrive now, wait at the very end
+    cluster_arrive()
+    write_normalised[dtype, LOG, W, BLOCK](
+        dst, src, base, count, cache, count, m, s
+    )
+    cluster_wait()
+
+
+# --8<-- [end:forward_cluster]
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(LOOPED_BLOCK)),
+    `nvvm.cluster_dim`=StaticTuple[Int32, 3](Int32(C), 1, 1),
+)
+def softmax_backward_cluster_kernel[
+    dtype: DType, LOG: Bool, W: Int, BLOCK: Int, C: Int
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    grad: Pointer[Scalar[dtype], MutAnyOrigin],
+    fwd_out: Pointer[Scalar[dtype], MutAnyOrigin],
+    cols: Int64,
+    slice_len: Int64,
+) where dtype.is_floating_point():
+    """The backward over a cluster: each CTA caches its slices of grad_output and
+    output, the partial sums meet through distributed shared memory, then each CTA
+    writes its slice of grad_input from shared memory (2N read, N written)."""
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime assert size_of[acc]() == 4, "DSMEM loads here are 32-bit"
+    comptime assert C <= WARP_SIZE
+    var red = stack_allocation[
+        BLOCK // WARP_SIZE, Scalar[acc], address_space=AddressSpace.SHARED
+    ]()
+    var total = stack_allocation[
+        1, Scalar[acc], address_space=AddressSpace.SHARED, alignment=4
+    ]()  # this CTA's partial sum, read by the whole cluster
+    var g_cache = external_memory[
+        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
+    ]()
+    var n = Int(cols)
+    var rank = Int(block_rank_in_cluster())
+    var lo = min(rank * Int(slice_len), n)
+    var count = min(lo + Int(slice_len), n) - lo
+    # slice is a multiple of W: y_cache stays 16-byte aligned
+    var y_cache = g_cache.unsafe_offset(Int(slice_len))
+    var base = (block_idx.x // C) * n + lo
+    var part = dot_and_cache[dtype, LOG, W, BLOCK](
+        grad, fwd_out, base, count, g_cache, y_cache, count
+    )
+    var s = group_reduce[acc, False, BLOCK](part, red)
+    if thread_idx.x == 0:
+        total[unsafe_offset=0] = s
+    cluster_sync()
+    var lane = lane_id()
+    var peer = Scalar[acc](0)
+    if lane < C:
+        peer = load_cluster_smem[acc, 1](total, UInt32(lane))[0]
+    s = warp.sum(peer)
+    cluster_arrive()  # see softmax_cluster_kernel
+    write_backward[dtype, LOG, W, BLOCK](
+        dst, grad, fwd_out, base, count, g_cache, y_cache, count, s
+    )
+    cluster_wait()
 
 
 # --8<-- [start:dispatch]
@@ -502,6 +762,47 @@ def launch_for_width[
                     ctx, dst, a, b, rows, cols
                 )
                 return
+    launch_long_rows[dtype, BACKWARD, LOG, W](ctx, dst, a, b, rows, cols)
+
+
+# Long rows: the cluster kernel when the row does not fit one block's cache but fits
+# 8 CTAs; False keeps the looped kernel everywhere (to compare both on the GPU)
+comptime USE_CLUSTERS = True
+
+
+def launch_long_rows[
+    dtype: DType, BACKWARD: Bool, LOG: Bool, W: Int
+](
+    ctx: DeviceContext,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    b: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    cols: Int,
+) raises where dtype.is_floating_point():
+    comptime tensors = 2 if BACKWARD else 1
+    comptime if USE_CLUSTERS and size_of[accum_dtype[dtype]()]() == 4:
+        var row_bytes = tensors * cols * size_of[dtype]()
+        var c = cluster_size_for(cols, tensors, size_of[dtype](), W)
+        if row_bytes > CACHE_BYTES and c > 0:
+            launch_cluster[dtype, BACKWARD, LOG, W](
+                ctx, dst, a, b, rows, cols, c
+            )
+            return
+    launch_looped[dtype, BACKWARD, LOG, W](ctx, dst, a, b, rows, cols)
+
+
+def launch_looped[
+    dtype: DType, BACKWARD: Bool, LOG: Bool, W: Int
+](
+    ctx: DeviceContext,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    b: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    cols: Int,
+) raises where dtype.is_floating_point():
+    """One block per row, the row's head cached in shared memory."""
     comptime tensors = 2 if BACKWARD else 1
     var smem = (
         tensors * cached_count[dtype, W](cols, tensors) * size_of[dtype]()
@@ -532,6 +833,67 @@ def launch_for_width[
             shared_mem_bytes=smem,
             func_attribute=attr,
         )
+
+
+def launch_cluster[
+    dtype: DType, BACKWARD: Bool, LOG: Bool, W: Int
+](
+    ctx: DeviceContext,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    b: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    cols: Int,
+    c: Int,
+) raises where dtype.is_floating_point():
+    """Each row split over a cluster of c CTAs (2, 4 or 8) whose slices fit
+    CLUSTER_CACHE_BYTES (cluster_size_for picks such a c); raises otherwise."""
+    comptime tensors = 2 if BACKWARD else 1
+    if c != 2 and c != 4 and c != 8:
+        raise Error(
+            "softmax family: cluster size ", c, " (a row of ", cols, ")"
+        )
+    var slice_len = cluster_slice(cols, c, W)
+    var smem = tensors * slice_len * size_of[dtype]()
+    if smem > CLUSTER_CACHE_BYTES:
+        raise Error("softmax family: a row of ", cols, " needs > ", c, " CTAs")
+    var attr = FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
+        UInt32(CLUSTER_CACHE_BYTES)
+    )
+    comptime for C in [2, 4, 8]:
+        if c == C:
+            comptime if BACKWARD:
+                ctx.enqueue_function[
+                    softmax_backward_cluster_kernel[
+                        dtype, LOG, W, CLUSTER_BLOCK, C
+                    ]
+                ](
+                    dst,
+                    a,
+                    b,
+                    Int64(cols),
+                    Int64(slice_len),
+                    grid_dim=rows * C,
+                    block_dim=CLUSTER_BLOCK,
+                    cluster_dim=Dim(C),
+                    shared_mem_bytes=smem,
+                    func_attribute=attr,
+                )
+            else:
+                ctx.enqueue_function[
+                    softmax_cluster_kernel[dtype, LOG, W, CLUSTER_BLOCK, C]
+                ](
+                    dst,
+                    a,
+                    Int64(cols),
+                    Int64(slice_len),
+                    grid_dim=rows * C,
+                    block_dim=CLUSTER_BLOCK,
+                    cluster_dim=Dim(C),
+                    shared_mem_bytes=smem,
+                    func_attribute=attr,
+                )
+            return
 
 
 def launch_softmax_family[
