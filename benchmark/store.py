@@ -106,8 +106,12 @@ def load(day: str | None = None, device: str | None = None, results_dir: Path = 
 
 
 def latest_run(df):
-    """Rows of the newest run in `df`, per device folder and day."""
+    """Rows of the newest run in `df`, per device folder, day and op.
+
+    Per op, not per day: a GPU session may time a day's ops in separate runs
+    (`--op`), and each op's newest run is the one to show.
+    """
     if df.empty:
         return df
-    newest = df.groupby(["device_dir", "day"])["run_id"].transform("max")
+    newest = df.groupby(["device_dir", "day", "op"])["run_id"].transform("max")
     return df[df["run_id"] == newest]

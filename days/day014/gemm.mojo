@@ -1090,7 +1090,7 @@ def launch_tc[
 # Which tensor-core kernel the bf16/fp16 path uses (launch_gemm's KERNEL parameter;
 # the op itself always uses GEMM_AUTO). The others exist so that the gpu_check can
 # time them against each other in one binary.
-comptime GEMM_AUTO = 0  # wgmma when VEC (tile size by grid size), else mma.sync
+comptime GEMM_AUTO = 0  # mma.sync: measured 2x faster than our wgmma kernel on the H100
 comptime GEMM_MMA_SYNC = 1  # the Ampere-style kernel (ldmatrix + mma.sync)
 comptime GEMM_WG_64x128 = 2  # wgmma, one warpgroup per block
 comptime GEMM_WG_128x128 = 3  # wgmma, two warpgroups
@@ -1127,22 +1127,18 @@ def launch_wgmma[
 def launch_tensor_core[
     dtype: DType, TA: Bool, TB: Bool, KERNEL: Int
 ](p: GemmProblem[dtype], vec: Bool, ctx: DeviceContext) raises:
-    """bf16/fp16: wgmma needs 16-byte vectors (VEC); otherwise mma.sync."""
+    """bf16/fp16: mma.sync (the faster on the H100, see the journal's version 2);
+    a forced wgmma kernel needs 16-byte vectors (VEC)."""
     var tiles128 = ceildiv(p.m, 128) * ceildiv(p.n, 128) * p.batch
-    if vec and KERNEL != GEMM_MMA_SYNC:
-        comptime if KERNEL == GEMM_WG_64x128:
-            launch_wgmma[dtype, TA, TB, 64, 128](p, ctx)
-        elif KERNEL == GEMM_WG_128x128:
-            launch_wgmma[dtype, TA, TB, 128, 128](p, ctx)
-        elif KERNEL == GEMM_WG_128x256:
-            launch_wgmma[dtype, TA, TB, 128, 256](p, ctx)
-        else:  # GEMM_AUTO: 128x128 tiles unless they would leave SMs idle.
-            # (128x256 is not the default: ptxas spills it at 255 registers.)
-            if tiles128 >= SMALL_GRID:
+    comptime if KERNEL == GEMM_WG_64x128 or KERNEL == GEMM_WG_128x128 or KERNEL == GEMM_WG_128x256:
+        if vec:
+            comptime if KERNEL == GEMM_WG_64x128:
+                launch_wgmma[dtype, TA, TB, 64, 128](p, ctx)
+            elif KERNEL == GEMM_WG_128x128:
                 launch_wgmma[dtype, TA, TB, 128, 128](p, ctx)
             else:
-                launch_wgmma[dtype, TA, TB, 64, 128](p, ctx)
-        return
+                launch_wgmma[dtype, TA, TB, 128, 256](p, ctx)
+            return
     var small = tiles128 < SMALL_GRID
     if vec and small:
         launch_tc[dtype, TA, TB, True, 64](p, ctx)
