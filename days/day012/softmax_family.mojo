@@ -857,6 +857,31 @@ def launch_cluster[
     var smem = tensors * slice_len * size_of[dtype]()
     if smem > CLUSTER_CACHE_BYTES:
         raise Error("softmax family: a row of ", cols, " needs > ", c, " CTAs")
+    # One CTA per SM (slices over CLUSTER_SHARED_SM_BYTES): 1024 threads, so that
+    # the SM still has 32 warps to hide the latency of the write pass.
+    if smem > CLUSTER_SHARED_SM_BYTES:
+        enqueue_cluster[dtype, BACKWARD, LOG, W, LOOPED_BLOCK](
+            ctx, dst, a, b, rows, cols, c, slice_len, smem
+        )
+    else:
+        enqueue_cluster[dtype, BACKWARD, LOG, W, CLUSTER_BLOCK](
+            ctx, dst, a, b, rows, cols, c, slice_len, smem
+        )
+
+
+def enqueue_cluster[
+    dtype: DType, BACKWARD: Bool, LOG: Bool, W: Int, BLOCK: Int
+](
+    ctx: DeviceContext,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    b: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int,
+    cols: Int,
+    c: Int,
+    slice_len: Int,
+    smem: Int,
+) raises where dtype.is_floating_point():
     var attr = FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
         UInt32(CLUSTER_CACHE_BYTES)
     )
@@ -864,9 +889,7 @@ def launch_cluster[
         if c == C:
             comptime if BACKWARD:
                 ctx.enqueue_function[
-                    softmax_backward_cluster_kernel[
-                        dtype, LOG, W, CLUSTER_BLOCK, C
-                    ]
+                    softmax_backward_cluster_kernel[dtype, LOG, W, BLOCK, C]
                 ](
                     dst,
                     a,
@@ -874,21 +897,21 @@ def launch_cluster[
                     Int64(cols),
                     Int64(slice_len),
                     grid_dim=rows * C,
-                    block_dim=CLUSTER_BLOCK,
+                    block_dim=BLOCK,
                     cluster_dim=Dim(C),
                     shared_mem_bytes=smem,
                     func_attribute=attr,
                 )
             else:
                 ctx.enqueue_function[
-                    softmax_cluster_kernel[dtype, LOG, W, CLUSTER_BLOCK, C]
+                    softmax_cluster_kernel[dtype, LOG, W, BLOCK, C]
                 ](
                     dst,
                     a,
                     Int64(cols),
                     Int64(slice_len),
                     grid_dim=rows * C,
-                    block_dim=CLUSTER_BLOCK,
+                    block_dim=BLOCK,
                     cluster_dim=Dim(C),
                     shared_mem_bytes=smem,
                     func_attribute=attr,
