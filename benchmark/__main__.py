@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             by_day.setdefault(r.day, []).extend(r.rows(quick, device))
 
     table = Table(title=f"run {run_id}")
-    cols = ("day", "op", "shape", "dtype", "impl", "median ms", "p20-p80", "GB/s", "% copy", "TFLOP/s", "vs torch")
+    cols = ("day", "op", "shape", "dtype", "impl", "median ms", "p20-p80", "GB/s", "% copy", "kernel ms")
+    cols += ("TFLOP/s", "vs torch")
     for col in (*cols, "status"):
         table.add_column(col, justify="right" if col not in ("day", "op", "impl", "status") else "left")
     for day, rows in by_day.items():
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{cell('ms_p20', '.4f')}-{cell('ms_p80', '.4f')}",
                 cell("gbps", ".1f"),
                 cell("pct_copy_bw", ".0f", "%"),
+                cell("kernel_ms", ".4f"),
                 cell("tflops", ".1f"),
                 cell("speedup_vs_torch", ".2f", "x"),
                 "ok" if ok else f"{r.get('status')}: {r.get('reason', '')}"[:60],

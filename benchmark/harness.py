@@ -147,6 +147,8 @@ def run_case(case: Case, device: str, quick: bool, copy_gbps: float | None, prog
                 if device == "cuda":
                     try:
                         row["peak_extra_mib"] = _peak_extra_mib(runnable[name])
+                        # device time alone: what the GPU spends when the host keeps up
+                        row["kernel_ms"] = timing.kernel_time_ms(runnable[name])
                     except Exception:
                         _free_after_failure(device)
             if "torch" in timed:

@@ -42,6 +42,7 @@ NUMERIC_COLUMNS = [
     "speedup_vs_torch",
     "peak_extra_mib",
     "host_us",  # host-side cost of one call (steady state), where measured
+    "kernel_ms",  # GPU: device time of the kernels one call launches (profiler), no host cost
 ]
 ROW_COLUMNS = [
     "day",
@@ -66,6 +67,8 @@ def append_rows(rows: Iterable[Mapping], day: str, run_id: str, results_dir: Pat
     path = results_dir / device_slug() / f"{day}.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.exists()
+    if not new:
+        _upgrade_header(path)
     env = stamp()
     now = datetime.now(UTC).isoformat(timespec="seconds")
     with path.open("a", newline="") as f:
@@ -80,6 +83,23 @@ def append_rows(rows: Iterable[Mapping], day: str, run_id: str, results_dir: Pat
             full.update({k: _fmt(v) for k, v in row.items()})
             writer.writerow(full)
     return path
+
+
+def _upgrade_header(path: Path) -> None:
+    """Rewrite a file written before a column was added, with that column blank, so
+    that appended rows line up with its header."""
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        if reader.fieldnames == COLUMNS:
+            return
+        unknown = set(reader.fieldnames or ()) - set(COLUMNS)
+        if unknown:
+            raise KeyError(f"{path}: unknown result columns {sorted(unknown)}")
+        rows = list(reader)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def _fmt(v) -> str:

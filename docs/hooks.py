@@ -502,6 +502,7 @@ COLUMNS = [  # header, value of a row; a column empty in every row of a table is
     ("GB/s", lambda r: fmt(r.get("gbps"))),
     ("TFLOP/s", lambda r: fmt(r.get("tflops"))),
     ("% of copy BW", lambda r: f"{_num(r.get('pct_copy_bw')):.0f}%" if _num(r.get("pct_copy_bw")) is not None else ""),
+    ("kernel ms", lambda r: fmt(r.get("kernel_ms"))),
     (
         "speedup vs torch",
         lambda r: f"{_num(r.get('speedup_vs_torch')):.2f}×" if _num(r.get("speedup_vs_torch")) is not None else "",
@@ -518,7 +519,8 @@ COLUMNS = [  # header, value of a row; a column empty in every row of a table is
     ),
 ]
 ALWAYS = {"op", "impl", "shape", "dtype", "status"}
-RIGHT = {"median ms (p20–p80)", "GB/s", "TFLOP/s", "% of copy BW", "speedup vs torch", "peak extra MiB", "host µs"}
+RIGHT = {"median ms (p20–p80)", "GB/s", "TFLOP/s", "% of copy BW", "kernel ms"}
+RIGHT |= {"speedup vs torch", "peak extra MiB", "host µs"}
 
 
 def markdown_table(rows, first: list[tuple] = (), drop: tuple[str, ...] = ()) -> str:

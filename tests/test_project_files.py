@@ -51,3 +51,26 @@ def test_the_site_shows_each_ops_newest_run():
     ]
     df = pd.DataFrame(rows, columns=["run_id", "day", "op", "what"]).assign(device_dir="h100")
     assert sorted(latest_run(df)["what"]) == ["fresh", "new", "only"]
+
+
+def test_results_written_before_a_new_column_get_it_blank(tmp_path, monkeypatch):
+    # old CSVs lack columns added later (kernel_ms): appending must not shift values
+    import csv
+
+    from benchmark import store
+
+    monkeypatch.setattr(store, "device_slug", lambda: "dev")
+    old = [c for c in store.COLUMNS if c != "kernel_ms"]
+    path = tmp_path / "dev" / "day999.csv"
+    path.parent.mkdir()
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=old)
+        w.writeheader()
+        w.writerow({**{c: "" for c in old}, "run_id": "a", "op": "x", "ms_median": "1.5", "note": "old"})
+    store.append_rows([{"op": "x", "ms_median": 2.5, "kernel_ms": 0.5, "note": "new"}], "day999", "b", tmp_path)
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["run_id"], r["ms_median"], r["kernel_ms"], r["note"]) for r in rows] == [
+        ("a", "1.5", "", "old"),
+        ("b", "2.5", "0.5", "new"),
+    ]
