@@ -597,7 +597,11 @@ def results_markdown(day: str, results, tmp: Path, files: Files, config, page_di
         dev = rows[rows["device_dir"] == device_dir]
         device = _cell(_first(dev, "device") or device_dir)
         out.append(f"### {device}\n")
-        out.append(f"{stamp_line(dev)}\n{{: .gpu-days-stamp }}\n")
+        runs = list(dev.groupby("run_id", sort=True))
+        for _run, run_rows in runs:  # each op's newest run: a session may time ops separately
+            run_ops = sorted(set(run_rows["op"].astype(str)), key=lambda op: (op == COPY_OP, op))
+            prefix = f"{', '.join(f'`{o}`' for o in run_ops)}: " if len(runs) > 1 else ""
+            out.append(f"{prefix}{stamp_line(run_rows)}\n{{: .gpu-days-stamp }}\n")
         ops = list(dict.fromkeys(dev["op"].astype(str)))  # in the order the benchmark wrote them
         ops.sort(key=lambda op: op == COPY_OP)  # the copy reference last
         for op in ops:
