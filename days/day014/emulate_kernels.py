@@ -140,42 +140,51 @@ def off(kc, mn, kk, MN, K):
     return mn * K + kk if kc else kk * MN + mn
 
 
-def fetch(src, kc, vec, BMN, BK, VW, LV, mn0, k0, MN, K, NT):
-    per_row = BK // VW if kc else BMN // VW
-    regs = np.zeros((NT, LV, VW))
+def vector_slots(NT, LV, per_row, VW):
+    """(tid, i, row, col) of every vector of a tile: thread tid copies vectors tid + i*NT,
+    laid out per_row vectors of VW elements to a stored row."""
     for tid in range(NT):
         for i in range(LV):
             v = tid + i * NT
-            row = v // per_row
-            col = (v % per_row) * VW
-            mn = mn0 + (row if kc else col)
-            kk = k0 + (col if kc else row)
-            if vec:
-                if mn < MN and kk < K:
-                    o = off(kc, mn, kk, MN, K)
-                    regs[tid, i] = src[o : o + VW]
-            else:
-                for e in range(VW):
-                    emn = mn + (0 if kc else e)
-                    ek = kk + (e if kc else 0)
-                    if emn < MN and ek < K:
-                        regs[tid, i, e] = src[off(kc, emn, ek, MN, K)]
+            yield tid, i, v // per_row, (v % per_row) * VW
+
+
+def read_vector(src, kc, vec, mn, kk, MN, K, VW):
+    """The VW elements from (mn, kk) along the stored contiguous dim, zero outside the
+    matrix: one vector load (vec) or VW element loads with their own bounds checks."""
+    out = np.zeros(VW)
+    if vec:
+        if mn < MN and kk < K:
+            o = off(kc, mn, kk, MN, K)
+            out[:] = src[o : o + VW]
+        return out
+    for e in range(VW):
+        emn = mn + (0 if kc else e)
+        ek = kk + (e if kc else 0)
+        if emn < MN and ek < K:
+            out[e] = src[off(kc, emn, ek, MN, K)]
+    return out
+
+
+def fetch(src, kc, vec, BMN, BK, VW, LV, mn0, k0, MN, K, NT):
+    per_row = BK // VW if kc else BMN // VW
+    regs = np.zeros((NT, LV, VW))
+    for tid, i, row, col in vector_slots(NT, LV, per_row, VW):
+        mn = mn0 + (row if kc else col)
+        kk = k0 + (col if kc else row)
+        regs[tid, i] = read_vector(src, kc, vec, mn, kk, MN, K, VW)
     return regs
 
 
 def stash(regs, kc, BMN, BK, LD, VW, LV, NT):
     sm = np.full(BK * LD, np.nan)
     per_row = BK // VW if kc else BMN // VW
-    for tid in range(NT):
-        for i in range(LV):
-            v = tid + i * NT
-            row = v // per_row
-            col = (v % per_row) * VW
-            if kc:
-                for e in range(VW):
-                    sm[(col + e) * LD + row] = regs[tid, i, e]
-            else:
-                sm[row * LD + col : row * LD + col + VW] = regs[tid, i]
+    for tid, i, row, col in vector_slots(NT, LV, per_row, VW):
+        if kc:
+            for e in range(VW):
+                sm[(col + e) * LD + row] = regs[tid, i, e]
+        else:
+            sm[row * LD + col : row * LD + col + VW] = regs[tid, i]
     return sm
 
 
@@ -248,23 +257,11 @@ def tc_tile(TA, vec, M, K, BM, rng):
             sm = np.full(((BM if kc else BK) * LD), np.nan)
             per_row = BK // VW if kc else BM // VW
             LV = BM * BK // VW // NT
-            for tid in range(NT):
-                for i in range(LV):
-                    v = tid + i * NT
-                    row = v // per_row
-                    col = (v % per_row) * VW
-                    mn = m0 + (row if kc else col)
-                    kk = k0 + (col if kc else row)
-                    d = row * LD + col
-                    if vec:
-                        inside = mn < M and kk < K
-                        o = off(kc, mn, kk, M, K) if inside else 0
-                        sm[d : d + VW] = a[o : o + VW] if inside else 0
-                    else:
-                        for e in range(VW):
-                            emn = mn + (0 if kc else e)
-                            ek = kk + (e if kc else 0)
-                            sm[d + e] = a[off(kc, emn, ek, M, K)] if emn < M and ek < K else 0
+            for _tid, _i, row, col in vector_slots(NT, LV, per_row, VW):
+                mn = m0 + (row if kc else col)
+                kk = k0 + (col if kc else row)
+                d = row * LD + col
+                sm[d : d + VW] = read_vector(a, kc, vec, mn, kk, M, K, VW)
             want = np.zeros((BM, BK))
             blk = A[m0 : m0 + BM, k0 : k0 + BK]
             want[: blk.shape[0], : blk.shape[1]] = blk

@@ -253,3 +253,11 @@ def test_bad_inputs_raise_clear_errors():
     a.requires_grad_()  # the autograd path checks first, with the same messages
     with pytest.raises(ValueError, match="gemm: inner dimensions differ"):
         pco.gemm(a, b.t())
+
+
+def test_the_kernels_index_math_emulated_in_numpy():
+    # emulate_kernels.py ports each GPU kernel's thread -> element mapping, fragment
+    # layouts and wgmma descriptors to numpy and checks them against A @ B (asserts inside)
+    from days.day014 import emulate_kernels
+
+    emulate_kernels.main()
