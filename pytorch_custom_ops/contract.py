@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -62,8 +63,8 @@ class OpSpec:
     # compile-time parameters MAX infers from the tensors instead of taking from Python
     inferred: tuple[str, ...] = ("dtype",)
 
-    # -- which outputs MAX allocates ------------------------------------------------------
-    @property
+    # -- which outputs MAX allocates (fixed per spec; cached: every call reads them) -------
+    @cached_property
     def returned(self) -> tuple[bool, ...]:
         """Per output: True when every dimension is fixed or named by an input.
 
@@ -75,7 +76,7 @@ class OpSpec:
         named = {d for a in self.inputs for d in a.dims if isinstance(d, str)}
         return tuple(all(isinstance(d, int) or d in named for d in a.dims) for a in self.outputs)
 
-    @property
+    @cached_property
     def destinations(self) -> tuple[TensorArg, ...]:
         """The outputs the caller passes in (see `returned`)."""
         return tuple(a for a, r in zip(self.outputs, self.returned, strict=True) if not r)

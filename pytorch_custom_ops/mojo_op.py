@@ -154,37 +154,32 @@ class MojoOp:
             return self._fill_destinations(list(torch_impl()), out)
         shapes = self.spec.output_shapes(sizes, out)
         if any(math.prod(shape) == 0 for shape in shapes):  # nothing to compute
-            return self._assemble([], out, shapes, dtype, device)
-        buffers = model.execute(*[_to_max(t) for t in (*out, *inputs)])
-        return self._assemble([torch.from_dlpack(b) for b in buffers], out, shapes, dtype, device)
+            returned = [
+                torch.empty(shape, dtype=arg.dtype or dtype, device=device)
+                for arg, shape, r in zip(self.spec.outputs, shapes, self.spec.returned, strict=True)
+                if r
+            ]
+        else:
+            buffers = model.execute(*[_to_max(t) for t in (*out, *inputs)])
+            returned = [torch.from_dlpack(b) for b in buffers]
+        return self._in_spec_order(returned, out)
 
-    def _assemble(self, returned, out, shapes, dtype, device) -> list[torch.Tensor]:
-        """All outputs in order: the graph's results and the caller's destinations
-        (empty tensors stand in for the graph's results when an output has no elements)."""
+    def _in_spec_order(self, returned, out) -> list[torch.Tensor]:
+        """The graph's results and the caller's destinations, in the spec's output order."""
         returned, given = iter(returned), iter(out)
-        result = []
-        for arg, is_returned, shape in zip(self.spec.outputs, self.spec.returned, shapes, strict=True):
-            if not is_returned:
-                result.append(next(given))
-            else:
-                result.append(next(returned, None))
-                if result[-1] is None:
-                    result[-1] = torch.empty(shape, dtype=arg.dtype or dtype, device=device)
-        return result
+        return [next(returned) if r else next(given) for r in self.spec.returned]
 
     def _fill_destinations(self, results: list[torch.Tensor], out) -> list[torch.Tensor]:
         """The torch fallback's results, with the caller's destinations filled in place."""
         if len(results) != len(self.spec.outputs):
             want = len(self.spec.outputs)
             raise TypeError(f"{self.spec.name}: torch_impl returned {len(results)} tensors, not {want}")
-        given = iter(out)
-        for i, is_returned in enumerate(self.spec.returned):
-            if not is_returned:
-                dest = next(given)
-                if results[i] is not dest:
-                    dest.copy_(results[i])
-                results[i] = dest
-        return results
+        returned = [t for t, r in zip(results, self.spec.returned, strict=True) if r]
+        for_destinations = [t for t, r in zip(results, self.spec.returned, strict=True) if not r]
+        for result, dest in zip(for_destinations, out, strict=True):
+            if result is not dest:
+                dest.copy_(result)
+        return self._in_spec_order(returned, out)
 
     def _op_dtype(self, inputs, out) -> torch.dtype:
         """The call's dtype: that of the first tensor whose spec has no fixed dtype."""

@@ -1,5 +1,6 @@
 """The torch <-> Mojo bridge: contract checks, drift detection, fallback, real torch op."""
 
+import dataclasses
 import warnings
 
 import pytest
@@ -72,7 +73,7 @@ def test_declared_parameters_come_from_the_library():
     ],
 )
 def test_spec_drift_is_caught(change, message):
-    spec = OpSpec(**{**ONLINE_SOFTMAX.__dict__, **change})
+    spec = dataclasses.replace(ONLINE_SOFTMAX, **change)
     with pytest.raises(ContractError, match=message):
         mojo_op.MojoOp(spec).verify()
 
