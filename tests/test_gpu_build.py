@@ -46,6 +46,15 @@ PTX_FEATURES = {
         r"wgmma\.wait_group\.sync\.aligned 1;",
         # cp.async writes are generic-proxy, wgmma reads async-proxy: the fence between
         r"fence\.proxy\.async\.shared::cta",
+        # version 3: TMA tile copies completing on mbarriers, waits on mbarrier phases,
+        # the register hand-over between producer and consumer warpgroups, and the
+        # tensor maps passed as grid constants (read from kernel parameter space)
+        r"cp\.async\.bulk\.tensor\.3d\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes",
+        r"mbarrier\.arrive\.expect_tx\.shared\.b64",
+        r"mbarrier\.try_wait\.parity\.shared::cta\.b64",
+        r"setmaxnreg\.inc\.sync\.aligned\.u32 232;",
+        r"setmaxnreg\.dec\.sync\.aligned\.u32 40;",
+        r"cvta\.param\.u64",
     ),
 }
 DEFAULT_PTX_FEATURES = (r"shfl\.sync", r"bar\.sync")

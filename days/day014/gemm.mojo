@@ -50,14 +50,25 @@ from max.gpu.memory import (
     async_copy,
     async_copy_commit_group,
     async_copy_wait_group,
+    cp_async_bulk_tensor_shared_cluster_global,
     external_memory,
 )
-from max.gpu.host import DeviceContext, FuncAttribute
+from max.gpu.host import DeviceBuffer, DeviceContext, FuncAttribute
+from max.gpu.host.nvidia.tma import (
+    TMADescriptor,
+    TensorMapSwizzle,
+    create_tma_descriptor,
+)
+from max.gpu.sync import (
+    mbarrier_init,
+    mbarrier_arrive,
+    mbarrier_arrive_expect_tx_shared,
+)
 from std.memory import stack_allocation, bitcast
 from std.math import ceildiv
 from std.sys import size_of
 from std.sys._assembly import inlined_assembly
-from std.utils import StaticTuple
+from std.utils import IndexList, StaticTuple
 
 
 def accum_dtype[dtype: DType]() -> DType:
@@ -832,6 +843,62 @@ def wg_desc[
 # --8<-- [end:wg_desc]
 
 
+# --8<-- [start:wg_epilogue]
+@always_inline
+def wg_store_acc[
+    dtype: DType, BN: Int
+](
+    acc: SIMD[DType.float32, BN // 2],
+    o_t: Pointer[Scalar[dtype], MutAnyOrigin],
+    c_t: Pointer[Scalar[dtype], MutAnyOrigin],
+    alpha_beta: Pointer[Float32, MutAnyOrigin],
+    row0: Int,
+    n0: Int,
+    M: Int,
+    N: Int,
+    c_rs: Int,
+    c_cs: Int,
+):
+    """Epilogue of one warpgroup's 64 x BN wgmma accumulator whose first row is
+    `row0`: out = alpha * acc + beta * c, straight from registers (N % 8 == 0).
+
+    Accumulator element 4*j + e sits at row 16*warp + g + 8*(e//2), col
+    8*j + 2*t + e%2 (g = lane // 4, t = lane % 4): the mma.sync C layout per n8.
+    """
+    var alpha = alpha_beta[unsafe_offset=0]
+    var beta = alpha_beta[unsafe_offset=1]
+    var g = lane_id() // 4
+    var t = lane_id() % 4
+    var wrow = row0 + (warp_id() % 4) * 16 + g
+    var out = acc * alpha
+    if beta != 0:
+        comptime for half in range(2):
+            var row = wrow + half * 8
+            comptime for j in range(BN // 8):
+                var col = n0 + j * 8 + 2 * t
+                if row < M and col < N:
+                    comptime for e in range(2):
+                        out[4 * j + 2 * half + e] += (
+                            beta
+                            * c_t[
+                                unsafe_offset=row * c_rs + (col + e) * c_cs
+                            ].cast[DType.float32]()
+                        )
+    comptime for half in range(2):
+        var row = wrow + half * 8
+        if row < M:
+            comptime for j in range(BN // 8):
+                var col = n0 + j * 8 + 2 * t
+                if col < N:  # N % 8 == 0: the pair is all in or all out
+                    o_t.unsafe_store[alignment=4](
+                        row * N + col,
+                        out.slice[2, offset=4 * j + 2 * half]().cast[dtype](),
+                    )
+
+
+# --8<-- [end:wg_epilogue]
+
+
 # --8<-- [start:wg_kernel]
 def gemm_wgmma_kernel[
     dtype: DType,
@@ -936,37 +1003,334 @@ def gemm_wgmma_kernel[
         wgmma_wait_group_sync[1]()
     wgmma_wait_group_sync[0]()
 
-    # epilogue. Accumulator element 4*j + e: row 16*warp + g + 8*(e//2), col
-    # 8*j + 2*t + e%2 (g = lane // 4, t = lane % 4), the mma.sync C layout per n8.
-    var alpha = alpha_beta[unsafe_offset=0]
-    var beta = alpha_beta[unsafe_offset=1]
     var o_t = dst.unsafe_offset(bt * M * N)
     var c_t = c.unsafe_offset(bt * Int(c_bs))
-    var g = lane_id() // 4
-    var t = lane_id() % 4
-    var wrow = m0 + wg * 64 + (warp_id() % 4) * 16 + g
-    comptime for half in range(2):
-        var row = wrow + half * 8
-        if row < M:
-            comptime for j in range(BN // 8):
-                var col = n0 + j * 8 + 2 * t
-                if col < N:  # N % 8 == 0: the pair is all in or all out
-                    var v = acc.slice[2, offset=4 * j + 2 * half]() * alpha
-                    if beta != 0:
-                        comptime for e in range(2):
-                            v[e] += (
-                                beta
-                                * c_t[
-                                    unsafe_offset=row * Int(c_rs)
-                                    + (col + e) * Int(c_cs)
-                                ].cast[DType.float32]()
-                            )
-                    o_t.unsafe_store[alignment=4](
-                        row * N + col, v.cast[dtype]()
-                    )
+    wg_store_acc[dtype, BN](
+        acc, o_t, c_t, alpha_beta, m0 + wg * 64, n0, M, N, Int(c_rs), Int(c_cs)
+    )
 
 
 # --8<-- [end:wg_kernel]
+
+
+# ---------------------------------------------------------------------------
+# Version 3, Hopper: TMA loads into 128-byte swizzled tiles, a producer warpgroup
+# and consumer warpgroups that only multiply (bfloat16, float16).
+#
+# Version 2 made every thread both load (cp.async, one 16-byte vector at a time) and
+# multiply, with a block-wide barrier per k tile. Here the two jobs are split:
+#   * warpgroup 0 is the producer. One of its threads issues TMA copies
+#     (cp.async.bulk.tensor): the copy engine moves a whole tile per instruction,
+#     zero-fills what lies outside the matrix and writes the 128-byte swizzled layout
+#     that wgmma reads without bank conflicts. The warpgroup gives most of its
+#     registers back (setmaxnreg) to the consumers.
+#   * warpgroups 1..BM/64 are consumers; each owns 64 rows x BN of the block tile.
+# Each of the STAGES shared buffers has two mbarriers: `full` (the producer announces
+# the stage's byte count; the TMA unit completes the phase when the bytes have
+# landed) and `empty` (each consumer warp arrives once the wgmma group that read the
+# stage has retired). The main loop has no block-wide barrier.
+#
+# 128-byte swizzle: a row of 64 16-bit elements is 128 bytes; TMA stores 16-byte
+# chunk c of row r at chunk c ^ (r % 8), and wgmma undoes the XOR when a descriptor
+# says SWIZZLE_128B. Both apply it to absolute shared addresses, so each 8-row
+# block (1024 bytes) must start 1024-byte aligned. Tile layouts, in elements:
+#   * k-contiguous operand (A, or B^T): BMN rows of 64 k (one TMA box). Descriptor
+#     SBO (next 8 rows) = 1024 B; LBO unused. A k16 step moves the start address
+#     by 32 B inside the swizzled row: the hardware applies the XOR after adding.
+#   * mn-contiguous operand (A^T, or B): BMN/64 boxes of 64 k rows x 64 mn. SBO
+#     (next 8 k rows) = 1024 B, LBO (next box of 64 mn) = 8192 B; a k16 step moves
+#     the start address by 16 rows = 2048 B.
+
+comptime TMA_BK = 64  # k per stage: one 128-byte swizzled row of 16-bit elements
+comptime TMA_BOX = 64  # mn width of one box of an mn-contiguous operand (128 B)
+comptime TMA_SMEM_BUDGET = 192 * 1024  # stage buffers; the H100 allows 227 KB
+comptime TMA_CONSUMER_REGS = 232  # setmaxnreg: what each consumer thread grows to
+comptime TMA_PRODUCER_REGS = 40  # ... and each producer thread shrinks to
+
+
+def tma_stages[dtype: DType, BM: Int, BN: Int]() -> Int:
+    return TMA_SMEM_BUDGET // ((BM + BN) * TMA_BK * size_of[dtype]())
+
+
+def tma_smem_bytes[dtype: DType, BM: Int, BN: Int]() -> Int:
+    """Stage buffers, then a `full` and an `empty` mbarrier (8 B each) per stage.
+    """
+    comptime stages = tma_stages[dtype, BM, BN]()
+    return stages * ((BM + BN) * TMA_BK * size_of[dtype]() + 16)
+
+
+# --8<-- [start:tma_map]
+def operand_tma_map[
+    dtype: DType, K_CONTIG: Bool, BMN: Int
+](
+    ctx: DeviceContext,
+    ptr: Pointer[Scalar[dtype], MutUntrackedOrigin],
+    batch: Int,
+    mn: Int,
+    k: Int,
+) raises -> TMADescriptor:
+    """The TMA descriptor (CUtensorMap, built on the host) of one operand, viewed as
+    (batch, rows, cols) as stored: rows = MN and cols = K when K_CONTIG, else the
+    reverse. A box is one stage's tile (BMN x 64) or, mn-contiguous, 64 x 64."""
+    var rows = mn if K_CONTIG else k
+    var cols = k if K_CONTIG else mn
+    var view = DeviceBuffer[dtype](
+        ctx, ptr.as_unsafe_any_origin(), batch * rows * cols, owning=False
+    )
+    comptime box_rows = BMN if K_CONTIG else TMA_BK
+    return create_tma_descriptor[dtype, 3, TensorMapSwizzle.SWIZZLE_128B](
+        view,
+        IndexList[3](batch, rows, cols),
+        IndexList[3](rows * cols, cols, 1),
+        IndexList[3](1, box_rows, 64),
+    )
+
+
+# --8<-- [end:tma_map]
+
+
+@always_inline
+def fence_mbarrier_init():
+    """Make mbarrier.init visible to the async proxy (the TMA unit) before use.
+    """
+    inlined_assembly[
+        "fence.mbarrier_init.release.cluster;", NoneType, constraints=""
+    ]()
+
+
+@always_inline
+def mbar_wait(
+    bar: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+    parity: Int,
+):
+    """Spin until the mbarrier phase with this parity (0, 1, 0, ...) completes.
+    """
+    inlined_assembly[
+        """{
+        .reg .pred done;
+        WAIT:
+        mbarrier.try_wait.parity.shared::cta.b64 done, [$0], $1;
+        @!done bra WAIT;
+        }""",
+        NoneType,
+        constraints="r,r",
+    ](Int32(Int(bar)), Int32(parity))
+
+
+@always_inline
+def set_max_registers[grow: Bool, count: Int]():
+    """setmaxnreg: hand registers between the warpgroups of a block (all threads of
+    a warpgroup execute it)."""
+    comptime op = "inc" if grow else "dec"
+    inlined_assembly[
+        "setmaxnreg." + op + ".sync.aligned.u32 " + String(count) + ";",
+        NoneType,
+        constraints="",
+    ]()
+
+
+# --8<-- [start:tma_load]
+@always_inline
+def tma_load_operand[
+    dtype: DType, K_CONTIG: Bool, BMN: Int
+](
+    tma_map: OpaquePointer[mut=False, _],
+    tile: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    bar: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+    mn0: Int,
+    k0: Int,
+    bt: Int,
+):
+    """Start the copy of one stage's tile (BMN x 64 of op(X)); `bar` counts the bytes.
+    TMA coordinates go innermost first: (col, row, batch)."""
+    comptime if K_CONTIG:
+        cp_async_bulk_tensor_shared_cluster_global(
+            tile, tma_map, bar, IndexList[3](k0, mn0, bt)
+        )
+    else:
+        comptime for j in range(BMN // TMA_BOX):
+            cp_async_bulk_tensor_shared_cluster_global(
+                tile.unsafe_offset(j * TMA_BOX * TMA_BK),
+                tma_map,
+                bar,
+                IndexList[3](mn0 + j * TMA_BOX, k0, bt),
+            )
+
+
+# --8<-- [end:tma_load]
+
+
+# --8<-- [start:tma_desc]
+@always_inline
+def tma_desc[
+    dtype: DType, K_CONTIG: Bool
+](
+    tile: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    mn: Int,
+    ks: Int,
+) -> WGMMADescriptor[dtype]:
+    """Descriptor of the slice at row `mn` (a multiple of 64), k step `ks` of a
+    swizzled tile. `create[SBO, LBO]` takes both in 16-byte units."""
+    comptime row_bytes = TMA_BK * size_of[dtype]()  # 128
+    comptime if K_CONTIG:
+        return WGMMADescriptor[dtype].create[
+            8 * row_bytes // 16, 1, TensorMapSwizzle.SWIZZLE_128B
+        ](tile.unsafe_offset(mn * TMA_BK + ks * 16))
+    else:
+        return WGMMADescriptor[dtype].create[
+            8 * row_bytes // 16,
+            TMA_BOX * row_bytes // 16,
+            TensorMapSwizzle.SWIZZLE_128B,
+        ](tile.unsafe_offset((mn // TMA_BOX) * TMA_BOX * TMA_BK + ks * 16 * 64))
+
+
+# --8<-- [end:tma_desc]
+
+
+# --8<-- [start:tma_kernel]
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
+        Int32(WG_THREADS * (1 + BM // 64))
+    )
+)
+@__llvm_arg_metadata(a_map, `nvvm.grid_constant`)
+@__llvm_arg_metadata(b_map, `nvvm.grid_constant`)
+def gemm_tma_kernel[
+    dtype: DType,
+    TA: Bool,
+    TB: Bool,
+    BM: Int,
+    BN: Int,
+](
+    a_map: TMADescriptor,
+    b_map: TMADescriptor,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    c: Pointer[Scalar[dtype], MutAnyOrigin],
+    alpha_beta: Pointer[Float32, MutAnyOrigin],
+    m: Int64,
+    n: Int64,
+    k: Int64,
+    c_bs: Int64,
+    c_rs: Int64,
+    c_cs: Int64,
+):
+    """Launch with grid (ceil(M/BM) * ceil(N/BN), 1, batch), 128 * (1 + BM/64)
+    threads and tma_smem_bytes() of dynamic shared memory."""
+    comptime CONSUMERS = BM // 64
+    comptime STAGES = tma_stages[dtype, BM, BN]()
+    comptime A_KC = not TA  # A is k-contiguous when stored (M, K)
+    comptime B_KC = TB  # B is k-contiguous when stored (N, K)
+    comptime A_ELEMS = BM * TMA_BK
+    comptime B_ELEMS = BN * TMA_BK
+    comptime STAGE_BYTES = (A_ELEMS + B_ELEMS) * size_of[dtype]()
+    comptime assert BM % 64 == 0 and BN % 64 == 0 and BN <= 256, "tile shape"
+    comptime assert STAGES >= 2, "at least two stages"
+
+    var M = Int(m)
+    var N = Int(n)
+    var K = Int(k)
+    var tile = tile_coords(block_idx.x, ceildiv(M, BM), ceildiv(N, BN))
+    var m0 = tile[0] * BM
+    var n0 = tile[1] * BN
+    var bt = block_idx.z
+    var num_k = ceildiv(K, TMA_BK)
+
+    var smem = external_memory[
+        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=1024
+    ]()
+    var sa = smem
+    var sb = smem.unsafe_offset(STAGES * A_ELEMS)
+    var full = smem.unsafe_offset(STAGES * (A_ELEMS + B_ELEMS)).unsafe_bitcast[
+        Int64
+    ]()
+    var empty = full.unsafe_offset(STAGES)
+    if thread_idx.x == 0:
+        comptime for s in range(STAGES):
+            mbarrier_init(full.unsafe_offset(s), 1)
+            mbarrier_init(empty.unsafe_offset(s), Int32(CONSUMERS * 4))
+        fence_mbarrier_init()
+    barrier()
+
+    var wg = thread_idx.x // WG_THREADS
+    if wg == 0:
+        # producer: one thread keeps up to STAGES tiles in flight
+        set_max_registers[False, TMA_PRODUCER_REGS]()
+        if thread_idx.x == 0:
+            var a_ptr = Pointer(to=a_map).unsafe_bitcast[NoneType]()
+            var b_ptr = Pointer(to=b_map).unsafe_bitcast[NoneType]()
+            for kt in range(num_k):
+                var s = kt % STAGES
+                if kt >= STAGES:  # wait until the consumers released round r-1
+                    mbar_wait(empty.unsafe_offset(s), (kt // STAGES - 1) % 2)
+                mbarrier_arrive_expect_tx_shared(
+                    full.unsafe_offset(s), Int32(STAGE_BYTES)
+                )
+                tma_load_operand[dtype, A_KC, BM](
+                    a_ptr,
+                    sa.unsafe_offset(s * A_ELEMS),
+                    full.unsafe_offset(s),
+                    m0,
+                    kt * TMA_BK,
+                    bt,
+                )
+                tma_load_operand[dtype, B_KC, BN](
+                    b_ptr,
+                    sb.unsafe_offset(s * B_ELEMS),
+                    full.unsafe_offset(s),
+                    n0,
+                    kt * TMA_BK,
+                    bt,
+                )
+    else:
+        set_max_registers[True, TMA_CONSUMER_REGS]()
+        var cw = wg - 1  # this consumer's 64 rows of the block tile
+        var acc = SIMD[DType.float32, BN // 2](0)
+        for kt in range(num_k):
+            var s = kt % STAGES
+            mbar_wait(full.unsafe_offset(s), (kt // STAGES) % 2)
+            var sa_k = sa.unsafe_offset(s * A_ELEMS)
+            var sb_k = sb.unsafe_offset(s * B_ELEMS)
+            wgmma_fence_aligned()
+            comptime for ks in range(TMA_BK // 16):
+                acc = wgmma_async[
+                    64,
+                    BN,
+                    16,
+                    a_type=dtype,
+                    b_type=dtype,
+                    layout_a="row" if A_KC else "col",
+                    layout_b="col" if B_KC else "row",
+                ](
+                    tma_desc[dtype, A_KC](sa_k, cw * 64, ks),
+                    tma_desc[dtype, B_KC](sb_k, 0, ks),
+                    acc,
+                )
+            wgmma_commit_group_sync()
+            # one group stays in flight; the one before it has retired, so its
+            # stage goes back to the producer
+            wgmma_wait_group_sync[1]()
+            if kt > 0 and lane_id() == 0:
+                _ = mbarrier_arrive(empty.unsafe_offset((kt - 1) % STAGES))
+        wgmma_wait_group_sync[0]()
+        wg_store_acc[dtype, BN](
+            acc,
+            dst.unsafe_offset(bt * M * N),
+            c.unsafe_offset(bt * Int(c_bs)),
+            alpha_beta,
+            m0 + cw * 64,
+            n0,
+            M,
+            N,
+            Int(c_rs),
+            Int(c_cs),
+        )
+
+
+# --8<-- [end:tma_kernel]
 
 
 # ---------------------------------------------------------------------------
@@ -1090,11 +1454,13 @@ def launch_tc[
 # Which tensor-core kernel the bf16/fp16 path uses (launch_gemm's KERNEL parameter;
 # the op itself always uses GEMM_AUTO). The others exist so that the gpu_check can
 # time them against each other in one binary.
-comptime GEMM_AUTO = 0  # mma.sync: measured 2x faster than our wgmma kernel on the H100
+comptime GEMM_AUTO = 0  # TMA (version 3) where it applies, else mma.sync
 comptime GEMM_MMA_SYNC = 1  # the Ampere-style kernel (ldmatrix + mma.sync)
 comptime GEMM_WG_64x128 = 2  # wgmma, one warpgroup per block
 comptime GEMM_WG_128x128 = 3  # wgmma, two warpgroups
 comptime GEMM_WG_128x256 = 4  # wgmma, two warpgroups of m64n256
+comptime GEMM_TMA_128x128 = 5  # version 3: TMA + producer warpgroup, m64n128
+comptime GEMM_TMA_128x256 = 6  # version 3: TMA + producer warpgroup, m64n256
 
 
 def launch_wgmma[
@@ -1124,13 +1490,66 @@ def launch_wgmma[
     )
 
 
+def launch_tma[
+    dtype: DType, TA: Bool, TB: Bool, BM: Int, BN: Int
+](p: GemmProblem[dtype], ctx: DeviceContext) raises:
+    comptime smem = tma_smem_bytes[dtype, BM, BN]()
+    var a_map = operand_tma_map[dtype, not TA, BM](ctx, p.a, p.batch, p.m, p.k)
+    var b_map = operand_tma_map[dtype, TB, BN](ctx, p.b, p.batch, p.n, p.k)
+    ctx.enqueue_function[gemm_tma_kernel[dtype, TA, TB, BM, BN]](
+        a_map,
+        b_map,
+        p.out.as_unsafe_any_origin(),
+        p.c.as_unsafe_any_origin(),
+        p.alpha_beta.as_unsafe_any_origin(),
+        Int64(p.m),
+        Int64(p.n),
+        Int64(p.k),
+        Int64(p.c_bs),
+        Int64(p.c_rs),
+        Int64(p.c_cs),
+        grid_dim=(ceildiv(p.m, BM) * ceildiv(p.n, BN), 1, p.batch),
+        block_dim=(1 + BM // 64) * WG_THREADS,
+        shared_mem_bytes=smem,
+        func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
+            UInt32(smem)
+        ),
+    )
+
+
+def tma_friendly[dtype: DType](p: GemmProblem[dtype]) -> Bool:
+    """The TMA maps view A and B as (batch, rows, cols) with packed batches, and a
+    tensor map cannot have a dimension of size 0 (K == 0: out = beta * c)."""
+    return p.k > 0 and (
+        p.batch == 1 or (p.a_bs == p.m * p.k and p.b_bs == p.k * p.n)
+    )
+
+
 def launch_tensor_core[
     dtype: DType, TA: Bool, TB: Bool, KERNEL: Int
 ](p: GemmProblem[dtype], vec: Bool, ctx: DeviceContext) raises:
-    """bf16/fp16: mma.sync (the faster on the H100, see the journal's version 2);
-    a forced wgmma kernel needs 16-byte vectors (VEC)."""
+    """For bf16/fp16. GEMM_AUTO: the version 3 TMA kernel wherever TMA can map the
+    operands (16-byte rows and pointers, packed batches, K > 0), with 128x256 tiles
+    once they fill the 132 SMs and 128x128 below that; mma.sync elsewhere. A forced
+    wgmma/TMA kernel also needs those conditions, else mma.sync runs."""
     var tiles128 = ceildiv(p.m, 128) * ceildiv(p.n, 128) * p.batch
-    comptime if KERNEL == GEMM_WG_64x128 or KERNEL == GEMM_WG_128x128 or KERNEL == GEMM_WG_128x256:
+    var tiles256 = ceildiv(p.m, 128) * ceildiv(p.n, 256) * p.batch
+    var tma = vec and tma_friendly(p)
+    comptime if KERNEL == GEMM_AUTO:
+        if tma and tiles256 >= SMALL_GRID:
+            launch_tma[dtype, TA, TB, 128, 256](p, ctx)
+            return
+        if tma:
+            launch_tma[dtype, TA, TB, 128, 128](p, ctx)
+            return
+    elif KERNEL == GEMM_TMA_128x128 or KERNEL == GEMM_TMA_128x256:
+        if tma:
+            comptime if KERNEL == GEMM_TMA_128x128:
+                launch_tma[dtype, TA, TB, 128, 128](p, ctx)
+            else:
+                launch_tma[dtype, TA, TB, 128, 256](p, ctx)
+            return
+    elif KERNEL == GEMM_WG_64x128 or KERNEL == GEMM_WG_128x128 or KERNEL == GEMM_WG_128x256:
         if vec:
             comptime if KERNEL == GEMM_WG_64x128:
                 launch_wgmma[dtype, TA, TB, 64, 128](p, ctx)

@@ -27,6 +27,8 @@ from days.day014.gemm import (
     GEMM_WG_64x128,
     GEMM_WG_128x128,
     GEMM_WG_128x256,
+    GEMM_TMA_128x128,
+    GEMM_TMA_128x256,
 )
 
 comptime ON_GPU = has_accelerator()
@@ -108,6 +110,10 @@ def kernel_name(kernel: Int) -> String:
         return "wgmma128x128"
     if kernel == GEMM_WG_128x256:
         return "wgmma128x256"
+    if kernel == GEMM_TMA_128x128:
+        return "tma128x128"
+    if kernel == GEMM_TMA_128x256:
+        return "tma128x256"
     return "auto"
 
 
@@ -354,40 +360,21 @@ def check_transposes[
 def check_kernels[
     TA: Bool, TB: Bool, BATCHED: Bool
 ](ctx: DeviceContext, cs: Case, samples: Int, time_iters: Int) raises:
-    """The same bf16 case on every tensor-core kernel (old mma.sync and the wgmma tiles).
+    """The same bf16 case on every tensor-core kernel (mma.sync, the version 2
+    wgmma tiles, the version 3 TMA tiles: the ids GEMM_MMA_SYNC..GEMM_TMA_128x256).
 
     A failing kernel does not stop the others (so one H100 run times whichever are
-    right); the first failure is raised after all four ran.
+    right); the last failure is raised after all of them ran.
     """
     var failed = String()
-    try:
-        run[DType.bfloat16, TA, TB, BATCHED, GEMM_MMA_SYNC](
-            ctx, cs, samples, time_iters
-        )
-    except e:
-        print("FAIL", e)
-        failed = String(e)
-    try:
-        run[DType.bfloat16, TA, TB, BATCHED, GEMM_WG_64x128](
-            ctx, cs, samples, time_iters
-        )
-    except e:
-        print("FAIL", e)
-        failed = String(e)
-    try:
-        run[DType.bfloat16, TA, TB, BATCHED, GEMM_WG_128x128](
-            ctx, cs, samples, time_iters
-        )
-    except e:
-        print("FAIL", e)
-        failed = String(e)
-    try:
-        run[DType.bfloat16, TA, TB, BATCHED, GEMM_WG_128x256](
-            ctx, cs, samples, time_iters
-        )
-    except e:
-        print("FAIL", e)
-        failed = String(e)
+    comptime for kernel in range(GEMM_MMA_SYNC, GEMM_TMA_128x256 + 1):
+        try:
+            run[DType.bfloat16, TA, TB, BATCHED, kernel](
+                ctx, cs, samples, time_iters
+            )
+        except e:
+            print("FAIL", kernel_name(kernel), e)
+            failed = String(e)
     if failed.byte_length() > 0:
         raise Error(failed)
 
@@ -418,6 +405,17 @@ def timed_kernels[
         check_kernels[TA, TB, BATCHED](ctx, cs, 256, iters)
     except:
         failures += 1  # check_kernels printed which kernel failed
+
+
+def timed_tma[
+    TA: Bool, TB: Bool
+](ctx: DeviceContext, cs: Case, mut failures: Int):
+    timed[DType.bfloat16, TA, TB, False, GEMM_TMA_128x128](
+        ctx, cs, 10, failures
+    )
+    timed[DType.bfloat16, TA, TB, False, GEMM_TMA_128x256](
+        ctx, cs, 10, failures
+    )
 
 
 def main() raises:
@@ -559,6 +557,9 @@ def main() raises:
     timed[DType.bfloat16, True, False, False, GEMM_MMA_SYNC](
         ctx, cs4, 10, failures
     )
+    timed_tma[False, True](ctx, cs4, failures)
+    timed_tma[True, False](ctx, cs4, failures)
+    timed_tma[True, True](ctx, cs4, failures)
     var csb = Case(8, 1024, 1024, 1024, 1, 0, C_NAN)
     timed[DType.float32, False, False, True](ctx, csb, 20, failures)
     timed[DType.bfloat16, False, False, True](ctx, csb, 20, failures)
