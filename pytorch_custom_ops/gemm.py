@@ -19,6 +19,7 @@ contiguous tensor (e.g. `w.t()`) is passed as that tensor with its flag flipped.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from functools import lru_cache
@@ -53,8 +54,33 @@ GEMM_BATCHED = OpSpec(
     ),
     params=_TRANSPOSES,
 )
-gemm_kernel = MojoOp(GEMM)
-gemm_batched_kernel = MojoOp(GEMM_BATCHED)
+
+
+def _oriented(spec: OpSpec, transpose_a: bool, transpose_b: bool) -> OpSpec:
+    """`spec` with both transposes fixed, so that op(a)'s rows and op(b)'s columns name
+    the output's dims: MAX then allocates the output and torch wraps it. With the
+    transposes left as call parameters no input dim names (m, n), and the result came
+    back through a copy into a torch tensor (10% of the bf16 4096^3 time on the H100).
+    """
+    m = "a_cols" if transpose_a else "a_rows"
+    n = "b_rows" if transpose_b else "b_cols"
+    lead = spec.outputs[0].dims[:-2]
+    return dataclasses.replace(
+        spec,
+        outputs=(TensorArg("output", (*lead, m, n)),),
+        params={"TRANSPOSE_A": transpose_a, "TRANSPOSE_B": transpose_b},
+    )
+
+
+# what the torch ops call: one MojoOp per (batched, transpose_a, transpose_b)
+_KERNELS = {
+    (batched, ta, tb): MojoOp(_oriented(GEMM_BATCHED if batched else GEMM, ta, tb))
+    for batched in (False, True)
+    for ta in (False, True)
+    for tb in (False, True)
+}
+gemm_kernel = _KERNELS[(False, False, False)]  # the ones KERNELS lists (no transposes)
+gemm_batched_kernel = _KERNELS[(True, False, False)]
 
 MAX_BATCH = 65535  # the CUDA grid's z limit (one z slice per matrix)
 
@@ -147,19 +173,20 @@ def _gemm_eager(a, b, c, alpha, beta, transpose_a, transpose_b, batched: bool) -
     rank = len(out_shape)
     if beta == 0:
         c = None  # never read: don't copy or broadcast it
-    out = torch.empty(out_shape, dtype=a.dtype, device=a.device)
-    if out.numel() == 0:
-        return out
+    if math.prod(out_shape) == 0:
+        return torch.empty(out_shape, dtype=a.dtype, device=a.device)
     if a.shape[-1] == 0 or a.shape[-2] == 0 or b.shape[-1] == 0 or b.shape[-2] == 0:
         # K == 0: an empty sum; the kernel would get zero-size inputs MAX cannot wrap
-        return out.copy_(torch.broadcast_to(c * beta, out_shape)) if c is not None else out.zero_()
+        if c is None:
+            return torch.zeros(out_shape, dtype=a.dtype, device=a.device)
+        return torch.broadcast_to(c * beta, out_shape).contiguous()
     a, transpose_a = _stored(a, transpose_a)
     b, transpose_b = _stored(b, transpose_b)
     if c is None:
         c_in = _no_c(a.dtype, a.device, rank)
     else:
         c_in = c.reshape((1,) * (rank - c.dim()) + tuple(c.shape)).contiguous()
-    kernel = gemm_batched_kernel if batched else gemm_kernel
+    kernel = _KERNELS[(batched, transpose_a, transpose_b)]
 
     def torch_impl():
         pa = a.mT if transpose_a else a
@@ -169,12 +196,7 @@ def _gemm_eager(a, b, c, alpha, beta, transpose_a, transpose_b, batched: bool) -
             res = res + beta * c_in
         return [res]
 
-    kernel(
-        [a, b, c_in, _alpha_beta(float(alpha), float(beta), a.device)],
-        out=[out],
-        torch_impl=torch_impl,
-        params={"TRANSPOSE_A": transpose_a, "TRANSPOSE_B": transpose_b},
-    )
+    (out,) = kernel([a, b, c_in, _alpha_beta(float(alpha), float(beta), a.device)], torch_impl=torch_impl)
     return out
 
 

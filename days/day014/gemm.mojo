@@ -1119,7 +1119,7 @@ def mbar_wait(
 
 @always_inline
 def set_max_registers[grow: Bool, count: Int]():
-    """setmaxnreg: hand registers between the warpgroups of a block (all threads of
+    """Hand registers between the warpgroups of a block (setmaxnreg; all threads of
     a warpgroup execute it)."""
     comptime op = "inc" if grow else "dec"
     inlined_assembly[

@@ -55,6 +55,18 @@ def test_mojo_path_is_live():
     assert pco.use_mojo("gemm_batched"), pco.gemm_batched_kernel.failure
 
 
+def test_every_orientation_returns_its_output_without_a_copy():
+    # the transposes are fixed per MojoOp, so op(a)'s rows and op(b)'s columns name
+    # the output's dims: MAX allocates it and torch wraps it (no out= destination)
+    from pytorch_custom_ops.gemm import _KERNELS
+
+    assert len(_KERNELS) == 8
+    for (batched, ta, tb), kernel in _KERNELS.items():
+        assert kernel.spec.destinations == ()
+        assert kernel.spec.params == {"TRANSPOSE_A": ta, "TRANSPOSE_B": tb}
+        assert kernel.spec.name == ("gemm_batched" if batched else "gemm")
+
+
 # (M, N, K): 1, 17, 1000, 4097 in each position (4097 with the other dims small)
 SHAPES = [
     (1, 1, 1),
