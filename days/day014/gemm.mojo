@@ -1078,11 +1078,12 @@ def operand_tma_map[
         ctx, ptr.as_unsafe_any_origin(), batch * rows * cols, owning=False
     )
     comptime box_rows = BMN if K_CONTIG else TMA_BK
+    comptime box_cols = TMA_BK if K_CONTIG else TMA_BOX
     return create_tma_descriptor[dtype, 3, TensorMapSwizzle.SWIZZLE_128B](
         view,
         IndexList[3](batch, rows, cols),
         IndexList[3](rows * cols, cols, 1),
-        IndexList[3](1, box_rows, 64),
+        IndexList[3](1, box_rows, box_cols),
     )
 
 
@@ -1185,7 +1186,11 @@ def tma_desc[
             8 * row_bytes // 16,
             TMA_BOX * row_bytes // 16,
             TensorMapSwizzle.SWIZZLE_128B,
-        ](tile.unsafe_offset((mn // TMA_BOX) * TMA_BOX * TMA_BK + ks * 16 * 64))
+        ](
+            tile.unsafe_offset(
+                (mn // TMA_BOX) * TMA_BOX * TMA_BK + ks * 16 * TMA_BOX
+            )
+        )
 
 
 # --8<-- [end:tma_desc]
