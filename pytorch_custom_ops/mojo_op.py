@@ -1,5 +1,9 @@
 """Calling one Mojo op from torch with as little work per call as possible.
 
+On CUDA a call never reaches MAX: the op's launch plan (`gpu=`, a function next to its
+spec) picks the compiled kernels, grid and block, and `direct.run` launches them on
+torch's current stream (day 016). MAX runs the op's `execute` on the CPU.
+
 MAX's own `CustomOpLibrary` compiles a graph for every new tensor shape (12-26 s on a
 GPU) and wraps each call in a generic torch custom op. Here each op is compiled once per
 (dtype, device) with *symbolic* dimensions, so a new shape costs nothing; the compiled
@@ -16,29 +20,38 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from . import fallback
+from . import cuda_driver, direct, fallback
 from .contract import OpSpec, declared_parameters
 from .library import load_kernel_library
 
+# A launch plan: (outputs, inputs, compile-time params) -> the launches that compute the
+# outputs. Outputs are allocated (or given) before the plan runs; it only chooses kernels.
+LaunchPlan = Callable[[list[torch.Tensor], Sequence[torch.Tensor], dict], list[direct.Launch]]
+
 
 class MojoOp:
-    def __init__(self, spec: OpSpec):
+    def __init__(self, spec: OpSpec, gpu: LaunchPlan | None = None):
         self.spec = spec
+        self.gpu = gpu
         self._models: dict[tuple, object] = {}
         self._lock = threading.Lock()
         self._verified = False
         self._broken: BaseException | None = None
+        self._gpu_broken: BaseException | None = None
 
     # -- readiness ------------------------------------------------------------------------
-    def ready(self) -> bool:
-        """True when the Mojo path is live: library loaded and contract verified.
+    def ready(self, device: str | torch.device = "cpu") -> bool:
+        """True when the Mojo path is live on `device`: on the CPU, MAX's library loaded
+        and the contract verified; on CUDA, a launch plan and a GPU build of its kernels.
 
         On failure the reason is kept, and `fallback.fall_back` warns (or raises, strict).
         """
+        if torch.device(device).type == "cuda":
+            return self._gpu_ready()
         if self._broken is not None:
             return False
         if self._verified:
@@ -59,9 +72,24 @@ class MojoOp:
         self.spec.verify_against_library(params, info.tensor_arg_names, info.num_dps_outputs)
         self._verified = True
 
+    def _gpu_ready(self) -> bool:
+        if self._gpu_broken is None and self.gpu is None:
+            self._gpu_broken = direct.KernelLoadError(f"{self.spec.name}: no GPU launch plan")
+        if self._gpu_broken is None:
+            try:
+                for day in {k.family.module.split(".")[1] for k in self.gpu_kernels()}:
+                    direct._day_build(day)
+            except Exception as exc:
+                self._gpu_broken = exc
+        return self._gpu_broken is None
+
+    def gpu_kernels(self) -> list:
+        """The compiled kernels this op's launch plan may pick (its families' variants)."""
+        return [k for family in getattr(self.gpu, "families", ()) for k in family.kernels()]
+
     @property
     def failure(self) -> BaseException | None:
-        return self._broken
+        return self._broken if self._gpu_broken is None else self._gpu_broken
 
     # -- compile ------------------------------------------------------------------------
     def model(self, dtype: torch.dtype, device: torch.device, params: dict | None = None):
@@ -140,6 +168,8 @@ class MojoOp:
         """
         sizes = self.spec.check_call(inputs, out)
         call_params = self.spec.call_params(params)
+        if inputs[0].device.type == "cuda":
+            return self._launch(inputs, out, sizes, call_params, torch_impl)
         try:
             dtype = self._op_dtype(inputs, out)
             device = inputs[0].device
@@ -163,6 +193,37 @@ class MojoOp:
             buffers = model.execute(*[_to_max(t) for t in (*out, *inputs)])
             returned = [torch.from_dlpack(b) for b in buffers]
         return self._in_spec_order(returned, out)
+
+    def _launch(self, inputs, out, sizes, params, torch_impl) -> list[torch.Tensor]:
+        """The CUDA path: allocate the outputs, let the plan pick the launches, enqueue
+        them on torch's current stream. No MAX, no synchronisation."""
+        device = inputs[0].device
+        dtype = self._op_dtype(inputs, out)
+        shapes = self.spec.output_shapes(sizes, out)
+        given = iter(out)
+        outputs = [
+            torch.empty(shape, dtype=arg.dtype or dtype, device=device) if r else next(given)
+            for arg, shape, r in zip(self.spec.outputs, shapes, self.spec.returned, strict=True)
+        ]
+        if any(math.prod(shape) == 0 for shape in shapes):  # nothing to compute
+            return outputs
+        reason = self._gpu_broken
+        if reason is None and self.gpu is None:
+            reason = self._gpu_broken = direct.KernelLoadError(f"{self.spec.name}: no GPU launch plan")
+        if reason is None:
+            try:
+                direct.run(self.gpu(outputs, inputs, params), device)
+                return outputs
+            except cuda_driver.CudaDriverError as exc:
+                if exc.sticky:  # the context is gone: torch's fallback would fail too
+                    raise fallback.MojoUnavailableError(f"{self.spec.name}: {exc}") from exc
+                reason = exc
+            except direct.KernelLoadError as exc:
+                reason = self._gpu_broken = exc
+        if torch_impl is None:
+            raise fallback.MojoUnavailableError(f"{self.spec.name}: the Mojo kernel cannot run: {reason}")
+        fallback.fall_back(self.spec.name, reason)
+        return self._fill_destinations(list(torch_impl()), out)
 
     def _in_spec_order(self, returned, out) -> list[torch.Tensor]:
         """The graph's results and the caller's destinations, in the spec's output order."""

@@ -12,7 +12,9 @@ import math
 
 import torch
 
-from .contract import OpSpec, TensorArg, check_float_tensor
+from . import direct
+from .contract import FLOAT_DTYPES, OpSpec, TensorArg, check_float_tensor
+from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp
 
 ONLINE_SOFTMAX = OpSpec(
@@ -21,7 +23,28 @@ ONLINE_SOFTMAX = OpSpec(
     inputs=(TensorArg("x", ("rows", "cols")),),
     params={"BLOCK": 256},  # threads per row; one compiled graph serves every shape
 )
-online_softmax_kernel = MojoOp(ONLINE_SOFTMAX)
+
+# --8<-- [start:gpu_plan]
+ONLINE_SOFTMAX_KERNEL = KernelFamily(
+    "days.day009.online_softmax",
+    "online_softmax_kernel",
+    args=("ptr", "ptr", "i64"),  # dst, src, cols
+    variants=tuple((dtype, 256) for dtype in FLOAT_DTYPES),  # (dtype, BLOCK)
+)
+
+
+@direct.plan(ONLINE_SOFTMAX_KERNEL)
+def _online_softmax_gpu(outputs, inputs, params) -> list[direct.Launch]:
+    """One block of BLOCK threads per row."""
+    (out,), (x,) = outputs, inputs
+    rows, cols = x.shape
+    block = params["BLOCK"]
+    kernel = ONLINE_SOFTMAX_KERNEL[x.dtype, block]
+    return [direct.Launch(kernel, grid=rows, block=block, args=(out.data_ptr(), x.data_ptr(), cols))]
+
+
+# --8<-- [end:gpu_plan]
+online_softmax_kernel = MojoOp(ONLINE_SOFTMAX, gpu=_online_softmax_gpu)
 
 
 def check_softmax_args(name: str, x: torch.Tensor, dim: int) -> int:
