@@ -90,10 +90,50 @@ class OpSpec:
         ]
 
     # -- per call ---------------------------------------------------------------------
+    @cached_property
+    def _fast_checks(self) -> tuple:
+        """(dtype per tensor or None, dims per tensor, index of the first dtype-free
+        tensor), destinations first: what `_sizes_if_valid` walks on every call."""
+        args = self.destinations + self.inputs
+        free = next((i for i, a in enumerate(args) if a.dtype is None), 0)
+        return tuple(a.dtype for a in args), tuple(a.dims for a in args), free, frozenset(self.dtypes)
+
+    def _sizes_if_valid(self, inputs, destinations) -> dict[str, int] | None:
+        """The sizes of a valid call in as few steps as possible (every op call pays for
+        this), or None when anything is off; `check_call` then finds and names it."""
+        if destinations or self.destinations or len(inputs) != len(self.inputs):
+            return None  # destinations also need the overlap check: the full path
+        dtypes, dims_list, free, allowed = self._fast_checks
+        first = inputs[free]
+        if not isinstance(first, torch.Tensor):
+            return None
+        dtype, cuda, index = first.dtype, first.is_cuda, first.get_device()  # no torch.device objects: slow
+        if dtype not in allowed or not (cuda or first.is_cpu):
+            return None
+        sizes: dict[str, int] = {}
+        for fixed, dims, t in zip(dtypes, dims_list, inputs, strict=True):
+            if not isinstance(t, torch.Tensor) or t.dtype != (fixed or dtype) or not t.is_contiguous():
+                return None
+            if t is not first and (t.is_cuda != cuda or t.get_device() != index or not (cuda or t.is_cpu)):
+                return None
+            shape = t.shape
+            if len(shape) != len(dims):
+                return None
+            for name, size in zip(dims, shape, strict=True):
+                if name.__class__ is int:
+                    if size != name:
+                        return None
+                elif sizes.setdefault(name, size) != size:
+                    return None
+        return sizes
+
     def check_call(self, inputs: Sequence[torch.Tensor], destinations: Sequence[torch.Tensor] = ()) -> dict[str, int]:
         """Raise TypeError/ValueError naming the op and the problem; return the dimension
         sizes the tensors bind when the call is safe. `destinations` are the outputs the
         caller passes in (`self.destinations`), in order."""
+        sizes = self._sizes_if_valid(inputs, destinations)
+        if sizes is not None:
+            return sizes
         op = self.name
         for kind, given, declared in (("destination", destinations, self.destinations), ("input", inputs, self.inputs)):
             if len(given) != len(declared):

@@ -232,9 +232,11 @@ def set_max_dynamic_shared_memory(function: int, nbytes: int, what: str) -> None
 # -- launches ---------------------------------------------------------------------------
 def launch(function: int, grid, block, smem: int, stream: int, params, cluster=None) -> int:
     """Enqueue one kernel; return the CUresult (the caller names the kernel in errors)."""
-    lib = _lib()
     if cluster is None:
-        return lib.cuLaunchKernel(function, *grid, *block, smem, stream, params, None)
+        gx, gy, gz = grid
+        bx, by, bz = block
+        return _lib().cuLaunchKernel(function, gx, gy, gz, bx, by, bz, smem, stream, params, None)
+    lib = _lib()
     attr = _LaunchAttr()
     attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
     attr.value.clusterDim[:] = cluster
@@ -251,9 +253,7 @@ CU_TENSOR_MAP_L2_PROMOTION_NONE = 0
 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0
 
 
-def encode_tiled_tensor_map(
-    data_type: int, address: int, dims, byte_strides, box, swizzle: int, what: str
-) -> bytes:
+def encode_tiled_tensor_map(data_type: int, address: int, dims, byte_strides, box, swizzle: int, what: str) -> bytes:
     """A CUtensorMap (128 bytes) for a tiled TMA view; `dims`/`box` innermost first,
     `byte_strides` for every dim but the innermost."""
     rank = len(dims)

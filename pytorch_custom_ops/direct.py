@@ -33,7 +33,7 @@ class KernelLoadError(RuntimeError):
     """A compiled GPU kernel cannot be found, loaded or launched."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs ~1 us, and plans make one per launch
 class Launch:
     kernel: Kernel
     grid: int | tuple[int, ...]
@@ -44,7 +44,7 @@ class Launch:
 
 
 def _dim3(d) -> tuple[int, int, int]:
-    if isinstance(d, int):
+    if d.__class__ is int:
         return (d, 1, 1)
     return tuple(d) + (1,) * (3 - len(d))
 
@@ -132,37 +132,45 @@ class LoadedKernel:
             raise KernelLoadError(f"{self.name}: {exc}") from exc
         self.device_index = device_index
         self.struct, self.offsets, self.pointer_array = _arg_struct(kernel.family.args)
+        self.tensormaps = [i for i, kind in enumerate(kernel.family.args) if kind == "tensormap"]
         self.max_smem = 48 * 1024  # without opting in, a launch may ask for up to 48 KiB
         self._lock = threading.Lock()
 
     def launch(self, launch: Launch, stream: int) -> None:
-        if launch.smem > self.max_smem:
+        smem = launch.smem
+        if smem > self.max_smem:
             with self._lock:
-                if launch.smem > self.max_smem:
-                    cu.set_max_dynamic_shared_memory(self.function, launch.smem, self.name)
-                    self.max_smem = launch.smem
-        args = self.struct(*launch.args)
+                if smem > self.max_smem:
+                    cu.set_max_dynamic_shared_memory(self.function, smem, self.name)
+                    self.max_smem = smem
+        values = launch.args
+        if self.tensormaps:  # a TMA descriptor may come as a spec that encodes itself here
+            values = list(values)
+            for i in self.tensormaps:
+                if not isinstance(values[i], bytes | bytearray):
+                    values[i] = values[i].encode()
+        args = self.struct(*values)
         base = ctypes.addressof(args)
         params = self.pointer_array(*[base + o for o in self.offsets])
         grid, block = _dim3(launch.grid), _dim3(launch.block)
         cluster = None if launch.cluster is None else (launch.cluster, 1, 1)
-        code = cu.launch(self.function, grid, block, launch.smem, stream, params, cluster)
+        code = cu.launch(self.function, grid, block, smem, stream, params, cluster)
         if code in (cu.CUDA_ERROR_INVALID_CONTEXT, cu.CUDA_ERROR_INVALID_HANDLE):
             # this thread has no (or another) current context: use the device's primary one
             cu.make_current(self.device_index)
-            code = cu.launch(self.function, grid, block, launch.smem, stream, params, cluster)
+            code = cu.launch(self.function, grid, block, smem, stream, params, cluster)
         if code != 0:
-            what = f"launching {self.name} (grid {grid}, block {block}, {launch.smem} B shared"
+            what = f"launching {self.name} (grid {grid}, block {block}, {smem} B shared"
             what += f", cluster {cluster})" if cluster else ")"
             cu.check(code, what)
 
 
-_loaded: dict[tuple[Kernel, int], LoadedKernel | KernelLoadError] = {}
+_loaded: dict[tuple[int, int], LoadedKernel | KernelLoadError] = {}
 _load_lock = threading.Lock()
 
 
 def loaded(kernel: Kernel, device_index: int) -> LoadedKernel:
-    key = (kernel, device_index)
+    key = (id(kernel), device_index)  # kernels live as long as their family: id() is a stable, cheap key
     found = _loaded.get(key)
     if found is None:
         with _load_lock:
@@ -178,15 +186,15 @@ def loaded(kernel: Kernel, device_index: int) -> LoadedKernel:
     return found
 
 
-def run(launches: list[Launch], device: torch.device) -> None:
-    """Enqueue `launches` in order on torch's current stream of `device`."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index != torch.cuda.current_device():
-        with torch.cuda.device(index):  # the device's context and stream, like torch's own ops
-            return run(launches, device)
-    stream = torch.cuda.current_stream(index).cuda_stream
+def run(launches: list[Launch], device_index: int) -> None:
+    """Enqueue `launches` in order on torch's current stream of CUDA device `device_index`."""
+    if device_index != torch._C._cuda_getDevice():
+        with torch.cuda.device(device_index):  # that device's context and stream, as torch's own ops do
+            return run(launches, device_index)
+    # the raw cudaStream_t (what Triton asks for too): no Python Stream object per call
+    stream = torch._C._cuda_getCurrentRawStream(device_index)
     for launch in launches:
-        loaded(launch.kernel, index).launch(launch, stream)
+        loaded(launch.kernel, device_index).launch(launch, stream)
 
 
 def plan(*families):

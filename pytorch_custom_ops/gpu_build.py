@@ -111,7 +111,8 @@ def _mojo_version() -> str:
 
 def build_day(day: str, kernels: list[Kernel], root: Path, key: str, cubin: bool) -> Path:
     target = root / key
-    if (target / "manifest.json").exists() and (not cubin or all((target / f"{k.key}.cubin").exists() for k in kernels)):
+    have_cubins = all((target / f"{k.key}.cubin").exists() for k in kernels)
+    if (target / "manifest.json").exists() and (not cubin or have_cubins):
         return target
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".partial-{day}-", dir=root))
@@ -140,7 +141,8 @@ def _export(day: str, kernels: list[Kernel], staging: Path, key: str) -> None:
     cmd = [mojo_executable(), "build", "-I", str(REPO_ROOT), str(program), "-o", str(binary)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT)
     if proc.returncode != 0:
-        raise KernelBuildError(f"{day}: `{' '.join(cmd)}` failed (exit {proc.returncode}):\n{proc.stderr or proc.stdout}")
+        detail = proc.stderr or proc.stdout
+        raise KernelBuildError(f"{day}: `{' '.join(cmd)}` failed (exit {proc.returncode}):\n{detail}")
     run = subprocess.run([str(binary)], capture_output=True, text=True)
     if run.returncode != 0:
         raise KernelBuildError(f"{day}: the PTX exporter failed (exit {run.returncode}):\n{run.stderr[-4000:]}")
@@ -175,7 +177,8 @@ def _compile_cubins(kernels: list[Kernel], staging: Path) -> None:
         src, dst = staging / f"{k.key}.ptx", staging / f"{k.key}.cubin"
         if dst.exists():
             return
-        proc = subprocess.run([ptxas, f"-arch={TARGET}", "-O3", str(src), "-o", str(dst)], capture_output=True, text=True)
+        cmd = [ptxas, f"-arch={TARGET}", "-O3", str(src), "-o", str(dst)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise KernelBuildError(f"ptxas failed for {k}:\n{proc.stderr}")
 

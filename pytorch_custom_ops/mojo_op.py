@@ -167,8 +167,8 @@ class MojoOp:
         given).
         """
         sizes = self.spec.check_call(inputs, out)
-        call_params = self.spec.call_params(params)
-        if inputs[0].device.type == "cuda":
+        call_params = self.spec.call_params(params) if params else self.spec.params
+        if inputs[0].is_cuda:
             return self._launch(inputs, out, sizes, call_params, torch_impl)
         try:
             dtype = self._op_dtype(inputs, out)
@@ -197,22 +197,26 @@ class MojoOp:
     def _launch(self, inputs, out, sizes, params, torch_impl) -> list[torch.Tensor]:
         """The CUDA path: allocate the outputs, let the plan pick the launches, enqueue
         them on torch's current stream. No MAX, no synchronisation."""
-        device = inputs[0].device
-        dtype = self._op_dtype(inputs, out)
-        shapes = self.spec.output_shapes(sizes, out)
+        index = inputs[0].get_device()  # an int: cheaper than a torch.device on this hot path
+        dtype = inputs[0].dtype if not out and self.spec.inputs[0].dtype is None else self._op_dtype(inputs, out)
         given = iter(out)
-        outputs = [
-            torch.empty(shape, dtype=arg.dtype or dtype, device=device) if r else next(given)
-            for arg, shape, r in zip(self.spec.outputs, shapes, self.spec.returned, strict=True)
-        ]
-        if any(math.prod(shape) == 0 for shape in shapes):  # nothing to compute
+        outputs = []
+        empty = False
+        for arg, r in zip(self.spec.outputs, self.spec.returned, strict=True):
+            if r:
+                shape = [d if d.__class__ is int else sizes[d] for d in arg.dims]
+                outputs.append(torch.empty(shape, dtype=arg.dtype or dtype, device=index))
+            else:
+                outputs.append(next(given))
+            empty = empty or outputs[-1].numel() == 0
+        if empty:  # nothing to compute
             return outputs
         reason = self._gpu_broken
         if reason is None and self.gpu is None:
             reason = self._gpu_broken = direct.KernelLoadError(f"{self.spec.name}: no GPU launch plan")
         if reason is None:
             try:
-                direct.run(self.gpu(outputs, inputs, params), device)
+                direct.run(self.gpu(outputs, inputs, params), index)
                 return outputs
             except cuda_driver.CudaDriverError as exc:
                 if exc.sticky:  # the context is gone: torch's fallback would fail too

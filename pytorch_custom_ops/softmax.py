@@ -60,7 +60,10 @@ def check_softmax_args(name: str, x: torch.Tensor, dim: int) -> int:
 
 def _as_rows(x: torch.Tensor, dim: int) -> torch.Tensor:
     """(…, n, …) -> contiguous (rows, n) with `dim` last; copies only when needed."""
-    if x.dim() == 0:
+    ndim = x.dim()
+    if ndim == 2 and dim == 1 and x.is_contiguous():  # already rows: the common case costs no call
+        return x
+    if ndim == 0:
         return x.reshape(1, 1)
     moved = x if dim == x.dim() - 1 else x.movedim(dim, -1)  # the common case costs no call
     n = moved.shape[-1]
@@ -68,9 +71,12 @@ def _as_rows(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def _from_rows(out2d: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
-    if x.dim() == 0:
+    ndim = x.dim()
+    if ndim == 2 and dim == 1:
+        return out2d
+    if ndim == 0:
         return out2d.reshape(())
-    if dim == x.dim() - 1:
+    if dim == ndim - 1:
         return out2d.view(x.shape)
     shape = list(x.movedim(dim, -1).shape)
     return out2d.view(shape).movedim(-1, dim).contiguous()
