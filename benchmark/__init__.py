@@ -5,5 +5,6 @@ timing.py    CUDA-event / wall-clock timers, profiler kernel time, copy bandwidt
 cases/       one module per day registering its Case(s)
 store.py     append-only results/<device>/<day>.csv, stamped by environment.py
 plots.py     PNGs for the site, from the store
-overhead.py  where one op call's time goes (day 010)
+overhead.py  host cost per call of every op and module, next to torch (day 016)
+max_overhead.py  where one call's time went through MAX's execute path (day 010)
 """

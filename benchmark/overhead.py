@@ -1,35 +1,109 @@
-"""Where the time of one op call goes: torch vs the Mojo op through MAX.
+"""Host cost of every op and module call, gpu-days next to torch (day 016).
 
-`python -m benchmark.overhead [--no-store] [--skip-max-customop]` measures, for softmax:
-  (a) first call in a fresh process (imports + library load + graph compile or cache hit),
-  (b) first call for a new shape in a warm process,
-  (c) steady-state host cost per call (tiny input, back-to-back calls),
-  (d) kernel time (device time from the profiler on CUDA, wall time on CPU),
-and splits (c) into its parts for the Mojo path. Rows go to results/<device>/day010.csv.
+    python -m benchmark.overhead [--no-store] [--reps N]
+
+Each op is called back to back on a tiny input with one synchronisation at the end: the GPU
+idles, so the wall time per call is what the host spends (Python, checks, allocation, the
+launch). Measured, per op and per module, each beside its torch twin:
+  host_call      the public op with no autograd (inputs without requires_grad)
+  host_fwd_grad  the module's forward in grad mode (parameters and input require grad)
+  host_fwd_bwd   forward + backward(grad) through the module; host_bwd = the difference
+  graph_replay   one torch.cuda.graph replay of the op (CUDA only)
+plus the first call of a fresh process (imports, kernel load) and the first call for a new
+shape (no compile on either path). Rows go to results/<device>/day016.csv. Day 010's study
+of MAX's own execute path is `python -m benchmark.max_overhead`.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
-import tempfile
 import time
-from functools import partial
+from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 import pytorch_custom_ops as pco
-from pytorch_custom_ops import library
-from pytorch_custom_ops.mojo_op import _to_max
 
 from . import timing
 from .store import append_rows, new_run_id
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TINY = (8, 128)
-BIG = (4096, 4096)
+LIMIT_US = {"host_call": 15.0, "host_fwd_grad": 30.0, "host_bwd": 30.0}  # issue 16's targets on the H100
+
+
+def _sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def per_call_us(fn: Callable[[], object], reps: int) -> float:
+    """Median of 5 back-to-back loops (less noisy than one long loop)."""
+    for _ in range(20):
+        fn()
+    return sorted(timing.host_overhead_us(fn, reps) for _ in range(5))[2]
+
+
+def _rand(*shape, dtype=torch.float32, grad=False):
+    return torch.randn(*shape, device=DEVICE, dtype=dtype).requires_grad_(grad)
+
+
+# -- what is measured ----------------------------------------------------------------------
+def op_calls() -> dict[str, tuple[str, Callable, Callable]]:
+    """name -> (shape, gpu-days call, torch call), no autograd."""
+    x = _rand(8, 128)
+    y = torch.softmax(x, -1)
+    g = _rand(8, 128)
+    w, b = _rand(128), _rand(128)
+    mean, rstd = x.mean(-1), x.var(-1, unbiased=False).add(1e-5).rsqrt()
+    mean1, rstd1 = mean.unsqueeze(-1), rstd.unsqueeze(-1)  # aten keeps the normalized dims
+    a, bm = _rand(64, 64), _rand(64, 64)
+    a3, b3 = _rand(4, 64, 64), _rand(4, 64, 64)
+    v = _rand(1, 4096)
+    return {
+        "online_softmax": ("8x128", lambda: pco.online_softmax(x), lambda: torch.softmax(x, -1)),
+        "softmax": ("8x128", lambda: pco.softmax(x, -1), lambda: torch.softmax(x, -1)),
+        "log_softmax": ("8x128", lambda: pco.log_softmax(x, -1), lambda: torch.log_softmax(x, -1)),
+        "softmax_backward": (
+            "8x128",
+            lambda: pco.softmax_backward(g, y, -1),
+            lambda: torch._softmax_backward_data(g, y, -1, x.dtype),
+        ),
+        "log_softmax_backward": (
+            "8x128",
+            lambda: pco.log_softmax_backward(g, y, -1),
+            lambda: torch._log_softmax_backward_data(g, y, -1, x.dtype),
+        ),
+        "layer_norm": ("8x128", lambda: pco.layer_norm(x, (128,), w, b), lambda: F.layer_norm(x, (128,), w, b)),
+        "layer_norm_backward": (
+            "8x128",
+            lambda: pco.layer_norm_backward(g, x, (128,), w, mean, rstd),
+            lambda: torch.ops.aten.native_layer_norm_backward(g, x, (128,), mean1, rstd1, w, b, [True, True, True]),
+        ),
+        "gemm": ("64x64x64", lambda: pco.gemm(a, bm), lambda: torch.mm(a, bm)),
+        "gemm_batched": ("4x64x64x64", lambda: pco.gemm_batched(a3, b3), lambda: torch.bmm(a3, b3)),
+        "long_softmax": ("1x4096", lambda: pco.long_softmax(v), lambda: torch.softmax(v, -1)),
+    }
+
+
+def module_pairs() -> dict[str, tuple[str, torch.nn.Module, torch.nn.Module, tuple[int, ...]]]:
+    """name -> (shape, gpu-days module, torch module, input shape)."""
+
+    def pair(mojo, ref):
+        ref, mojo = ref.to(DEVICE), mojo.to(DEVICE)
+        mojo.load_state_dict(ref.state_dict())  # the same weights (empty for the softmaxes)
+        return mojo, ref
+
+    return {
+        "MojoSoftmax": ("8x128", *pair(pco.MojoSoftmax(-1), torch.nn.Softmax(-1)), (8, 128)),
+        "MojoLogSoftmax": ("8x128", *pair(pco.MojoLogSoftmax(-1), torch.nn.LogSoftmax(-1)), (8, 128)),
+        "MojoLayerNorm": ("8x128", *pair(pco.MojoLayerNorm(128), torch.nn.LayerNorm(128)), (8, 128)),
+        "MojoGEMM": ("64x64->64", *pair(pco.MojoGEMM(64, 64), torch.nn.Linear(64, 64)), (64, 64)),
+        "MojoLongSoftmax": ("1x4096", *pair(pco.MojoLongSoftmax(-1), torch.nn.Softmax(-1)), (1, 4096)),
+    }
+
 
 FRESH = """
 import time, torch
@@ -37,130 +111,42 @@ t0 = time.perf_counter()
 import pytorch_custom_ops as pco
 x = torch.randn(64, 1000, device="{dev}")
 y = {call}
-if x.is_cuda: torch.cuda.synchronize()
+torch.cuda.synchronize() if x.is_cuda else None
 print(time.perf_counter() - t0)
 """
 
 
-def sync():
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed_once(fn) -> float:
-    sync()
-    t = time.perf_counter()
-    fn()
-    sync()
-    return time.perf_counter() - t
-
-
-def fresh_process_s(call: str, cache_dir: str | None) -> float:
-    env = dict(os.environ)
-    if cache_dir:
-        env["MODULAR_CACHE_DIR"] = cache_dir
-    out = subprocess.run(
-        [sys.executable, "-c", FRESH.format(dev=DEVICE, call=call)], env=env, capture_output=True, text=True, check=True
+def fresh_process_ms(call: str) -> float:
+    proc = subprocess.run(
+        [sys.executable, "-c", FRESH.format(dev=DEVICE, call=call)], capture_output=True, text=True, check=True
     )
-    return float(out.stdout.strip().splitlines()[-1])
+    return 1e3 * float(proc.stdout.strip().splitlines()[-1])
 
 
-def per_call_us(fn, reps=300) -> float:
-    return timing.host_overhead_us(fn, reps)
+def graph_replay_us(fn: Callable[[], object], reps: int) -> float:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return per_call_us(graph.replay, reps)
 
 
-def levers(xt, tiny, model, add, rows) -> None:
-    """GPU only: replaying a captured graph instead of launching through MAX each time."""
-    new = torch.randn_like(xt)
-    # MAX's own device-graph capture of the compiled model
-    try:
-        bufs = [_to_max(xt)]
-        (captured_out,) = model.capture(1, *bufs)  # replays write into the same buffer
-        out = torch.from_dlpack(captured_out)
-        xt.copy_(new)
-        model.replay(1, *bufs)
-        torch.cuda.synchronize()
-        ok = torch.allclose(out, torch.softmax(new, -1), atol=1e-6)
-        add(
-            "c_lever_max_graph_replay",
-            "mojo",
-            us=per_call_us(lambda: model.replay(1, *bufs)),
-            shape=tiny,
-            note=f"Model.capture/replay; replay result {'correct' if ok else 'WRONG'}",
-        )
-    except Exception as exc:
-        rows.append(
-            {
-                "op": "c_lever_max_graph_replay",
-                "impl": "mojo",
-                "shape": tiny,
-                "dtype": "float32",
-                "status": "NA",
-                "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
-            }
-        )
-        print("max graph replay failed:", exc)
-    # torch's CUDA graph around the op call. In a child process: a failed capture leaves
-    # the CUDA context unusable (seen on the H100: "capturing stream has unjoined work").
-    proc = subprocess.run([sys.executable, "-c", TORCH_GRAPH_LEVER], capture_output=True, text=True)
-    last = (proc.stdout.strip().splitlines() or ["fail no output"])[-1].split(" ", 2)
-    if proc.returncode == 0 and last[0] == "ok":
-        add(
-            "c_lever_torch_cuda_graph",
-            "mojo",
-            us=float(last[1]),
-            shape=tiny,
-            note=f"torch.cuda.graph around the op; replay result {last[2]}",
-        )
-    else:
-        err = proc.stderr.strip().splitlines() or ["?"]
-        reason = next((line for line in err if "Error" in line), err[-1])[:200]
-        rows.append(
-            {
-                "op": "c_lever_torch_cuda_graph",
-                "impl": "mojo",
-                "shape": tiny,
-                "dtype": "float32",
-                "status": "NA",
-                "reason": reason,
-            }
-        )
-        print("torch cuda graph lever failed:", reason)
-
-
-TORCH_GRAPH_LEVER = """
-import torch, pytorch_custom_ops as pco
-from benchmark.timing import host_overhead_us
-x = torch.randn(8, 128, device="cuda")
-side = torch.cuda.Stream()
-side.wait_stream(torch.cuda.current_stream())
-with torch.cuda.stream(side):
-    for _ in range(3):
-        pco.online_softmax(x)
-torch.cuda.current_stream().wait_stream(side)
-graph = torch.cuda.CUDAGraph()
-with torch.cuda.graph(graph):
-    y = pco.online_softmax(x)
-new = torch.randn_like(x)
-x.copy_(new)
-graph.replay()
-torch.cuda.synchronize()
-ok = torch.allclose(y, torch.softmax(new, -1), atol=1e-6)
-print("ok", host_overhead_us(graph.replay, 300), "correct" if ok else "WRONG")
-"""
-
-
+# -- the run ------------------------------------------------------------------------------------
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--no-store", action="store_true")
-    p.add_argument("--skip-max-customop", action="store_true", help="skip MAX's own per-shape path (slow compiles)")
+    p.add_argument("--reps", type=int, default=300)
     args = p.parse_args(argv)
     rows: list[dict] = []
 
-    def add(metric, impl, *, ms=None, us=None, shape="", note=""):
+    def add(metric, name, impl, shape, *, us=None, ms=None, note=""):
         rows.append(
             {
-                "op": metric,
+                "op": f"{metric}:{name}",
                 "impl": impl,
                 "shape": shape,
                 "dtype": "float32",
@@ -170,132 +156,52 @@ def main(argv=None) -> int:
                 "note": note,
             }
         )
-        val = f"{ms:.3f} ms" if ms is not None else f"{us:.1f} us"
-        print(f"{metric:34s} {impl:28s} {shape:10s} {val}  {note}")
 
-    # (a) first call in a fresh process: an empty MAX cache, then the same cache again
-    with tempfile.TemporaryDirectory() as cache:
-        for note in ("empty MAX cache: library load + graph compile", "warm MAX disk cache (same cache dir)"):
-            add(
-                "a_first_call_fresh_process",
-                "mojo",
-                ms=1e3 * fresh_process_s("pco.online_softmax(x)", cache),
-                shape="64x1000",
-                note=note,
-            )
-    add(
-        "a_first_call_fresh_process",
-        "torch",
-        ms=1e3 * fresh_process_s("torch.softmax(x, -1)", None),
-        shape="64x1000",
-        note="import + first call",
-    )
-
-    # warm up both paths
-    x = torch.randn(64, 1000, device=DEVICE)
-    pco.online_softmax(x)
-    torch.softmax(x, -1)
-
-    # (b) first call for a new shape in a warm process
+    for impl, call in (("gpu-days", "pco.softmax(x, -1)"), ("torch", "torch.softmax(x, -1)")):
+        ms = fresh_process_ms(call)
+        add("first_call_fresh_process", "softmax", impl, "64x1000", ms=ms, note="import + first call")
     for shape in [(77, 3001), (1000, 129)]:
-        xs = torch.randn(shape, device=DEVICE)
-        s = "x".join(map(str, shape))
-        add(
-            "b_first_call_new_shape",
-            "mojo",
-            ms=1e3 * timed_once(partial(pco.online_softmax, xs)),
-            shape=s,
-            note="symbolic dims: no recompile",
-        )
-        xs2 = torch.randn(shape[0] + 1, shape[1], device=DEVICE)
-        add("b_first_call_new_shape", "torch", ms=1e3 * timed_once(partial(torch.softmax, xs2, -1)), shape=s)
-    if not args.skip_max_customop:
-        from pathlib import Path
-
-        from max.experimental.torch import CustomOpLibrary
-
-        lib = CustomOpLibrary(Path(library.library_path()))
-        op = lib.online_softmax[{"BLOCK": 256}]
-        for shape in [(64, 1000), (65, 1000)]:
+        for impl, fn in (("gpu-days", pco.softmax), ("torch", torch.softmax)):
             xs = torch.randn(shape, device=DEVICE)
-            out = torch.empty_like(xs)
-            add(
-                "b_first_call_new_shape",
-                "max_customoplibrary",
-                ms=1e3 * timed_once(partial(op, out, xs)),
-                shape="x".join(map(str, shape)),
-                note="MAX's own bridge: one graph per shape",
-            )
-        add("c_host_per_call", "max_customoplibrary", us=per_call_us(lambda: op(out, xs)), shape="65x1000")
+            _sync()
+            t = time.perf_counter()
+            fn(xs, -1)
+            _sync()
+            add("first_call_new_shape", "softmax", impl, "x".join(map(str, shape)), ms=1e3 * (time.perf_counter() - t))
 
-    # (c) steady-state host cost per call, and its parts for the Mojo path
-    xt = torch.randn(*TINY, device=DEVICE)
-    tiny = "x".join(map(str, TINY))
-    add("c_host_per_call", "torch", us=per_call_us(lambda: torch.softmax(xt, -1)), shape=tiny)
-    add(
-        "c_host_per_call",
-        "mojo",
-        us=per_call_us(lambda: pco.online_softmax(xt)),
-        shape=tiny,
-        note="public op: checks, dispatch, MAX execute",
-    )
-    kernel = pco.online_softmax_kernel
-    add(
-        "c_part_torch_dispatch_and_wrapper",
-        "mojo",
-        us=per_call_us(lambda: torch.ops.gpu_days.online_softmax(xt, -1)) - per_call_us(lambda: kernel([xt])),
-        shape=tiny,
-        note="torch.library op + movedim/reshape around the kernel call",
-    )
-    add("c_part_contract_check", "mojo", us=per_call_us(lambda: kernel.spec.check_call([xt])), shape=tiny)
-    model = kernel.model(xt.dtype, xt.device)
-    bufs = (_to_max(xt),)
-    returned = model.execute(*bufs)[0]
-    add(
-        "c_part_dlpack_wrap",
-        "mojo",
-        us=per_call_us(lambda: (_to_max(xt), torch.from_dlpack(returned))),
-        shape=tiny,
-        note="the input -> a MAX buffer, the returned buffer -> a torch tensor",
-    )
-    add(
-        "c_part_model_execute",
-        "mojo",
-        us=per_call_us(lambda: model.execute(*bufs)),
-        shape=tiny,
-        note="MAX Model.execute with ready buffers",
-    )
+    with torch.no_grad():
+        for name, (shape, mojo, ref) in op_calls().items():
+            add("host_call", name, "gpu-days", shape, us=per_call_us(mojo, args.reps))
+            add("host_call", name, "torch", shape, us=per_call_us(ref, args.reps))
+            if DEVICE == "cuda":
+                add("graph_replay", name, "gpu-days", shape, us=graph_replay_us(mojo, args.reps))
 
-    # levers for the steady-state cost (c)
-    add(
-        "c_lever_execute_device_tensors",
-        "mojo",
-        us=per_call_us(lambda: model._execute_device_tensors(list(bufs))),
-        shape=tiny,
-        note="skip Model.execute's Python argument loop",
-    )
-    if DEVICE == "cuda":
-        levers(xt, tiny, model, add, rows)
+    for name, (shape, mojo, ref, in_shape) in module_pairs().items():
+        for impl, module in (("gpu-days", mojo), ("torch", ref)):
+            x = _rand(*in_shape, grad=True)
+            grad = torch.randn_like(module(x))
+            fwd = per_call_us(lambda m=module, x=x: m(x), args.reps)
+            both = per_call_us(lambda m=module, x=x, g=grad: m(x).backward(g), args.reps)
+            add("host_fwd_grad", name, impl, shape, us=fwd)
+            add("host_fwd_bwd", name, impl, shape, us=both)
+            add("host_bwd", name, impl, shape, us=both - fwd, note="host_fwd_bwd - host_fwd_grad")
 
-    # (d) kernel time on a big input
-    xb = torch.randn(*BIG, device=DEVICE)
-    big = "x".join(map(str, BIG))
-    for impl, fn in (("torch", lambda: torch.softmax(xb, -1)), ("mojo", lambda: pco.online_softmax(xb))):
-        if DEVICE == "cuda":
-            ms = timing.kernel_time_ms(fn)
-            add("d_kernel_time", impl, ms=ms, shape=big, note="device time (profiler)")
-            add(
-                "d_end_to_end_time",
-                impl,
-                ms=timing.time_cuda({impl: fn})[impl].median_ms,
-                shape=big,
-                note="CUDA events, L2 flushed",
-            )
-        else:
-            add("d_end_to_end_time", impl, ms=timing.time_cpu({impl: fn})[impl].median_ms, shape=big, note="wall clock")
-
+    print(f"{'metric':22s} {'op':22s} {'gpu-days':>10s} {'torch':>10s}  target")
+    by_key = {(r["op"], r["impl"]): r for r in rows}
+    for r in rows:
+        if r["impl"] != "gpu-days":
+            continue
+        metric = r["op"].split(":")[0]
+        ours = r["host_us"] if r["host_us"] is not None else r["ms_median"]
+        theirs = by_key.get((r["op"], "torch"), {})
+        theirs = theirs.get("host_us") if theirs.get("host_us") is not None else theirs.get("ms_median")
+        unit = "us" if r["host_us"] is not None else "ms"
+        limit = LIMIT_US.get(metric)
+        verdict = "" if limit is None or DEVICE != "cuda" else ("ok" if ours <= limit else f"OVER {limit:g} us")
+        them = f"{theirs:10.1f}" if theirs is not None else f"{'':10s}"
+        print(f"{metric:22s} {r['op'].split(':')[1]:22s} {ours:10.1f} {them} {unit} {verdict}")
     if not args.no_store:
-        print("appended to", append_rows(rows, day="day010", run_id=new_run_id()))
+        print("appended to", append_rows(rows, day="day016", run_id=new_run_id()))
     return 0
 
 

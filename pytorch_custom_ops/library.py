@@ -71,8 +71,8 @@ def build_library(package: Path = KERNEL_PACKAGE, build_dir: Path = BUILD_DIR) -
         raise KernelBuildError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}):\n{proc.stderr or proc.stdout}")
     (staging / target.name).replace(target)  # atomic: parallel workers never see half a file
     shutil.rmtree(staging, ignore_errors=True)
-    for old in build_dir.iterdir():
-        if old.is_dir() and old.name != key and not old.name.startswith(".partial-"):
+    for old in build_dir.iterdir():  # older libraries (hash-named); build/gpu is gpu_build's
+        if old.is_dir() and old.name != key and len(old.name) == len(key) and old.name.isalnum():
             shutil.rmtree(old, ignore_errors=True)
     return target
 

@@ -44,12 +44,15 @@ class MojoOp:
         self._gpu_broken: BaseException | None = None
 
     # -- readiness ------------------------------------------------------------------------
-    def ready(self, device: str | torch.device = "cpu") -> bool:
-        """True when the Mojo path is live on `device`: on the CPU, MAX's library loaded
-        and the contract verified; on CUDA, a launch plan and a GPU build of its kernels.
+    def ready(self, device: str | torch.device | None = None) -> bool:
+        """True when the Mojo path is live on `device` (default: CUDA when torch sees a
+        GPU, else the CPU): on the CPU, MAX's library loaded and the contract verified; on
+        CUDA, a launch plan and a GPU build of its kernels.
 
         On failure the reason is kept, and `fallback.fall_back` warns (or raises, strict).
         """
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         if torch.device(device).type == "cuda":
             return self._gpu_ready()
         if self._broken is not None:
