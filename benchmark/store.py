@@ -3,13 +3,25 @@
 One row per measurement (implementation x shape x dtype), stamped with the run id and
 the environment. Earlier runs are never rewritten; readers pick the run they want
 (`latest_run`). The site and the plots read only from here.
+
+Crash and concurrency safety: a run's rows are rendered in memory first and appended in one
+write, under an exclusive lock on the device folder, so a writer killed mid-run leaves the
+file as it was, and two benchmark runs on one machine never interleave rows. A header
+rewrite (a column was added) goes through a temporary file and a rename. A torn last line
+(power loss) is closed with a newline before the next append, and readers skip and report
+any malformed row instead of failing or dropping the file.
 """
 
 from __future__ import annotations
 
 import csv
+import fcntl
+import io
+import os
+import tempfile
 import uuid
 from collections.abc import Iterable, Mapping
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -63,31 +75,74 @@ def new_run_id() -> str:
 
 
 def append_rows(rows: Iterable[Mapping], day: str, run_id: str, results_dir: Path = RESULTS_DIR) -> Path:
-    """Append `rows` (dicts with ROW_COLUMNS keys; missing ones are blank) for `day`."""
+    """Append `rows` (dicts with ROW_COLUMNS keys; missing ones are blank) for `day`:
+    all of them or, if anything fails before the write, none."""
     path = results_dir / device_slug() / f"{day}.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
-    new = not path.exists()
-    if not new:
-        _upgrade_header(path)
     env = stamp()
     now = datetime.now(UTC).isoformat(timespec="seconds")
-    with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="raise")
-        if new:
-            writer.writeheader()
-        for row in rows:
-            unknown = set(row) - set(ROW_COLUMNS)
-            if unknown:
-                raise KeyError(f"unknown result columns: {sorted(unknown)}")
-            full = {**{k: "" for k in COLUMNS}, **env, "run_id": run_id, "timestamp": now, "day": day}
-            full.update({k: _fmt(v) for k, v in row.items()})
-            writer.writerow(full)
+    body = io.StringIO()
+    writer = csv.DictWriter(body, fieldnames=COLUMNS, extrasaction="raise")
+    for row in rows:  # rendered before the file is touched: a crash here writes nothing
+        unknown = set(row) - set(ROW_COLUMNS)
+        if unknown:
+            raise KeyError(f"unknown result columns: {sorted(unknown)}")
+        full = {**{k: "" for k in COLUMNS}, **env, "run_id": run_id, "timestamp": now, "day": day}
+        full.update({k: _fmt(v) for k, v in row.items()})
+        writer.writerow(full)
+    with _locked(path.parent):
+        if not path.exists() or path.stat().st_size == 0:
+            header = io.StringIO()
+            csv.DictWriter(header, fieldnames=COLUMNS).writeheader()
+            _replace(path, header.getvalue() + body.getvalue())
+            return path
+        _upgrade_header(path)
+        with path.open("ab") as f:
+            if _last_byte(path) not in (b"\n", b""):
+                f.write(b"\r\n")  # close a torn line: it stays one malformed row that readers skip
+            f.write(body.getvalue().encode())
+            f.flush()
+            os.fsync(f.fileno())
     return path
+
+
+@contextmanager
+def _locked(folder: Path):
+    """One writer at a time per device folder, across processes (flock on the folder)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _last_byte(path: Path) -> bytes:
+    with path.open("rb") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() == 0:
+            return b""
+        f.seek(-1, os.SEEK_END)
+        return f.read(1)
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, then rename it over `path`."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _upgrade_header(path: Path) -> None:
     """Rewrite a file written before a column was added, with that column blank, so
-    that appended rows line up with its header."""
+    that appended rows line up with its header (through a temporary file and a rename)."""
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
         if reader.fieldnames == COLUMNS:
@@ -96,10 +151,11 @@ def _upgrade_header(path: Path) -> None:
         if unknown:
             raise KeyError(f"{path}: unknown result columns {sorted(unknown)}")
         rows = list(reader)
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, restval="")
-        writer.writeheader()
-        writer.writerows(rows)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=COLUMNS, restval="")
+    writer.writeheader()
+    writer.writerows(rows)
+    _replace(path, out.getvalue())
 
 
 def _fmt(v) -> str:
@@ -110,19 +166,60 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def read_rows(path: Path) -> tuple[list[dict], list[str]]:
+    """The well-formed rows of one results file, and a note for each row skipped (wrong
+    number of fields, a number that does not parse)."""
+    rows, skipped = [], []
+    with path.open(newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            return rows, skipped
+        unknown = set(header) - set(COLUMNS)
+        if unknown:
+            return rows, [f"{path}: unknown columns {sorted(unknown)}: file skipped"]
+        for fields in reader:
+            line = reader.line_num
+            if not fields:
+                continue
+            if len(fields) != len(header):
+                skipped.append(f"{path}:{line}: {len(fields)} fields, the header has {len(header)}")
+                continue
+            row = dict(zip(header, fields, strict=True))
+            bad = [c for c in NUMERIC_COLUMNS if row.get(c) and not _is_number(row[c])]
+            if bad:
+                skipped.append(f"{path}:{line}: not a number in {bad}")
+                continue
+            rows.append(row)
+    return rows, skipped
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def load(day: str | None = None, device: str | None = None, results_dir: Path = RESULTS_DIR):
-    """All stored rows (optionally of one day / device folder) as a pandas DataFrame."""
+    """All stored rows (optionally of one day / device folder) as a pandas DataFrame.
+
+    Malformed rows are skipped; `df.attrs["skipped"]` lists them (file:line: why)."""
     import pandas as pd
 
     files = sorted(results_dir.glob(f"{device or '*'}/{day or '*'}.csv"))
-    if not files:
-        return pd.DataFrame(columns=COLUMNS + ["device_dir"])
-    text = {c: str for c in STAMP_COLUMNS + ["day", "op", "impl", "shape", "dtype", "status", "reason", "note"]}
-    frames = [
-        pd.read_csv(f, keep_default_na=False, na_values=[""], dtype=text).assign(device_dir=f.parent.name)
-        for f in files
-    ]
-    return pd.concat(frames, ignore_index=True)
+    records, skipped = [], []
+    for f in files:
+        rows, bad = read_rows(f)
+        records += [{**r, "device_dir": f.parent.name} for r in rows]
+        skipped += bad
+    df = pd.DataFrame.from_records(records, columns=COLUMNS + ["device_dir"])
+    df = df.replace("", float("nan"))
+    for c in NUMERIC_COLUMNS:
+        df[c] = pd.to_numeric(df[c])
+    df.attrs["skipped"] = skipped
+    return df
 
 
 def latest_run(df):

@@ -175,6 +175,8 @@ def _load_results(root: Path):
 
     results_dir = _results_dir(root)
     df = store.load(results_dir=results_dir)
+    for note in df.attrs.get("skipped", []):  # reported, not fatal: one bad row must not hide a day
+        log.info("gpu-days: skipped a malformed result row: %s", note)
     df = store.latest_run(plots.prepare(df))
     log.info("gpu-days: %d result rows (latest runs) from %s", len(df), results_dir)
     return df
