@@ -136,6 +136,7 @@ class LoadedKernel:
         self.max_smem = 48 * 1024  # without opting in, a launch may ask for up to 48 KiB
         self._lock = threading.Lock()
 
+    # --8<-- [start:launch]
     def launch(self, launch: Launch, stream: int) -> None:
         smem = launch.smem
         if smem > self.max_smem:
@@ -164,6 +165,8 @@ class LoadedKernel:
             what += f", cluster {cluster})" if cluster else ")"
             cu.check(code, what)
 
+    # --8<-- [end:launch]
+
 
 _loaded: dict[tuple[int, int], LoadedKernel | KernelLoadError] = {}
 _load_lock = threading.Lock()
@@ -186,6 +189,7 @@ def loaded(kernel: Kernel, device_index: int) -> LoadedKernel:
     return found
 
 
+# --8<-- [start:run]
 def run(launches: list[Launch], device_index: int) -> None:
     """Enqueue `launches` in order on torch's current stream of CUDA device `device_index`."""
     if device_index != torch._C._cuda_getDevice():
@@ -195,6 +199,9 @@ def run(launches: list[Launch], device_index: int) -> None:
     stream = torch._C._cuda_getCurrentRawStream(device_index)
     for launch in launches:
         loaded(launch.kernel, device_index).launch(launch, stream)
+
+
+# --8<-- [end:run]
 
 
 def plan(*families):

@@ -63,6 +63,7 @@ def day_key(day: str, kernels: list[Kernel], sources: bytes | None = None) -> st
     return f"{day}-{digest.hexdigest()[:16]}"
 
 
+# --8<-- [start:exporter]
 def exporter_source(kernels: list[Kernel]) -> str:
     """A Mojo program that prints the PTX and entry name of every kernel in `kernels`."""
     imports = sorted({(k.family.module, k.family.function) for k in kernels})
@@ -83,6 +84,9 @@ def exporter_source(kernels: list[Kernel]) -> str:
             f'    print("{_END}")',
         ]
     return "\n".join(lines) + "\n"
+
+
+# --8<-- [end:exporter]
 
 
 def _parse_export(stdout: str) -> dict[str, tuple[str, str]]:

@@ -170,7 +170,7 @@ def test_torch_compile_fullgraph_on_cuda(mode):
 
 
 @pytest.mark.skipif(not CUDA or torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
-def test_tensor_on_second_gpu_launches_there():
+def test_cuda_tensor_on_second_gpu_launches_there():
     x = torch.randn(17, 999, device="cuda:1")
     before = torch.cuda.current_device()
     y = pco.online_softmax(x)
@@ -181,7 +181,7 @@ def test_tensor_on_second_gpu_launches_there():
 
 
 @needs_cuda
-def test_work_from_a_fresh_thread_launches():
+def test_cuda_work_from_a_fresh_thread_launches():
     import threading
 
     x = torch.randn(8, 100, device="cuda")
@@ -193,7 +193,7 @@ def test_work_from_a_fresh_thread_launches():
 
 
 @needs_cuda
-def test_a_kernel_that_cannot_load_fails_strictly_or_falls_back_with_a_warning(private_build, monkeypatch):
+def test_cuda_kernel_that_cannot_load_fails_strictly_or_falls_back_with_a_warning(private_build, monkeypatch):
     k = _day009_kernel()  # float32
     path = next(private_build.glob("day009-*"))
     (path / f"{k.key}.cubin").unlink(missing_ok=True)
