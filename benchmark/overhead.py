@@ -186,20 +186,20 @@ def main(argv=None) -> int:
             add("host_fwd_bwd", name, impl, shape, us=both)
             add("host_bwd", name, impl, shape, us=both - fwd, note="host_fwd_bwd - host_fwd_grad")
 
-    print(f"{'metric':22s} {'op':22s} {'gpu-days':>10s} {'torch':>10s}  target")
-    by_key = {(r["op"], r["impl"]): r for r in rows}
+    print(f"{'metric':26s} {'op':22s} {'shape':11s} {'gpu-days':>10s} {'torch':>10s}  target")
+    by_key = {(r["op"], r["shape"], r["impl"]): r for r in rows}
     for r in rows:
         if r["impl"] != "gpu-days":
             continue
         metric = r["op"].split(":")[0]
         ours = r["host_us"] if r["host_us"] is not None else r["ms_median"]
-        theirs = by_key.get((r["op"], "torch"), {})
+        theirs = by_key.get((r["op"], r["shape"], "torch"), {})
         theirs = theirs.get("host_us") if theirs.get("host_us") is not None else theirs.get("ms_median")
         unit = "us" if r["host_us"] is not None else "ms"
         limit = LIMIT_US.get(metric)
         verdict = "" if limit is None or DEVICE != "cuda" else ("ok" if ours <= limit else f"OVER {limit:g} us")
         them = f"{theirs:10.1f}" if theirs is not None else f"{'':10s}"
-        print(f"{metric:22s} {r['op'].split(':')[1]:22s} {ours:10.1f} {them} {unit} {verdict}")
+        print(f"{metric:26s} {r['op'].split(':')[1]:22s} {r['shape']:11s} {ours:10.1f} {them} {unit} {verdict}")
     if not args.no_store:
         print("appended to", append_rows(rows, day="day016", run_id=new_run_id()))
     return 0

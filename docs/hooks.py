@@ -47,6 +47,7 @@ RESULTS_ENV = "GPU_DAYS_RESULTS_DIR"
 DAY_DIR_RE = re.compile(r"^day(\d+)$")
 RESULTS_MARKER_RE = re.compile(r"^[ \t]*<!--\s*results:\s*(day\d+)\s*-->[ \t]*$", re.MULTILINE)
 DAYS_TABLE_MARKER = "<!-- days-table -->"
+STANDINGS_URI = "standings.md"
 IMAGE_EXTS = {".png", ".jpg", ".jpeg", ".gif", ".svg", ".webp"}
 LANGS = {
     ".mojo": "mojo",
@@ -87,6 +88,24 @@ FAMILIES: dict[str, Family] = {
         "Row softmax: a reduction (max, sum of exponentials) followed by an elementwise pass. "
         "It is memory bound, so the yardstick is the device's copy bandwidth.",
     ),
+    "normalisation": Family(
+        "Normalisation",
+        ("layer_norm",),
+        "LayerNorm forward and backward: per-row statistics, then an elementwise pass (and, backward, "
+        "column sums for the weight and bias gradients). Memory bound: the yardstick is copy bandwidth.",
+    ),
+    "gemm": Family(
+        "GEMM",
+        ("gemm",),
+        "Matrix products: compute bound at large sizes, so the yardstick is TFLOP/s and torch's cuBLAS "
+        "in the same run.",
+    ),
+    "attention": Family(
+        "Attention",
+        ("attention",),
+        "Attention (softmax(QK^T)V) in one fused kernel that never writes the scores: the yardstick is "
+        "TFLOP/s next to torch's scaled_dot_product_attention backends.",
+    ),
 }
 
 
@@ -126,7 +145,8 @@ def on_files(files: Files, config) -> Files:
     for rel, uri in sorted(sources.items()):
         _add(files, File.generated(config, uri, content=source_page(root, rel), inclusion=InclusionLevel.NOT_IN_NAV))
 
-    nav: list = [{"Home": "index.md"}]
+    _add(files, File.generated(config, STANDINGS_URI, content=standings_page(results)))
+    nav: list = [{"Home": "index.md"}, {"Where each kernel stands": STANDINGS_URI}]
     if days:
         nav.append({"Days": [{f"Day {d.num:03d} · {d.title}": f"days/{d.name}.md"} for d in days]})
     nav.append({"Kernel families": fam_pages})
@@ -663,6 +683,69 @@ def family_page(key: str, fam: Family, days: list[Day], results, tmp: Path, file
             out.append(f"### {device}: {dtype}\n")
             g = g.sort_values(["_size", "shape", "_ms"], kind="stable")
             out.append(markdown_table(g, first=[("day", day_link)], drop=("dtype", *drop_op)) + "\n")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------- standings
+
+
+def _pct(v) -> str:
+    return f"{v:.0f}%" if _num(v) is not None else ""
+
+
+def _times(v) -> str:
+    return f"{v:.2f}×" if _num(v) is not None else ""
+
+
+def standings_page(results) -> str:
+    """One line per op and dtype at its headline shape, per device (benchmark/standings.py)."""
+    from benchmark.standings import standings
+
+    out = [
+        "# Where each kernel stands\n",
+        "Each op of the log at its headline shape (the largest one its implementations ran), from the "
+        "latest run on each device: the fastest of the log's implementations, and how it compares with "
+        "the baselines timed **in the same run**. *% of copy* is the bandwidth reached against a "
+        "device-to-device copy (memory-bound ops); *% of library* is torch's library kernel time over "
+        "ours (cuBLAS for GEMM, SDPA for attention). *Host µs* is the host cost of one call of the "
+        "op with no autograd ([day 016](days/day016.md)), next to torch's. Generated from the results "
+        "store.\n",
+    ]
+    rows = standings(results)
+    if not rows:
+        out.append('!!! info "No results yet"\n\n    Run `nox -s bench` on a GPU machine and rebuild the site.\n')
+        return "\n".join(out)
+    head = (
+        "| day | op | dtype | shape | best | ms | kernel ms | % of copy | TFLOP/s | % of library "
+        "| vs torch eager | vs torch.compile | host µs (torch) | commit |"
+    )
+    align = "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+    for device_dir in dict.fromkeys(r["device_dir"] for r in rows):
+        mine = [r for r in rows if r["device_dir"] == device_dir]
+        out.append(f"## {_cell(mine[0]['device'])}\n")
+        lines = [head, align]
+        for r in mine:
+            lib = f"{_pct(r['pct_of_library'])} {r['library']}" if r["pct_of_library"] is not None else ""
+            host = fmt(r["host_us"]) + (f" ({fmt(r['torch_host_us'])})" if r["torch_host_us"] is not None else "")
+            commit = f"`{_cell(r['commit'])}`" if _cell(r["commit"]) else ""
+            cells = [
+                f"[{r['day']}](days/{r['day']}.md)",
+                f"`{_cell(r['op'])}`",
+                _cell(r["dtype"]),
+                _cell(r["shape"]),
+                f"`{_cell(r['best'])}`",
+                fmt(r["ms"]),
+                fmt(r["kernel_ms"]),
+                _pct(r["pct_copy_bw"]),
+                fmt(r["tflops"]),
+                lib,
+                _times(r["vs_eager"]),
+                _times(r["vs_compile"]),
+                host,
+                commit,
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+        out.append('<div class="gpu-days-results" markdown>\n\n' + "\n".join(lines) + "\n\n</div>\n")
     return "\n".join(out)
 
 

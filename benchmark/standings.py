@@ -1,0 +1,88 @@
+"""Where each kernel stands: one line per op and dtype, from the results store.
+
+For every (device, day, op, dtype) of the latest runs: the headline shape (the largest
+one the log's own implementations ran), the fastest of them there, and how it compares
+with the baselines timed in the same run (torch eager, torch.compile), with the copy
+bandwidth, and with torch's library kernel where torch's op is one (cuBLAS for GEMM,
+SDPA for attention). The host cost per call comes from day 016's overhead rows. The site's
+"Where each kernel stands" page renders this table.
+"""
+
+from __future__ import annotations
+
+import math
+
+BASELINES = {"torch", "torch_compile", "torch_copy"}  # impls that are not the log's own
+LIBRARY = {"gemm": "cuBLAS", "attention": "SDPA"}  # op-name fragment -> what torch calls
+NOT_KERNEL_OPS = ("copy_bandwidth",)
+STUDY_DAYS = ("day010",)  # its rows are parts of one call's time, not kernels
+HOST_PREFIX = "host_call:"  # day016 overhead rows: host_call:<op>
+
+
+def _ours(impl: str) -> bool:
+    return impl not in BASELINES and not impl.startswith("torch")
+
+
+def _finite(v) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _library(op: str) -> str | None:
+    return next((name for frag, name in LIBRARY.items() if frag in op), None)
+
+
+def standings(results) -> list[dict]:
+    """The table's rows (dicts), GPUs first, then by day and op."""
+    if results is None or results.empty:
+        return []
+    ok = results[results["status"] == "ok"]
+    host = ok[ok["op"].astype(str).str.startswith(HOST_PREFIX)]
+    kernels = ok[~ok["op"].astype(str).str.contains(":") & ~ok["op"].isin(NOT_KERNEL_OPS) & ~ok["day"].isin(STUDY_DAYS)]
+    rows = []
+    for (device_dir, day, op, dtype), g in kernels.groupby(["device_dir", "day", "op", "dtype"], sort=True):
+        mine = g[g["impl"].astype(str).map(_ours).astype(bool) & g["ms_median"].notna()]
+        if mine.empty:
+            continue
+        size = mine["size"].fillna(-1).max() if "size" in mine else -1
+        at = g[g["size"].fillna(-1) == size] if "size" in g else g
+        best = at[at["impl"].astype(str).map(_ours).astype(bool)].sort_values("ms_median").iloc[0]
+        ms = float(best["ms_median"])
+
+        def baseline(impl, at=at):
+            hit = at[(at["impl"] == impl) & at["ms_median"].notna()]
+            return float(hit["ms_median"].iloc[0]) if len(hit) else None
+
+        eager, compiled = baseline("torch"), baseline("torch_compile")
+        lib = _library(str(op))
+        host_rows = host[(host["device_dir"] == device_dir) & (host["op"] == f"{HOST_PREFIX}{op}")]
+        host_mine = host_rows.loc[host_rows["impl"].astype(str).map(_ours).astype(bool), "host_us"].dropna()
+        host_torch = host_rows[host_rows["impl"] == "torch"]["host_us"].dropna()
+        rows.append(
+            {
+                "device_dir": device_dir,
+                "device": str(best.get("device") or device_dir),
+                "device_type": str(best.get("device_type") or ""),
+                "day": day,
+                "op": op,
+                "dtype": dtype,
+                "shape": best.get("shape"),
+                "best": best["impl"],
+                "ms": ms,
+                "kernel_ms": _finite(best.get("kernel_ms")),
+                "pct_copy_bw": _finite(best.get("pct_copy_bw")),
+                "tflops": _finite(best.get("tflops")),
+                "library": lib,
+                "pct_of_library": 100 * eager / ms if lib and eager else None,
+                "vs_eager": eager / ms if eager else None,
+                "vs_compile": compiled / ms if compiled else None,
+                "host_us": float(host_mine.iloc[-1]) if len(host_mine) else None,
+                "torch_host_us": float(host_torch.iloc[-1]) if len(host_torch) else None,
+                "commit": best.get("git_commit"),
+            }
+        )
+    rows.sort(key=lambda r: (r["device_type"] != "cuda", r["device_dir"], r["day"], r["op"], r["dtype"]))
+    return rows
