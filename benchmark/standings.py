@@ -11,6 +11,7 @@ SDPA for attention). The host cost per call comes from day 016's overhead rows. 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 BASELINES = {"torch", "torch_compile", "torch_copy"}  # impls that are not the log's own
 LIBRARY = {"gemm": "cuBLAS", "attention": "SDPA"}  # op-name fragment -> what torch calls
@@ -86,3 +87,30 @@ def standings(results) -> list[dict]:
         )
     rows.sort(key=lambda r: (r["device_type"] != "cuda", r["device_dir"], r["day"], r["op"], r["dtype"]))
     return rows
+
+
+def plot_standings(rows: list[dict], device_dir: str, path: Path) -> Path | None:
+    """Horizontal bars: the best implementation's speedup over torch eager and torch.compile,
+    one pair per (op, dtype) of one device, with the 1x line. None when nothing compares."""
+    from matplotlib.figure import Figure
+
+    mine = [r for r in rows if r["device_dir"] == device_dir and (r["vs_eager"] or r["vs_compile"])]
+    if not mine:
+        return None
+    labels = [f"{r['op']} {r['dtype']}" for r in mine]
+    fig = Figure(figsize=(8, 0.35 * len(mine) + 1.4), layout="constrained")
+    ax = fig.add_subplot()
+    ys = range(len(mine))
+    eager = [r["vs_eager"] or 0 for r in mine]
+    compiled = [r["vs_compile"] or 0 for r in mine]
+    ax.barh([y + 0.2 for y in ys], eager, height=0.4, label="vs torch eager")
+    ax.barh([y - 0.2 for y in ys], compiled, height=0.4, label="vs torch.compile")
+    ax.axvline(1.0, color="black", linewidth=1, linestyle="--")
+    ax.set_yticks(list(ys), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("speedup of the best gpu-days implementation (x, higher is better)")
+    ax.set_title(f"Where each kernel stands — {mine[0]['device']}", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path

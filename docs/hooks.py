@@ -142,10 +142,10 @@ def on_files(files: Files, config) -> Files:
                 File.generated(config, uri, content=family_page(key, fam, days, results, Path(tmp), files, config)),
             )
             fam_pages.append({fam.title: uri})
+        _add(files, File.generated(config, STANDINGS_URI, content=standings_page(results, Path(tmp), files, config)))
     for rel, uri in sorted(sources.items()):
         _add(files, File.generated(config, uri, content=source_page(root, rel), inclusion=InclusionLevel.NOT_IN_NAV))
 
-    _add(files, File.generated(config, STANDINGS_URI, content=standings_page(results)))
     nav: list = [{"Home": "index.md"}, {"Where each kernel stands": STANDINGS_URI}]
     if days:
         nav.append({"Days": [{f"Day {d.num:03d} · {d.title}": f"days/{d.name}.md"} for d in days]})
@@ -697,9 +697,10 @@ def _times(v) -> str:
     return f"{v:.2f}×" if _num(v) is not None else ""
 
 
-def standings_page(results) -> str:
+def standings_page(results, tmp: Path, files: Files, config) -> str:
     """One line per op and dtype at its headline shape, per device (benchmark/standings.py)."""
-    from benchmark.standings import standings
+    from benchmark.plots import plot_name
+    from benchmark.standings import plot_standings, standings
 
     out = [
         "# Where each kernel stands\n",
@@ -723,6 +724,10 @@ def standings_page(results) -> str:
     for device_dir in dict.fromkeys(r["device_dir"] for r in rows):
         mine = [r for r in rows if r["device_dir"] == device_dir]
         out.append(f"## {_cell(mine[0]['device'])}\n")
+        png = plot_standings(rows, device_dir, tmp / "standings" / plot_name("standings", device_dir))
+        if png:
+            files.append(File.generated(config, f"standings/plots/{png.name}", content=png.read_bytes()))
+            out.append(f"![speedups on {_cell(mine[0]['device'])}](standings/plots/{png.name}){{ .gpu-days-plot }}\n")
         lines = [head, align]
         for r in mine:
             lib = f"{_pct(r['pct_of_library'])} {r['library']}" if r["pct_of_library"] is not None else ""

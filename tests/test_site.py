@@ -186,6 +186,7 @@ def test_build_without_results(tmp_path):
         if f"<!-- results: {day} -->" in readme:
             assert "No results yet" in text and f"nox -s bench -- --day {day}" in text
     assert "No results yet" in (tmp_path / "site" / "families" / "softmax" / "index.html").read_text()
+    assert "No results yet" in (tmp_path / "site" / "standings" / "index.html").read_text()
 
 
 def test_build_with_results(site):
@@ -205,6 +206,12 @@ def test_build_with_results(site):
     assert "<table>" in fam and "mojo_online" in fam and "stale_impl" not in fam
     assert re.search(r'<img[^>]+src="plots/family-softmax-nvidia-test-gpu-80gb\.png"', fam)
     assert (site / "assets" / "javascripts" / "mermaid.min.js").stat().st_size > 1_000_000
+    # where each kernel stands: one line per (op, dtype) at the largest shape, best of ours first
+    stand = (site / "standings" / "index.html").read_text()
+    assert 'href="standings/"' in index and "<table>" in stand and "stale_impl" not in stand
+    assert re.search(r"8192x16384</td>\s*<td><code>triton_online</code>", stand)
+    assert "1.33×" in stand  # triton_online vs torch eager there: (1.2) / (1.2 - 2 * 0.15), see the fake rows
+    assert re.search(r'<img[^>]+src="plots/standings-nvidia-test-gpu-80gb\.png"', stand)
     # nothing fetched from the network at view time: no Google fonts, no CDN
     for page in site.rglob("*.html"):
         text = page.read_text()
@@ -392,7 +399,7 @@ def browser(tmp_path_factory):
 
 def test_pages_in_chromium(site, server, browser, tmp_path):
     readmes = built_days(site)
-    pages = ["", "families/softmax/", "about/"] + [f"days/{d}/" for d in readmes]
+    pages = ["", "standings/", "families/softmax/", "about/"] + [f"days/{d}/" for d in readmes]
     shots = []
     for rel in pages:
         url = server + rel
@@ -406,9 +413,10 @@ def test_pages_in_chromium(site, server, browser, tmp_path):
         if rel.startswith("days/"):
             day = rel.split("/")[1]
             assert re.search(rf"0*{int(day[3:])}", title), f"{where}: title {title!r}"
-        if rel.startswith(("days/", "families/")):
+        if rel.startswith(("days/", "families/", "standings/")):
             heads = browser.eval("[...document.querySelectorAll('article table th')].map(t => t.innerText)")
-            assert "impl" in heads and any("GB/s" in h for h in heads), f"{where}: no results table ({heads})"
+            want = ("best", "% of copy") if rel == "standings/" else ("impl", "GB/s")
+            assert want[0] in heads and any(want[1] in h for h in heads), f"{where}: no results table ({heads})"
             imgs = browser.wait_for(
                 "(() => { const i = [...document.querySelectorAll('article img.gpu-days-plot')];"
                 " return i.length && i.every(x => x.complete) &&"
