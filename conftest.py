@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 os.environ["GPU_DAYS_STRICT"] = "1"
 
@@ -19,3 +20,16 @@ def devices() -> list[str]:
 @pytest.fixture(params=devices())
 def device(request) -> str:
     return request.param
+
+
+# Property-based tests (tests/test_properties.py): `ci` is the default, bounded and repeatable
+# (a fixed seed); `pytest --hypothesis-profile=deep` explores ~15x more examples per test.
+_PROFILE = {
+    "deadline": None,  # the first call of an op compiles (MAX on the CPU) or loads a kernel
+    "derandomize": True,
+    "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    "print_blob": True,
+}
+settings.register_profile("ci", max_examples=20, **_PROFILE)
+settings.register_profile("deep", max_examples=300, **_PROFILE)
+settings.load_profile("ci")
