@@ -22,7 +22,9 @@ from collections.abc import Sequence
 
 import torch
 
-from .contract import OpSpec, TensorArg, check_float_tensor
+from . import direct
+from .contract import FLOAT_DTYPES, OpSpec, TensorArg, check_float_tensor
+from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp
 
 LAYER_NORM = OpSpec(
@@ -54,8 +56,181 @@ LAYER_NORM_BACKWARD = OpSpec(
         TensorArg("rstd", ("rows",), dtype=torch.float32),
     ),
 )
-layer_norm_kernel = MojoOp(LAYER_NORM)
-layer_norm_backward_kernel = MojoOp(LAYER_NORM_BACKWARD)
+
+# -- GPU launch plans (day 016: the launch moved here from layer_norm.mojo) ---------------
+# --8<-- [start:gpu_tiers]
+# A row of `cols` elements is nvec = cols / VEC vectors, VEC elements making one 16-byte
+# load (VEC = 1 when cols or a pointer does not allow it). TPR threads share a row, each
+# holding at most ITEMS vectors of it in registers; ROWS rows per block.
+#   forward:  nvec <= 256   a warp per row, 8 rows per block  (fp32 cols <= 1024)
+#             nvec <= 1024  256 threads x 4 vectors           (fp32 cols <= 4096)
+#             nvec <= 4096  512 threads x 8 vectors           (fp32 cols <= 16384)
+#   backward: the same, with a 512 x 4 tier before 512 x 8: it holds x and dy, and ptxas
+#             spills 16-bit rows of 512 x 8 (128 registers at most). Each worker keeps
+#             2 * cols column sums in shared memory, which caps the tiers at SMEM_CAP bytes
+#             (only the 512-thread tiers can reach it; the smaller tiers need <= 128 KiB).
+#   longer rows: the streaming kernels (two reads of the row, any length).
+VECTOR_BYTES = 16
+FWD_TIERS = ((32, 8, 8), (256, 4, 1), (512, 8, 1))  # (TPR, ITEMS, ROWS)
+# (TPR, ITEMS, ROWS, PER_SM): PER_SM is about how many blocks of the persistent grid
+# fit on an SM (registers or shared memory)
+BWD_TIERS = ((32, 8, 8, 1), (256, 4, 1, 2), (512, 4, 1, 1), (512, 8, 1, 1))
+STREAM_THREADS = 512  # one block per row in the streaming kernels
+_BWD_STREAM_TIER = (STREAM_THREADS, 0, 1, 1)  # ITEMS == 0: the streaming kernel
+SMEM_CAP = 200 * 1024
+MAX_GRID = 1 << 20  # forward grids stop here; the kernels' row loops cover any rows beyond
+MIN_ROWS_PER_WORKER = 8  # backward: fewer partial rows to write and re-read
+SUM_COLS, SUM_LANES = 32, 16  # stage 2: columns per block (one warp wide) x partial rows read at once
+# --8<-- [end:gpu_tiers]
+
+
+def _accum(dtype: torch.dtype) -> torch.dtype:
+    """day009's accum_dtype: float64 for float64, else float32. It sizes the backward's
+    shared memory and workspace; the kernels take it as a parameter and assert it."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _vector_widths(dtype: torch.dtype) -> tuple[int, int]:
+    return VECTOR_BYTES // dtype.itemsize, 1
+
+
+_MODULE = "days.day013.layer_norm"
+_PTRS7, _ROWS_COLS = ("ptr",) * 7, ("i64", "i64")
+LN_FWD = KernelFamily(
+    _MODULE,
+    "layer_norm_fwd_kernel",
+    args=_PTRS7 + _ROWS_COLS,  # y, mean, rstd, x, weight, bias, eps, rows, cols
+    variants=tuple((d, v, *t) for d in FLOAT_DTYPES for v in _vector_widths(d) for t in FWD_TIERS),
+)
+LN_FWD_STREAM = KernelFamily(
+    _MODULE,
+    "layer_norm_fwd_stream_kernel",
+    args=_PTRS7 + _ROWS_COLS,
+    variants=tuple((d, v, STREAM_THREADS) for d in FLOAT_DTYPES for v in _vector_widths(d)),
+)
+LN_BWD = KernelFamily(
+    _MODULE,
+    "layer_norm_bwd_kernel",
+    args=_PTRS7 + _ROWS_COLS,  # grad_x, partials, grad_out, x, weight, mean, rstd, rows, cols
+    variants=tuple((d, _accum(d), v, *t[:3]) for d in FLOAT_DTYPES for v in _vector_widths(d) for t in BWD_TIERS),
+)
+LN_BWD_STREAM = KernelFamily(
+    _MODULE,
+    "layer_norm_bwd_stream_kernel",
+    args=_PTRS7 + _ROWS_COLS,
+    variants=tuple((d, _accum(d), v, STREAM_THREADS) for d in FLOAT_DTYPES for v in _vector_widths(d)),
+)
+LN_SUM_PARTIALS = KernelFamily(
+    _MODULE,
+    "sum_partials_kernel",
+    args=("ptr", "ptr", "ptr", "i64", "i64"),  # grad_weight, grad_bias, partials, parts, cols
+    variants=tuple((d, _accum(d), SUM_COLS, SUM_LANES) for d in FLOAT_DTYPES),
+)
+
+
+_SM_COUNTS: dict[torch.device, int] = {}
+H100_SMS = 132  # what a plan assumes for a CPU tensor (the plan tests): the H100's count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of `device` (what Mojo read with ctx.get_attribute), cached."""
+    n = _SM_COUNTS.get(device)
+    if n is None:
+        n = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else H100_SMS
+        _SM_COUNTS[device] = n
+    return n
+
+
+def _vector_width(cols: int, *tensors: torch.Tensor) -> int:
+    """16-byte loads when the row length and every pointer allow them, else element loads
+    (odd cols, offset views): the same kernels either way."""
+    vec = VECTOR_BYTES // tensors[0].element_size()
+    if cols % vec == 0 and all(t.data_ptr() % VECTOR_BYTES == 0 for t in tensors):
+        return vec
+    return 1
+
+
+def _ceildiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# --8<-- [start:gpu_plan]
+@direct.plan(LN_FWD, LN_FWD_STREAM)
+def _layer_norm_gpu(outputs, inputs, params) -> list[direct.Launch]:
+    (y, mean, rstd), (x, weight, bias, eps) = outputs, inputs
+    rows, cols = x.shape
+    vec = _vector_width(cols, y, x, weight, bias)
+    args = (y.data_ptr(), mean.data_ptr(), rstd.data_ptr(), x.data_ptr(), weight.data_ptr(), bias.data_ptr())
+    args += (eps.data_ptr(), rows, cols)
+    nvec = cols // vec
+    for tpr, items, per_block in FWD_TIERS:
+        if nvec <= tpr * items:
+            kernel = LN_FWD[x.dtype, vec, tpr, items, per_block]
+            grid = min(_ceildiv(rows, per_block), MAX_GRID)
+            return [direct.Launch(kernel, grid=grid, block=tpr * per_block, args=args)]
+    kernel = LN_FWD_STREAM[x.dtype, vec, STREAM_THREADS]
+    return [direct.Launch(kernel, grid=min(rows, MAX_GRID), block=STREAM_THREADS, args=args)]
+
+
+def _workers(groups: int, sms: int, per_sm: int) -> int:
+    """Blocks of the persistent backward grid: about `per_sm` per SM, but at least
+    MIN_ROWS_PER_WORKER row groups each once there are enough rows, since every block
+    writes (and stage 2 reads) 2 * cols partial sums."""
+    return min(groups, max(sms, min(sms * per_sm, groups // MIN_ROWS_PER_WORKER)))
+
+
+class _LaunchesWithWorkspace(list):
+    """Launches that use a workspace tensor: `direct.run` holds this list while it enqueues
+    them, so the workspace goes back to torch's caching allocator only after both kernels
+    are queued; the allocator reuses it in stream order (what MAX's enqueued free did)."""
+
+    workspace: torch.Tensor
+
+
+@direct.plan(LN_BWD, LN_BWD_STREAM, LN_SUM_PARTIALS)
+def _layer_norm_backward_gpu(outputs, inputs, params) -> list[direct.Launch]:
+    """Stage 1: grad_x and one row of [sum dy * xhat | sum dy] per block into a
+    (blocks, 2 * cols) workspace. Stage 2: sum_partials adds those rows up."""
+    (grad_x, grad_weight, grad_bias), (grad_out, x, weight, mean, rstd) = outputs, inputs
+    rows, cols = x.shape
+    dtype, acc = x.dtype, _accum(x.dtype)
+    vec = _vector_width(cols, grad_x, grad_out, x, weight)
+    nvec = cols // vec
+    worker_smem = 2 * cols * acc.itemsize  # the kernel's [dw | db] column sums per worker
+    tpr, items, per_block, per_sm = next(
+        (t for t in BWD_TIERS if nvec <= t[0] * t[1] and t[2] * worker_smem <= SMEM_CAP), _BWD_STREAM_TIER
+    )
+    if items:
+        kernel, block, smem = LN_BWD[dtype, acc, vec, tpr, items, per_block], tpr * per_block, per_block * worker_smem
+    else:  # streaming: the block keeps its sums in its row of the workspace
+        kernel, block, smem = LN_BWD_STREAM[dtype, acc, vec, tpr], tpr, 0
+    grid = _workers(_ceildiv(rows, per_block), sm_count(x.device), per_sm)
+    partials = torch.empty((grid, 2 * cols), dtype=acc, device=x.device)
+    ptrs = (grad_out.data_ptr(), x.data_ptr(), weight.data_ptr(), mean.data_ptr(), rstd.data_ptr())
+    launches = _LaunchesWithWorkspace(
+        [
+            direct.Launch(
+                kernel,
+                grid=grid,
+                block=block,
+                smem=smem,
+                args=(grad_x.data_ptr(), partials.data_ptr(), *ptrs, rows, cols),
+            ),
+            direct.Launch(
+                LN_SUM_PARTIALS[dtype, acc, SUM_COLS, SUM_LANES],
+                grid=_ceildiv(2 * cols, SUM_COLS),
+                block=SUM_COLS * SUM_LANES,
+                args=(grad_weight.data_ptr(), grad_bias.data_ptr(), partials.data_ptr(), grid, cols),
+            ),
+        ]
+    )
+    launches.workspace = partials
+    return launches
+
+
+# --8<-- [end:gpu_plan]
+layer_norm_kernel = MojoOp(LAYER_NORM, gpu=_layer_norm_gpu)
+layer_norm_backward_kernel = MojoOp(LAYER_NORM_BACKWARD, gpu=_layer_norm_backward_gpu)
 
 
 # -- argument checks: torch's rules, with messages that name the op ----------------------

@@ -16,6 +16,10 @@
 # x = 1e4 + noise: rows in registers get a corrected two-pass (sum, then sums
 # around that mean), rows too long for registers merge per-thread
 # (count, mean, M2) partials (Chan et al., the parallel form of Welford).
+#
+# Since day 016 the GPU kernels are launched from Python: the launch plans in
+# pytorch_custom_ops/layer_norm.py pick the tier, grid, block, shared memory
+# and workspace; `execute` here runs the CPU branch only.
 
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu import (
@@ -29,16 +33,11 @@ from max.gpu import (
     MAX_THREADS_PER_BLOCK_METADATA,
 )
 from max.gpu.primitives import warp
-from max.gpu.host import (
-    DeviceAttribute,
-    DeviceBuffer,
-    DeviceContext,
-    FuncAttribute,
-)
+from max.gpu.host import DeviceContext
 from max.gpu.memory import external_memory
 from std.memory import stack_allocation
 from std.memory.alloc import unsafe_alloc
-from std.math import rsqrt, ceildiv
+from std.math import rsqrt
 from std.sys import size_of
 from std.utils import StaticTuple
 
@@ -315,10 +314,10 @@ def layer_norm_fwd_stream_kernel[
 )
 @__name(t"ln_bwd_{dtype}_v{VEC}_t{TPR}_i{ITEMS}_r{ROWS}")
 def layer_norm_bwd_kernel[
-    dtype: DType, VEC: Int, TPR: Int, ITEMS: Int, ROWS: Int
+    dtype: DType, acc: DType, VEC: Int, TPR: Int, ITEMS: Int, ROWS: Int
 ](
     grad_x: Pointer[Scalar[dtype], MutAnyOrigin],
-    partials: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    partials: Pointer[Scalar[acc], MutAnyOrigin],
     grad_out: Pointer[Scalar[dtype], MutAnyOrigin],
     x: Pointer[Scalar[dtype], MutAnyOrigin],
     weight: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -334,8 +333,11 @@ def layer_norm_bwd_kernel[
     and it adds dy * xhat and dy into its own float32 column sums in shared
     memory (2 * cols per worker). At the end each block writes one row of
     partial sums: partials[block] = [sum dy * xhat | sum dy].
-    Launch with 2 * cols * ROWS * sizeof(acc) bytes of dynamic shared memory."""
-    comptime acc = accum_dtype[dtype]()
+    Launch with 2 * cols * ROWS * sizeof(acc) bytes of dynamic shared memory.
+    acc is accum_dtype[dtype]: a parameter only because the launch plan sizes
+    the shared memory and the workspace by it, and this assert checks its
+    choice when the kernel is built."""
+    comptime assert acc == accum_dtype[dtype](), "acc: accum_dtype[dtype]"
     comptime assert acc.is_floating_point()
     comptime ALIGN = VEC * size_of[dtype]()
     comptime SALIGN = min(VEC * size_of[acc](), 16)
@@ -447,10 +449,10 @@ def layer_norm_bwd_kernel[
 )
 @__name(t"ln_bwd_stream_{dtype}_v{VEC}_t{TPR}")
 def layer_norm_bwd_stream_kernel[
-    dtype: DType, VEC: Int, TPR: Int
+    dtype: DType, acc: DType, VEC: Int, TPR: Int
 ](
     grad_x: Pointer[Scalar[dtype], MutAnyOrigin],
-    partials: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    partials: Pointer[Scalar[acc], MutAnyOrigin],
     grad_out: Pointer[Scalar[dtype], MutAnyOrigin],
     x: Pointer[Scalar[dtype], MutAnyOrigin],
     weight: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -460,8 +462,9 @@ def layer_norm_bwd_stream_kernel[
     cols: Int64,
 ) where dtype.is_floating_point():
     """Rows too long for registers: each block reads its row twice (sums, then
-    grad_x) and keeps its column sums directly in its row of `partials`."""
-    comptime acc = accum_dtype[dtype]()
+    grad_x) and keeps its column sums directly in its row of `partials`
+    (acc as in layer_norm_bwd_kernel)."""
+    comptime assert acc == accum_dtype[dtype](), "acc: accum_dtype[dtype]"
     comptime assert acc.is_floating_point()
     comptime ALIGN = VEC * size_of[dtype]()
     comptime SALIGN = min(VEC * size_of[acc](), 16)
@@ -538,29 +541,28 @@ def layer_norm_bwd_stream_kernel[
 
 
 # --8<-- [start:partials_kernel]
-comptime SUM_COLS = 32  # columns per block of the second stage (one warp wide)
-comptime SUM_LANES = 16  # partial rows read in parallel per column
-
-
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
         Int32(SUM_COLS * SUM_LANES)
     )
 )
-@__name(t"ln_sum_partials_{dtype}")
+@__name(t"ln_sum_partials_{dtype}_c{SUM_COLS}_l{SUM_LANES}")
 def sum_partials_kernel[
-    dtype: DType
+    dtype: DType, acc: DType, SUM_COLS: Int, SUM_LANES: Int
 ](
     grad_weight: Pointer[Scalar[dtype], MutAnyOrigin],
     grad_bias: Pointer[Scalar[dtype], MutAnyOrigin],
-    partials: Pointer[Scalar[accum_dtype[dtype]()], MutAnyOrigin],
+    partials: Pointer[Scalar[acc], MutAnyOrigin],
     parts: Int64,
     cols: Int64,
 ) where dtype.is_floating_point():
-    """Second stage: column k of the (parts, 2 * cols) partials is summed by 16
-    threads (rows p = lane, lane + 16, ...), then by one, always in the same
-    order: the result does not depend on timing (no atomics)."""
-    comptime acc = accum_dtype[dtype]()
+    """Second stage, one block of SUM_COLS x SUM_LANES threads per SUM_COLS
+    columns of the (parts, 2 * cols) partials: column k is summed by SUM_LANES
+    threads (rows p = lane, lane + SUM_LANES, ...), then by one, always in the
+    same order, so the result does not depend on timing (no atomics). The
+    launch plan picks SUM_COLS and SUM_LANES; block and grid follow from them.
+    """
+    comptime assert acc == accum_dtype[dtype](), "acc: accum_dtype[dtype]"
     var sh = stack_allocation[
         SUM_COLS * SUM_LANES, Scalar[acc], address_space=AddressSpace.SHARED
     ]()
@@ -593,287 +595,6 @@ def sum_partials_kernel[
 
 
 # --8<-- [end:partials_kernel]
-
-
-# -- launch configuration ------------------------------------------------------
-# --8<-- [start:launch]
-# A row is spread over TPR threads holding at most ITEMS vectors each
-# (nvec = cols / VEC vectors per row):
-#   forward:  nvec <= 256   a warp per row, 8 rows per block  (fp32 cols <= 1024)
-#             nvec <= 1024  256 threads x 4 vectors           (fp32 cols <= 4096)
-#             nvec <= 4096  512 threads x 8 vectors           (fp32 cols <= 16384)
-#   backward: the same, with a 512 x 4 tier before 512 x 8: it holds x and dy,
-#             and ptxas spills 16-bit rows of 512 x 8 (128 registers at most).
-#             Its column sums live in shared memory (2 * cols floats per
-#             worker), which caps the tiers at SMEM_CAP bytes.
-#   longer rows: the streaming kernels (two reads of the row).
-comptime WARP_ROWS = 8
-comptime SMEM_CAP = 200 * 1024
-comptime MAX_GRID = 1 << 20  # the row loops cover any rows beyond it
-comptime MIN_ROWS_PER_WORKER = 8  # fewer partial rows to write and re-read
-
-
-def vector_width[dtype: DType]() -> Int:
-    """Elements per 16-byte load."""
-    return 16 // size_of[dtype]()
-
-
-def enqueue_forward[
-    dtype: DType, VEC: Int, TPR: Int, ITEMS: Int, ROWS: Int
-](
-    ctx: DeviceContext,
-    y: Pointer[Scalar[dtype], MutAnyOrigin],
-    mean: Pointer[Float32, MutAnyOrigin],
-    rstd: Pointer[Float32, MutAnyOrigin],
-    x: Pointer[Scalar[dtype], MutAnyOrigin],
-    weight: Pointer[Scalar[dtype], MutAnyOrigin],
-    bias: Pointer[Scalar[dtype], MutAnyOrigin],
-    eps: Pointer[Float32, MutAnyOrigin],
-    rows: Int,
-    cols: Int,
-) raises where dtype.is_floating_point():
-    """ITEMS == 0 picks the streaming kernel."""
-    comptime if ITEMS == 0:
-        ctx.enqueue_function[layer_norm_fwd_stream_kernel[dtype, VEC, TPR]](
-            y,
-            mean,
-            rstd,
-            x,
-            weight,
-            bias,
-            eps,
-            Int64(rows),
-            Int64(cols),
-            grid_dim=min(rows, MAX_GRID),
-            block_dim=TPR,
-        )
-    else:
-        ctx.enqueue_function[
-            layer_norm_fwd_kernel[dtype, VEC, TPR, ITEMS, ROWS]
-        ](
-            y,
-            mean,
-            rstd,
-            x,
-            weight,
-            bias,
-            eps,
-            Int64(rows),
-            Int64(cols),
-            grid_dim=min(ceildiv(rows, ROWS), MAX_GRID),
-            block_dim=TPR * ROWS,
-        )
-
-
-def launch_forward[
-    dtype: DType, VEC: Int
-](
-    ctx: DeviceContext,
-    y: Pointer[Scalar[dtype], MutAnyOrigin],
-    mean: Pointer[Float32, MutAnyOrigin],
-    rstd: Pointer[Float32, MutAnyOrigin],
-    x: Pointer[Scalar[dtype], MutAnyOrigin],
-    weight: Pointer[Scalar[dtype], MutAnyOrigin],
-    bias: Pointer[Scalar[dtype], MutAnyOrigin],
-    eps: Pointer[Float32, MutAnyOrigin],
-    rows: Int,
-    cols: Int,
-) raises where dtype.is_floating_point():
-    var nvec = cols // VEC
-    if nvec <= WARP_SIZE * 8:
-        enqueue_forward[dtype, VEC, WARP_SIZE, 8, WARP_ROWS](
-            ctx, y, mean, rstd, x, weight, bias, eps, rows, cols
-        )
-    elif nvec <= 256 * 4:
-        enqueue_forward[dtype, VEC, 256, 4, 1](
-            ctx, y, mean, rstd, x, weight, bias, eps, rows, cols
-        )
-    elif nvec <= 512 * 8:
-        enqueue_forward[dtype, VEC, 512, 8, 1](
-            ctx, y, mean, rstd, x, weight, bias, eps, rows, cols
-        )
-    else:
-        enqueue_forward[dtype, VEC, 512, 0, 1](
-            ctx, y, mean, rstd, x, weight, bias, eps, rows, cols
-        )
-
-
-def workers(groups: Int, sm_count: Int, per_sm: Int) -> Int:
-    """Blocks of the persistent backward grid: about `per_sm` per SM (what the
-    registers or shared memory allow), but at least MIN_ROWS_PER_WORKER row
-    groups each once there are enough rows, since every block writes (and the
-    second stage reads) 2 * cols partial sums."""
-    return min(
-        groups,
-        max(sm_count, min(sm_count * per_sm, groups // MIN_ROWS_PER_WORKER)),
-    )
-
-
-def enqueue_backward[
-    dtype: DType, VEC: Int, TPR: Int, ITEMS: Int, ROWS: Int, PER_SM: Int
-](
-    ctx: DeviceContext,
-    grad_x: Pointer[Scalar[dtype], MutAnyOrigin],
-    grad_weight: Pointer[Scalar[dtype], MutAnyOrigin],
-    grad_bias: Pointer[Scalar[dtype], MutAnyOrigin],
-    grad_out: Pointer[Scalar[dtype], MutAnyOrigin],
-    x: Pointer[Scalar[dtype], MutAnyOrigin],
-    weight: Pointer[Scalar[dtype], MutAnyOrigin],
-    mean: Pointer[Float32, MutAnyOrigin],
-    rstd: Pointer[Float32, MutAnyOrigin],
-    rows: Int,
-    cols: Int,
-) raises where dtype.is_floating_point():
-    """Stage 1 (grad_x and per-block column sums), then stage 2 (sum the
-    partials into grad_weight, grad_bias). ITEMS == 0: streaming kernel."""
-    comptime acc = accum_dtype[dtype]()
-    var sms = ctx.get_attribute(DeviceAttribute.MULTIPROCESSOR_COUNT)
-    var grid = workers(ceildiv(rows, ROWS), sms, PER_SM)
-    var ws = ctx.enqueue_create_buffer[acc](grid * 2 * cols)
-    var part = ws.unsafe_ptr().as_unsafe_any_origin()
-    var r = Int64(rows)
-    var c = Int64(cols)
-    comptime if ITEMS == 0:
-        ctx.enqueue_function[layer_norm_bwd_stream_kernel[dtype, VEC, TPR]](
-            grad_x,
-            part,
-            grad_out,
-            x,
-            weight,
-            mean,
-            rstd,
-            r,
-            c,
-            grid_dim=grid,
-            block_dim=TPR,
-        )
-    else:
-        var smem = ROWS * 2 * cols * size_of[acc]()
-        ctx.enqueue_function[
-            layer_norm_bwd_kernel[dtype, VEC, TPR, ITEMS, ROWS]
-        ](
-            grad_x,
-            part,
-            grad_out,
-            x,
-            weight,
-            mean,
-            rstd,
-            r,
-            c,
-            grid_dim=grid,
-            block_dim=TPR * ROWS,
-            shared_mem_bytes=smem,
-            func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
-                UInt32(smem)
-            ),
-        )
-    ctx.enqueue_function[sum_partials_kernel[dtype]](
-        grad_weight,
-        grad_bias,
-        part,
-        Int64(grid),
-        c,
-        grid_dim=ceildiv(2 * cols, SUM_COLS),
-        block_dim=SUM_COLS * SUM_LANES,
-    )
-    _ = ws^  # its free is queued here, in stream order after both kernels
-
-
-def launch_backward[
-    dtype: DType, VEC: Int
-](
-    ctx: DeviceContext,
-    grad_x: Pointer[Scalar[dtype], MutAnyOrigin],
-    grad_weight: Pointer[Scalar[dtype], MutAnyOrigin],
-    grad_bias: Pointer[Scalar[dtype], MutAnyOrigin],
-    grad_out: Pointer[Scalar[dtype], MutAnyOrigin],
-    x: Pointer[Scalar[dtype], MutAnyOrigin],
-    weight: Pointer[Scalar[dtype], MutAnyOrigin],
-    mean: Pointer[Float32, MutAnyOrigin],
-    rstd: Pointer[Float32, MutAnyOrigin],
-    rows: Int,
-    cols: Int,
-) raises where dtype.is_floating_point():
-    var nvec = cols // VEC
-    var fits = 2 * cols * size_of[accum_dtype[dtype]()]() <= SMEM_CAP
-    if nvec <= WARP_SIZE * 8:  # 8 warps' sums: <= 128 KiB
-        enqueue_backward[dtype, VEC, WARP_SIZE, 8, WARP_ROWS, 1](
-            ctx,
-            grad_x,
-            grad_weight,
-            grad_bias,
-            grad_out,
-            x,
-            weight,
-            mean,
-            rstd,
-            rows,
-            cols,
-        )
-    elif nvec <= 256 * 4:
-        enqueue_backward[dtype, VEC, 256, 4, 1, 2](
-            ctx,
-            grad_x,
-            grad_weight,
-            grad_bias,
-            grad_out,
-            x,
-            weight,
-            mean,
-            rstd,
-            rows,
-            cols,
-        )
-    elif nvec <= 512 * 4 and fits:
-        enqueue_backward[dtype, VEC, 512, 4, 1, 1](
-            ctx,
-            grad_x,
-            grad_weight,
-            grad_bias,
-            grad_out,
-            x,
-            weight,
-            mean,
-            rstd,
-            rows,
-            cols,
-        )
-    elif nvec <= 512 * 8 and fits:
-        enqueue_backward[dtype, VEC, 512, 8, 1, 1](
-            ctx,
-            grad_x,
-            grad_weight,
-            grad_bias,
-            grad_out,
-            x,
-            weight,
-            mean,
-            rstd,
-            rows,
-            cols,
-        )
-    else:
-        enqueue_backward[dtype, VEC, 512, 0, 1, 1](
-            ctx,
-            grad_x,
-            grad_weight,
-            grad_bias,
-            grad_out,
-            x,
-            weight,
-            mean,
-            rstd,
-            rows,
-            cols,
-        )
-
-
-# --8<-- [end:launch]
-
-
-def aligned[dtype: DType](p: Pointer[Scalar[dtype], MutAnyOrigin]) -> Bool:
-    return Int(p) % 16 == 0
 
 
 # -- CPU reference path ----------------------------------------------------------
@@ -1056,40 +777,10 @@ struct LayerNorm:
         if rows == 0 or cols == 0:
             return
         comptime if target == "gpu":
-            comptime VEC = vector_width[dtype]()
-            var vec_ok = (
-                cols % VEC == 0
-                and aligned(y.unsafe_ptr())
-                and aligned(x.unsafe_ptr())
-                and aligned(weight.unsafe_ptr())
-                and aligned(bias.unsafe_ptr())
+            raise Error(
+                "layer_norm: on a GPU this op is launched by pytorch_custom_ops"
+                " (direct launch)"
             )
-            if vec_ok:
-                launch_forward[dtype, VEC](
-                    ctx,
-                    y.unsafe_ptr(),
-                    mean.unsafe_ptr(),
-                    rstd.unsafe_ptr(),
-                    x.unsafe_ptr(),
-                    weight.unsafe_ptr(),
-                    bias.unsafe_ptr(),
-                    eps.unsafe_ptr(),
-                    rows,
-                    cols,
-                )
-            else:  # odd cols or offset views: element loads, same kernels
-                launch_forward[dtype, 1](
-                    ctx,
-                    y.unsafe_ptr(),
-                    mean.unsafe_ptr(),
-                    rstd.unsafe_ptr(),
-                    x.unsafe_ptr(),
-                    weight.unsafe_ptr(),
-                    bias.unsafe_ptr(),
-                    eps.unsafe_ptr(),
-                    rows,
-                    cols,
-                )
         else:
             layer_norm_cpu(
                 y.unsafe_ptr(),
@@ -1157,63 +848,17 @@ struct LayerNormBackward:
             )
         if cols == 0:
             return
-        if rows == 0:  # no rows: the column sums are empty sums
-            comptime if target == "gpu":
-                ctx.enqueue_memset(
-                    DeviceBuffer[dtype](
-                        ctx, grad_weight.unsafe_ptr(), cols, owning=False
-                    ),
-                    0,
-                )
-                ctx.enqueue_memset(
-                    DeviceBuffer[dtype](
-                        ctx, grad_bias.unsafe_ptr(), cols, owning=False
-                    ),
-                    0,
-                )
-            else:
+        comptime if target == "gpu":
+            raise Error(
+                "layer_norm_backward: on a GPU this op is launched by"
+                " pytorch_custom_ops (direct launch)"
+            )
+        else:
+            if rows == 0:  # no rows: the column sums are empty sums
                 for c in range(cols):
                     grad_weight.unsafe_ptr()[unsafe_offset=c] = 0
                     grad_bias.unsafe_ptr()[unsafe_offset=c] = 0
-            return
-        comptime if target == "gpu":
-            comptime VEC = vector_width[dtype]()
-            var vec_ok = (
-                cols % VEC == 0
-                and aligned(grad_x.unsafe_ptr())
-                and aligned(grad_out.unsafe_ptr())
-                and aligned(x.unsafe_ptr())
-                and aligned(weight.unsafe_ptr())
-            )
-            if vec_ok:
-                launch_backward[dtype, VEC](
-                    ctx,
-                    grad_x.unsafe_ptr(),
-                    grad_weight.unsafe_ptr(),
-                    grad_bias.unsafe_ptr(),
-                    grad_out.unsafe_ptr(),
-                    x.unsafe_ptr(),
-                    weight.unsafe_ptr(),
-                    mean.unsafe_ptr(),
-                    rstd.unsafe_ptr(),
-                    rows,
-                    cols,
-                )
-            else:
-                launch_backward[dtype, 1](
-                    ctx,
-                    grad_x.unsafe_ptr(),
-                    grad_weight.unsafe_ptr(),
-                    grad_bias.unsafe_ptr(),
-                    grad_out.unsafe_ptr(),
-                    x.unsafe_ptr(),
-                    weight.unsafe_ptr(),
-                    mean.unsafe_ptr(),
-                    rstd.unsafe_ptr(),
-                    rows,
-                    cols,
-                )
-        else:
+                return
             layer_norm_backward_cpu(
                 grad_x.unsafe_ptr(),
                 grad_weight.unsafe_ptr(),

@@ -6,6 +6,8 @@ in float32, float64 and bfloat16.
 """
 
 import math
+import re
+import sys
 
 import pytest
 import torch
@@ -14,7 +16,12 @@ import torch.nn.functional as F
 import pytorch_custom_ops as pco
 
 FWD_TOL = {torch.float32: 2e-6, torch.float64: 1e-12, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-BWD_TOL = {torch.float32: 2e-5, torch.float64: 1e-6, torch.bfloat16: 3e-2}  # fp64 grads use float32 rstd
+BWD_TOL = {
+    torch.float32: 2e-5,
+    torch.float64: 1e-6,
+    torch.float16: 4e-3,
+    torch.bfloat16: 3e-2,
+}  # fp64 grads use float32 rstd
 
 
 def reference(x, normalized_shape, weight=None, bias=None, eps=1e-5):
@@ -53,7 +60,11 @@ def test_mojo_path_is_live():
 
 
 # -- forward ----------------------------------------------------------------------------
-@pytest.mark.parametrize("rows, cols", [(1, 1), (3, 17), (7, 1000), (2, 4097), (64, 128), (1, 70000)])
+# every forward tier of the launch plan, 16-byte and element loads (see test_plan_*)
+@pytest.mark.parametrize(
+    "rows, cols",
+    [(1, 1), (3, 17), (7, 1000), (2, 4097), (64, 128), (1, 70000), (9, 4096), (3, 1026), (7, 12288), (5, 6000)],
+)
 def test_forward_fp32_matches_float64(rows, cols, device):
     x, w, b = make(rows, cols, device=device, seed=cols)
     y, mean, rstd = torch.ops.gpu_days.layer_norm(x, [cols], w, b, 1e-5)
@@ -136,7 +147,12 @@ def _grads(fn, x, w, b, dy):
     return x.grad, w.grad, b.grad
 
 
-@pytest.mark.parametrize("rows, cols", [(1, 1), (3, 17), (300, 64), (5, 1000), (2, 4097)])
+# every backward tier: warp (3000 x 64: several row groups per worker), 256 x 4, 512 x 4,
+# 512 x 8, streaming with 16-byte and element loads (140 x 17000: rows > workers)
+@pytest.mark.parametrize(
+    "rows, cols",
+    [(1, 1), (3, 17), (300, 64), (3000, 64), (5, 1000), (2, 4097), (9, 4096), (5, 6000), (7, 12288), (140, 17000)],
+)
 def test_backward_fp32_matches_float64(rows, cols, device):
     x, w, b = make(rows, cols, device=device, seed=rows + cols)
     dy = torch.randn(rows, cols, device=device)
@@ -147,15 +163,27 @@ def test_backward_fp32_matches_float64(rows, cols, device):
         scaled_close(g, r, BWD_TOL[torch.float32], f"{name} {rows}x{cols}")
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
-def test_backward_other_dtypes(dtype, device):
-    x, w, b = make(33, 1000, dtype, device, offset=1e3 if dtype == torch.float64 else 0.0)
-    dy = torch.randn(33, 1000, device=device).to(dtype)
-    got = _grads(lambda x, w, b: pco.layer_norm(x, (1000,), w, b), x, w, b, dy)
-    want = _grads(lambda x, w, b: F.layer_norm(x, (1000,), w, b), x.double(), w.double(), b.double(), dy.double())
+@pytest.mark.parametrize(
+    "dtype, rows, cols",
+    [
+        (torch.bfloat16, 33, 1000),
+        (torch.bfloat16, 3, 24576),  # 512 x 8 with 192 KiB of column sums
+        (torch.bfloat16, 3, 26000),  # 208 KB of column sums > SMEM_CAP: streaming
+        (torch.float16, 33, 1000),
+        (torch.float64, 33, 1000),
+        (torch.float64, 3, 3001),
+    ],
+)
+def test_backward_other_dtypes(dtype, rows, cols, device):
+    if dtype == torch.float16 and device == "cpu":
+        pytest.skip("compile budget: the CPU branch is the same code for every dtype")
+    x, w, b = make(rows, cols, dtype, device, offset=1e3 if dtype == torch.float64 else 0.0)
+    dy = torch.randn(rows, cols, device=device).to(dtype)
+    got = _grads(lambda x, w, b: pco.layer_norm(x, (cols,), w, b), x, w, b, dy)
+    want = _grads(lambda x, w, b: F.layer_norm(x, (cols,), w, b), x.double(), w.double(), b.double(), dy.double())
     for g, r, name in zip(got, want, ("grad_x", "grad_weight", "grad_bias"), strict=True):
         assert g.dtype == dtype
-        scaled_close(g, r, BWD_TOL[dtype], f"{dtype} {name}")
+        scaled_close(g, r, BWD_TOL[dtype], f"{dtype} {rows}x{cols} {name}")
 
 
 def test_gradcheck_float64():
@@ -269,3 +297,192 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="layer_norm_backward: grad_out"):
         stats = x.detach()[:, 0]
         torch.ops.gpu_days.layer_norm_backward(torch.randn(3, 5), x.detach(), [4], None, stats, stats)
+
+
+# -- the GPU launch plans, checked on CPU tensors (plans read shapes, dtypes and pointers) ---
+LN = sys.modules["pytorch_custom_ops.layer_norm"]  # the module (pco.layer_norm is the function)
+CUDA_GRID_X, CUDA_GRID_YZ, H100_SMEM = 2**31 - 1, 65535, 227 * 1024
+VEC = {torch.float32: 4, torch.float16: 8, torch.bfloat16: 8, torch.float64: 2}  # 16 bytes
+
+
+def fake(shape, dtype, misaligned=False):
+    """A tensor of `shape` without its memory (a broadcast scalar): the plans only read
+    shape, dtype and data_ptr. `misaligned` puts the pointer one element past 16 bytes."""
+    base = torch.empty(16, dtype=dtype)
+    assert base.data_ptr() % 16 == 0
+    return base[int(misaligned) : int(misaligned) + 1].view([1] * len(shape)).expand(shape)
+
+
+def forward_plan(rows, cols, dtype=torch.float32, misaligned=()):
+    names = ("y", "mean", "rstd", "x", "weight", "bias", "eps")
+    shapes = ((rows, cols), (rows,), (rows,), (rows, cols), (cols,), (cols,), (1,))
+    dtypes = (dtype, torch.float32, torch.float32, dtype, dtype, dtype, torch.float32)
+    t = [fake(s, d, n in misaligned) for n, s, d in zip(names, shapes, dtypes, strict=True)]
+    return LN._layer_norm_gpu(t[:3], t[3:], {})
+
+
+def backward_plan(rows, cols, dtype=torch.float32, misaligned=()):
+    names = ("grad_x", "grad_weight", "grad_bias", "grad_out", "x", "weight", "mean", "rstd")
+    shapes = ((rows, cols), (cols,), (cols,), (rows, cols), (rows, cols), (cols,), (rows,), (rows,))
+    dtypes = (dtype,) * 6 + (torch.float32,) * 2
+    t = [fake(s, d, n in misaligned) for n, s, d in zip(names, shapes, dtypes, strict=True)]
+    return LN._layer_norm_backward_gpu(t[:3], t[3:], {})
+
+
+def check_launches(launches, plan, cols):
+    """What any launch must satisfy, and what each kernel's parameters imply."""
+    for launch in launches:
+        family, params = launch.kernel.family, launch.kernel.params
+        assert family in plan.families and family[params] is launch.kernel  # declared: gpu_build built it
+        grid = (launch.grid,) if isinstance(launch.grid, int) else launch.grid
+        block = (launch.block,) if isinstance(launch.block, int) else launch.block
+        assert 1 <= grid[0] <= CUDA_GRID_X and all(1 <= g <= CUDA_GRID_YZ for g in grid[1:])
+        assert 1 <= math.prod(block) <= 1024 and 0 <= launch.smem <= H100_SMEM
+        assert len(launch.args) == len(family.args) and launch.cluster is None
+        if family in (LN.LN_FWD, LN.LN_BWD):  # (..., VEC, TPR, ITEMS, ROWS): TPR x ROWS threads
+            vec, tpr, items, rows_per_block = params[-4:]
+            assert launch.block == tpr * rows_per_block and cols // vec <= tpr * items
+        if family is LN.LN_BWD:  # 2 * cols accumulators per worker in dynamic shared memory
+            assert launch.smem == params[-1] * 2 * cols * params[1].itemsize <= LN.SMEM_CAP
+        if family in (LN.LN_FWD_STREAM, LN.LN_BWD_STREAM):
+            assert launch.block == params[-1] and launch.smem == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cols", [768, 1024])
+def test_plan_model_shapes_take_the_fastest_path(dtype, cols):
+    """The GPT block's LayerNorms: a warp per row with 16-byte loads, both directions."""
+    for rows in (1, 7, 4096, 8192):
+        (fwd,) = forward_plan(rows, cols, dtype)
+        assert fwd.kernel is LN.LN_FWD[dtype, VEC[dtype], 32, 8, 8] and fwd.grid == -(-rows // 8)
+        stage1, stage2 = backward_plan(rows, cols, dtype)
+        assert stage1.kernel is LN.LN_BWD[dtype, torch.float32, VEC[dtype], 32, 8, 8]
+        assert stage1.smem == 8 * 2 * cols * 4
+
+
+# (dtype, cols) -> forward tier, backward tier as (TPR, ITEMS, ROWS); ITEMS 0: streaming
+TIERS = [
+    (torch.float32, 1024, (32, 8, 8), (32, 8, 8)),
+    (torch.float32, 1028, (256, 4, 1), (256, 4, 1)),
+    (torch.float32, 4096, (256, 4, 1), (256, 4, 1)),
+    (torch.float32, 4100, (512, 8, 1), (512, 4, 1)),
+    (torch.float32, 8192, (512, 8, 1), (512, 4, 1)),
+    (torch.float32, 8196, (512, 8, 1), (512, 8, 1)),
+    (torch.float32, 16384, (512, 8, 1), (512, 8, 1)),  # 128 KiB of column sums
+    (torch.float32, 16388, (512, 0, 1), (512, 0, 1)),
+    (torch.bfloat16, 2048, (32, 8, 8), (32, 8, 8)),  # 8 warps x 16 KiB of sums
+    (torch.bfloat16, 24576, (512, 8, 1), (512, 8, 1)),  # 192 KiB <= SMEM_CAP
+    (torch.bfloat16, 26000, (512, 8, 1), (512, 0, 1)),  # 203 KiB > SMEM_CAP: streaming
+    (torch.bfloat16, 32768, (512, 8, 1), (512, 0, 1)),
+    (torch.float16, 32776, (512, 0, 1), (512, 0, 1)),
+    (torch.float64, 512, (32, 8, 8), (32, 8, 8)),
+    (torch.float64, 8192, (512, 8, 1), (512, 8, 1)),  # float64 sums: 128 KiB
+    (torch.float64, 8194, (512, 0, 1), (512, 0, 1)),
+]
+
+
+@pytest.mark.parametrize("dtype, cols, fwd_tier, bwd_tier", TIERS)
+def test_plan_picks_the_tier_for_the_row_length(dtype, cols, fwd_tier, bwd_tier):
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    for rows in (1, 5, 3000):
+        (fwd,) = forward_plan(rows, cols, dtype)
+        check_launches([fwd], LN._layer_norm_gpu, cols)
+        tpr, items, per_block = fwd_tier
+        want = LN.LN_FWD[dtype, VEC[dtype], *fwd_tier] if items else LN.LN_FWD_STREAM[dtype, VEC[dtype], tpr]
+        assert fwd.kernel is want and fwd.grid == -(-rows // per_block)
+        stage1, stage2 = bwd = backward_plan(rows, cols, dtype)
+        check_launches(bwd, LN._layer_norm_backward_gpu, cols)
+        tpr, items, _ = bwd_tier
+        want = LN.LN_BWD[dtype, acc, VEC[dtype], *bwd_tier] if items else LN.LN_BWD_STREAM[dtype, acc, VEC[dtype], tpr]
+        assert stage1.kernel is want
+
+
+def test_plan_falls_back_to_element_loads():
+    """Odd rows and any misaligned data pointer give VEC = 1; mean, rstd and eps are read
+    one value at a time and may sit anywhere."""
+    assert forward_plan(3, 1026)[0].kernel.params[1] == 1  # 1026 % 4 != 0
+    assert forward_plan(3, 1026, torch.float64)[0].kernel.params[1] == 2
+    for name in ("y", "x", "weight", "bias"):
+        assert forward_plan(9, 1024, misaligned={name})[0].kernel.params[1] == 1, name
+    assert forward_plan(9, 1024, misaligned={"mean", "rstd", "eps"})[0].kernel.params[1] == 4
+    for name in ("grad_x", "grad_out", "x", "weight"):
+        assert backward_plan(9, 1024, torch.bfloat16, misaligned={name})[0].kernel.params[2] == 1, name
+    assert backward_plan(9, 1024, torch.bfloat16, misaligned={"mean", "rstd", "grad_weight"})[0].kernel.params[2] == 8
+    # element loads hold 4x fewer columns per tier: 1026 fp32 elements go to 512 threads
+    assert forward_plan(3, 1026)[0].kernel is LN.LN_FWD[torch.float32, 1, 512, 8, 1]
+    assert backward_plan(3, 1026)[0].kernel is LN.LN_BWD[torch.float32, torch.float32, 1, 512, 4, 1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_plan_backward_grid_workspace_and_second_stage(dtype, monkeypatch):
+    acc = dtype
+    wide = 4096 if dtype == torch.float32 else 1024  # the 256 x 4 tier: about 2 blocks per SM
+    cases = [  # (rows, cols, SMs, expected grid)
+        (3, 17, 132, 1),  # one row group
+        (300, 64, 132, 38),  # fewer row groups than SMs: one each
+        (3000, 64, 132, 132),  # warp tier, 1 block per SM: 375 groups over 132 blocks
+        (1 << 20, 64, 132, 132),
+        (4096, wide, 132, 264),  # 2 blocks per SM
+        (1600, wide, 132, 200),  # ... but at least 8 rows per block
+        (1000, wide, 132, 132),  # ... and at least one block per SM
+        (3000, 64, 78, 78),  # another GPU's SM count
+    ]
+    for rows, cols, sms, grid in cases:
+        monkeypatch.setitem(LN._SM_COUNTS, torch.device("cpu"), sms)
+        launches = backward_plan(rows, cols, dtype)
+        check_launches(launches, LN._layer_norm_backward_gpu, cols)
+        stage1, stage2 = launches
+        assert stage1.grid == grid, (rows, cols, sms)
+        ws = launches.workspace  # held by the launch list until direct.run has queued both
+        assert ws.dtype == acc and ws.shape == (grid, 2 * cols) and ws.is_contiguous()
+        assert stage1.args[1] == ws.data_ptr() == stage2.args[2]
+        assert stage2.kernel is LN.LN_SUM_PARTIALS[dtype, acc, LN.SUM_COLS, LN.SUM_LANES]
+        assert stage2.args[3:] == (grid, cols)
+        assert stage2.grid == -(-2 * cols // LN.SUM_COLS) and stage2.block == LN.SUM_COLS * LN.SUM_LANES
+
+
+def test_plan_huge_shapes_stay_within_cuda_limits():
+    rows = 3 * 2**31  # more rows than a grid may have blocks: the row loops cover them
+    (fwd,) = forward_plan(rows, 1)
+    check_launches([fwd], LN._layer_norm_gpu, 1)
+    assert fwd.grid == LN.MAX_GRID
+    (fwd,) = forward_plan(rows, 70001)
+    assert fwd.kernel.family is LN.LN_FWD_STREAM and fwd.grid == LN.MAX_GRID
+    bwd = backward_plan(rows, 1)
+    check_launches(bwd, LN._layer_norm_backward_gpu, 1)
+    assert bwd[0].grid == LN.H100_SMS  # per_sm = 1: 132 workers for any number of rows
+    bwd = backward_plan(1, 10**6)  # one huge row: streaming, stage 2 spans 62500 blocks
+    check_launches(bwd, LN._layer_norm_backward_gpu, 10**6)
+    assert bwd[0].kernel.family is LN.LN_BWD_STREAM and bwd[1].grid == 2 * 10**6 // LN.SUM_COLS
+
+
+def test_plan_reaches_every_declared_variant():
+    """Each declared kernel is picked by some shape (no dead builds), and each pick is
+    launchable; the CUDA tests above run one shape per tier."""
+    picked = set()
+    for dtype in VEC:
+        for vec, misaligned in ((VEC[dtype], ()), (1, {"x", "grad_out"})):
+            for cols in (vec * nvec for nvec in (7, 256, 1024, 2048, 3000, 4096, 5000)):
+                fwd = forward_plan(17, cols, dtype, misaligned)
+                bwd = backward_plan(17, cols, dtype, misaligned)
+                check_launches(fwd, LN._layer_norm_gpu, cols)
+                check_launches(bwd, LN._layer_norm_backward_gpu, cols)
+                picked |= {launch.kernel for launch in (*fwd, *bwd)}
+    declared = set(pco.layer_norm_kernel.gpu_kernels() + pco.layer_norm_backward_kernel.gpu_kernels())
+    assert picked == declared
+
+
+def test_plan_blocks_match_the_kernels_thread_limits():
+    """Each kernel declares its block size to ptxas (MAX_THREADS_PER_BLOCK_METADATA, `.maxntid`
+    in its PTX): a launch with more threads fails. Read it back from the GPU build."""
+    from pytorch_custom_ops import direct
+
+    path, manifest = direct._day_build("day013")
+    maxntid = {}
+    for key in manifest["kernels"]:
+        found = re.search(r"\.maxntid\s+(\d+)", (path / f"{key}.ptx").read_text())
+        maxntid[key] = int(found.group(1))
+    for dtype in VEC:
+        for cols in (7, 1024 * VEC[dtype], 4096 * VEC[dtype], 5000 * VEC[dtype]):
+            for launch in (*forward_plan(9, cols, dtype), *backward_plan(9, cols, dtype)):
+                assert launch.block == maxntid[launch.kernel.key], launch.kernel.key
