@@ -25,7 +25,7 @@ import torch
 from . import direct
 from .contract import FLOAT_DTYPES, OpSpec, TensorArg, check_float_tensor
 from .gpu_kernels import KernelFamily
-from .mojo_op import MojoOp
+from .mojo_op import MojoOp, device_constant
 
 LAYER_NORM = OpSpec(
     name="layer_norm",
@@ -317,7 +317,7 @@ def _layer_norm_eager(
         rstd = torch.full((rows,), math.nan, dtype=torch.float32, device=x.device)
     else:
         w, b = _param(weight, x, cols, 1.0), _param(bias, x, cols, 0.0)
-        eps_t = torch.full((1,), float(eps), dtype=torch.float32, device=x.device)
+        eps_t = device_constant((float(eps),), torch.float32, x.device)
         y, mean, rstd = layer_norm_kernel([x2, w, b, eps_t], torch_impl=lambda: _torch_forward(x2, w, b, float(eps)))
     return y.view(x.shape), mean.view(lead), rstd.view(lead)
 

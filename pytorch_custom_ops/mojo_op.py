@@ -270,3 +270,28 @@ def _to_max(t: torch.Tensor):
         stream = torch.cuda.current_stream(t.device).cuda_stream
         return Buffer._from_dlpack(t.__dlpack__(), max_device(t.device), stream)
     return Buffer.from_dlpack(t)
+
+
+_constants: dict[tuple, torch.Tensor] = {}
+
+
+def device_constant(values: tuple[float, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small constant tensor (an eps, GEMM's alpha and beta) on `device`, made once and
+    then reused: a new one per call would cost an allocation and a fill kernel each time.
+
+    Inside a CUDA-graph capture a missing constant is made with fill kernels (a host-to-
+    device copy cannot be captured) and not kept: it lives in the graph's memory pool.
+    """
+    key = (values, dtype, device)
+    found = _constants.get(key)
+    if found is not None:
+        return found
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        t = torch.empty(len(values), dtype=dtype, device=device)
+        for i, v in enumerate(values):
+            t[i].fill_(v)
+        return t
+    t = torch.tensor(values, dtype=dtype, device=device)
+    if len(_constants) < 1024:
+        _constants[key] = t
+    return t

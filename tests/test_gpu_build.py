@@ -22,6 +22,30 @@ from pytorch_custom_ops.library import REPO_ROOT
 # day -> {kernel-key glob: PTX regexes that must all appear in the PTX of those kernels}
 PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
     "day009": {"day009.online_softmax_kernel.*": (r"shfl\.sync", r"bar\.sync")},
+    "day013": {
+        # a warp per row: butterfly shuffles and 16-byte loads (no block barrier: checked below)
+        "day013.layer_norm_fwd_kernel.float32.4.32.8.8": (r"shfl\.sync\.bfly", r"ld\.global\.v4\.b32"),
+        "day013.layer_norm_fwd_kernel.bfloat16.8.256.4.1": (r"shfl\.sync\.bfly", r"bar\.sync", r"ld\.global\.v4\.b32"),
+        "day013.layer_norm_fwd_stream_kernel.float32.4.512": (
+            r"shfl\.sync\.bfly",
+            r"bar\.sync",
+            r"ld\.global\.v4\.b32",
+        ),
+        # the backward keeps its rows in dynamic shared memory for the weight/bias partials
+        "day013.layer_norm_bwd_kernel.*.float32.*.32.8.8": (
+            r"shfl\.sync\.bfly",
+            r"bar\.sync",
+            r"ld\.global\.v4\.b32",
+            r"\.extern \.shared",
+        ),
+        "day013.layer_norm_bwd_kernel.float64.float64.2.512.8.1": (r"ld\.global\.v2\.b64", r"\.extern \.shared"),
+        "day013.layer_norm_bwd_stream_kernel.float32.float32.4.512": (r"shfl\.sync\.bfly", r"bar\.sync"),
+        "day013.sum_partials_kernel.float32.float32.32.16": (r"bar\.sync",),
+    },
+}
+# day -> {kernel-key glob: PTX regexes that must NOT appear}
+PTX_ABSENT: dict[str, dict[str, tuple[str, ...]]] = {
+    "day013": {"day013.layer_norm_fwd_kernel.float32.4.32.8.8": (r"bar\.sync",)},  # a warp needs no barrier
 }
 
 
@@ -43,6 +67,14 @@ def test_ptx_has_the_instructions_the_day_relies_on(builds, day):
         assert ".target sm_90a" in ptx
         for feature in features:
             assert re.search(feature, ptx), f"{day} {pattern}: no match for {feature!r} in the PTX"
+
+
+@pytest.mark.parametrize("day", sorted(PTX_ABSENT))
+def test_ptx_lacks_what_the_design_avoids(builds, day):
+    for pattern, features in PTX_ABSENT[day].items():
+        ptx = _ptx(builds[day], pattern)
+        for feature in features:
+            assert not re.search(feature, ptx), f"{day} {pattern}: {feature!r} should not be in the PTX"
 
 
 def test_every_mojo_day_has_gpu_kernels_and_ptx_checks():

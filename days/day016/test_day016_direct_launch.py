@@ -211,3 +211,24 @@ def test_cuda_kernel_that_cannot_load_fails_strictly_or_falls_back_with_a_warnin
         (y,) = op([x], torch_impl=lambda: [torch.softmax(x, -1)])
     assert any(issubclass(w.category, fallback.MojoFallbackWarning) for w in caught)
     torch.testing.assert_close(y, torch.softmax(x, -1))
+
+
+def test_device_constants_are_made_once(device):
+    from pytorch_custom_ops.mojo_op import device_constant
+
+    dev = torch.device(device) if device == "cpu" else torch.empty(0, device=device).device
+    a = device_constant((1e-5,), torch.float32, dev)
+    assert device_constant((1e-5,), torch.float32, dev) is a
+    assert device_constant((2.0, 0.5), torch.float32, dev).tolist() == [2.0, 0.5]
+
+
+@needs_cuda
+def test_cuda_constant_first_made_inside_a_graph_capture_is_not_kept():
+    from pytorch_custom_ops.mojo_op import _constants, device_constant
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        t = device_constant((0.125, 3.5), torch.float32, torch.empty(0, device="cuda").device)
+    graph.replay()
+    assert t.tolist() == [0.125, 3.5]
+    assert not any(k[0] == (0.125, 3.5) for k in _constants)  # it lives in the graph's pool
