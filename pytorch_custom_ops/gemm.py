@@ -27,6 +27,8 @@ from functools import lru_cache
 import torch
 
 from .contract import FLOAT_DTYPES, SUPPORTED_DEVICES, OpSpec, TensorArg
+from .gemm_gpu import MAX_BATCH, gemm_gpu
+from .gemm_gpu import gemm_version as gemm_version  # the knob that forces a bf16/fp16 kernel
 from .mojo_op import MojoOp
 from .softmax import _needs_dispatcher
 
@@ -72,17 +74,16 @@ def _oriented(spec: OpSpec, transpose_a: bool, transpose_b: bool) -> OpSpec:
     )
 
 
-# what the torch ops call: one MojoOp per (batched, transpose_a, transpose_b)
+# what the torch ops call: one MojoOp per (batched, transpose_a, transpose_b); on CUDA
+# they share one launch plan (gemm_gpu.py), which reads the transposes from the params
 _KERNELS = {
-    (batched, ta, tb): MojoOp(_oriented(GEMM_BATCHED if batched else GEMM, ta, tb))
+    (batched, ta, tb): MojoOp(_oriented(GEMM_BATCHED if batched else GEMM, ta, tb), gpu=gemm_gpu)
     for batched in (False, True)
     for ta in (False, True)
     for tb in (False, True)
 }
 gemm_kernel = _KERNELS[(False, False, False)]  # the ones KERNELS lists (no transposes)
 gemm_batched_kernel = _KERNELS[(True, False, False)]
-
-MAX_BATCH = 65535  # the CUDA grid's z limit (one z slice per matrix)
 
 
 # -- argument checks ------------------------------------------------------------------
@@ -145,10 +146,27 @@ def check_gemm_args(name, a, b, c, alpha, beta, transpose_a, transpose_b, batche
 
 
 # -- the call into Mojo -----------------------------------------------------------------
-@lru_cache(maxsize=64)
+_ALPHA_BETA: dict[tuple[float, float, torch.device], torch.Tensor] = {}
+
+
 def _alpha_beta(alpha: float, beta: float, device: torch.device) -> torch.Tensor:
-    """A float32 (2,) tensor on the op's device, made once per (alpha, beta, device)."""
-    return torch.tensor([alpha, beta], dtype=torch.float32, device=device)
+    """A float32 (2,) tensor on the op's device, made once per (alpha, beta, device): a
+    dict lookup per call. The kernels read it on the device, so new values recompile and
+    re-plan nothing. The first use copies from the host (synchronously: safe for any
+    stream). Under CUDA-graph capture no copy is allowed, so an uncached pair is written
+    by two fill kernels that the graph records (a cached one is only read by it)."""
+    key = (alpha, beta, device)
+    found = _ALPHA_BETA.get(key)
+    if found is not None:
+        return found
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        t = torch.empty(2, dtype=torch.float32, device=device)
+        t[0].fill_(alpha)
+        t[1].fill_(beta)
+        return t  # not cached: its values exist only when the graph replays
+    # never evicted: a captured graph may still read the tensor (512 B of memory each)
+    found = _ALPHA_BETA[key] = torch.tensor([alpha, beta], dtype=torch.float32, device=device)
+    return found
 
 
 @lru_cache(maxsize=16)
