@@ -10,7 +10,9 @@
 # tensor on the op's device and are read inside the kernel: a new value costs
 # nothing, while the transposes are compile-time parameters (one graph each).
 #
-# GPU paths (one launch, grid = output tiles x batch):
+# GPU paths (one launch, grid = output tiles x batch; since day 016 the launch, i.e.
+# which kernel, its grid, block, shared memory and TMA maps, is the Python launch plan
+# in pytorch_custom_ops/gemm_gpu.py):
 #   * float32 / float64: a SIMT kernel. A 128x128 block tile, K in steps of 16; each
 #     of the 256 threads owns an 8x8 block of outputs in registers, reads its A and
 #     B fragments as 16-byte vectors from shared memory, and prefetches the next K
