@@ -38,7 +38,7 @@ class Launch:
     kernel: Kernel
     grid: int | tuple[int, ...]
     block: int | tuple[int, ...]
-    args: tuple
+    args: tuple  # a "tensormap" argument: 128 bytes, or an object whose .encode() gives them
     smem: int = 0  # dynamic shared memory, bytes
     cluster: int | None = None  # CTAs per cluster along x (thread-block clusters)
 
@@ -50,16 +50,36 @@ def _dim3(d) -> tuple[int, int, int]:
 
 
 _CTYPES = {"ptr": ctypes.c_uint64, "i64": ctypes.c_int64, "i32": ctypes.c_int32, "f32": ctypes.c_float}
+# unsigned bytes, not c_char: a c_char array takes bytes as a C string and stops copying
+# at the first NUL (a descriptor holding an address with a zero byte would be cut short)
+_TENSORMAP = ctypes.c_ubyte * 128
 
 
 @cache
 def _arg_struct(args: tuple[str, ...]):
-    """A ctypes struct holding one launch's arguments, and each field's offset: the
-    driver reads each argument through a pointer (cuLaunchKernel's kernelParams)."""
-    fields = [(f"a{i}", ctypes.c_char * 128 if kind == "tensormap" else _CTYPES[kind]) for i, kind in enumerate(args)]
+    """A ctypes struct holding one launch's arguments, each field's offset (the driver
+    reads each argument through a pointer: cuLaunchKernel's kernelParams) and the
+    positions of the tensor maps."""
+    fields = [(f"a{i}", _TENSORMAP if kind == "tensormap" else _CTYPES[kind]) for i, kind in enumerate(args)]
     struct = type("KernelArgs", (ctypes.Structure,), {"_fields_": fields})
     offsets = tuple(getattr(struct, name).offset for name, _ in fields)
-    return struct, offsets, ctypes.c_void_p * len(args)
+    tensormaps = tuple(i for i, kind in enumerate(args) if kind == "tensormap")
+    return struct, offsets, ctypes.c_void_p * len(args), tensormaps
+
+
+def pack_args(kinds: tuple[str, ...], args: tuple):
+    """The ctypes struct of one launch's arguments. A "tensormap" argument is its 128
+    bytes or an object with `.encode() -> bytes` (e.g. a spec that calls the driver's
+    cuTensorMapEncodeTiled at launch time, so that plans stay testable on a CPU)."""
+    struct, _offsets, _pointers, tensormaps = _arg_struct(kinds)
+    if tensormaps:
+        args = list(args)
+        for i in tensormaps:
+            raw = args[i] if isinstance(args[i], bytes | bytearray) else args[i].encode()
+            if len(raw) != 128:
+                raise ValueError(f"argument {i}: a tensor map is 128 bytes, got {len(raw)}")
+            args[i] = _TENSORMAP.from_buffer_copy(raw)
+    return struct(*args)
 
 
 # -- finding the build -------------------------------------------------------------------
@@ -131,8 +151,7 @@ class LoadedKernel:
         except cu.CudaDriverError as exc:
             raise KernelLoadError(f"{self.name}: {exc}") from exc
         self.device_index = device_index
-        self.struct, self.offsets, self.pointer_array = _arg_struct(kernel.family.args)
-        self.tensormaps = [i for i, kind in enumerate(kernel.family.args) if kind == "tensormap"]
+        _struct, self.offsets, self.pointer_array, _ = _arg_struct(kernel.family.args)
         self.max_smem = 48 * 1024  # without opting in, a launch may ask for up to 48 KiB
         self._lock = threading.Lock()
 
@@ -144,13 +163,7 @@ class LoadedKernel:
                 if smem > self.max_smem:
                     cu.set_max_dynamic_shared_memory(self.function, smem, self.name)
                     self.max_smem = smem
-        values = launch.args
-        if self.tensormaps:  # a TMA descriptor may come as a spec that encodes itself here
-            values = list(values)
-            for i in self.tensormaps:
-                if not isinstance(values[i], bytes | bytearray):
-                    values[i] = values[i].encode()
-        args = self.struct(*values)
+        args = pack_args(self.kernel.family.args, launch.args)
         base = ctypes.addressof(args)
         params = self.pointer_array(*[base + o for o in self.offsets])
         grid, block = _dim3(launch.grid), _dim3(launch.block)

@@ -27,7 +27,9 @@ from functools import lru_cache
 import torch
 
 from .contract import FLOAT_DTYPES, SUPPORTED_DEVICES, OpSpec, TensorArg
-from .mojo_op import MojoOp
+from .gemm_gpu import MAX_BATCH, gemm_gpu
+from .gemm_gpu import gemm_version as gemm_version  # the knob that forces a bf16/fp16 kernel
+from .mojo_op import MojoOp, device_constant
 from .softmax import _needs_dispatcher
 
 _TRANSPOSES = {"TRANSPOSE_A": False, "TRANSPOSE_B": False}
@@ -72,17 +74,16 @@ def _oriented(spec: OpSpec, transpose_a: bool, transpose_b: bool) -> OpSpec:
     )
 
 
-# what the torch ops call: one MojoOp per (batched, transpose_a, transpose_b)
+# what the torch ops call: one MojoOp per (batched, transpose_a, transpose_b); on CUDA
+# they share one launch plan (gemm_gpu.py), which reads the transposes from the params
 _KERNELS = {
-    (batched, ta, tb): MojoOp(_oriented(GEMM_BATCHED if batched else GEMM, ta, tb))
+    (batched, ta, tb): MojoOp(_oriented(GEMM_BATCHED if batched else GEMM, ta, tb), gpu=gemm_gpu)
     for batched in (False, True)
     for ta in (False, True)
     for tb in (False, True)
 }
 gemm_kernel = _KERNELS[(False, False, False)]  # the ones KERNELS lists (no transposes)
 gemm_batched_kernel = _KERNELS[(True, False, False)]
-
-MAX_BATCH = 65535  # the CUDA grid's z limit (one z slice per matrix)
 
 
 # -- argument checks ------------------------------------------------------------------
@@ -145,10 +146,10 @@ def check_gemm_args(name, a, b, c, alpha, beta, transpose_a, transpose_b, batche
 
 
 # -- the call into Mojo -----------------------------------------------------------------
-@lru_cache(maxsize=64)
 def _alpha_beta(alpha: float, beta: float, device: torch.device) -> torch.Tensor:
-    """A float32 (2,) tensor on the op's device, made once per (alpha, beta, device)."""
-    return torch.tensor([alpha, beta], dtype=torch.float32, device=device)
+    """A float32 (2,) tensor on the op's device, made once per (alpha, beta, device): the
+    kernels read it on the device, so new values recompile and re-plan nothing."""
+    return device_constant((alpha, beta), torch.float32, device)
 
 
 @lru_cache(maxsize=16)

@@ -11,8 +11,8 @@ both load paths (VEC on/off):
   * the wgmma kernel: wg_load_tile's thread mapping into the core-matrix layout,
     wg_desc's start/LBO/SBO read through the PTX ISA's canonical no-swizzle
     layouts (K-major and MN-major), the m64nNk16 accumulator layout, the epilogue.
-It checks the arithmetic, not Mojo's semantics: the H100 run of
-tests/mojo/day014_gemm_gpu_check.mojo is the real test.
+It checks the arithmetic, not Mojo's semantics: the CUDA cases of
+test_day014_gemm.py on the H100 are the real test.
 
     python days/day014/emulate_kernels.py
 """

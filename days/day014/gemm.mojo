@@ -10,7 +10,9 @@
 # tensor on the op's device and are read inside the kernel: a new value costs
 # nothing, while the transposes are compile-time parameters (one graph each).
 #
-# GPU paths (one launch, grid = output tiles x batch):
+# GPU paths (one launch, grid = output tiles x batch; since day 016 the launch, i.e.
+# which kernel, its grid, block, shared memory and TMA maps, is the Python launch plan
+# in pytorch_custom_ops/gemm_gpu.py):
 #   * float32 / float64: a SIMT kernel. A 128x128 block tile, K in steps of 16; each
 #     of the 256 threads owns an 8x8 block of outputs in registers, reads its A and
 #     B fragments as 16-byte vectors from shared memory, and prefetches the next K
@@ -53,12 +55,8 @@ from max.gpu.memory import (
     cp_async_bulk_tensor_shared_cluster_global,
     external_memory,
 )
-from max.gpu.host import DeviceBuffer, DeviceContext, FuncAttribute
-from max.gpu.host.nvidia.tma import (
-    TMADescriptor,
-    TensorMapSwizzle,
-    create_tma_descriptor,
-)
+from max.gpu.host import DeviceContext
+from max.gpu.host.nvidia.tma import TMADescriptor, TensorMapSwizzle
 from max.gpu.sync import (
     mbarrier_init,
     mbarrier_arrive,
@@ -74,10 +72,6 @@ from std.utils import IndexList, StaticTuple
 def accum_dtype[dtype: DType]() -> DType:
     """Accumulate in float64 for float64 inputs, float32 for everything else."""
     return DType.float64 if dtype == DType.float64 else DType.float32
-
-
-# The grid is limited to 65535 in z (the batch) on CUDA.
-comptime MAX_BATCH = 65535
 
 
 # --8<-- [start:problem]
@@ -421,7 +415,7 @@ def gemm_simt_kernel[
 # ---------------------------------------------------------------------------
 # Tensor-core kernel (bfloat16, float16): mma.sync m16n8k16, fp32 accumulators.
 
-comptime TC_BM = 128  # 64 when 128-row tiles would leave SMs idle (see launch_gemm)
+comptime TC_BM = 128  # 64 when 128-row tiles would leave SMs idle (the launch plan)
 comptime TC_BN = 128
 comptime TC_BK = 32
 comptime TC_STAGES = 4
@@ -439,14 +433,6 @@ def tc_ld[k_contiguous: Bool, bmn: Int]() -> Int:
 
 def tc_tile_elems[k_contiguous: Bool, bmn: Int]() -> Int:
     return (bmn if k_contiguous else TC_BK) * tc_ld[k_contiguous, bmn]()
-
-
-def tc_smem_bytes[dtype: DType, TA: Bool, TB: Bool, BM: Int]() -> Int:
-    return (
-        TC_STAGES
-        * (tc_tile_elems[not TA, BM]() + tc_tile_elems[TB, TC_BN]())
-        * size_of[dtype]()
-    )
 
 
 # --8<-- [start:tc_load]
@@ -588,6 +574,7 @@ def gemm_tc_kernel[
     TB: Bool,
     VEC: Bool,
     BM: Int,
+    SMEM: Int,
 ](
     dst: Pointer[Scalar[dtype], MutAnyOrigin],
     a: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -604,13 +591,20 @@ def gemm_tc_kernel[
     c_cs: Int64,
 ):
     """Launch with grid (ceil(M/BM) * ceil(N/128), 1, batch), 256 threads and
-    tc_smem_bytes() of dynamic shared memory."""
+    SMEM bytes of dynamic shared memory.
+
+    SMEM is the launch plan's number (pytorch_custom_ops/gemm_gpu.py): passed here
+    as a parameter so that a plan whose size does not match this layout fails to
+    build instead of overrunning shared memory."""
     comptime WM = BM // 2  # warp tile: WM x TC_WN
     comptime MI = WM // 16  # m16 tiles per warp
     comptime A_KC = not TA  # A is k-contiguous when stored (M, K)
     comptime B_KC = TB  # B is k-contiguous when stored (N, K)
     comptime A_ELEMS = tc_tile_elems[A_KC, BM]()
     comptime B_ELEMS = tc_tile_elems[B_KC, TC_BN]()
+    comptime assert (
+        SMEM == TC_STAGES * (A_ELEMS + B_ELEMS) * size_of[dtype]()
+    ), "SMEM is the size of the stage buffers"
 
     var M = Int(m)
     var N = Int(n)
@@ -748,10 +742,6 @@ def gemm_tc_kernel[
 comptime WG_BK = 64  # k per pipeline stage: 4 wgmma k16 steps
 comptime WG_STAGES = 4  # shared stages; loads run STAGES - 2 tiles ahead
 comptime WG_THREADS = 128  # one warpgroup
-
-
-def wg_smem_bytes[dtype: DType, BM: Int, BN: Int]() -> Int:
-    return WG_STAGES * (BM + BN) * WG_BK * size_of[dtype]()
 
 
 @always_inline
@@ -906,6 +896,7 @@ def gemm_wgmma_kernel[
     TB: Bool,
     BM: Int,
     BN: Int,
+    SMEM: Int,
 ](
     dst: Pointer[Scalar[dtype], MutAnyOrigin],
     a: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -922,8 +913,9 @@ def gemm_wgmma_kernel[
     c_cs: Int64,
 ):
     """Launch with grid (ceil(M/BM) * ceil(N/BN), 1, batch), BM/64 warpgroups
-    (2 * BM threads) and wg_smem_bytes() of dynamic shared memory. Requires the
-    VEC conditions (16-byte aligned rows and pointers)."""
+    (2 * BM threads) and SMEM bytes of dynamic shared memory (the launch plan's
+    number, checked against this layout). Requires the VEC conditions (16-byte
+    aligned rows and pointers)."""
     comptime NWG = BM // 64  # warpgroups, each owns 64 rows x BN
     comptime THREADS = NWG * WG_THREADS
     comptime A_KC = not TA  # A is k-contiguous when stored (M, K)
@@ -931,6 +923,9 @@ def gemm_wgmma_kernel[
     comptime A_ELEMS = BM * WG_BK
     comptime B_ELEMS = BN * WG_BK
     comptime assert BM % 64 == 0 and BN % 64 == 0 and BN <= 256, "tile shape"
+    comptime assert (
+        SMEM == WG_STAGES * (A_ELEMS + B_ELEMS) * size_of[dtype]()
+    ), "SMEM is the size of the stage buffers"
 
     var M = Int(m)
     var N = Int(n)
@@ -1043,51 +1038,12 @@ def gemm_wgmma_kernel[
 
 comptime TMA_BK = 64  # k per stage: one 128-byte swizzled row of 16-bit elements
 comptime TMA_BOX = 64  # mn width of one box of an mn-contiguous operand (128 B)
-comptime TMA_SMEM_BUDGET = 192 * 1024  # stage buffers; the H100 allows 227 KB
 comptime TMA_CONSUMER_REGS = 232  # setmaxnreg: what each consumer thread grows to
 comptime TMA_PRODUCER_REGS = 40  # ... and each producer thread shrinks to
-
-
-def tma_stages[dtype: DType, BM: Int, BN: Int]() -> Int:
-    return TMA_SMEM_BUDGET // ((BM + BN) * TMA_BK * size_of[dtype]())
-
-
-def tma_smem_bytes[dtype: DType, BM: Int, BN: Int]() -> Int:
-    """Stage buffers, then a `full` and an `empty` mbarrier (8 B each) per stage.
-    """
-    comptime stages = tma_stages[dtype, BM, BN]()
-    return stages * ((BM + BN) * TMA_BK * size_of[dtype]() + 16)
-
-
-# --8<-- [start:tma_map]
-def operand_tma_map[
-    dtype: DType, K_CONTIG: Bool, BMN: Int
-](
-    ctx: DeviceContext,
-    ptr: Pointer[Scalar[dtype], MutUntrackedOrigin],
-    batch: Int,
-    mn: Int,
-    k: Int,
-) raises -> TMADescriptor:
-    """The TMA descriptor (CUtensorMap, built on the host) of one operand, viewed as
-    (batch, rows, cols) as stored: rows = MN and cols = K when K_CONTIG, else the
-    reverse. A box is one stage's tile (BMN x 64) or, mn-contiguous, 64 x 64."""
-    var rows = mn if K_CONTIG else k
-    var cols = k if K_CONTIG else mn
-    var view = DeviceBuffer[dtype](
-        ctx, ptr.as_unsafe_any_origin(), batch * rows * cols, owning=False
-    )
-    comptime box_rows = BMN if K_CONTIG else TMA_BK
-    comptime box_cols = TMA_BK if K_CONTIG else TMA_BOX
-    return create_tma_descriptor[dtype, 3, TensorMapSwizzle.SWIZZLE_128B](
-        view,
-        IndexList[3](batch, rows, cols),
-        IndexList[3](rows * cols, cols, 1),
-        IndexList[3](1, box_rows, box_cols),
-    )
-
-
-# --8<-- [end:tma_map]
+# The stage count (how many fit in the shared-memory budget) and the tensor maps (one
+# per operand, viewed as (batch, rows, cols) as stored, box BMN x 64 or 64 x 64, 128-byte
+# swizzle) are the launch plan's, in pytorch_custom_ops/gemm_gpu.py; STAGES and SMEM
+# reach the kernel as parameters.
 
 
 @always_inline
@@ -1210,6 +1166,8 @@ def gemm_tma_kernel[
     TB: Bool,
     BM: Int,
     BN: Int,
+    STAGES: Int,
+    SMEM: Int,
 ](
     a_map: TMADescriptor,
     b_map: TMADescriptor,
@@ -1224,9 +1182,11 @@ def gemm_tma_kernel[
     c_cs: Int64,
 ):
     """Launch with grid (ceil(M/BM) * ceil(N/BN), 1, batch), 128 * (1 + BM/64)
-    threads and tma_smem_bytes() of dynamic shared memory."""
+    threads and SMEM bytes of dynamic shared memory: STAGES stage buffers, then a
+    `full` and an `empty` mbarrier (8 B each) per stage. The launch plan picks
+    STAGES (as many as its budget holds) and builds a_map and b_map with boxes of
+    this kernel's tiles."""
     comptime CONSUMERS = BM // 64
-    comptime STAGES = tma_stages[dtype, BM, BN]()
     comptime A_KC = not TA  # A is k-contiguous when stored (M, K)
     comptime B_KC = TB  # B is k-contiguous when stored (N, K)
     comptime A_ELEMS = BM * TMA_BK
@@ -1234,6 +1194,10 @@ def gemm_tma_kernel[
     comptime STAGE_BYTES = (A_ELEMS + B_ELEMS) * size_of[dtype]()
     comptime assert BM % 64 == 0 and BN % 64 == 0 and BN <= 256, "tile shape"
     comptime assert STAGES >= 2, "at least two stages"
+    comptime assert SMEM == STAGES * (STAGE_BYTES + 16), "stages + mbarriers"
+    comptime assert (
+        TMA_BK * size_of[dtype]() == 128
+    ), "a k row is one 128-byte swizzle span (the tensor maps' box width)"
 
     var M = Int(m)
     var N = Int(n)
@@ -1397,249 +1361,19 @@ def untracked[
     return p.unsafe_origin_cast[MutUntrackedOrigin]()
 
 
-def is_aligned[
-    dtype: DType
-](p: Pointer[Scalar[dtype], MutUntrackedOrigin]) -> Bool:
-    return Int(p) % 16 == 0
-
-
-def vector_friendly[
-    dtype: DType, TA: Bool, TB: Bool
-](p: GemmProblem[dtype]) -> Bool:
-    """16-byte global vectors are safe: every stored row length is a multiple of the
-    vector and every base pointer is 16-byte aligned (batch offsets then are too).
-    """
-    var vw = 16 // size_of[dtype]()
-    var a_ld = p.m if TA else p.k
-    var b_ld = p.k if TB else p.n
-    return (
-        a_ld % vw == 0
-        and b_ld % vw == 0
-        and p.n % vw == 0
-        and is_aligned(p.a)
-        and is_aligned(p.b)
-        and is_aligned(p.out)
-    )
-
-
-# --8<-- [start:launch]
-# An H100 has 132 SMs: a problem with fewer 128x128 tiles than that (e.g. 1024^2 = 64
-# tiles) would leave SMs idle, so it gets 64-row tiles (4x as many blocks for the SIMT
-# kernel's 64x64, 2x for the tensor-core kernel's 64x128).
-comptime SMALL_GRID = 132
-
-
-def launch_tc[
-    dtype: DType, TA: Bool, TB: Bool, VEC: Bool, BM: Int
-](p: GemmProblem[dtype], ctx: DeviceContext) raises:
-    comptime smem = tc_smem_bytes[dtype, TA, TB, BM]()
-    ctx.enqueue_function[gemm_tc_kernel[dtype, TA, TB, VEC, BM]](
-        p.out.as_unsafe_any_origin(),
-        p.a.as_unsafe_any_origin(),
-        p.b.as_unsafe_any_origin(),
-        p.c.as_unsafe_any_origin(),
-        p.alpha_beta.as_unsafe_any_origin(),
-        Int64(p.m),
-        Int64(p.n),
-        Int64(p.k),
-        Int64(p.a_bs),
-        Int64(p.b_bs),
-        Int64(p.c_bs),
-        Int64(p.c_rs),
-        Int64(p.c_cs),
-        grid_dim=(ceildiv(p.m, BM) * ceildiv(p.n, TC_BN), 1, p.batch),
-        block_dim=TC_THREADS,
-        shared_mem_bytes=smem,
-        func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
-            UInt32(smem)
-        ),
-    )
-
-
-# Which tensor-core kernel the bf16/fp16 path uses (launch_gemm's KERNEL parameter;
-# the op itself always uses GEMM_AUTO). The others exist so that the gpu_check can
-# time them against each other in one binary.
-comptime GEMM_AUTO = 0  # TMA (version 3) where it applies, else mma.sync
-comptime GEMM_MMA_SYNC = 1  # the Ampere-style kernel (ldmatrix + mma.sync)
-comptime GEMM_WG_64x128 = 2  # wgmma, one warpgroup per block
-comptime GEMM_WG_128x128 = 3  # wgmma, two warpgroups
-comptime GEMM_WG_128x256 = 4  # wgmma, two warpgroups of m64n256
-comptime GEMM_TMA_128x128 = 5  # version 3: TMA + producer warpgroup, m64n128
-comptime GEMM_TMA_128x256 = 6  # version 3: TMA + producer warpgroup, m64n256
-
-
-def launch_wgmma[
-    dtype: DType, TA: Bool, TB: Bool, BM: Int, BN: Int
-](p: GemmProblem[dtype], ctx: DeviceContext) raises:
-    comptime smem = wg_smem_bytes[dtype, BM, BN]()
-    ctx.enqueue_function[gemm_wgmma_kernel[dtype, TA, TB, BM, BN]](
-        p.out.as_unsafe_any_origin(),
-        p.a.as_unsafe_any_origin(),
-        p.b.as_unsafe_any_origin(),
-        p.c.as_unsafe_any_origin(),
-        p.alpha_beta.as_unsafe_any_origin(),
-        Int64(p.m),
-        Int64(p.n),
-        Int64(p.k),
-        Int64(p.a_bs),
-        Int64(p.b_bs),
-        Int64(p.c_bs),
-        Int64(p.c_rs),
-        Int64(p.c_cs),
-        grid_dim=(ceildiv(p.m, BM) * ceildiv(p.n, BN), 1, p.batch),
-        block_dim=(BM // 64) * WG_THREADS,
-        shared_mem_bytes=smem,
-        func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
-            UInt32(smem)
-        ),
-    )
-
-
-def launch_tma[
-    dtype: DType, TA: Bool, TB: Bool, BM: Int, BN: Int
-](p: GemmProblem[dtype], ctx: DeviceContext) raises:
-    comptime smem = tma_smem_bytes[dtype, BM, BN]()
-    var a_map = operand_tma_map[dtype, not TA, BM](ctx, p.a, p.batch, p.m, p.k)
-    var b_map = operand_tma_map[dtype, TB, BN](ctx, p.b, p.batch, p.n, p.k)
-    ctx.enqueue_function[gemm_tma_kernel[dtype, TA, TB, BM, BN]](
-        a_map,
-        b_map,
-        p.out.as_unsafe_any_origin(),
-        p.c.as_unsafe_any_origin(),
-        p.alpha_beta.as_unsafe_any_origin(),
-        Int64(p.m),
-        Int64(p.n),
-        Int64(p.k),
-        Int64(p.c_bs),
-        Int64(p.c_rs),
-        Int64(p.c_cs),
-        grid_dim=(ceildiv(p.m, BM) * ceildiv(p.n, BN), 1, p.batch),
-        block_dim=(1 + BM // 64) * WG_THREADS,
-        shared_mem_bytes=smem,
-        func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
-            UInt32(smem)
-        ),
-    )
-
-
-def tma_friendly[dtype: DType](p: GemmProblem[dtype]) -> Bool:
-    """The TMA maps view A and B as (batch, rows, cols) with packed batches, and a
-    tensor map cannot have a dimension of size 0 (K == 0: out = beta * c)."""
-    return p.k > 0 and (
-        p.batch == 1 or (p.a_bs == p.m * p.k and p.b_bs == p.k * p.n)
-    )
-
-
-def launch_tensor_core[
-    dtype: DType, TA: Bool, TB: Bool, KERNEL: Int
-](p: GemmProblem[dtype], vec: Bool, ctx: DeviceContext) raises:
-    """For bf16/fp16. GEMM_AUTO: the version 3 TMA kernel wherever TMA can map the
-    operands (16-byte rows and pointers, packed batches, K > 0), with 128x256 tiles
-    once they fill the 132 SMs and 128x128 below that; mma.sync elsewhere. A forced
-    wgmma/TMA kernel also needs those conditions, else mma.sync runs."""
-    var tiles128 = ceildiv(p.m, 128) * ceildiv(p.n, 128) * p.batch
-    var tiles256 = ceildiv(p.m, 128) * ceildiv(p.n, 256) * p.batch
-    var tma = vec and tma_friendly(p)
-    comptime if KERNEL == GEMM_AUTO:
-        if tma and tiles256 >= SMALL_GRID:
-            launch_tma[dtype, TA, TB, 128, 256](p, ctx)
-            return
-        if tma:
-            launch_tma[dtype, TA, TB, 128, 128](p, ctx)
-            return
-    elif KERNEL == GEMM_TMA_128x128 or KERNEL == GEMM_TMA_128x256:
-        if tma:
-            comptime if KERNEL == GEMM_TMA_128x128:
-                launch_tma[dtype, TA, TB, 128, 128](p, ctx)
-            else:
-                launch_tma[dtype, TA, TB, 128, 256](p, ctx)
-            return
-    elif KERNEL == GEMM_WG_64x128 or KERNEL == GEMM_WG_128x128 or KERNEL == GEMM_WG_128x256:
-        if vec:
-            comptime if KERNEL == GEMM_WG_64x128:
-                launch_wgmma[dtype, TA, TB, 64, 128](p, ctx)
-            elif KERNEL == GEMM_WG_128x128:
-                launch_wgmma[dtype, TA, TB, 128, 128](p, ctx)
-            else:
-                launch_wgmma[dtype, TA, TB, 128, 256](p, ctx)
-            return
-    var small = tiles128 < SMALL_GRID
-    if vec and small:
-        launch_tc[dtype, TA, TB, True, 64](p, ctx)
-    elif vec:
-        launch_tc[dtype, TA, TB, True, 128](p, ctx)
-    elif small:
-        launch_tc[dtype, TA, TB, False, 64](p, ctx)
-    else:
-        launch_tc[dtype, TA, TB, False, 128](p, ctx)
-
-
-def launch_simt[
-    dtype: DType, TA: Bool, TB: Bool, VEC: Bool, BM: Int, BK: Int, TT: Int
-](p: GemmProblem[dtype], ctx: DeviceContext) raises:
-    ctx.enqueue_function[
-        gemm_simt_kernel[dtype, TA, TB, VEC, BM, BM, BK, TT, TT]
-    ](
-        p.out.as_unsafe_any_origin(),
-        p.a.as_unsafe_any_origin(),
-        p.b.as_unsafe_any_origin(),
-        p.c.as_unsafe_any_origin(),
-        p.alpha_beta.as_unsafe_any_origin(),
-        Int64(p.m),
-        Int64(p.n),
-        Int64(p.k),
-        Int64(p.a_bs),
-        Int64(p.b_bs),
-        Int64(p.c_bs),
-        Int64(p.c_rs),
-        Int64(p.c_cs),
-        grid_dim=(ceildiv(p.m, BM) * ceildiv(p.n, BM), 1, p.batch),
-        block_dim=SIMT_THREADS,
-    )
-
-
-def launch_gemm[
-    target: StaticString,
-    dtype: DType,
-    TA: Bool,
-    TB: Bool,
-    KERNEL: Int = GEMM_AUTO,
-](p: GemmProblem[dtype], ctx: DeviceContext) raises:
-    if p.batch == 0 or p.m == 0 or p.n == 0:
-        return
+def run_gemm[
+    target: StaticString, dtype: DType, TA: Bool, TB: Bool
+](p: GemmProblem[dtype]) raises:
     comptime if target == "gpu":
-        if p.batch > MAX_BATCH:
-            raise Error(
-                "gemm: batch ",
-                p.batch,
-                " > ",
-                MAX_BATCH,
-                " is not supported on the GPU",
-            )
-        var vec = vector_friendly[dtype, TA, TB](p)
-        var small = ceildiv(p.m, 128) * ceildiv(p.n, 128) * p.batch < SMALL_GRID
-        comptime if dtype == DType.bfloat16 or dtype == DType.float16:
-            launch_tensor_core[dtype, TA, TB, KERNEL](p, vec, ctx)
-        elif dtype == DType.float64:
-            # 64x64 tiles, k steps of 8: 8x8 doubles per thread would spill
-            if vec:
-                launch_simt[dtype, TA, TB, True, 64, 8, 4](p, ctx)
-            else:
-                launch_simt[dtype, TA, TB, False, 64, 8, 4](p, ctx)
-        else:
-            if vec and small:
-                launch_simt[dtype, TA, TB, True, 64, 16, 4](p, ctx)
-            elif vec:
-                launch_simt[dtype, TA, TB, True, 128, 16, 8](p, ctx)
-            elif small:
-                launch_simt[dtype, TA, TB, False, 64, 16, 4](p, ctx)
-            else:
-                launch_simt[dtype, TA, TB, False, 128, 16, 8](p, ctx)
+        # since day 016 the GPU launch (kernel choice, grid, tensor maps) is the
+        # Python launch plan's (pytorch_custom_ops/gemm_gpu.py): one source of
+        # launch logic per op
+        raise Error(
+            "gemm: on a GPU this op is launched by pytorch_custom_ops (direct"
+            " launch)"
+        )
     else:
         gemm_cpu[dtype, TA, TB](p)
-
-
-# --8<-- [end:launch]
 
 
 def check_alpha_beta(name: StaticString, n: Int) raises:
@@ -1714,7 +1448,7 @@ struct Gemm:
             c_rs,
             c_cs,
         )
-        launch_gemm[target, dtype, TRANSPOSE_A, TRANSPOSE_B](p, ctx)
+        run_gemm[target, dtype, TRANSPOSE_A, TRANSPOSE_B](p)
 
 
 @register("gemm_batched")
@@ -1800,4 +1534,4 @@ struct GemmBatched:
             c_rs,
             c_cs,
         )
-        launch_gemm[target, dtype, TRANSPOSE_A, TRANSPOSE_B](p, ctx)
+        run_gemm[target, dtype, TRANSPOSE_A, TRANSPOSE_B](p)

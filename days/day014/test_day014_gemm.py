@@ -273,3 +273,104 @@ def test_the_kernels_index_math_emulated_in_numpy():
     from days.day014 import emulate_kernels
 
     emulate_kernels.main()
+
+
+# -- CUDA: every branch of the launch plan (pytorch_custom_ops/gemm_gpu.py) -------------------
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
+# (version, dtype, batch, m, n, k) -> the kernel the plan must pick. Sizes are tile tails
+# in every dim (k too) unless a grid size is the point.
+BRANCHES = [
+    ("AUTO", BF16, None, 200, 264, 136, "tma 128x128"),
+    ("AUTO", FP16, None, 1536, 2816, 72, "tma 128x256"),  # 12 x 11 = 132 tiles of 128x256
+    ("AUTO", BF16, 33, 200, 264, 72, "tma 128x256"),  # the batch fills the grid
+    ("AUTO", BF16, None, 201, 135, 77, "mma 64 novec"),
+    ("AUTO", FP16, None, 1601, 1601, 33, "mma 128 novec"),
+    ("MMA_SYNC", BF16, None, 200, 264, 136, "mma 64 vec"),
+    ("MMA_SYNC", FP16, None, 1600, 1608, 40, "mma 128 vec"),
+    ("MMA_SYNC", BF16, 3, 40, 24, 16, "mma 64 vec"),
+    ("WG_64x128", BF16, None, 200, 264, 136, "wgmma 64x128"),
+    ("WG_128x128", FP16, None, 200, 264, 136, "wgmma 128x128"),
+    ("WG_128x256", BF16, 2, 200, 264, 136, "wgmma 128x256"),
+    ("TMA_128x128", FP16, 2, 200, 264, 136, "tma 128x128"),
+    ("TMA_128x256", BF16, None, 200, 264, 136, "tma 128x256"),
+    ("AUTO", FP32, None, 300, 200, 136, "simt 64 vec"),
+    ("AUTO", FP32, None, 1600, 1604, 24, "simt 128 vec"),
+    ("AUTO", FP32, 2, 301, 199, 37, "simt 64 novec"),
+    ("AUTO", FP32, None, 1601, 1601, 17, "simt 128 novec"),
+    ("AUTO", FP64, None, 300, 200, 136, "simt 64 vec"),
+    ("AUTO", FP64, None, 301, 199, 37, "simt 64 novec"),
+]
+
+
+def _planned(a, b, c, ta, tb):
+    """What the launch plan picks for these tensors (days/day014/test_day014_launch_plan.py names it)."""
+    from days.day014.test_day014_launch_plan import choice
+    from pytorch_custom_ops.gemm_gpu import gemm_gpu
+
+    out = torch.empty(0, dtype=a.dtype, device=a.device)  # only its data_ptr is read: aligned
+    params = {"TRANSPOSE_A": ta, "TRANSPOSE_B": tb}
+    return choice(gemm_gpu([out], [a, b, c, torch.empty(2, device=a.device)], params)[0])
+
+
+@needs_cuda
+@pytest.mark.parametrize("ta,tb", TRANSPOSES)
+@pytest.mark.parametrize("version,dtype,batch,m,n,k,want", BRANCHES, ids=lambda v: str(v).removeprefix("torch."))
+def test_cuda_every_kernel_branch(version, dtype, batch, m, n, k, want, ta, tb):
+    torch.manual_seed(m + n + k)
+    lead = () if batch is None else (batch,)
+    a, b = rand(*lead, m, k, device="cuda", dtype=dtype), rand(*lead, k, n, device="cuda", dtype=dtype)
+    c = rand(*lead, m, n, device="cuda", dtype=dtype) if ta else rand(n, device="cuda", dtype=dtype)
+    sa, sb = stored(a, ta), stored(b, tb)
+    fn = pco.gemm_batched if batch else pco.gemm
+    with pco.gemm_version(version):
+        # the sizes are alignment-neutral: every transpose pair takes the same branch
+        assert _planned(sa, sb, c.reshape((1,) * (len(lead) + 2 - c.dim()) + c.shape), ta, tb) == want
+        y = fn(sa, sb, c, alpha=1.25, beta=-0.75, transpose_a=ta, transpose_b=tb)
+        check(y, a, b, c, 1.25, -0.75)
+        nan_c = torch.full_like(c, float("nan"))  # beta == 0: c is never read, in any kernel
+        check(fn(sa, sb, nan_c, alpha=0.5, beta=0.0, transpose_a=ta, transpose_b=tb), a, b, None, 0.5)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [BF16, FP32])
+def test_cuda_k_zero_through_the_kernel(dtype):
+    # the public op answers K == 0 without a kernel; the MojoOp itself runs the kernel
+    # with an empty k loop (mma.sync / SIMT: TMA cannot map a zero-size dim)
+    from pytorch_custom_ops.gemm import _KERNELS, _alpha_beta
+
+    a, b = torch.empty(40, 0, dtype=dtype, device="cuda"), torch.empty(0, 24, dtype=dtype, device="cuda")
+    c = rand(1, 24, device="cuda", dtype=dtype)
+    (y,) = _KERNELS[(False, False, False)]([a, b, c, _alpha_beta(2.0, -1.5, a.device)])
+    torch.testing.assert_close(y, (-1.5 * c.float()).expand(40, 24).to(dtype))
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [BF16, FP32])
+def test_cuda_gpt2_linear_forward_and_backward(dtype):
+    torch.manual_seed(8)
+    layer = pco.MojoGEMM(768, 2304, device="cuda", dtype=dtype)
+    x = rand(2, 65, 768, device="cuda", dtype=dtype).requires_grad_()  # 130 tokens: tails
+    y = layer(x)
+    g = rand(*y.shape, device="cuda", dtype=dtype)
+    y.backward(g)
+    w, bias, x2, g2 = layer.weight.detach(), layer.bias.detach(), x.detach().reshape(-1, 768), g.reshape(-1, 2304)
+    check(y.reshape(-1, 2304), x2, w, bias, tb=True, beta=1.0)
+    check(x.grad.reshape(-1, 768), g2, w)
+    check(layer.weight.grad, g2, x2, ta=True)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [BF16, FP32])  # bf16: the TMA kernel, its tensor maps encoded while capturing
+def test_cuda_graph_capture_with_new_alpha_beta(dtype):
+    # an (alpha, beta) first seen while capturing is written by kernels the graph records
+    a, b = rand(64, 72, device="cuda", dtype=dtype), rand(72, 40, device="cuda", dtype=dtype)
+    c = rand(64, 40, device="cuda", dtype=dtype)
+    pco.gemm(a, b)  # warm-up (loads the kernel)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = pco.gemm(a, b, c, alpha=0.3125, beta=-2.75)
+    a.copy_(rand(64, 72, device="cuda", dtype=dtype))
+    graph.replay()
+    torch.cuda.synchronize()
+    check(y, a, b, c, 0.3125, -2.75)

@@ -1,0 +1,230 @@
+"""Day 014's CUDA launch plan (pytorch_custom_ops/gemm_gpu.py), checked on the CPU.
+
+The plan reads only shapes, dtypes and data pointers, so it runs on CPU tensors: every
+launch must name a declared kernel with a launchable grid, block and shared memory, the
+argument list the kernel takes, and the kernel the rules pick (TMA, wgmma, mma.sync or
+SIMT, and the tile) for the shape, dtype, alignment and forced version.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+from pytorch_custom_ops import direct, gemm_gpu
+from pytorch_custom_ops.gemm_gpu import TensorMapSpec, gemm_version
+
+BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
+PAIRS = gemm_gpu.PAIRS
+FAMILIES = (gemm_gpu.SIMT_KERNEL, gemm_gpu.TC_KERNEL, gemm_gpu.WG_KERNEL, gemm_gpu.TMA_KERNEL)
+
+
+def tensor(shape, dtype, offset=0):
+    """An uninitialised CPU tensor; `offset` elements into its storage (unaligned views)."""
+    n = 1
+    for s in shape:
+        n *= s
+    return torch.empty(n + offset, dtype=dtype)[offset:].view(shape)
+
+
+def plan(m, n, k, dtype, ta=False, tb=False, batch=None, c_shape=None, a_offset=0):
+    lead = () if batch is None else (batch,)
+    a = tensor((*lead, *((k, m) if ta else (m, k))), dtype, a_offset)
+    b = tensor((*lead, *((n, k) if tb else (k, n))), dtype)
+    c = tensor(c_shape or (1,) * (2 + len(lead)), dtype)
+    out = tensor((*lead, m, n), dtype)
+    launches = gemm_gpu.gemm_gpu([out], [a, b, c, torch.empty(2)], {"TRANSPOSE_A": ta, "TRANSPOSE_B": tb})
+    assert len(launches) == 1
+    check_launch(launches[0], m, n, batch or 1)
+    return launches[0]
+
+
+def check_launch(launch: direct.Launch, m: int, n: int, batch: int):
+    kernel = launch.kernel
+    assert kernel.family in FAMILIES and kernel in kernel.family.kernels()
+    grid, block = direct._dim3(launch.grid), direct._dim3(launch.block)
+    assert 0 < grid[0] < 2**31 and 0 < grid[1] <= 65535 and 0 < grid[2] <= 65535
+    assert grid[2] == batch
+    assert 0 < block[0] * block[1] * block[2] <= 1024
+    assert 0 <= launch.smem <= 227 * 1024
+    assert len(launch.args) == len(kernel.family.args)
+    for kind, arg in zip(kernel.family.args, launch.args, strict=True):
+        assert isinstance(arg, TensorMapSpec) if kind == "tensormap" else isinstance(arg, int), (kind, arg)
+    assert launch.cluster is None
+    tile_m, tile_n = tile(launch)
+    assert grid[0] == -(-m // tile_m) * -(-n // tile_n)  # every output tile, once
+    if kernel.family is not gemm_gpu.SIMT_KERNEL:
+        assert launch.smem == kernel.params[-1]  # the size the kernel was built to check
+
+
+def tile(launch) -> tuple[int, int]:
+    family, p = launch.kernel.family, launch.kernel.params
+    if family is gemm_gpu.SIMT_KERNEL:
+        return p[4], p[5]
+    if family is gemm_gpu.TC_KERNEL:
+        return p[4], gemm_gpu.TC_BN
+    return p[3], p[4]
+
+
+def choice(launch) -> str:
+    """'tma 128x256', 'wgmma 64x128', 'mma 64 vec', 'simt 128 novec'..."""
+    family, p = launch.kernel.family, launch.kernel.params
+    if family is gemm_gpu.TMA_KERNEL:
+        return f"tma {p[3]}x{p[4]}"
+    if family is gemm_gpu.WG_KERNEL:
+        return f"wgmma {p[3]}x{p[4]}"
+    vec = "vec" if p[3] else "novec"
+    return f"{'mma' if family is gemm_gpu.TC_KERNEL else 'simt'} {p[4]} {vec}"
+
+
+# (m, n, k, dtype, batch) -> the AUTO choice
+AUTO = [
+    ((4096, 4096, 4096, BF16, None), "tma 128x256"),  # 32 x 16 tiles of 128x256 fill the SMs
+    ((1024, 1024, 1024, BF16, None), "tma 128x128"),  # 32 tiles of 128x256: too few
+    ((1536, 2816, 64, FP16, None), "tma 128x256"),  # exactly 132 tiles of 128x256
+    ((1536, 2560, 64, FP16, None), "tma 128x128"),  # 12 x 10 = 120 tiles of 128x256: one short wave
+    ((256, 512, 72, BF16, 33), "tma 128x256"),  # 2 x 2 x 33 = 132: the batch counts
+    ((1000, 1000, 1000, BF16, None), "tma 128x128"),
+    ((1, 8, 8, BF16, None), "tma 128x128"),
+    ((4097, 8, 8, BF16, None), "tma 128x128"),
+    ((17, 1000, 33, BF16, None), "mma 64 novec"),  # K = 33: rows are not 16-byte multiples
+    ((2000, 2000, 33, FP16, None), "mma 128 novec"),  # 256 tiles of 128x128
+    ((8, 12, 8, BF16, None), "mma 64 novec"),  # N % 8 != 0
+    ((64, 64, 0, BF16, None), "mma 64 vec"),  # K = 0: no tensor map (out = beta * c)
+    ((3000, 3000, 0, BF16, None), "mma 128 vec"),
+    ((256, 256, 256, FP32, None), "simt 64 vec"),  # 4 tiles of 128x128: 64x64 tiles
+    ((2048, 2048, 2048, FP32, None), "simt 128 vec"),
+    ((17, 1000, 3, FP32, None), "simt 64 novec"),
+    ((1601, 1601, 17, FP32, None), "simt 128 novec"),
+    ((1, 1, 1, FP32, None), "simt 64 novec"),
+    ((4096, 4096, 4096, FP64, None), "simt 64 vec"),  # fp64: always 64x64, k steps of 8
+    ((33, 17, 1000, FP64, None), "simt 64 novec"),
+    ((8, 8, 8, FP64, 65535), "simt 64 vec"),  # the largest batch the grid allows
+]
+
+
+@pytest.mark.parametrize("shape,want", AUTO, ids=[f"{s[0]}x{s[1]}x{s[2]}-{s[3]}-b{s[4]}" for s, _ in AUTO])
+def test_auto_choice_per_shape(shape, want):
+    m, n, k, dtype, batch = shape
+    assert choice(plan(m, n, k, dtype, batch=batch)) == want
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16, FP32, FP64])
+def test_every_shape_transpose_and_alignment_gives_a_valid_launch(dtype):
+    sizes = (1, 7, 8, 17, 64, 129, 1000, 4097)
+    vw = 16 // dtype.itemsize
+    for (m, n, k), (ta, tb) in itertools.product(itertools.product(sizes, repeat=3), PAIRS):
+        launch = plan(m, n, k, dtype, ta, tb)
+        a_ld, b_ld = (m if ta else k), (k if tb else n)
+        vec = a_ld % vw == 0 and b_ld % vw == 0 and n % vw == 0
+        kind = choice(launch)
+        assert ("novec" not in kind) == vec, (m, n, k, ta, tb, kind)
+        if dtype in (BF16, FP16):
+            assert kind.startswith("tma") == (vec and k > 0)
+        # an unaligned a (one element into its storage) never takes the vector paths
+        assert "novec" in choice(plan(m, n, k, dtype, ta, tb, a_offset=1))
+
+
+def test_huge_and_batched_shapes():
+    assert choice(plan(2**20, 8, 8, BF16)) == "tma 128x256"  # counted in 128x256 tiles, even for N = 8
+    assert choice(plan(2**20, 8, 8, BF16, ta=True, tb=True)) == "tma 128x256"
+    launch = plan(2**22, 1, 1, FP32)  # 32768 blocks in x
+    assert direct._dim3(launch.grid) == (32768, 1, 1)
+    for ta, tb in PAIRS:
+        assert choice(plan(40, 24, 16, BF16, ta, tb, batch=3)) == "tma 128x128"
+        assert choice(plan(40, 24, 16, FP32, ta, tb, batch=3)) == "simt 64 vec"
+
+
+def test_forced_versions_apply_where_their_conditions_hold():
+    want = {
+        "AUTO": "tma 128x128",
+        "MMA_SYNC": "mma 64 vec",
+        "WG_64x128": "wgmma 64x128",
+        "WG_128x128": "wgmma 128x128",
+        "WG_128x256": "wgmma 128x256",
+        "TMA_128x128": "tma 128x128",
+        "TMA_128x256": "tma 128x256",
+    }
+    assert set(want) == set(gemm_gpu.VERSIONS)
+    for version, kind in want.items():
+        with gemm_version(version):
+            for dtype, (ta, tb) in itertools.product((BF16, FP16), PAIRS):
+                assert choice(plan(200, 264, 136, dtype, ta, tb)) == kind
+                assert choice(plan(200, 260, 136, dtype, ta, tb)) == "mma 64 novec"  # no 16-byte rows
+                assert choice(plan(200, 264, 136, FP32, ta, tb)) == "simt 64 vec"  # fp32 has one kernel
+            if version.startswith("TMA"):  # K = 0: wgmma may run, TMA may not
+                assert choice(plan(200, 264, 0, BF16)) == "mma 64 vec"
+    assert gemm_gpu.current_version() == "AUTO"
+
+
+def test_gemm_version_rejects_unknown_names_and_restores():
+    with pytest.raises(ValueError, match="gemm: unknown kernel version 'WG_64x64'"):
+        with gemm_version("WG_64x64"):
+            pass
+    with gemm_version("WG_128x128"):
+        with gemm_version("MMA_SYNC"):
+            assert gemm_gpu.current_version() == "MMA_SYNC"
+        assert gemm_gpu.current_version() == "WG_128x128"
+    assert gemm_gpu.current_version() == "AUTO"
+
+
+def test_gpt2_linear_layers_take_tensor_cores_in_bf16():
+    # forward y = x W^T (NT), dX = dY W (NN), dW = dY^T X (TN) at GPT-2 small's shapes
+    for tokens, (d_in, d_out) in itertools.product(
+        (64, 512, 1024, 4096, 8192), ((768, 2304), (768, 768), (768, 3072), (3072, 768))
+    ):
+        for m, n, k, ta, tb in (
+            (tokens, d_out, d_in, False, True),
+            (tokens, d_in, d_out, False, False),
+            (d_out, d_in, tokens, True, False),
+        ):
+            kind = choice(plan(m, n, k, BF16, ta, tb))
+            big = -(-m // 128) * -(-n // 256) >= gemm_gpu.SMALL_GRID
+            assert kind == ("tma 128x256" if big else "tma 128x128"), (tokens, d_in, d_out, ta, tb)
+            assert choice(plan(m, n, k, FP32, ta, tb)).startswith("simt")
+            assert "novec" not in choice(plan(m, n, k, FP32, ta, tb))
+
+
+def test_tma_descriptors_view_each_operand_as_stored():
+    with gemm_version("TMA_128x256"):
+        launch = plan(300, 264, 136, BF16, batch=3)
+    a_map, b_map = launch.args[:2]
+    # A stored (3, 300, 136), k-contiguous: box 64 k x 128 rows
+    assert a_map.dims == (136, 300, 3) and a_map.byte_strides == (272, 300 * 272) and a_map.box == (64, 128, 1)
+    # B stored (3, 136, 264), mn-contiguous: boxes of 64 n x 64 k (the kernel issues 4 per stage)
+    assert b_map.dims == (264, 136, 3) and b_map.byte_strides == (528, 136 * 528) and b_map.box == (64, 64, 1)
+    with gemm_version("TMA_128x256"):
+        launch = plan(296, 264, 136, FP16, ta=True, tb=True)
+    a_map, b_map = launch.args[:2]
+    assert a_map.dims == (296, 136, 1) and a_map.box == (64, 64, 1)  # A stored (K, M): mn-contiguous
+    assert b_map.dims == (136, 264, 1) and b_map.box == (64, 256, 1)  # B stored (N, K): k-contiguous
+    for spec in launch.args[:2]:
+        assert spec.dtype == FP16 and spec.swizzle == 3  # CU_TENSOR_MAP_SWIZZLE_128B
+        assert spec.address % 16 == 0 and all(s % 16 == 0 for s in spec.byte_strides)
+        assert spec.box[0] * 2 == 128 and max(spec.box) <= 256  # one swizzle span; the driver's box limit
+    stages, smem = launch.kernel.params[-2:]
+    assert stages == 4 and smem == 4 * ((128 + 256) * 64 * 2 + 16)
+
+
+def test_c_broadcast_strides():
+    def strides(c_shape, batch=None):
+        launch = plan(5, 7, 3, FP32, batch=batch, c_shape=c_shape)
+        return launch.args[-3:]  # c_bs, c_rs, c_cs
+
+    assert strides((5, 7)) == (0, 7, 1)
+    assert strides((1, 7)) == (0, 0, 1)  # a bias row
+    assert strides((5, 1)) == (0, 1, 0)  # a column
+    assert strides((1, 1)) == (0, 0, 0)
+    assert strides((2, 5, 7), batch=2) == (35, 7, 1)
+    assert strides((1, 1, 7), batch=2) == (0, 0, 1)
+    assert strides((2, 1, 1), batch=2) == (1, 0, 0)
+
+
+def test_bad_problems_raise_naming_the_op():
+    with pytest.raises(ValueError, match="gemm: c has size 3 where the output has 5"):
+        plan(5, 7, 3, FP32, c_shape=(3, 7))
+    with pytest.raises(ValueError, match="gemm_batched: batch 65536 > 65535"):
+        plan(1, 1, 1, FP32, batch=65536)
+    out, a, b, c = tensor((4, 5), FP32), tensor((4, 3), FP32), tensor((2, 5), FP32), tensor((1, 1), FP32)
+    with pytest.raises(ValueError, match=r"gemm: inner dims differ: op\(a\) is 4x3, op\(b\) is 2x5"):
+        gemm_gpu.gemm_gpu([out], [a, b, c, torch.empty(2)], {"TRANSPOSE_A": False, "TRANSPOSE_B": False})

@@ -1,0 +1,300 @@
+"""Day 014's GEMM on CUDA: the kernels it may launch and the plan that picks one per call.
+
+Since day 016 the host side of the GPU path lives here, not in `days/day014/gemm.mojo`:
+which kernel (SIMT, mma.sync, wgmma or TMA), its tile, grid, block and shared memory, and
+the TMA descriptors. The Mojo file keeps the kernels. Numbers that both sides need are
+passed to the kernel as compile-time parameters (the shared-memory size, the TMA stage
+count), and each kernel asserts at build time that the number fits its own layout, so a
+plan that drifts from a kernel fails in `gpu_build` instead of overrunning shared memory.
+
+    with gemm_version("WG_128x128"):    # force one kernel (benchmarks, the version ladder)
+        pco.gemm(a, b)                    # AUTO (the default) is the op's own choice
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from . import cuda_driver, direct
+from .gpu_kernels import KernelFamily
+
+MODULE = "days.day014.gemm"
+MAX_BATCH = 65535  # one grid z slice per matrix: the CUDA grid's z limit
+# An H100 has 132 SMs: a problem with fewer 128x128 tiles than that (e.g. 1024^2 = 64
+# tiles) would leave SMs idle, so it gets 64-row tiles (4x as many blocks for the SIMT
+# kernel's 64x64, 2x for the tensor-core kernel's 64x128).
+SMALL_GRID = 132
+
+# Threads per block. The kernels index with these counts (SIMT_THREADS, TC_THREADS,
+# WG_THREADS in gemm.mojo), and their tile-split asserts are written against them.
+SIMT_THREADS = 256
+TC_THREADS = 256
+WG_THREADS = 128  # one warpgroup
+
+# What the shared-memory sizes are made of: the kernels' stage layouts (gemm.mojo). Each
+# kernel checks SMEM against its own layout at build time.
+TC_BN, TC_BK, TC_STAGES, TC_PAD = 128, 32, 4, 8
+WG_BK, WG_STAGES = 64, 4
+TMA_SMEM_BUDGET = 192 * 1024  # stage buffers; the H100 allows 227 KiB
+TMA_SWIZZLE_BYTES = 128  # CU_TENSOR_MAP_SWIZZLE_128B: a box row is one 128-byte span
+
+TC_DTYPES = (torch.bfloat16, torch.float16)
+PAIRS = ((False, False), (False, True), (True, False), (True, True))
+
+# (BM, BK, thread tile) of the SIMT kernel: square tiles, TM = TN
+SIMT_SMALL, SIMT_LARGE = (64, 16, 4), (128, 16, 8)
+SIMT_FP64 = (64, 8, 4)  # 64x64 tiles, k steps of 8: 8x8 doubles per thread would spill
+
+
+def tc_smem_bytes(dtype: torch.dtype, ta: bool, tb: bool, bm: int) -> int:
+    """mma.sync: TC_STAGES stages of an A and a B tile, each kept in its stored
+    orientation with rows padded by TC_PAD ([mn][k] when k-contiguous, else [k][mn])."""
+
+    def tile(k_contiguous: bool, bmn: int) -> int:
+        return (bmn if k_contiguous else TC_BK) * ((TC_BK if k_contiguous else bmn) + TC_PAD)
+
+    return TC_STAGES * (tile(not ta, bm) + tile(tb, TC_BN)) * dtype.itemsize
+
+
+def wg_smem_bytes(dtype: torch.dtype, bm: int, bn: int) -> int:
+    return WG_STAGES * (bm + bn) * WG_BK * dtype.itemsize
+
+
+def tma_bk(dtype: torch.dtype) -> int:
+    """k per TMA stage (and the mn width of an mn-contiguous box): one swizzle span."""
+    return TMA_SWIZZLE_BYTES // dtype.itemsize
+
+
+def tma_stages(dtype: torch.dtype, bm: int, bn: int) -> int:
+    return TMA_SMEM_BUDGET // ((bm + bn) * tma_bk(dtype) * dtype.itemsize)
+
+
+def tma_smem_bytes(dtype: torch.dtype, bm: int, bn: int) -> int:
+    """The stage buffers, then a `full` and an `empty` mbarrier (8 B each) per stage."""
+    return tma_stages(dtype, bm, bn) * ((bm + bn) * tma_bk(dtype) * dtype.itemsize + 16)
+
+
+# -- the kernels ------------------------------------------------------------------------
+_ARGS = ("ptr",) * 5 + ("i64",) * 8  # dst, a, b, c, alpha_beta, m, n, k, a_bs, b_bs, c_bs, c_rs, c_cs
+
+SIMT_KERNEL = KernelFamily(
+    MODULE,
+    "gemm_simt_kernel",
+    args=_ARGS,
+    variants=tuple(  # (dtype, TA, TB, VEC, BM, BN, BK, TM, TN)
+        (dtype, ta, tb, vec, bm, bm, bk, tt, tt)
+        for dtype, configs in ((torch.float32, (SIMT_SMALL, SIMT_LARGE)), (torch.float64, (SIMT_FP64,)))
+        for ta, tb in PAIRS
+        for vec in (False, True)
+        for bm, bk, tt in configs
+    ),
+)
+TC_KERNEL = KernelFamily(
+    MODULE,
+    "gemm_tc_kernel",
+    args=_ARGS,
+    variants=tuple(  # (dtype, TA, TB, VEC, BM, SMEM)
+        (dtype, ta, tb, vec, bm, tc_smem_bytes(dtype, ta, tb, bm))
+        for dtype in TC_DTYPES
+        for ta, tb in PAIRS
+        for vec in (False, True)
+        for bm in (64, 128)
+    ),
+)
+WG_TILES = ((64, 128), (128, 128), (128, 256))
+WG_KERNEL = KernelFamily(
+    MODULE,
+    "gemm_wgmma_kernel",
+    args=_ARGS,
+    variants=tuple(  # (dtype, TA, TB, BM, BN, SMEM)
+        (dtype, ta, tb, bm, bn, wg_smem_bytes(dtype, bm, bn))
+        for dtype in TC_DTYPES
+        for ta, tb in PAIRS
+        for bm, bn in WG_TILES
+    ),
+)
+TMA_TILES = ((128, 128), (128, 256))
+TMA_KERNEL = KernelFamily(
+    MODULE,
+    "gemm_tma_kernel",
+    # a_map, b_map, dst, c, alpha_beta, m, n, k, c_bs, c_rs, c_cs
+    args=("tensormap", "tensormap") + ("ptr",) * 3 + ("i64",) * 6,
+    variants=tuple(  # (dtype, TA, TB, BM, BN, STAGES, SMEM)
+        (dtype, ta, tb, bm, bn, tma_stages(dtype, bm, bn), tma_smem_bytes(dtype, bm, bn))
+        for dtype in TC_DTYPES
+        for ta, tb in PAIRS
+        for bm, bn in TMA_TILES
+    ),
+)
+
+# -- which bf16/fp16 kernel: AUTO, or one forced for benchmarks -----------------------------
+VERSIONS = {  # name: (kind, BM, BN)
+    "AUTO": ("auto", 0, 0),  # TMA (version 3) where it applies, else mma.sync
+    "MMA_SYNC": ("mma", 0, 0),  # the Ampere-style kernel (ldmatrix + mma.sync)
+    "WG_64x128": ("wgmma", 64, 128),  # version 2: wgmma, one warpgroup per block
+    "WG_128x128": ("wgmma", 128, 128),
+    "WG_128x256": ("wgmma", 128, 256),
+    "TMA_128x128": ("tma", 128, 128),  # version 3: TMA + producer warpgroup
+    "TMA_128x256": ("tma", 128, 256),
+}
+_version = "AUTO"
+
+
+def current_version() -> str:
+    return _version
+
+
+@contextmanager
+def gemm_version(name: str):
+    """Force one bf16/fp16 kernel inside the block (the op's default is AUTO). A forced
+    wgmma or TMA kernel still needs its conditions (16-byte rows and pointers; TMA also
+    K > 0); where they fail, mma.sync runs, as in the Mojo host code it replaces."""
+    global _version
+    if name not in VERSIONS:
+        raise ValueError(f"gemm: unknown kernel version {name!r}; known: {', '.join(VERSIONS)}")
+    previous, _version = _version, name
+    try:
+        yield
+    finally:
+        _version = previous
+
+
+# -- TMA descriptors ------------------------------------------------------------------------
+_TMA_DTYPES = {
+    torch.bfloat16: cuda_driver.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+    torch.float16: cuda_driver.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+}
+
+
+@dataclass(frozen=True)
+class TensorMapSpec:
+    """A tiled TMA descriptor to encode at launch time (`direct` calls `encode`), so the
+    plan makes no driver call and runs on a CPU. Sizes innermost first, as the driver
+    takes them; `byte_strides` for every dim but the innermost. Interleave none, L2
+    promotion none, no NaN fill: what MAX's `create_tma_descriptor` passed (26.7)."""
+
+    dtype: torch.dtype
+    address: int
+    dims: tuple[int, ...]
+    byte_strides: tuple[int, ...]
+    box: tuple[int, ...]
+    swizzle: int = cuda_driver.CU_TENSOR_MAP_SWIZZLE_128B
+
+    def encode(self) -> bytes:
+        return cuda_driver.encode_tiled_tensor_map(
+            _TMA_DTYPES[self.dtype], self.address, self.dims, self.byte_strides, self.box, self.swizzle, "gemm operand"
+        )
+
+
+# --8<-- [start:tma_map]
+def operand_tma_map(t: torch.Tensor, k_contiguous: bool, bmn: int, batch: int, mn: int, k: int) -> TensorMapSpec:
+    """The descriptor of one operand viewed as (batch, rows, cols) as stored: rows = MN
+    and cols = K when k-contiguous, else the reverse. A box is one stage's tile
+    (BMN x 64) or, mn-contiguous, 64 x 64 (the kernel issues BMN/64 copies)."""
+    rows, cols = (mn, k) if k_contiguous else (k, mn)
+    bk = tma_bk(t.dtype)
+    box_rows, box_cols = (bmn, bk) if k_contiguous else (bk, bk)
+    size = t.dtype.itemsize
+    return TensorMapSpec(
+        t.dtype, t.data_ptr(), (cols, rows, batch), (cols * size, rows * cols * size), (box_cols, box_rows, 1)
+    )
+
+
+# --8<-- [end:tma_map]
+
+
+# -- the plan -------------------------------------------------------------------------------
+def broadcast_stride(name: str, size: int, full: int, stride: int) -> int:
+    """The stride of one dim of c: 0 when it broadcasts (size 1), else `stride`."""
+    if size == full:
+        return stride if full != 1 else 0
+    if size == 1:
+        return 0
+    raise ValueError(f"{name}: c has size {size} where the output has {full} (must be 1 or equal)")
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# --8<-- [start:launch]
+def vector_friendly(out, a, b, m: int, n: int, k: int, ta: bool, tb: bool) -> bool:
+    """16-byte global vectors are safe: every stored row length is a multiple of the
+    vector and every base pointer is 16-byte aligned (batch offsets then are too)."""
+    vw = 16 // a.dtype.itemsize
+    a_ld = m if ta else k
+    b_ld = k if tb else n
+    return (
+        a_ld % vw == 0
+        and b_ld % vw == 0
+        and n % vw == 0
+        and a.data_ptr() % 16 == 0
+        and b.data_ptr() % 16 == 0
+        and out.data_ptr() % 16 == 0
+    )
+
+
+@direct.plan(SIMT_KERNEL, TC_KERNEL, WG_KERNEL, TMA_KERNEL)
+def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
+    """One launch, grid (output tiles, 1, batch). Tiles are walked in groups of 8 tile
+    rows inside the kernel (tile_coords), so the grid is flat in x."""
+    (out,), (a, b, c, alpha_beta) = outputs, inputs
+    ta, tb = params["TRANSPOSE_A"], params["TRANSPOSE_B"]
+    batched = a.dim() == 3
+    name = "gemm_batched" if batched else "gemm"
+    m, k = (a.shape[-1], a.shape[-2]) if ta else (a.shape[-2], a.shape[-1])
+    k2, n = (b.shape[-1], b.shape[-2]) if tb else (b.shape[-2], b.shape[-1])
+    if k2 != k:
+        raise ValueError(f"{name}: inner dims differ: op(a) is {m}x{k}, op(b) is {k2}x{n}")
+    batch = a.shape[0] if batched else 1
+    if batch > MAX_BATCH:
+        raise ValueError(f"{name}: batch {batch} > {MAX_BATCH} is not supported on the GPU")
+    if batched:
+        c_cs = broadcast_stride(name, c.shape[2], n, 1)
+        c_rs = broadcast_stride(name, c.shape[1], m, c.shape[2])
+        c_bs = broadcast_stride(name, c.shape[0], batch, c.shape[1] * c.shape[2])
+        a_bs, b_bs = m * k, k * n
+    else:
+        c_rs = broadcast_stride(name, c.shape[0], m, c.shape[1])
+        c_cs = broadcast_stride(name, c.shape[1], n, 1)
+        c_bs = a_bs = b_bs = 0
+    dtype = a.dtype
+    vec = vector_friendly(out, a, b, m, n, k, ta, tb)
+    tiles128 = _cdiv(m, 128) * _cdiv(n, 128) * batch
+    small = tiles128 < SMALL_GRID
+    ptrs = (out.data_ptr(), a.data_ptr(), b.data_ptr(), c.data_ptr(), alpha_beta.data_ptr())
+    sizes = (m, n, k, a_bs, b_bs, c_bs, c_rs, c_cs)
+
+    def tiled(kernel, bm, bn, threads, smem=0, args=ptrs + sizes):
+        return [direct.Launch(kernel, (_cdiv(m, bm) * _cdiv(n, bn), 1, batch), threads, args, smem)]
+
+    if dtype not in TC_DTYPES:  # fp32, fp64: the SIMT kernel
+        bm, bk, tt = SIMT_FP64 if dtype == torch.float64 else SIMT_SMALL if small else SIMT_LARGE
+        return tiled(SIMT_KERNEL[dtype, ta, tb, vec, bm, bm, bk, tt, tt], bm, bm, SIMT_THREADS)
+
+    kind, bm, bn = VERSIONS[_version]
+    # the TMA maps view A and B as (batch, rows, cols) with packed batches, and a tensor
+    # map cannot have a dimension of size 0 (K == 0: out = beta * c)
+    tma = vec and k > 0 and (batch == 1 or (a_bs == m * k and b_bs == k * n))
+    if kind == "auto" and tma:
+        bm, bn = (128, 256) if _cdiv(m, 128) * _cdiv(n, 256) * batch >= SMALL_GRID else (128, 128)
+        kind = "tma"
+    if kind == "tma" and tma:
+        a_map = operand_tma_map(a, not ta, bm, batch, m, k)
+        b_map = operand_tma_map(b, tb, bn, batch, n, k)
+        stages, smem = tma_stages(dtype, bm, bn), tma_smem_bytes(dtype, bm, bn)
+        kernel = TMA_KERNEL[dtype, ta, tb, bm, bn, stages, smem]
+        threads = (1 + bm // 64) * WG_THREADS  # a producer warpgroup + one per 64 rows
+        return tiled(kernel, bm, bn, threads, smem, (a_map, b_map, *ptrs[:1], *ptrs[3:], m, n, k, c_bs, c_rs, c_cs))
+    if kind == "wgmma" and vec:
+        smem = wg_smem_bytes(dtype, bm, bn)
+        return tiled(WG_KERNEL[dtype, ta, tb, bm, bn, smem], bm, bn, (bm // 64) * WG_THREADS, smem)
+    bm = 64 if small else 128  # mma.sync
+    smem = tc_smem_bytes(dtype, ta, tb, bm)
+    return tiled(TC_KERNEL[dtype, ta, tb, vec, bm, smem], bm, TC_BN, TC_THREADS, smem)
+
+
+# --8<-- [end:launch]
