@@ -5,6 +5,7 @@
     y = pco.online_softmax(x, dim=-1)      # day009's one-pass kernel
     y = pco.layer_norm(x, (d,), w, b)      # day013, differentiable through its Mojo backward
     c = pco.gemm(a, b, alpha=2.0)          # day014
+    with pco.gemm_version("TMA_128x256"):   # force one of day014's GEMM versions
     y = pco.long_softmax(v)                # day015: a few very long rows (e.g. 2^28)
     pco.use_mojo("softmax")                # True when the Mojo path is live
 
@@ -16,7 +17,7 @@ warn once and fall back to torch; GPU_DAYS_STRICT=1 turns that into an error.
 from . import softmax_family
 from .contract import ContractError, OpSpec, TensorArg
 from .fallback import MojoFallbackWarning, MojoUnavailableError, strict
-from .gemm import MojoGEMM, gemm, gemm_batched, gemm_batched_kernel, gemm_kernel
+from .gemm import MojoGEMM, gemm, gemm_batched, gemm_batched_kernel, gemm_kernel, gemm_version
 from .layer_norm import MojoLayerNorm, layer_norm, layer_norm_backward, layer_norm_backward_kernel, layer_norm_kernel
 from .library import KernelBuildError, build_library
 from .long_softmax import MojoLongSoftmax, long_softmax, long_softmax_kernel
@@ -70,6 +71,7 @@ __all__ = [
     "gemm_batched",
     "gemm_batched_kernel",
     "gemm_kernel",
+    "gemm_version",
     "layer_norm",
     "layer_norm_backward",
     "layer_norm_backward_kernel",

@@ -42,6 +42,45 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         "day013.layer_norm_bwd_stream_kernel.float32.float32.4.512": (r"shfl\.sync\.bfly", r"bar\.sync"),
         "day013.sum_partials_kernel.float32.float32.32.16": (r"bar\.sync",),
     },
+    "day014": {
+        "day014.*": (r"bar\.sync",),
+        # Ampere-style tensor cores: ldmatrix + mma.sync, cp.async with a zero-filling src-size
+        "day014.gemm_tc_kernel.bfloat16.*": (
+            r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32",
+            r"ldmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16",
+        ),
+        "day014.gemm_tc_kernel.float16.*": (r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32",),
+        "day014.gemm_wgmma_kernel.*": (
+            r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+\], 16, %r\d+;",
+            # cp.async writes are generic-proxy, wgmma reads async-proxy: the fence between
+            r"fence\.proxy\.async\.shared::cta",
+            r"wgmma\.fence\.sync\.aligned",
+            r"wgmma\.commit_group\.sync\.aligned",
+            r"wgmma\.wait_group\.sync\.aligned 1;",
+        ),
+        "day014.gemm_wgmma_kernel.bfloat16.*.128.128.*": (
+            r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16",
+        ),
+        "day014.gemm_wgmma_kernel.bfloat16.*.128.256.*": (
+            r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16",
+        ),
+        # version 3: TMA tile copies completing on mbarriers, waits on mbarrier phases, the
+        # register hand-over between producer and consumer warpgroups, and the tensor maps
+        # read from kernel parameter space
+        "day014.gemm_tma_kernel.*": (
+            r"cp\.async\.bulk\.tensor\.3d\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes",
+            r"mbarrier\.arrive\.expect_tx\.shared\.b64",
+            r"mbarrier\.try_wait\.parity\.shared::cta\.b64",
+            r"setmaxnreg\.inc\.sync\.aligned\.u32 232;",
+            r"setmaxnreg\.dec\.sync\.aligned\.u32 40;",
+            r"cvta\.param\.u64",
+            r"\.maxntid 384",
+        ),
+        "day014.gemm_tma_kernel.bfloat16.*.128.256.*": (
+            r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16",
+        ),
+        "day014.gemm_simt_kernel.float64.*": (r"fma\.rn\.f64",),
+    },
 }
 # day -> {kernel-key glob: PTX regexes that must NOT appear}
 PTX_ABSENT: dict[str, dict[str, tuple[str, ...]]] = {

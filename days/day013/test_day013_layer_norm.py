@@ -45,10 +45,11 @@ def make(rows, cols, dtype=torch.float32, device="cpu", offset=0.0, seed=0):
     return x, w, b
 
 
-def scaled_close(got, want, tol, what):
-    """|got - want| <= tol * max(max|want|, 1): error on the scale of the output."""
+def scaled_close(got, want, tol, what, floor=0.0):
+    """|got - want| <= tol * max(max|want|, 1, floor): error on the scale of the output (or of
+    the terms it cancels from, `floor`, when that is larger)."""
     got, want = got.double().cpu(), want.double().cpu()
-    scale = max(want.abs().max().item() if want.numel() else 0.0, 1.0)
+    scale = max(want.abs().max().item() if want.numel() else 0.0, 1.0, floor)
     err = (got - want).abs().max().item() if want.numel() else 0.0
     assert err <= tol * scale, f"{what}: max error {err:.3g} > {tol:g} x {scale:.3g}"
 
@@ -155,12 +156,17 @@ def _grads(fn, x, w, b, dy):
 )
 def test_backward_fp32_matches_float64(rows, cols, device):
     x, w, b = make(rows, cols, device=device, seed=rows + cols)
-    dy = torch.randn(rows, cols, device=device)
+    dy = torch.randn(rows, cols, generator=torch.Generator().manual_seed(cols)).to(device)
     got = _grads(lambda x, w, b: pco.layer_norm(x, (cols,), w, b), x, w, b, dy)
     want = _grads(lambda x, w, b: F.layer_norm(x, (cols,), w, b), x.double(), w.double(), b.double(), dy.double())
+    # grad_x = rstd * (w*dy - mean(w*dy) - y * mean(w*dy*y)): float32 rounding of the bracket
+    # is amplified by rstd (316 for one column: var = 0, rstd = 1/sqrt(eps))
+    rstd = reference(x, (cols,))[2].max().item()
+    amplified = 8 * 2**-24 * rstd * (w.abs().max() * dy.abs().max()).item() / BWD_TOL[torch.float32]
     for g, r, name in zip(got, want, ("grad_x", "grad_weight", "grad_bias"), strict=True):
         assert g.dtype == torch.float32
-        scaled_close(g, r, BWD_TOL[torch.float32], f"{name} {rows}x{cols}")
+        floor = amplified if name == "grad_x" else 0.0
+        scaled_close(g, r, BWD_TOL[torch.float32], f"{name} {rows}x{cols}", floor=floor)
 
 
 @pytest.mark.parametrize(
