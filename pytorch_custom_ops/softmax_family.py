@@ -12,9 +12,13 @@ skips the dispatcher; autograd, torch.compile and fake tensors go through it.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from .contract import OpSpec, TensorArg
+from . import direct
+from .contract import FLOAT_DTYPES, OpSpec, TensorArg
+from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp
 from .softmax import _as_rows, _from_rows, _needs_dispatcher, check_softmax_args
 
@@ -33,10 +37,167 @@ def _backward_spec(name: str) -> OpSpec:
     )
 
 
-softmax_kernel = MojoOp(_forward_spec("softmax"))
-log_softmax_kernel = MojoOp(_forward_spec("log_softmax"))
-softmax_backward_kernel = MojoOp(_backward_spec("softmax_backward"))
-log_softmax_backward_kernel = MojoOp(_backward_spec("log_softmax_backward"))
+# -- the GPU launch plan (day 016: the dispatch that days/day012/softmax_family.mojo had) -----
+# --8<-- [start:dispatch]
+VEC_BYTES = 16  # one LDG.128 / STG.128 per vector
+WARP = 32
+WARP_ROWS_BLOCK = 128  # threads per block when each warp owns a row (4 rows per block)
+# Register layouts, smallest first: G threads per row x E elements per thread. E stays
+# <= 32 values per thread (64 for a backward): beyond that ptxas spills or the block
+# cannot launch (seen on the H100 with 64 per thread at 512 threads), so longer rows
+# go to the looped or the cluster kernel.
+ROW_CONFIGS = ((32, 4), (32, 8), (32, 16), (32, 32), (128, 16), (256, 16), (512, 16), (512, 32))
+LOOPED_BLOCK = 1024
+CACHE_BYTES = 200 * 1024  # the looped kernel's row cache, of the 227 KiB a block may have
+CLUSTER_BLOCK = 512  # threads per CTA of a cluster
+CLUSTER_SIZES = (2, 4, 8)  # 8 is the largest portable cluster
+CLUSTER_CACHE_BYTES = 224 * 1024  # shared memory per CTA for its slice of the row, at most
+CLUSTER_SHARED_SM_BYTES = 112 * 1024  # slices up to this size let two CTAs share an SM
+# The (C, BLOCK) pairs the plan can pick: 1024 threads only when even 8 CTAs' slices
+# are over CLUSTER_SHARED_SM_BYTES, and then 2 or 4 CTAs' slices would not fit at all
+# (test_plan_picks_every_declared_kernel in days/day012 sweeps row lengths to prove it)
+CLUSTER_SHAPES = ((2, CLUSTER_BLOCK), (4, CLUSTER_BLOCK), (8, CLUSTER_BLOCK), (8, LOOPED_BLOCK))
+# the cluster kernels merge 32-bit partials through distributed shared memory, so
+# float64 (float64 accumulators) keeps the looped kernel
+CLUSTER_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Long rows: the cluster kernel when the row does not fit one block's cache but fits
+# 8 CTAs; False keeps the looped kernel everywhere (to compare both on the GPU)
+USE_CLUSTERS = True
+MAX_GRID = 2**31 - 1
+
+
+def vec_width(dtype: torch.dtype) -> int:
+    """Elements per 16-byte vector: 4 for float32, 8 for bf16/fp16, 2 for float64."""
+    return VEC_BYTES // dtype.itemsize
+
+
+def cached_count(n: int, tensors: int, elem_bytes: int, w: int) -> int:
+    """How many leading elements of a row fit the looped kernel's shared-memory cache
+    (a multiple of w). The kernel gets this count as an argument and the launch sizes
+    the shared memory from it: the one place that decides both."""
+    fit = CACHE_BYTES // (tensors * elem_bytes)
+    return min(n, fit - fit % w)
+
+
+def cluster_slice(n: int, c: int, w: int) -> int:
+    """Elements per CTA when c CTAs split a row of n: ceil(n / c), rounded up to a
+    multiple of w so that every slice starts on a vector boundary."""
+    per = -(-n // c)
+    return -(-per // w) * w
+
+
+def smallest_cluster(n: int, tensors: int, elem_bytes: int, w: int, budget: int) -> int:
+    """The fewest CTAs whose slices of `tensors` rows of n elements fit `budget` bytes
+    each; 0 if none do."""
+    for c in CLUSTER_SIZES:
+        if cluster_slice(n, c, w) * tensors * elem_bytes <= budget:
+            return c
+    return 0
+
+
+def cluster_size_for(n: int, tensors: int, elem_bytes: int, w: int) -> int:
+    """The cluster that keeps a whole row on chip: the fewest CTAs whose slices leave
+    room for two CTAs per SM, else the fewest whose slices fit at all; 0 when even 8
+    CTAs cannot hold the row (the looped kernel takes it)."""
+    return smallest_cluster(n, tensors, elem_bytes, w, CLUSTER_SHARED_SM_BYTES) or smallest_cluster(
+        n, tensors, elem_bytes, w, CLUSTER_CACHE_BYTES
+    )
+
+
+class Families(NamedTuple):
+    rows: KernelFamily  # a row in registers: (dtype, LOG, W, NV, G, BLOCK)
+    looped: KernelFamily  # one block per row, its head cached: (dtype, LOG, W, BLOCK)
+    cluster: KernelFamily  # a row over a cluster of C CTAs: (dtype, LOG, W, BLOCK, C)
+
+
+def _declare(prefix: str, tensors: int) -> Families:
+    """Every kernel the plan below can pick, for the forward (`softmax_*`, one input)
+    or the backward (`softmax_backward_*`, two inputs)."""
+    module = "days.day012.softmax_family"
+    io = ("ptr",) * (1 + tensors)  # dst, then src (forward) or grad, fwd_out (backward)
+    widths = {dtype: (vec_width(dtype), 1) for dtype in FLOAT_DTYPES}
+    rows = tuple(
+        (dtype, log, w, e // w, g, WARP_ROWS_BLOCK if g == WARP else g)
+        for dtype in FLOAT_DTYPES
+        for log in (False, True)
+        for w in widths[dtype]
+        for g, e in ROW_CONFIGS
+        if e % w == 0
+    )
+    looped = tuple(
+        (dtype, log, w, LOOPED_BLOCK) for dtype in FLOAT_DTYPES for log in (False, True) for w in widths[dtype]
+    )
+    cluster = tuple(
+        (dtype, log, w, block, c)
+        for dtype in CLUSTER_DTYPES
+        for log in (False, True)
+        for w in widths[dtype]
+        for c, block in CLUSTER_SHAPES
+    )
+    return Families(
+        KernelFamily(module, f"{prefix}_rows_kernel", args=(*io, "i64", "i64"), variants=rows),  # rows, cols
+        KernelFamily(module, f"{prefix}_looped_kernel", args=(*io, "i64", "i64"), variants=looped),  # cols, cached
+        KernelFamily(module, f"{prefix}_cluster_kernel", args=(*io, "i64", "i64"), variants=cluster),  # cols, slice_len
+    )
+
+
+FORWARD_KERNELS = _declare("softmax", 1)
+BACKWARD_KERNELS = _declare("softmax_backward", 2)
+
+
+def plan_launch(name: str, families: Families, log: bool, out: torch.Tensor, inputs) -> direct.Launch:
+    """The one launch that computes `out` (rows, cols) from `inputs` (x, or grad_output
+    and output): the smallest register layout that holds a row, else the cluster
+    kernel, else the looped kernel. 16-byte vectors (W = vec_width) when every row of
+    every tensor starts on a 16-byte boundary, else scalars (W = 1)."""
+    rows, cols = out.shape
+    dtype, elem = out.dtype, out.element_size()
+    ptrs = (out.data_ptr(), *(t.data_ptr() for t in inputs))
+    tensors = len(inputs)
+    vw = VEC_BYTES // elem
+    w = vw if cols % vw == 0 and all(p % VEC_BYTES == 0 for p in ptrs) else 1
+    for g, e in ROW_CONFIGS:
+        if e % w == 0 and cols <= g * e:
+            block = WARP_ROWS_BLOCK if g == WARP else g
+            grid = -(-rows // (block // g))
+            launch = direct.Launch(families.rows[dtype, log, w, e // w, g, block], grid, block, (*ptrs, rows, cols))
+            break
+    else:
+        c = cluster_size_for(cols, tensors, elem, w) if USE_CLUSTERS and dtype in CLUSTER_DTYPES else 0
+        if c and tensors * cols * elem > CACHE_BYTES:
+            slice_len = cluster_slice(cols, c, w)
+            smem = tensors * slice_len * elem
+            # a slice too large for two CTAs per SM gets 1024 threads, so that the SM
+            # still has 32 warps to hide the latency of the write pass
+            block = LOOPED_BLOCK if smem > CLUSTER_SHARED_SM_BYTES else CLUSTER_BLOCK
+            kernel = families.cluster[dtype, log, w, block, c]
+            launch = direct.Launch(kernel, rows * c, block, (*ptrs, cols, slice_len), smem=smem, cluster=c)
+        else:
+            cached = cached_count(cols, tensors, elem, w)
+            kernel = families.looped[dtype, log, w, LOOPED_BLOCK]
+            launch = direct.Launch(kernel, rows, LOOPED_BLOCK, (*ptrs, cols, cached), smem=tensors * cached * elem)
+    if launch.grid > MAX_GRID:
+        raise ValueError(f"{name}: {rows} rows of {cols} need {launch.grid} blocks, more than one launch can have")
+    return launch
+
+
+def _gpu_plan(name: str, families: Families, log: bool):
+    @direct.plan(*families)
+    def plan(outputs, inputs, params) -> list[direct.Launch]:
+        return [plan_launch(name, families, log, outputs[0], inputs)]
+
+    return plan
+
+
+# --8<-- [end:dispatch]
+softmax_kernel = MojoOp(_forward_spec("softmax"), gpu=_gpu_plan("softmax", FORWARD_KERNELS, False))
+log_softmax_kernel = MojoOp(_forward_spec("log_softmax"), gpu=_gpu_plan("log_softmax", FORWARD_KERNELS, True))
+softmax_backward_kernel = MojoOp(
+    _backward_spec("softmax_backward"), gpu=_gpu_plan("softmax_backward", BACKWARD_KERNELS, False)
+)
+log_softmax_backward_kernel = MojoOp(
+    _backward_spec("log_softmax_backward"), gpu=_gpu_plan("log_softmax_backward", BACKWARD_KERNELS, True)
+)
 
 
 # -- eager implementations: (…, n, …) -> rows -> Mojo -> back --------------------------------

@@ -23,7 +23,7 @@ from max.gpu import (
     warp_id,
 )
 from max.gpu.primitives import warp
-from max.gpu.host import DeviceContext, Dim, FuncAttribute
+from max.gpu.host import DeviceContext
 from max.gpu.memory import external_memory
 from max.gpu.primitives.cluster import (
     block_rank_in_cluster,
@@ -32,7 +32,7 @@ from max.gpu.primitives.cluster import (
     cluster_wait,
     load_cluster_smem,
 )
-from std.math import exp, log, ceildiv
+from std.math import exp, log
 from std.memory import stack_allocation
 from std.sys import size_of
 from std.utils.static_tuple import StaticTuple
@@ -48,18 +48,13 @@ from days.day009.online_softmax import (
     warp_combine,
 )
 
-comptime VEC_BYTES = 16  # one LDG.128 / STG.128 per vector
-comptime WARP_ROWS_BLOCK = 128  # threads per block when each warp owns a row
+# Since day 016 the launch (which kernel, grid, block, shared memory, cluster) is
+# chosen in Python: pytorch_custom_ops/softmax_family.py. This file keeps the kernels
+# and the CPU path; the execute GPU branches only say where the launch went.
 
 comptime SharedPtr[acc: DType] = Pointer[
     Scalar[acc], MutUntrackedOrigin, address_space=AddressSpace.SHARED
 ]
-
-
-def vec_width[dtype: DType]() -> Int:
-    """Elements per 16-byte vector: 4 for float32, 8 for bf16/fp16, 2 for float64.
-    """
-    return VEC_BYTES // size_of[dtype]()
 
 
 # --8<-- [start:group_reduce]
@@ -290,17 +285,12 @@ def softmax_backward_rows_kernel[
 
 
 # --8<-- [start:forward_looped]
-comptime LOOPED_BLOCK = 1024
-comptime CACHE_BYTES = 200 * 1024  # of the 227 KB of shared memory a block may have
 comptime UNROLL = 4  # loads in flight per thread in the first pass
 
-
-@always_inline
-def cached_count[dtype: DType, W: Int](n: Int, tensors: Int) -> Int:
-    """How many leading elements of a row fit the shared-memory cache (a multiple of W).
-    """
-    var fit = CACHE_BYTES // (tensors * size_of[dtype]())
-    return min(n, fit - fit % W)
+# How much of a row the looped kernels cache is the launch's choice, not theirs: the
+# plan sizes the dynamic shared memory and passes the element count it made room for
+# (`cached`, a multiple of W, at most cols), so one formula (`cached_count` in
+# pytorch_custom_ops/softmax_family.py) decides both.
 
 
 @always_inline
@@ -390,11 +380,13 @@ def softmax_looped_kernel[
     dst: Pointer[Scalar[dtype], MutAnyOrigin],
     src: Pointer[Scalar[dtype], MutAnyOrigin],
     cols: Int64,
+    cached: Int64,
 ) where dtype.is_floating_point():
     """Rows too long for registers: one block per row, its head cached in shared memory.
 
     Pass 1 reads the row, keeps an online (max, sum) pair per thread and copies the
-    first `cached` elements to shared memory; day009's block_combine merges the
+    first `cached` elements to shared memory (the launch gives it room for them,
+    cached * size_of[dtype] bytes); day009's block_combine merges the
     pairs. Pass 2 normalises, reading the cached head from shared memory and only
     the tail from global memory again. Each thread re-reads exactly what it cached,
     so no barrier guards the cache.
@@ -411,12 +403,11 @@ def softmax_looped_kernel[
         Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
     ]()
     var n = Int(cols)
-    var cached = cached_count[dtype, W](n, 1)
     var base = block_idx.x * n
-    var m, s = fold_and_cache[dtype, W, BLOCK](src, base, n, cache, cached)
+    var m, s = fold_and_cache[dtype, W, BLOCK](src, base, n, cache, Int(cached))
     m, s = block_combine[acc, BLOCK](m, s, red_m, red_s)
     write_normalised[dtype, LOG, W, BLOCK](
-        dst, src, base, n, cache, cached, m, s
+        dst, src, base, n, cache, Int(cached), m, s
     )
 
 
@@ -513,9 +504,11 @@ def softmax_backward_looped_kernel[
     grad: Pointer[Scalar[dtype], MutAnyOrigin],
     fwd_out: Pointer[Scalar[dtype], MutAnyOrigin],
     cols: Int64,
+    cached: Int64,
 ) where dtype.is_floating_point():
     """The backward for rows too long for registers: a sum pass that also caches the
-    heads of grad_output and output in shared memory, then the write pass."""
+    heads (`cached` elements each) of grad_output and output in shared memory, then
+    the write pass. The launch gives it 2 * cached * size_of[dtype] bytes."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     var red = stack_allocation[
@@ -525,60 +518,33 @@ def softmax_backward_looped_kernel[
         Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
     ]()
     var n = Int(cols)
-    var cached = cached_count[dtype, W](n, 2)
+    var head = Int(cached)
     # cached is a multiple of W: y_cache stays 16-byte aligned
-    var y_cache = g_cache.unsafe_offset(cached)
+    var y_cache = g_cache.unsafe_offset(head)
     var base = block_idx.x * n
     var part = dot_and_cache[dtype, LOG, W, BLOCK](
-        grad, fwd_out, base, n, g_cache, y_cache, cached
+        grad, fwd_out, base, n, g_cache, y_cache, head
     )
     var s = group_reduce[acc, False, BLOCK](part, red)
     write_backward[dtype, LOG, W, BLOCK](
-        dst, grad, fwd_out, base, n, g_cache, y_cache, cached, s
+        dst, grad, fwd_out, base, n, g_cache, y_cache, head, s
     )
 
 
 # --8<-- [start:forward_cluster]
-comptime CLUSTER_BLOCK = 512  # threads per CTA of a cluster
-# shared memory per CTA for the row slice: 224 KB of the 227 KB a block may have,
-# or 112 KB when the slice is small enough for two CTAs to share an SM
-comptime CLUSTER_CACHE_BYTES = 224 * 1024
-comptime CLUSTER_SHARED_SM_BYTES = 112 * 1024
-
-
-def cluster_slice(n: Int, c: Int, w: Int) -> Int:
-    """Elements per CTA when c CTAs split a row of n: ceil(n / c), rounded up to a
-    multiple of w so that every slice starts on a vector boundary."""
-    var per = ceildiv(n, c)
-    return ceildiv(per, w) * w
-
-
-def smallest_cluster(
-    n: Int, tensors: Int, elem_bytes: Int, w: Int, budget: Int
-) -> Int:
-    """The fewest CTAs (2, 4 or 8: 8 is the largest portable cluster) whose slices
-    of `tensors` rows of n elements fit `budget` bytes each; 0 if none do."""
-    for c in [2, 4, 8]:
-        if cluster_slice(n, c, w) * tensors * elem_bytes <= budget:
-            return c
-    return 0
-
-
-def cluster_size_for(n: Int, tensors: Int, elem_bytes: Int, w: Int) -> Int:
-    """The cluster that keeps a whole row on chip: the fewest CTAs whose slices
-    leave room for two CTAs per SM, else the fewest whose slices fit at all; 0 when
-    even 8 CTAs cannot hold the row (the looped kernel takes it)."""
-    var c = smallest_cluster(n, tensors, elem_bytes, w, CLUSTER_SHARED_SM_BYTES)
-    if c == 0:
-        c = smallest_cluster(n, tensors, elem_bytes, w, CLUSTER_CACHE_BYTES)
-    return c
+# The launch picks the cluster size C (2, 4 or 8), the slice each CTA holds and
+# BLOCK (512, or 1024 when a slice fills an SM's shared memory): see
+# cluster_size_for in pytorch_custom_ops/softmax_family.py.
+comptime CLUSTER_MAX_THREADS = 1024
 
 
 # two @__llvm_metadata: the cluster shape becomes `.reqnctapercluster C, 1, 1` in
-# the PTX; the declared 1024 threads (launched with BLOCK = 512) cap ptxas at 64
-# registers per thread, so two CTAs can share an SM
+# the PTX; the declared 1024 threads (launched with BLOCK = 512, or 1024 when a CTA
+# has its SM alone) cap ptxas at 64 registers per thread, so two CTAs can share an SM
 @__llvm_metadata(
-    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(LOOPED_BLOCK)),
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
+        Int32(CLUSTER_MAX_THREADS)
+    ),
     `nvvm.cluster_dim`=StaticTuple[Int32, 3](Int32(C), 1, 1),
 )
 def softmax_cluster_kernel[
@@ -643,7 +609,9 @@ def softmax_cluster_kernel[
 
 
 @__llvm_metadata(
-    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(LOOPED_BLOCK)),
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
+        Int32(CLUSTER_MAX_THREADS)
+    ),
     `nvvm.cluster_dim`=StaticTuple[Int32, 3](Int32(C), 1, 1),
 )
 def softmax_backward_cluster_kernel[
@@ -695,253 +663,6 @@ def softmax_backward_cluster_kernel[
         dst, grad, fwd_out, base, count, g_cache, y_cache, count, s
     )
     cluster_wait()
-
-
-# --8<-- [start:dispatch]
-
-
-def _rows_launch_dims(G: Int, rows: Int) -> Tuple[Int, Int]:
-    """(grid, block): G = 32 packs WARP_ROWS_BLOCK // 32 rows per block."""
-    if G == WARP_SIZE:
-        return (ceildiv(rows, WARP_ROWS_BLOCK // WARP_SIZE), WARP_ROWS_BLOCK)
-    return (rows, G)
-
-
-def launch_rows[
-    dtype: DType, BACKWARD: Bool, LOG: Bool, W: Int, NV: Int, G: Int
-](
-    ctx: DeviceContext,
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    b: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    cols: Int,
-) raises where dtype.is_floating_point():
-    comptime BLOCK = WARP_ROWS_BLOCK if G == WARP_SIZE else G
-    var grid, block = _rows_launch_dims(G, rows)
-    comptime if BACKWARD:
-        ctx.enqueue_function[
-            softmax_backward_rows_kernel[dtype, LOG, W, NV, G, BLOCK]
-        ](dst, a, b, Int64(rows), Int64(cols), grid_dim=grid, block_dim=block)
-    else:
-        ctx.enqueue_function[softmax_rows_kernel[dtype, LOG, W, NV, G, BLOCK]](
-            dst, a, Int64(rows), Int64(cols), grid_dim=grid, block_dim=block
-        )
-
-
-def launch_for_width[
-    dtype: DType, BACKWARD: Bool, LOG: Bool, W: Int
-](
-    ctx: DeviceContext,
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    b: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    cols: Int,
-) raises where dtype.is_floating_point():
-    """Pick the smallest register layout (G threads x E elements) that holds a row:
-    small rows get a warp, larger ones a block. E stays <= 32 values per thread (64
-    for a backward): beyond that ptxas spills or the block cannot launch (seen on the
-    H100 with 64 per thread at 512 threads), so the looped kernel takes over."""
-    comptime configs = [
-        (WARP_SIZE, 4),
-        (WARP_SIZE, 8),
-        (WARP_SIZE, 16),
-        (WARP_SIZE, 32),
-        (128, 16),
-        (256, 16),
-        (512, 16),
-        (512, 32),
-    ]
-    comptime for i in range(len(configs)):
-        comptime G = configs[i][0]
-        comptime E = configs[i][1]
-        comptime if E % W == 0:
-            if cols <= G * E:
-                launch_rows[dtype, BACKWARD, LOG, W, E // W, G](
-                    ctx, dst, a, b, rows, cols
-                )
-                return
-    launch_long_rows[dtype, BACKWARD, LOG, W](ctx, dst, a, b, rows, cols)
-
-
-# Long rows: the cluster kernel when the row does not fit one block's cache but fits
-# 8 CTAs; False keeps the looped kernel everywhere (to compare both on the GPU)
-comptime USE_CLUSTERS = True
-
-
-def launch_long_rows[
-    dtype: DType, BACKWARD: Bool, LOG: Bool, W: Int
-](
-    ctx: DeviceContext,
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    b: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    cols: Int,
-) raises where dtype.is_floating_point():
-    comptime tensors = 2 if BACKWARD else 1
-    comptime if USE_CLUSTERS and size_of[accum_dtype[dtype]()]() == 4:
-        var row_bytes = tensors * cols * size_of[dtype]()
-        var c = cluster_size_for(cols, tensors, size_of[dtype](), W)
-        if row_bytes > CACHE_BYTES and c > 0:
-            launch_cluster[dtype, BACKWARD, LOG, W](
-                ctx, dst, a, b, rows, cols, c
-            )
-            return
-    launch_looped[dtype, BACKWARD, LOG, W](ctx, dst, a, b, rows, cols)
-
-
-def launch_looped[
-    dtype: DType, BACKWARD: Bool, LOG: Bool, W: Int
-](
-    ctx: DeviceContext,
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    b: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    cols: Int,
-) raises where dtype.is_floating_point():
-    """One block per row, the row's head cached in shared memory."""
-    comptime tensors = 2 if BACKWARD else 1
-    var smem = (
-        tensors * cached_count[dtype, W](cols, tensors) * size_of[dtype]()
-    )
-    var attr = FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(UInt32(CACHE_BYTES))
-    comptime if BACKWARD:
-        ctx.enqueue_function[
-            softmax_backward_looped_kernel[dtype, LOG, W, LOOPED_BLOCK]
-        ](
-            dst,
-            a,
-            b,
-            Int64(cols),
-            grid_dim=rows,
-            block_dim=LOOPED_BLOCK,
-            shared_mem_bytes=smem,
-            func_attribute=attr,
-        )
-    else:
-        ctx.enqueue_function[
-            softmax_looped_kernel[dtype, LOG, W, LOOPED_BLOCK]
-        ](
-            dst,
-            a,
-            Int64(cols),
-            grid_dim=rows,
-            block_dim=LOOPED_BLOCK,
-            shared_mem_bytes=smem,
-            func_attribute=attr,
-        )
-
-
-def launch_cluster[
-    dtype: DType, BACKWARD: Bool, LOG: Bool, W: Int
-](
-    ctx: DeviceContext,
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    b: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    cols: Int,
-    c: Int,
-) raises where dtype.is_floating_point():
-    """Each row split over a cluster of c CTAs (2, 4 or 8) whose slices fit
-    CLUSTER_CACHE_BYTES (cluster_size_for picks such a c); raises otherwise."""
-    comptime tensors = 2 if BACKWARD else 1
-    if c != 2 and c != 4 and c != 8:
-        raise Error(
-            "softmax family: cluster size ", c, " (a row of ", cols, ")"
-        )
-    var slice_len = cluster_slice(cols, c, W)
-    var smem = tensors * slice_len * size_of[dtype]()
-    if smem > CLUSTER_CACHE_BYTES:
-        raise Error("softmax family: a row of ", cols, " needs > ", c, " CTAs")
-    # One CTA per SM (slices over CLUSTER_SHARED_SM_BYTES): 1024 threads, so that
-    # the SM still has 32 warps to hide the latency of the write pass.
-    if smem > CLUSTER_SHARED_SM_BYTES:
-        enqueue_cluster[dtype, BACKWARD, LOG, W, LOOPED_BLOCK](
-            ctx, dst, a, b, rows, cols, c, slice_len, smem
-        )
-    else:
-        enqueue_cluster[dtype, BACKWARD, LOG, W, CLUSTER_BLOCK](
-            ctx, dst, a, b, rows, cols, c, slice_len, smem
-        )
-
-
-def enqueue_cluster[
-    dtype: DType, BACKWARD: Bool, LOG: Bool, W: Int, BLOCK: Int
-](
-    ctx: DeviceContext,
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    b: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    cols: Int,
-    c: Int,
-    slice_len: Int,
-    smem: Int,
-) raises where dtype.is_floating_point():
-    var attr = FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(
-        UInt32(CLUSTER_CACHE_BYTES)
-    )
-    comptime for C in [2, 4, 8]:
-        if c == C:
-            comptime if BACKWARD:
-                ctx.enqueue_function[
-                    softmax_backward_cluster_kernel[dtype, LOG, W, BLOCK, C]
-                ](
-                    dst,
-                    a,
-                    b,
-                    Int64(cols),
-                    Int64(slice_len),
-                    grid_dim=rows * C,
-                    block_dim=BLOCK,
-                    cluster_dim=Dim(C),
-                    shared_mem_bytes=smem,
-                    func_attribute=attr,
-                )
-            else:
-                ctx.enqueue_function[
-                    softmax_cluster_kernel[dtype, LOG, W, BLOCK, C]
-                ](
-                    dst,
-                    a,
-                    Int64(cols),
-                    Int64(slice_len),
-                    grid_dim=rows * C,
-                    block_dim=BLOCK,
-                    cluster_dim=Dim(C),
-                    shared_mem_bytes=smem,
-                    func_attribute=attr,
-                )
-            return
-
-
-def launch_softmax_family[
-    dtype: DType, BACKWARD: Bool, LOG: Bool
-](
-    ctx: DeviceContext,
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    a: Pointer[Scalar[dtype], MutAnyOrigin],
-    b: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int,
-    cols: Int,
-) raises where dtype.is_floating_point():
-    """16-byte vectors when every row starts on a 16-byte boundary, else scalars.
-    """
-    comptime VW = vec_width[dtype]()
-    var aligned = cols % VW == 0
-    for p in [Int(dst), Int(a), Int(b)]:
-        aligned = aligned and p % VEC_BYTES == 0
-    if aligned:
-        launch_for_width[dtype, BACKWARD, LOG, VW](ctx, dst, a, b, rows, cols)
-    else:
-        launch_for_width[dtype, BACKWARD, LOG, 1](ctx, dst, a, b, rows, cols)
-
-
-# --8<-- [end:dispatch]
 
 
 # --8<-- [start:cpu]
@@ -1010,6 +731,11 @@ def softmax_backward_rows_cpu[
 # --8<-- [end:cpu]
 
 
+comptime GPU_LAUNCH_MOVED = (
+    ": on a GPU this op is launched by pytorch_custom_ops (direct launch)"
+)
+
+
 def run_forward[
     target: StaticString, dtype: DType, LOG: Bool
 ](
@@ -1036,7 +762,7 @@ def run_forward[
     var dst = output.unsafe_ptr()
     var src = x.unsafe_ptr()
     comptime if target == "gpu":
-        launch_softmax_family[dtype, False, LOG](ctx, dst, src, src, rows, cols)
+        raise Error(name, GPU_LAUNCH_MOVED)
     else:
         softmax_rows_cpu[dtype, LOG](dst, src, rows, cols)
 
@@ -1074,7 +800,7 @@ def run_backward[
     var g = grad_output.unsafe_ptr()
     var y = output.unsafe_ptr()
     comptime if target == "gpu":
-        launch_softmax_family[dtype, True, LOG](ctx, dst, g, y, rows, cols)
+        raise Error(name, GPU_LAUNCH_MOVED)
     else:
         softmax_backward_rows_cpu[dtype, LOG](dst, g, y, rows, cols)
 
