@@ -61,7 +61,6 @@ def workspace_slots(n: int) -> int:
 
 
 # -- the CUDA launch plan (day016: it used to be Mojo host code) ----------------------------
-# --8<-- [start:gpu_kernels]
 MODULE = "days.day015.long_softmax"
 REDUCE_MODULE = "days.day015.multiblock_reduce"
 PARTIAL = torch.float64  # the workspace's dtype
@@ -91,7 +90,6 @@ EXP_SUM_KERNEL = KernelFamily(  # y, x, ws, ws_stride, n, blocks
 SCALE_KERNEL = KernelFamily(  # y, ws, ws_stride, n, blocks  (REVERSE = True)
     MODULE, "scale_kernel", ("ptr", "ptr", "i64", "i64", "i64"), _vec_variants(FLOAT_DTYPES, True)
 )
-# --8<-- [end:gpu_kernels]
 
 _SM_COUNT: dict[int | None, int] = {}  # per device index: a property query costs ~10 us
 
