@@ -16,6 +16,12 @@
 #   [MAX_SLOT, SUM_SLOT, -, -, region A: cap partials, region B: cap partials]
 # After either pipeline ws[r, MAX_SLOT] and ws[r, SUM_SLOT] hold row r's max and sum
 # of exp(x - max), which the tests read.
+#
+# Since day016 the GPU launches are planned in Python (pytorch_custom_ops/long_softmax.py:
+# which kernels, how many blocks a row, the reduction passes); this file keeps the
+# kernels and the CPU branch, which runs the same grid block by block. The workspace
+# layout below is the kernels' (they index it); the plan mirrors these three numbers
+# and a test compares them with this file.
 
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu import thread_idx, block_idx, barrier, WARP_SIZE, lane_id, warp_id
@@ -27,7 +33,7 @@ from std.utils.numerics import nan
 
 from days.day009.online_softmax import combine, finite
 from days.day015.multiblock_reduce import (
-    BLOCK,
+    CPU_BLOCKS,
     PARTIAL,
     Ptr,
     WsPtr,
@@ -39,9 +45,8 @@ from days.day015.multiblock_reduce import (
     block_reduce,
     fold_into,
     load_as,
-    reduce_rows,
+    reduce_rows_cpu,
     store_as,
-    target_blocks,
     vec_width,
     vectors_fit,
     visit_slice,
@@ -201,7 +206,7 @@ struct Scale[dtype: DType](SliceVisitor):
 # -- merging (max, sum) pairs across a block ---------------------------------------
 @always_inline
 def block_combine[
-    acc: DType
+    acc: DType, BLOCK: Int
 ](m: Scalar[acc], s: Scalar[acc]) -> Tuple[
     Scalar[acc], Scalar[acc]
 ] where acc.is_floating_point():
@@ -273,7 +278,7 @@ def pairs_sum[
 # -- fused pipeline -----------------------------------------------------------------
 # --8<-- [start:fused_kernels]
 def online_partials_kernel[
-    dtype: DType, VEC: Int
+    dtype: DType, VEC: Int, BLOCK: Int
 ](
     ws: WsPtr,
     ws_stride: Int64,
@@ -290,10 +295,10 @@ def online_partials_kernel[
     var row = block_idx.x // nb
     var blk = block_idx.x % nb
     var v = OnlineFold[dtype](x.unsafe_offset(row * Int(n)))
-    visit_slice[VEC=VEC](v, Int(n), blk, nb, thread_idx.x)
+    visit_slice[VEC=VEC, BLOCK=BLOCK](v, Int(n), blk, nb, thread_idx.x)
     var m: Scalar[acc]
     var s: Scalar[acc]
-    m, s = block_combine(v.m, v.s)
+    m, s = block_combine[BLOCK=BLOCK](v.m, v.s)
     if thread_idx.x == 0:
         var ws_row = ws.unsafe_offset(row * Int(ws_stride))
         ws_row[unsafe_offset=PARTIALS + blk] = m.cast[PARTIAL]()
@@ -301,7 +306,7 @@ def online_partials_kernel[
 
 
 def normalize_kernel[
-    dtype: DType, VEC: Int, REVERSE: Bool
+    dtype: DType, VEC: Int, REVERSE: Bool, BLOCK: Int
 ](
     y: Ptr[dtype],
     x: Ptr[dtype],
@@ -319,9 +324,11 @@ def normalize_kernel[
     var row = block_idx.x // nb
     var blk = block_idx.x % nb
     var ws_row = ws.unsafe_offset(row * Int(ws_stride))
-    var m = block_reduce[MaxOp](pairs_max(ws_row, nb, thread_idx.x, BLOCK))
+    var m = block_reduce[MaxOp, BLOCK=BLOCK](
+        pairs_max(ws_row, nb, thread_idx.x, BLOCK)
+    )
     barrier()  # the two block reductions may share their shared-memory scratch
-    var s = block_reduce[SumOp](
+    var s = block_reduce[SumOp, BLOCK=BLOCK](
         pairs_sum[acc](ws_row, Int(cap), nb, thread_idx.x, BLOCK, m)
     )
     if blk == 0 and thread_idx.x == 0:
@@ -334,14 +341,16 @@ def normalize_kernel[
         m.cast[acc](),
         inverse_sum[acc](m, s),
     )
-    visit_slice[VEC=VEC, REVERSE=REVERSE](v, Int(n), blk, nb, thread_idx.x)
+    visit_slice[VEC=VEC, BLOCK=BLOCK, REVERSE=REVERSE](
+        v, Int(n), blk, nb, thread_idx.x
+    )
 
 
 # --8<-- [end:fused_kernels]
 
 
 def online_partials_cpu[
-    dtype: DType, VEC: Int
+    dtype: DType, VEC: Int, BLOCK: Int
 ](
     ws: WsPtr,
     ws_stride: Int,
@@ -358,14 +367,14 @@ def online_partials_cpu[
             var s = Scalar[PARTIAL](0)
             for tid in range(BLOCK):
                 var v = OnlineFold[dtype](x.unsafe_offset(row * n))
-                visit_slice[VEC=VEC](v, n, blk, blocks, tid)
+                visit_slice[VEC=VEC, BLOCK=BLOCK](v, n, blk, blocks, tid)
                 m, s = combine(m, s, v.m.cast[PARTIAL](), v.s.cast[PARTIAL]())
             ws_row[unsafe_offset=PARTIALS + blk] = m
             ws_row[unsafe_offset=PARTIALS + cap + blk] = s
 
 
 def normalize_cpu[
-    dtype: DType, VEC: Int, REVERSE: Bool
+    dtype: DType, VEC: Int, REVERSE: Bool, BLOCK: Int
 ](
     y: Ptr[dtype],
     x: Ptr[dtype],
@@ -393,95 +402,38 @@ def normalize_cpu[
                     m.cast[acc](),
                     inverse_sum[acc](m, s),
                 )
-                visit_slice[VEC=VEC, REVERSE=REVERSE](v, n, blk, blocks, tid)
+                visit_slice[VEC=VEC, BLOCK=BLOCK, REVERSE=REVERSE](
+                    v, n, blk, blocks, tid
+                )
 
 
-# --8<-- [start:fused_pipeline]
-def fused_softmax[
-    dtype: DType, target: StaticString, REVERSE: Bool = True
-](
-    ctx: DeviceContext,
-    y: Ptr[dtype],
-    x: Ptr[dtype],
-    ws: WsPtr,
-    rows: Int,
-    n: Int,
-    ws_stride: Int,
-) raises -> Int:
-    """Two launches: 2 reads + 1 write of x's size. Returns the launch count."""
+def fused_softmax_cpu[
+    dtype: DType, BLOCK: Int, REVERSE: Bool = True
+](y: Ptr[dtype], x: Ptr[dtype], ws: WsPtr, rows: Int, n: Int, ws_stride: Int):
+    """The fused pipeline's two kernels, block by block (2 launches on a GPU).
+    """
     comptime VEC = vec_width[dtype]()
     var cap = workspace_cap(ws_stride)
-    var blocks = blocks_per_row(n, rows, cap, target_blocks[target](ctx))
-    var vec = vectors_fit(x, n, rows) and vectors_fit(y, n, rows)
-    comptime if target == "gpu":
-        if vec:
-            ctx.enqueue_function[online_partials_kernel[dtype, VEC]](
-                ws,
-                Int64(ws_stride),
-                Int64(cap),
-                x,
-                Int64(n),
-                Int64(blocks),
-                grid_dim=rows * blocks,
-                block_dim=BLOCK,
-            )
-            ctx.enqueue_function[normalize_kernel[dtype, VEC, REVERSE]](
-                y,
-                x,
-                ws,
-                Int64(ws_stride),
-                Int64(cap),
-                Int64(n),
-                Int64(blocks),
-                grid_dim=rows * blocks,
-                block_dim=BLOCK,
-            )
-        else:
-            ctx.enqueue_function[online_partials_kernel[dtype, 1]](
-                ws,
-                Int64(ws_stride),
-                Int64(cap),
-                x,
-                Int64(n),
-                Int64(blocks),
-                grid_dim=rows * blocks,
-                block_dim=BLOCK,
-            )
-            ctx.enqueue_function[normalize_kernel[dtype, 1, REVERSE]](
-                y,
-                x,
-                ws,
-                Int64(ws_stride),
-                Int64(cap),
-                Int64(n),
-                Int64(blocks),
-                grid_dim=rows * blocks,
-                block_dim=BLOCK,
-            )
+    var blocks = blocks_per_row(n, rows, cap, CPU_BLOCKS)
+    if vectors_fit(x, n, rows) and vectors_fit(y, n, rows):
+        online_partials_cpu[dtype, VEC, BLOCK](
+            ws, ws_stride, cap, x, n, rows, blocks
+        )
+        normalize_cpu[dtype, VEC, REVERSE, BLOCK](
+            y, x, ws, ws_stride, cap, n, rows, blocks
+        )
     else:
-        if vec:
-            online_partials_cpu[dtype, VEC](
-                ws, ws_stride, cap, x, n, rows, blocks
-            )
-            normalize_cpu[dtype, VEC, REVERSE](
-                y, x, ws, ws_stride, cap, n, rows, blocks
-            )
-        else:
-            online_partials_cpu[dtype, 1](
-                ws, ws_stride, cap, x, n, rows, blocks
-            )
-            normalize_cpu[dtype, 1, REVERSE](
-                y, x, ws, ws_stride, cap, n, rows, blocks
-            )
-    return 2
-
-
-# --8<-- [end:fused_pipeline]
+        online_partials_cpu[dtype, 1, BLOCK](
+            ws, ws_stride, cap, x, n, rows, blocks
+        )
+        normalize_cpu[dtype, 1, REVERSE, BLOCK](
+            y, x, ws, ws_stride, cap, n, rows, blocks
+        )
 
 
 # -- 4-stage pipeline ---------------------------------------------------------------
 def exp_sum_kernel[
-    dtype: DType, VEC: Int
+    dtype: DType, VEC: Int, BLOCK: Int
 ](
     y: Ptr[dtype],
     x: Ptr[dtype],
@@ -503,14 +455,14 @@ def exp_sum_kernel[
         y.unsafe_offset(base),
         ws_row[unsafe_offset=MAX_SLOT].cast[acc](),
     )
-    visit_slice[VEC=VEC](v, Int(n), blk, nb, thread_idx.x)
-    var total = block_reduce[SumOp](v.result())
+    visit_slice[VEC=VEC, BLOCK=BLOCK](v, Int(n), blk, nb, thread_idx.x)
+    var total = block_reduce[SumOp, BLOCK=BLOCK](v.result())
     if thread_idx.x == 0:
         ws_row[unsafe_offset=PARTIALS + blk] = total
 
 
 def scale_kernel[
-    dtype: DType, VEC: Int, REVERSE: Bool
+    dtype: DType, VEC: Int, REVERSE: Bool, BLOCK: Int
 ](y: Ptr[dtype], ws: WsPtr, ws_stride: Int64, n: Int64, blocks: Int64):
     """Stage 4: y *= 1 / s, in place."""
     comptime acc = accum_dtype[dtype]()
@@ -524,11 +476,13 @@ def scale_kernel[
             ws_row[unsafe_offset=MAX_SLOT], ws_row[unsafe_offset=SUM_SLOT]
         ),
     )
-    visit_slice[VEC=VEC, REVERSE=REVERSE](v, Int(n), blk, nb, thread_idx.x)
+    visit_slice[VEC=VEC, BLOCK=BLOCK, REVERSE=REVERSE](
+        v, Int(n), blk, nb, thread_idx.x
+    )
 
 
 def exp_sum_cpu[
-    dtype: DType, VEC: Int
+    dtype: DType, VEC: Int, BLOCK: Int
 ](
     y: Ptr[dtype],
     x: Ptr[dtype],
@@ -549,13 +503,13 @@ def exp_sum_cpu[
                     y.unsafe_offset(row * n),
                     ws_row[unsafe_offset=MAX_SLOT].cast[acc](),
                 )
-                visit_slice[VEC=VEC](v, n, blk, blocks, tid)
+                visit_slice[VEC=VEC, BLOCK=BLOCK](v, n, blk, blocks, tid)
                 total += v.result()
             ws_row[unsafe_offset=PARTIALS + blk] = total
 
 
 def scale_cpu[
-    dtype: DType, VEC: Int, REVERSE: Bool
+    dtype: DType, VEC: Int, REVERSE: Bool, BLOCK: Int
 ](y: Ptr[dtype], ws: WsPtr, ws_stride: Int, n: Int, rows: Int, blocks: Int):
     comptime acc = accum_dtype[dtype]()
     for row in range(rows):
@@ -566,116 +520,23 @@ def scale_cpu[
         for blk in range(blocks):
             for tid in range(BLOCK):
                 var v = Scale[dtype](y.unsafe_offset(row * n), inv)
-                visit_slice[VEC=VEC, REVERSE=REVERSE](v, n, blk, blocks, tid)
+                visit_slice[VEC=VEC, BLOCK=BLOCK, REVERSE=REVERSE](
+                    v, n, blk, blocks, tid
+                )
 
 
-def exp_sum_stage[
-    dtype: DType, target: StaticString
-](
-    ctx: DeviceContext,
-    y: Ptr[dtype],
-    x: Ptr[dtype],
-    ws: WsPtr,
-    ws_stride: Int,
-    n: Int,
-    rows: Int,
-    blocks: Int,
-) raises:
-    comptime VEC = vec_width[dtype]()
-    var vec = vectors_fit(x, n, rows) and vectors_fit(y, n, rows)
-    comptime if target == "gpu":
-        if vec:
-            ctx.enqueue_function[exp_sum_kernel[dtype, VEC]](
-                y,
-                x,
-                ws,
-                Int64(ws_stride),
-                Int64(n),
-                Int64(blocks),
-                grid_dim=rows * blocks,
-                block_dim=BLOCK,
-            )
-        else:
-            ctx.enqueue_function[exp_sum_kernel[dtype, 1]](
-                y,
-                x,
-                ws,
-                Int64(ws_stride),
-                Int64(n),
-                Int64(blocks),
-                grid_dim=rows * blocks,
-                block_dim=BLOCK,
-            )
-    else:
-        if vec:
-            exp_sum_cpu[dtype, VEC](y, x, ws, ws_stride, n, rows, blocks)
-        else:
-            exp_sum_cpu[dtype, 1](y, x, ws, ws_stride, n, rows, blocks)
-
-
-def scale_stage[
-    dtype: DType, target: StaticString, REVERSE: Bool
-](
-    ctx: DeviceContext,
-    y: Ptr[dtype],
-    ws: WsPtr,
-    ws_stride: Int,
-    n: Int,
-    rows: Int,
-    blocks: Int,
-) raises:
-    comptime VEC = vec_width[dtype]()
-    var vec = vectors_fit(y, n, rows)
-    comptime if target == "gpu":
-        if vec:
-            ctx.enqueue_function[scale_kernel[dtype, VEC, REVERSE]](
-                y,
-                ws,
-                Int64(ws_stride),
-                Int64(n),
-                Int64(blocks),
-                grid_dim=rows * blocks,
-                block_dim=BLOCK,
-            )
-        else:
-            ctx.enqueue_function[scale_kernel[dtype, 1, REVERSE]](
-                y,
-                ws,
-                Int64(ws_stride),
-                Int64(n),
-                Int64(blocks),
-                grid_dim=rows * blocks,
-                block_dim=BLOCK,
-            )
-    else:
-        if vec:
-            scale_cpu[dtype, VEC, REVERSE](y, ws, ws_stride, n, rows, blocks)
-        else:
-            scale_cpu[dtype, 1, REVERSE](y, ws, ws_stride, n, rows, blocks)
-
-
-# --8<-- [start:four_stage_pipeline]
-def four_stage_softmax[
-    dtype: DType, target: StaticString, REVERSE: Bool = True
-](
-    ctx: DeviceContext,
-    y: Ptr[dtype],
-    x: Ptr[dtype],
-    ws: WsPtr,
-    rows: Int,
-    n: Int,
-    ws_stride: Int,
-) raises -> Int:
-    """Five launches: 3 reads + 2 writes of x's size. Returns the launch count.
+def four_stage_softmax_cpu[
+    dtype: DType, BLOCK: Int, REVERSE: Bool = True
+](y: Ptr[dtype], x: Ptr[dtype], ws: WsPtr, rows: Int, n: Int, ws_stride: Int):
+    """The 4-stage pipeline's kernels, block by block (5 launches on an H100).
     """
+    comptime VEC = vec_width[dtype]()
     var cap = workspace_cap(ws_stride)
-    var fill = target_blocks[target](ctx)
-    var blocks = blocks_per_row(n, rows, cap, fill)
+    var blocks = blocks_per_row(n, rows, cap, CPU_BLOCKS)
     var region_a = PARTIALS
     var region_b = PARTIALS + cap
     # 1. m = reduce[max](x): one partial per block into A, then A -> MAX_SLOT
-    var launches = reduce_rows[MaxOp, dtype, target](
-        ctx,
+    _ = reduce_rows_cpu[MaxOp, dtype, BLOCK](
         x,
         n,
         n,
@@ -686,13 +547,15 @@ def four_stage_softmax[
         region_a,
         region_b,
         cap,
-        fill,
+        CPU_BLOCKS,
     )
     # 2. y = exp(x - m); one partial sum per block into A (same blocks as pass 1)
-    exp_sum_stage[dtype, target](ctx, y, x, ws, ws_stride, n, rows, blocks)
+    if vectors_fit(x, n, rows) and vectors_fit(y, n, rows):
+        exp_sum_cpu[dtype, VEC, BLOCK](y, x, ws, ws_stride, n, rows, blocks)
+    else:
+        exp_sum_cpu[dtype, 1, BLOCK](y, x, ws, ws_stride, n, rows, blocks)
     # 3. s = reduce[sum](A) -> SUM_SLOT
-    launches += reduce_rows[SumOp, PARTIAL, target](
-        ctx,
+    _ = reduce_rows_cpu[SumOp, PARTIAL, BLOCK](
         ws.unsafe_offset(region_a),
         ws_stride,
         blocks,
@@ -703,22 +566,23 @@ def four_stage_softmax[
         region_b,
         region_a,
         cap,
-        fill,
+        CPU_BLOCKS,
     )
     # 4. y *= 1 / s
-    scale_stage[dtype, target, REVERSE](ctx, y, ws, ws_stride, n, rows, blocks)
-    return launches + 2
-
-
-# --8<-- [end:four_stage_pipeline]
+    if vectors_fit(y, n, rows):
+        scale_cpu[dtype, VEC, REVERSE, BLOCK](y, ws, ws_stride, n, rows, blocks)
+    else:
+        scale_cpu[dtype, 1, REVERSE, BLOCK](y, ws, ws_stride, n, rows, blocks)
 
 
 # --8<-- [start:op]
 @register("long_softmax")
 struct LongSoftmax:
     """Softmax over the last dim of a contiguous (rows, n) tensor, each row spread
-    over many blocks. `workspace` is float64 scratch, at least PARTIALS + 2 slots a
-    row; more slots allow more blocks per row (up to (slots - PARTIALS) // 2).
+    over many blocks of BLOCK threads. `workspace` is float64 scratch, at least
+    PARTIALS + 2 slots a row; more slots allow more blocks per row (up to
+    (slots - PARTIALS) // 2). On a GPU, pytorch_custom_ops launches the kernels
+    itself (direct launch, day016); MAX runs this op on the CPU.
     """
 
     @staticmethod
@@ -726,6 +590,7 @@ struct LongSoftmax:
         target: StaticString,
         dtype: DType,
         PIPELINE: StaticString,
+        BLOCK: Int,
     ](
         output: OutputTensor[dtype=dtype, rank=2, ...],
         workspace: OutputTensor[dtype=PARTIAL, rank=2, ...],
@@ -738,6 +603,11 @@ struct LongSoftmax:
         comptime assert (
             PIPELINE == "fused" or PIPELINE == "four_stage"
         ), "long_softmax: PIPELINE is 'fused' or 'four_stage'"
+        comptime if target == "gpu":
+            raise Error(
+                "long_softmax: on a GPU this op is launched by"
+                " pytorch_custom_ops (direct launch)"
+            )
         if output.shape() != x.shape():
             raise Error(
                 "long_softmax: output shape ",
@@ -764,11 +634,9 @@ struct LongSoftmax:
         var src = rebind[Ptr[dtype]](x.unsafe_ptr())
         var ws = rebind[WsPtr](workspace.unsafe_ptr())
         comptime if PIPELINE == "fused":
-            _ = fused_softmax[dtype, target](ctx, y, src, ws, rows, n, slots)
+            fused_softmax_cpu[dtype, BLOCK](y, src, ws, rows, n, slots)
         else:
-            _ = four_stage_softmax[dtype, target](
-                ctx, y, src, ws, rows, n, slots
-            )
+            four_stage_softmax_cpu[dtype, BLOCK](y, src, ws, rows, n, slots)
 
 
 # --8<-- [end:op]

@@ -4,7 +4,9 @@
 # folds its share (vectorized 16-byte loads, UNROLL loads in flight per thread),
 # merges its threads with warp shuffles and one round through shared memory, and
 # writes one partial. The partials are a much shorter row, reduced the same way;
-# passes repeat until one value per row is left (`reduce_rows`).
+# passes repeat until one value per row is left. Since day016 the GPU launches (block
+# counts, passes, 16-byte or scalar loads) are planned in pytorch_custom_ops/long_softmax.py;
+# `reduce_rows` here is the CPU branch's copy of that schedule.
 #
 # Which elements a thread visits is decided by `visit_slice`, shared by every kernel
 # of the day (the reductions and the softmax stages that write). The CPU branch runs
@@ -19,7 +21,6 @@
 
 from max.gpu import thread_idx, block_idx, barrier, WARP_SIZE, lane_id, warp_id
 from max.gpu.primitives import warp
-from max.gpu.host import DeviceContext, DeviceAttribute
 from std.memory import stack_allocation
 from std.math import ceildiv, isnan
 from std.sys import size_of
@@ -29,16 +30,15 @@ comptime PARTIAL = F64  # dtype of the partials in the workspace
 comptime Ptr[dtype: DType] = Pointer[Scalar[dtype], MutUntrackedOrigin]
 comptime WsPtr = Ptr[PARTIAL]
 
-comptime BLOCK = 256  # threads per block
+# BLOCK (threads per block) is a compile-time parameter of every kernel and of the CPU
+# emulation, given by the op (pytorch_custom_ops/long_softmax.py: the OpSpec's BLOCK),
+# so that the launch and the kernels cannot disagree on it.
 comptime UNROLL = 4  # vector loads a thread issues before it uses the first one
-# a block gets at least one fp32 tile of work (pytorch_custom_ops/long_softmax.py
-# sizes the workspace with the same number; a mismatch only changes the block count)
+# The CPU branch's block sizing, the GPU plan's (pytorch_custom_ops/long_softmax.py)
+# on a pretend device: a block gets at least one fp32 tile of work, and 128 blocks
+# fill the "device" (32 SMs x 4). A different choice only changes the block count.
 comptime MIN_BLOCK_ELEMS = 4096
-# Blocks resident per SM for a one-wave grid: 4 x 256 threads fit even at 64
-# registers a thread. 4 x 256 x UNROLL x 16 B = 64 KiB of loads in flight per SM
-# covers the H100's bandwidth-latency product (~25 KiB per SM) with room to spare.
-comptime GPU_BLOCKS_PER_SM = 4
-comptime CPU_BLOCKS = 128  # the CPU branch pretends to have 32 SMs
+comptime CPU_BLOCKS = 128
 
 
 @always_inline
@@ -162,7 +162,7 @@ trait SliceVisitor:
 
 @always_inline
 def visit_slice[
-    V: SliceVisitor, VEC: Int, REVERSE: Bool = False
+    V: SliceVisitor, VEC: Int, BLOCK: Int, REVERSE: Bool = False
 ](mut v: V, n: Int, blk: Int, blocks: Int, tid: Int):
     """Visit thread `tid`'s share of block `blk` (of `blocks`) of an n-element row.
 
@@ -173,27 +173,30 @@ def visit_slice[
     elements) go to the block next in line. REVERSE visits the same elements last
     tile first: a pass that follows a forward pass starts on what is still in L2.
     """
+    comptime assert (
+        BLOCK % 32 == 0 and 0 < BLOCK <= 1024
+    ), "BLOCK: whole (NVIDIA) warps, at most 1024 threads"
     comptime TILE = BLOCK * UNROLL
     var nvec = n // VEC
     var full = nvec // TILE
     var owns_rest = blk == full % blocks
     comptime if REVERSE:
         if owns_rest:
-            _visit_rest[VEC=VEC](v, n, nvec, full * TILE, tid)
+            _visit_rest[VEC=VEC, BLOCK=BLOCK](v, n, nvec, full * TILE, tid)
         if blk < full:
             var t = blk + (full - 1 - blk) // blocks * blocks
             while t >= 0:
-                _visit_tile[VEC=VEC](v, t * TILE + tid)
+                _visit_tile[VEC=VEC, BLOCK=BLOCK](v, t * TILE + tid)
                 t -= blocks
     else:
         for t in range(blk, full, blocks):
-            _visit_tile[VEC=VEC](v, t * TILE + tid)
+            _visit_tile[VEC=VEC, BLOCK=BLOCK](v, t * TILE + tid)
         if owns_rest:
-            _visit_rest[VEC=VEC](v, n, nvec, full * TILE, tid)
+            _visit_rest[VEC=VEC, BLOCK=BLOCK](v, n, nvec, full * TILE, tid)
 
 
 @always_inline
-def _visit_tile[V: SliceVisitor, VEC: Int](mut v: V, first: Int):
+def _visit_tile[V: SliceVisitor, VEC: Int, BLOCK: Int](mut v: V, first: Int):
     # all UNROLL loads first, then the math: the loads are in flight together, and
     # an in-place pass (src == dst) cannot have a store ordered before a load
     var xs = SIMD[V.acc, VEC * UNROLL](0)
@@ -207,7 +210,7 @@ def _visit_tile[V: SliceVisitor, VEC: Int](mut v: V, first: Int):
 
 @always_inline
 def _visit_rest[
-    V: SliceVisitor, VEC: Int
+    V: SliceVisitor, VEC: Int, BLOCK: Int
 ](mut v: V, n: Int, nvec: Int, start: Int, tid: Int):
     for j in range(start + tid, nvec, BLOCK):
         v.consume[VEC](j * VEC, v.load[VEC](j * VEC))
@@ -230,7 +233,9 @@ def warp_reduce[Op: ReduceOp, acc: DType](x: Scalar[acc]) -> Scalar[acc]:
 
 
 @always_inline
-def block_reduce[Op: ReduceOp, acc: DType](x: Scalar[acc]) -> Scalar[acc]:
+def block_reduce[
+    Op: ReduceOp, acc: DType, BLOCK: Int
+](x: Scalar[acc]) -> Scalar[acc]:
     """Every thread of the block gets the block's result (one barrier)."""
     comptime NW = BLOCK // WARP_SIZE
     var red = stack_allocation[
@@ -272,7 +277,7 @@ struct Fold[Op: ReduceOp, dtype: DType, VEC: Int](SliceVisitor):
 
 # --8<-- [start:reduce_kernel]
 def reduce_kernel[
-    Op: ReduceOp, dtype: DType, VEC: Int
+    Op: ReduceOp, dtype: DType, VEC: Int, BLOCK: Int
 ](
     dst: WsPtr,
     dst_stride: Int64,
@@ -287,8 +292,8 @@ def reduce_kernel[
     var row = block_idx.x // nb
     var blk = block_idx.x % nb
     var fold = Fold[Op, dtype, VEC](src.unsafe_offset(row * Int(src_stride)))
-    visit_slice[VEC=VEC](fold, Int(n), blk, nb, thread_idx.x)
-    var total = block_reduce[Op](fold.result())
+    visit_slice[VEC=VEC, BLOCK=BLOCK](fold, Int(n), blk, nb, thread_idx.x)
+    var total = block_reduce[Op, BLOCK=BLOCK](fold.result())
     if thread_idx.x == 0:
         dst[unsafe_offset=row * Int(dst_stride) + blk] = total
 
@@ -296,8 +301,40 @@ def reduce_kernel[
 # --8<-- [end:reduce_kernel]
 
 
+# The two reductions the day launches, as kernels of their own: a launcher names a
+# kernel by its function and dtype/int/bool parameters, not by a trait argument.
+def reduce_max_kernel[
+    dtype: DType, VEC: Int, BLOCK: Int
+](
+    dst: WsPtr,
+    dst_stride: Int64,
+    src: Ptr[dtype],
+    src_stride: Int64,
+    n: Int64,
+    blocks: Int64,
+):
+    reduce_kernel[MaxOp, dtype, VEC, BLOCK](
+        dst, dst_stride, src, src_stride, n, blocks
+    )
+
+
+def reduce_sum_kernel[
+    dtype: DType, VEC: Int, BLOCK: Int
+](
+    dst: WsPtr,
+    dst_stride: Int64,
+    src: Ptr[dtype],
+    src_stride: Int64,
+    n: Int64,
+    blocks: Int64,
+):
+    reduce_kernel[SumOp, dtype, VEC, BLOCK](
+        dst, dst_stride, src, src_stride, n, blocks
+    )
+
+
 def reduce_blocks_cpu[
-    Op: ReduceOp, dtype: DType, VEC: Int
+    Op: ReduceOp, dtype: DType, VEC: Int, BLOCK: Int
 ](
     dst: WsPtr,
     dst_stride: Int,
@@ -316,15 +353,14 @@ def reduce_blocks_cpu[
                 var fold = Fold[Op, dtype, VEC](
                     src.unsafe_offset(row * src_stride)
                 )
-                visit_slice[VEC=VEC](fold, n, blk, blocks, tid)
+                visit_slice[VEC=VEC, BLOCK=BLOCK](fold, n, blk, blocks, tid)
                 total = Op.apply[PARTIAL, 1](total, fold.result())
             dst[unsafe_offset=row * dst_stride + blk] = total
 
 
-def reduce_pass[
-    Op: ReduceOp, dtype: DType, target: StaticString
+def reduce_pass_cpu[
+    Op: ReduceOp, dtype: DType, BLOCK: Int
 ](
-    ctx: DeviceContext,
     dst: WsPtr,
     dst_stride: Int,
     src: Ptr[dtype],
@@ -332,54 +368,18 @@ def reduce_pass[
     n: Int,
     rows: Int,
     blocks: Int,
-) raises:
+):
     """One pass of `blocks` blocks per row; 16-byte loads when the rows allow.
     """
     comptime VEC = vec_width[dtype]()
-    var vec = vectors_fit(src, src_stride, rows)
-    comptime if target == "gpu":
-        if vec:
-            ctx.enqueue_function[reduce_kernel[Op, dtype, VEC]](
-                dst,
-                Int64(dst_stride),
-                src,
-                Int64(src_stride),
-                Int64(n),
-                Int64(blocks),
-                grid_dim=rows * blocks,
-                block_dim=BLOCK,
-            )
-        else:
-            ctx.enqueue_function[reduce_kernel[Op, dtype, 1]](
-                dst,
-                Int64(dst_stride),
-                src,
-                Int64(src_stride),
-                Int64(n),
-                Int64(blocks),
-                grid_dim=rows * blocks,
-                block_dim=BLOCK,
-            )
-    else:
-        if vec:
-            reduce_blocks_cpu[Op, dtype, VEC](
-                dst, dst_stride, src, src_stride, n, rows, blocks
-            )
-        else:
-            reduce_blocks_cpu[Op, dtype, 1](
-                dst, dst_stride, src, src_stride, n, rows, blocks
-            )
-
-
-def target_blocks[target: StaticString](ctx: DeviceContext) raises -> Int:
-    """Blocks that fill the device in one wave."""
-    comptime if target == "gpu":
-        return (
-            ctx.get_attribute(DeviceAttribute.MULTIPROCESSOR_COUNT)
-            * GPU_BLOCKS_PER_SM
+    if vectors_fit(src, src_stride, rows):
+        reduce_blocks_cpu[Op, dtype, VEC, BLOCK](
+            dst, dst_stride, src, src_stride, n, rows, blocks
         )
     else:
-        return CPU_BLOCKS
+        reduce_blocks_cpu[Op, dtype, 1, BLOCK](
+            dst, dst_stride, src, src_stride, n, rows, blocks
+        )
 
 
 def blocks_per_row(n: Int, rows: Int, cap: Int, fill: Int) -> Int:
@@ -388,11 +388,9 @@ def blocks_per_row(n: Int, rows: Int, cap: Int, fill: Int) -> Int:
     return max(1, min(ceildiv(n, MIN_BLOCK_ELEMS), fill // rows, cap))
 
 
-# --8<-- [start:reduce_rows]
-def reduce_rows[
-    Op: ReduceOp, dtype: DType, target: StaticString
+def reduce_rows_cpu[
+    Op: ReduceOp, dtype: DType, BLOCK: Int
 ](
-    ctx: DeviceContext,
     src: Ptr[dtype],
     src_stride: Int,
     n: Int,
@@ -404,25 +402,18 @@ def reduce_rows[
     second_region: Int,
     cap: Int,
     fill: Int,
-) raises -> Int:
+) -> Int:
     """Reduce each row of `src` to one value, written to ws[row, result_slot].
 
     Pass 1 writes one partial per block; every later pass reduces the partials of
     the pass before, ping-ponging between two workspace regions of `cap` values a
     row, until one block per row is left and it writes the result. Returns the
-    number of passes (launches).
+    number of passes. (The GPU's schedule is the same, planned in Python.)
     """
     var blocks = blocks_per_row(n, rows, cap, fill)
     var out_slot = result_slot if blocks == 1 else first_region
-    reduce_pass[Op, dtype, target](
-        ctx,
-        ws.unsafe_offset(out_slot),
-        ws_stride,
-        src,
-        src_stride,
-        n,
-        rows,
-        blocks,
+    reduce_pass_cpu[Op, dtype, BLOCK](
+        ws.unsafe_offset(out_slot), ws_stride, src, src_stride, n, rows, blocks
     )
     var passes = 1
     var current = first_region
@@ -431,8 +422,7 @@ def reduce_rows[
     while m > 1:
         var next_blocks = blocks_per_row(m, rows, cap, fill)
         out_slot = result_slot if next_blocks == 1 else spare
-        reduce_pass[Op, PARTIAL, target](
-            ctx,
+        reduce_pass_cpu[Op, PARTIAL, BLOCK](
             ws.unsafe_offset(out_slot),
             ws_stride,
             ws.unsafe_offset(current),
@@ -446,6 +436,3 @@ def reduce_rows[
         spare = current
         current = out_slot
     return passes
-
-
-# --8<-- [end:reduce_rows]

@@ -1,10 +1,18 @@
-"""Day 015: the multi-block long-row softmax (both pipelines) against a float64 reference."""
+"""Day 015: the multi-block long-row softmax (both pipelines) against a float64 reference,
+and its CUDA launch plan (day016) checked on the CPU."""
+
+import importlib
+import re
 
 import pytest
 import torch
 
 import pytorch_custom_ops as pco
+from pytorch_custom_ops import direct
+from pytorch_custom_ops.library import REPO_ROOT
 from pytorch_custom_ops.long_softmax import PARTIALS, workspace_slots
+
+ls = importlib.import_module("pytorch_custom_ops.long_softmax")  # the package exports a function of that name
 
 TOL = {torch.float32: 2e-6, torch.float64: 1e-10, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 PIPELINES = ("fused", "four_stage")
@@ -210,3 +218,256 @@ def test_module(device):
 def test_benchmark_shapes_on_gpu(shape, pipeline):
     torch.manual_seed(8)
     check(torch.randn(shape, device="cuda") * 3, pipeline=pipeline)
+
+
+# -- the CUDA launch plan (pytorch_custom_ops/long_softmax.py), on CPU tensors -------------------
+FAMILIES = ls._long_softmax_gpu.families
+H100_SMS = 132
+
+
+@pytest.fixture
+def sms(monkeypatch):
+    """The plan's SM count for CPU tensors (device index None); returns a setter."""
+
+    def set_count(count: int = H100_SMS):
+        monkeypatch.setitem(ls._SM_COUNT, None, count)
+
+    set_count()
+    return set_count
+
+
+def tensor(shape, dtype=torch.float32, offset=0, huge=False):
+    """A CPU tensor of `shape`, `offset` elements into its storage; `huge` fakes one with
+    no memory behind it (the plan only reads shapes, dtypes and pointers)."""
+    if huge:
+        return torch.empty(1, dtype=dtype).expand(shape)
+    n = 1
+    for s in shape:
+        n *= s
+    return torch.empty(n + offset, dtype=dtype)[offset:].view(shape)
+
+
+def plan(x, pipeline="fused", slots=None, y=None, huge=False):
+    rows, n = x.shape
+    y = tensor(x.shape, x.dtype, huge=huge) if y is None else y
+    ws = tensor((rows, workspace_slots(n) if slots is None else slots), torch.float64, huge=huge)
+    launches = ls._long_softmax_gpu([y, ws], [x], {"PIPELINE": pipeline, "BLOCK": ls.BLOCK})
+    for launch in launches:
+        check_launch(launch, rows)
+    return launches, ws
+
+
+def check_launch(launch: direct.Launch, rows: int):
+    kernel = launch.kernel
+    assert kernel.family in FAMILIES and kernel in kernel.family.kernels()
+    grid, block = direct._dim3(launch.grid), direct._dim3(launch.block)
+    assert 0 < grid[0] < 2**31 and grid[1:] == (1, 1)
+    assert block == (ls.BLOCK, 1, 1) and kernel.params[-1] == ls.BLOCK <= 1024  # the BLOCK the kernel was built for
+    assert launch.smem == 0 and launch.cluster is None
+    assert len(launch.args) == len(kernel.family.args) and all(type(a) is int for a in launch.args)
+    assert grid[0] == rows * launch.args[-1]  # every kernel: `blocks` (last arg) blocks a row
+
+
+def expected_blocks(n, rows, cap, sms=H100_SMS):
+    return max(1, min(-(-n // 4096), sms * 4 // rows, cap))
+
+
+def vec(dtype, *ok):
+    return 16 // dtype.itemsize if all(ok) else 1
+
+
+def names(launches):
+    return [launch.kernel.family.function for launch in launches]
+
+
+SHAPES = [(1, 1), (1, 4097), (1, 70001), (3, 70001), (5, 50152), (8, 2**18), (1, 2**24), (1000, 3), (2, 24576)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_fused_plan_two_launches_per_shape(dtype, offset, sms):
+    for rows, n in SHAPES:
+        x = tensor((rows, n), dtype, offset)
+        launches, ws = plan(x)
+        assert names(launches) == ["online_partials_kernel", "normalize_kernel"]
+        blocks = expected_blocks(n, rows, (ws.shape[1] - PARTIALS) // 2)
+        width = vec(dtype, offset == 0, rows == 1 or n % (16 // dtype.itemsize) == 0)
+        for launch in launches:
+            assert launch.kernel.params[:2] == (dtype, width) and launch.args[-1] == blocks, (rows, n)
+        partials, normalize = launches
+        assert partials.args == (ws.data_ptr(), ws.shape[1], (ws.shape[1] - PARTIALS) // 2, x.data_ptr(), n, blocks)
+        assert normalize.kernel.params[2] is True  # the second read goes last tile first (L2 reuse)
+
+
+@pytest.mark.parametrize(
+    "rows,n,want",
+    [
+        ((1, 2**28, 528)),  # one row fills the H100: 132 SMs x 4
+        ((8, 2**22, 66)),
+        ((1, 2**20, 256)),  # 4096 elements a block at least
+        ((1, 2**30, 528)),
+        ((2**20, 2**10, 1)),  # many short rows: one block each (day009's regime)
+    ],
+)
+def test_block_counts_of_the_benchmark_shapes(rows, n, want, sms):
+    launches, _ = plan(tensor((rows, n), huge=True), huge=True)
+    assert [launch.args[-1] for launch in launches] == [want, want]
+    assert launches[0].grid == rows * want
+
+
+def schedule(launches, x, ws) -> dict[str, int]:
+    """Follow the 4-stage launches through the workspace: every reduction pass reads what
+    the launch before it wrote (never the region it writes), the max and the sum end in
+    their slots, and every pass gets the 16-byte loads its source allows. Returns the
+    number of passes of each reduction."""
+    rows, n = x.shape
+    base, slots = ws.data_ptr(), ws.shape[1]
+    cap = (slots - PARTIALS) // 2
+    result_slot = {"reduce_max_kernel": ls.MAX_SLOT, "reduce_sum_kernel": ls.SUM_SLOT}
+    passes = dict.fromkeys(result_slot, 0)
+    blocks = written = None  # written: (slot, count) of the partials the last launch left
+    for launch in launches:
+        name, args = launch.kernel.family.function, launch.args
+        if name in result_slot:
+            dst, dst_stride, src, src_stride, m, nb = args
+            assert dst_stride == slots and (dst - base) % 8 == 0
+            out = (dst - base) // 8
+            if name == "reduce_max_kernel" and passes[name] == 0:
+                assert (src, src_stride, m) == (x.data_ptr(), n, n)
+                blocks = nb
+                assert launch.kernel.params[:2] == (
+                    x.dtype,
+                    vec(x.dtype, src % 16 == 0, rows == 1 or n % (16 // x.dtype.itemsize) == 0),
+                )
+            else:
+                assert src_stride == slots and ((src - base) // 8, m) == written, (name, written)
+                assert out != written[0]
+                assert launch.kernel.params[:2] == (
+                    torch.float64,
+                    vec(torch.float64, src % 16 == 0, rows == 1 or slots % 2 == 0),
+                )
+            assert (nb == 1 and out == result_slot[name]) or (1 < nb <= cap and out in (PARTIALS, PARTIALS + cap))
+            assert nb == 1 or nb < m  # each pass shrinks the row
+            passes[name] += 1
+            written = None if nb == 1 else (out, nb)
+        elif name == "exp_sum_kernel":
+            assert passes["reduce_max_kernel"] and written is None and not passes["reduce_sum_kernel"]
+            assert args[-1] == blocks
+            written = (PARTIALS, blocks)  # one partial sum per block into region A
+        else:
+            assert name == "scale_kernel" and launch is launches[-1]
+            assert passes["reduce_sum_kernel"] and written is None
+    return passes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_four_stage_plan_reduces_through_the_workspace(dtype, offset, sms):
+    for rows, n in SHAPES:
+        x = tensor((rows, n), dtype, offset)
+        launches, ws = plan(x, "four_stage")
+        passes = schedule(launches, x, ws)
+        blocks = expected_blocks(n, rows, (ws.shape[1] - PARTIALS) // 2)
+        assert passes == {"reduce_max_kernel": 1 + (blocks > 1), "reduce_sum_kernel": 1}, (rows, n)
+        assert len(launches) == 3 + (blocks > 1) + 1
+        width = vec(dtype, offset == 0, rows == 1 or n % (16 // dtype.itemsize) == 0)
+        (exp_sum,) = (launch for launch in launches if launch.kernel.family is ls.EXP_SUM_KERNEL)
+        assert exp_sum.kernel.params[:2] == (dtype, width)  # it reads x and writes y
+        assert launches[-1].kernel.params[:2] == (dtype, vec(dtype, rows == 1 or n % (16 // dtype.itemsize) == 0))
+
+
+def test_four_stage_plan_on_huge_rows_and_a_bigger_device(sms):
+    x = tensor((1, 2**28), huge=True)
+    launches, ws = plan(x, "four_stage", huge=True)
+    assert schedule(launches, x, ws) == {"reduce_max_kernel": 2, "reduce_sum_kernel": 1}
+    assert [launch.args[-1] for launch in launches] == [528, 1, 528, 1, 528]  # five launches, as on the H100
+    # more than 4096 blocks a row (a wide workspace, a device with 10000 SMs): 3 passes each way
+    sms(10000)
+    launches, ws = plan(x, "four_stage", slots=PARTIALS + 2 * 20000, huge=True)
+    assert schedule(launches, x, ws) == {"reduce_max_kernel": 3, "reduce_sum_kernel": 2}
+    assert [launch.args[-1] for launch in launches] == [20000, 5, 1, 20000, 5, 1, 20000]
+
+
+def test_plan_partials_fall_back_to_scalar_loads_when_the_workspace_rows_are_odd(sms):
+    x = tensor((2, 50000))
+    for slots in (PARTIALS + 2, PARTIALS + 6, PARTIALS + 7):  # 1 block a row, 3 blocks, 3 blocks on odd rows
+        launches, ws = plan(x, "four_stage", slots=slots)
+        schedule(launches, x, ws)  # checks each pass's VEC against the workspace's alignment
+        assert launches[0].args[-1] == min(3, (slots - PARTIALS) // 2)
+
+
+def test_plan_rejects_a_workspace_without_room(sms):
+    with pytest.raises(ValueError, match=r"long_softmax: workspace must be \(rows, >= 6\), got \(2, 5\)"):
+        plan(tensor((2, 100)), slots=PARTIALS + 1)
+
+
+def test_every_declared_kernel_is_one_the_plan_picks(sms):
+    picked = set()
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        for pipeline in ls.PIPELINES:
+            for shape, offset in (((2, 24576), 0), ((3, 20001), 0)):
+                picked |= {launch.kernel for launch in plan(tensor(shape, dtype, offset), pipeline)[0]}
+    picked |= {launch.kernel for launch in plan(tensor((2, 50000)), "four_stage", slots=PARTIALS + 7)[0]}
+    declared = {k for family in FAMILIES for k in family.kernels()}
+    assert picked == declared, sorted(k.key for k in declared - picked)
+
+
+def test_the_plan_and_the_kernels_agree_on_the_workspace_layout():
+    """The kernels index the workspace with these constants (long_softmax.mojo owns them);
+    the plan mirrors them, and the CPU branch's block sizing mirrors the plan's."""
+    sources = {
+        f: (REPO_ROOT / "days" / "day015" / f).read_text() for f in ("long_softmax.mojo", "multiblock_reduce.mojo")
+    }
+    constants = {}
+    for text in sources.values():
+        constants.update({k: int(v) for k, v in re.findall(r"^comptime (\w+) = (\d+)\b", text, re.M)})
+    assert (constants["MAX_SLOT"], constants["SUM_SLOT"], constants["PARTIALS"]) == (ls.MAX_SLOT, ls.SUM_SLOT, PARTIALS)
+    assert constants["MIN_BLOCK_ELEMS"] == ls.MIN_BLOCK_ELEMS == ls.BLOCK * constants["UNROLL"] * 4  # one fp32 tile
+    assert "BLOCK" not in constants  # a parameter, given by the op: one source for the launch and the kernels
+
+
+# -- on CUDA: every kernel the plan may pick runs and is right ----------------------------------
+@cuda_only
+def test_cuda_runs_launch_every_declared_kernel(monkeypatch):
+    picked = set()
+    plan_fn = pco.long_softmax_kernel.gpu
+
+    def recording(outputs, inputs, params):
+        launches = plan_fn(outputs, inputs, params)
+        picked.update(launch.kernel for launch in launches)
+        return launches
+
+    recording.families = plan_fn.families
+    monkeypatch.setattr(pco.long_softmax_kernel, "gpu", recording)
+    torch.manual_seed(9)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        for pipeline in PIPELINES:
+            for shape in ((2, 24576), (3, 20001)):  # 16-byte loads; scalar loads (odd rows)
+                check((torch.randn(shape, device="cuda") * 3).to(dtype), pipeline=pipeline)
+    x = torch.randn(2, 50000, device="cuda")
+    ws = torch.empty(2, PARTIALS + 7, dtype=torch.float64, device="cuda")  # odd rows: scalar loads of partials
+    out, _ = pco.long_softmax_kernel([x], out=[ws], params={"PIPELINE": "four_stage"})
+    torch.testing.assert_close(out.double(), reference(x), rtol=2e-6, atol=1e-12)
+    declared = {k for family in FAMILIES for k in family.kernels()}
+    assert picked == declared, sorted(k.key for k in declared - picked)
+
+
+@cuda_only
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_three_reduction_passes_on_cuda(pipeline, monkeypatch):
+    """More than 4096 blocks a row (an H100 uses 528): the reductions take 3 and 2 passes,
+    ping-ponging between both workspace regions; the fused merge folds 4098 pairs."""
+    torch.manual_seed(10)
+    x = torch.randn(1, 2**24 + 4100, device="cuda") * 3
+    monkeypatch.setitem(ls._SM_COUNT, x.device.index, 10000)  # "one wave" is 40000 blocks
+    ws = torch.full((1, PARTIALS + 2 * 4200), float("nan"), dtype=torch.float64, device="cuda")
+    y = torch.empty_like(x)
+    launches = ls._long_softmax_gpu([y, ws], [x], {"PIPELINE": pipeline, "BLOCK": ls.BLOCK})
+    if pipeline == "four_stage":
+        assert [launch.args[-1] for launch in launches] == [4098, 2, 1, 4098, 2, 1, 4098]
+    out, _ = pco.long_softmax_kernel([x], out=[ws], params={"PIPELINE": pipeline})
+    want = reference(x)
+    torch.testing.assert_close(out.double(), want, rtol=2e-6, atol=2e-6 / x.shape[1])
+    torch.testing.assert_close(ws[:, 0], x.max(-1).values.double(), rtol=0, atol=0)
+    want_sum = torch.exp(x.double() - x.double().max(-1, keepdim=True).values).sum(-1)
+    torch.testing.assert_close(ws[:, 1], want_sum, rtol=1e-6, atol=0)
