@@ -10,7 +10,8 @@ day016 benchmark's `gpt_block_train`, eager) and prints, per profiler event and 
 - device time: the kernels the event launched (self for a kernel itself).
 Events are classified: `stage` (the block's own ranges: ln1, qkv, scores, softmax... set by
 GPTBlock.label_stages), `gpu_days_op` (gpu_days::*), `backward` (autograd nodes), `aten`,
-`kernel`, `cuda_api` (cuLaunchKernel, cudaLaunchKernel...), `other`; plus a `step` row: the
+`autograd_fn` (the autograd.Function around a custom op's forward), `kernel`, `cuda_api`
+(cuLaunchKernel, cudaLaunchKernel...), `other`; plus a `step` row: the
 step's wall time without the profiler, and the sum of its kernels' time (if that is much
 less than the wall time, the GPU waits on the host). A call whose host time exceeds its
 kernels' time is what holds an eager block back.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import re
 import statistics
 import sys
 import time
@@ -42,7 +44,7 @@ PROFILE_COLUMNS = [
     "build",  # gpu_days | torch: which build of the block was profiled
     "shape",
     "dtype",
-    "kind",  # step | stage | gpu_days_op | backward | aten | kernel | cuda_api | other
+    "kind",  # step | stage | gpu_days_op | backward | autograd_fn | aten | kernel | cuda_api | other
     "name",
     "calls_per_step",
     "host_self_us",  # per step
@@ -55,15 +57,23 @@ COLUMNS = STAMP_COLUMNS + PROFILE_COLUMNS
 DEFAULT_SHAPES = {"cuda": ["1x64x768", "8x1024x768"], "cpu": ["2x13x128"]}
 
 
-def kind_of(name: str, on_device: bool) -> str:
+EVALUATE = "autograd::engine::evaluate_function: "  # the engine's range around one backward node
+
+
+def kind_of(name: str, on_device: bool) -> str | None:
+    """The row kind of a profiler event; None for one not to list (a duplicate)."""
     if on_device:
         return "kernel"
     if name.startswith("block."):
         return "stage"
     if name.startswith("gpu_days::"):
         return "gpu_days_op"
-    if name.startswith("autograd::"):
+    if name.startswith(EVALUATE):
         return "backward"
+    if re.search(r"Backward\d*$", name):
+        return None  # a backward node's own range: inside its evaluate_function row
+    if name.startswith("GeneratedBackwardFor_"):
+        return "autograd_fn"  # the autograd.Function around a custom op's forward
     if name.startswith("aten::"):
         return "aten"
     if name.startswith(("cuda", "cu")):
@@ -138,29 +148,31 @@ def profile_step(build: str, shape: tuple[int, int, int], dtype: torch.dtype, de
     for evt in prof.key_averages():
         on_device = _on_device(evt)
         kind = kind_of(evt.key, on_device)
-        dev_us = _device_us(evt, self_only=on_device) / steps
+        if kind is None:
+            continue
+        dev_us = _device_us(evt, self_only=on_device) / steps if device == "cuda" else None
         host_self = 0.0 if on_device else evt.self_cpu_time_total / steps
         host_total = 0.0 if on_device else evt.cpu_time_total / steps
         if kind == "kernel":
             kernel_us += dev_us
-        if max(host_total, dev_us) <= 0:
+        if max(host_total, dev_us or 0.0) <= 0:
             continue
         calls = evt.count / steps
         rows.append(
             {
                 **base,
                 "kind": kind,
-                "name": evt.key,
+                "name": evt.key.removeprefix(EVALUATE),
                 "calls_per_step": calls,
                 "host_self_us": host_self,
                 "host_total_us": host_total,
                 "device_us": dev_us,
                 "host_us_per_call": host_total / calls if calls else None,
-                "device_us_per_call": dev_us / calls if calls else None,
+                "device_us_per_call": dev_us / calls if calls and dev_us is not None else None,
             }
         )
-    order = ["step", "stage", "gpu_days_op", "backward", "aten", "kernel", "cuda_api", "other"]
-    rows.sort(key=lambda r: (order.index(r["kind"]), -max(r["host_total_us"], r["device_us"])))
+    order = ["step", "stage", "gpu_days_op", "backward", "autograd_fn", "aten", "kernel", "cuda_api", "other"]
+    rows.sort(key=lambda r: (order.index(r["kind"]), -max(r["host_total_us"], r["device_us"] or 0.0)))
     step_row = {**base, "kind": "step", "name": "train step (wall, no profiler)", "calls_per_step": 1.0}
     step_row.update(host_total_us=step_ms * 1e3, device_us=kernel_us if device == "cuda" else None)
     return [step_row, *rows]

@@ -78,6 +78,18 @@ def test_runner_registered_and_quick_run_stores_rows_and_plots(tmp_path):
     assert sorted(p.name for p in paths) == sorted(plot_name("day016", device_dir, op) for op in set(rows["op"]))
 
 
+def test_a_wrong_build_is_reported_and_not_timed(monkeypatch):
+    # a "gpu-days" build whose attention ignores the mask: its rows say so, torch's are timed
+    import dataclasses
+
+    lookahead = dataclasses.replace(G.TORCH, name="gpu_days", scores=lambda q, k, mask, scale: q @ k.mT * scale)
+    monkeypatch.setattr(G, "GPU_DAYS", lookahead)
+    rows = {r["impl"]: r for r in day016.problem_rows(day016.TRAIN, SHAPE, torch.float32, "cpu")}
+    assert rows["gpu_days"]["status"] == "wrong" and "ms_median" not in rows["gpu_days"]
+    assert "differs from the float64 block" in rows["gpu_days"]["reason"]
+    assert rows["torch"]["status"] == "ok" and rows["torch"]["ms_median"] > 0
+
+
 def test_profile_table_names_the_ops_and_stages(tmp_path):
     from benchmark import model_profile
 

@@ -217,9 +217,14 @@ def _peak_extra_mib(step) -> float:
 
 
 def _free(device: str) -> None:
+    """Release a failed impl's memory. Best effort: after a failed capture the next call
+    may fail too, and that call's row then says why."""
     if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        except RuntimeError:
+            pass
 
 
 def sweep(op: str, quick: bool, device: str, shapes=None, dtypes=None, impls=IMPLS) -> list[dict]:
