@@ -55,7 +55,7 @@ IMPLS = ("torch", "gpu_days", "torch_compile", "torch_graph", "gpu_days_graph", 
 CUDA_ONLY = ("torch_compile", "torch_graph", "gpu_days_graph", "torch_compile_graph")
 EAGER = ("torch", "gpu_days", "torch_compile")  # kernel_ms and peak memory are measured for these
 # timing budget per (op, shape, dtype), all impls interleaved: large steps get fewer reps
-TIMING = {"cuda": {"min_reps": 10, "budget_s": 1.5}, "cpu": {"min_reps": 3, "budget_s": 0.3}}
+TIMING = {"cuda": {"min_reps": 10, "budget_s": 1.0}, "cpu": {"min_reps": 3, "budget_s": 0.3}}
 KERNEL_REPS = 3
 WARMUP = 3
 
