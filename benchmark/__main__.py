@@ -1,4 +1,4 @@
-"""`python -m benchmark [--day dayNNN] [--op NAME] [--quick | --full] [--list] [--no-store]`
+"""`python -m benchmark [--day dayNNN] [--op NAME] [--quick | --full] [--list] [--no-store] [--results-dir DIR]`
 
 Runs the registered cases on CUDA when present (full shapes), else on the CPU (quick
 shapes), prints a table, and appends the rows to results/<device>/<day>.csv.
@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import sys
 from functools import partial
+from pathlib import Path
 
 import torch
 
 from . import timing
 from .cases import CASES, RUNNERS
 from .environment import stamp
-from .store import append_rows, new_run_id
+from .store import RESULTS_DIR, append_rows, new_run_id
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     size.add_argument("--full", action="store_true", help="all shapes (default on CUDA)")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     parser.add_argument("--no-store", action="store_true", help="print only; do not append to results/")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="the results store (default: results/)")
     args = parser.parse_args(argv)
 
     def wanted(x) -> bool:
@@ -76,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
     table = Table(title=f"run {run_id}")
     cols = ("day", "op", "shape", "dtype", "impl", "median ms", "p20-p80", "GB/s", "% copy", "kernel ms")
-    cols += ("TFLOP/s", "vs torch")
+    cols += ("TFLOP/s", "tokens/s", "vs torch")
     for col in (*cols, "status"):
         table.add_column(col, justify="right" if col not in ("day", "op", "impl", "status") else "left")
     for day, rows in by_day.items():
@@ -98,13 +100,14 @@ def main(argv: list[str] | None = None) -> int:
                 cell("pct_copy_bw", ".0f", "%"),
                 cell("kernel_ms", ".4f"),
                 cell("tflops", ".1f"),
+                cell("tokens_per_s", ".3g"),
                 cell("speedup_vs_torch", ".2f", "x"),
                 "ok" if ok else f"{r.get('status')}: {r.get('reason', '')}"[:60],
             )
     console.print(table)
     if not args.no_store:
         for day, rows in by_day.items():
-            path = append_rows(rows, day=day, run_id=run_id)
+            path = append_rows(rows, day=day, run_id=run_id, results_dir=args.results_dir)
             console.print(f"appended {len(rows)} rows to {path}")
     bad = [r for rows in by_day.values() for r in rows if r.get("status") == "wrong"]
     return 1 if bad else 0

@@ -6,7 +6,8 @@
 x is the problem size (elements: the product of the `shape` string "AxBxC", log scale),
 y is GB/s (ms where a figure has no GB/s), one panel per dtype, one line per implementation,
 the shaded band is the p20-p80 spread, and the dashed line is the device's copy bandwidth
-when the run measured it (a row with op == "copy_bandwidth").
+when the run measured it (a row with op == "copy_bandwidth"). A model benchmark's op (rows
+with tokens/s, day 016) is drawn as bars instead: speedup over torch eager per shape.
 
 Matplotlib is driven through `Figure` objects (Agg canvas), never pyplot: no global
 backend or state is touched, so this is safe to call from any process.
@@ -78,7 +79,12 @@ def plot_day(df, day: str, out_dir: Path) -> list[Path]:
         device = _first(dev, "device") or device_dir
         for op, sub in sorted(dev[dev["op"] != COPY_OP].groupby("op"), key=lambda kv: kv[0]):
             path = out_dir / plot_name(day, device_dir, op)
-            if _plot(sub, lambda r: str(r["impl"]), f"{day} · {op} — {device}", copy_gbps, path):
+            title = f"{day} · {op} — {device}"
+            if "tokens_per_s" in sub.columns and sub["tokens_per_s"].notna().any():  # a model benchmark
+                drawn = _plot_speedups(sub, title, path)
+            else:
+                drawn = _plot(sub, lambda r: str(r["impl"]), title, copy_gbps, path)
+            if drawn:
                 paths.append(path)
     return paths
 
@@ -170,6 +176,52 @@ def _plot(rows, label, title: str, copy_gbps: float | None, path: Path) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", dpi=110)
     return path.exists() and path.stat().st_size > 0
+
+
+def _plot_speedups(rows, title: str, path: Path) -> bool:
+    """A model benchmark (rows with tokens/s): per shape, a bar per implementation of its
+    speedup over torch eager (the dashed line at 1), tokens/s of the torch baseline under
+    each shape; a panel per dtype. False (and no file) when nothing has a speedup."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+
+    ok = rows[(rows["status"] == "ok") & rows["speedup_vs_torch"].notna()]
+    if ok.empty:
+        return False
+    dtypes = sorted(ok["dtype"].astype(str).unique())
+    impls = list(dict.fromkeys(ok["impl"].astype(str)))  # the order the benchmark wrote them
+    colors = {name: f"C{i % 10}" for i, name in enumerate(impls)}
+    fig = Figure(figsize=(max(6.0, 1.6 * ok["shape"].nunique() + 2), 3.6 * len(dtypes)), layout="constrained")
+    axes = fig.subplots(len(dtypes), 1, squeeze=False)[:, 0]
+    width = 0.8 / len(impls)
+    for ax, dtype in zip(axes, dtypes, strict=True):
+        panel = ok[ok["dtype"].astype(str) == dtype]
+        shapes = sorted(panel["shape"].astype(str).unique(), key=lambda sh: shape_elements(sh) or 0)
+        for i, impl in enumerate(impls):
+            got = _by_shape(panel[panel["impl"].astype(str) == impl], "speedup_vs_torch")
+            xs = [j + (i - (len(impls) - 1) / 2) * width for j, sh in enumerate(shapes) if sh in got]
+            ys = [got[sh] for sh in shapes if sh in got]
+            ax.bar(xs, ys, width, color=colors[impl], label=impl)
+        ax.axhline(1.0, color="0.35", linestyle="--", linewidth=1.0)
+        base = _by_shape(panel[panel["impl"] == "torch"], "tokens_per_s")
+        labels = [f"{sh}\n({_human(base[sh])} tok/s)" if sh in base else sh for sh in shapes]
+        ax.set_xticks(range(len(shapes)), labels, fontsize=7)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}×"))
+        ax.yaxis.set_minor_locator(NullLocator())
+        ax.set_ylabel("speedup vs torch eager\n(log, higher is better)")
+        ax.set_title(dtype, fontsize=10)
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+        ax.legend(fontsize=7, ncols=min(len(impls), 3), loc="best")
+    fig.suptitle(title + " (batch x seq x d; torch eager's tokens/s under each)", fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=110)
+    return path.exists() and path.stat().st_size > 0
+
+
+def _by_shape(rows, col: str) -> dict[str, float]:
+    return {str(sh): float(v) for sh, v in zip(rows["shape"], rows[col], strict=True) if v == v}
 
 
 def _shape_ticks(ax, rows) -> None:

@@ -55,6 +55,7 @@ NUMERIC_COLUMNS = [
     "peak_extra_mib",
     "host_us",  # host-side cost of one call (steady state), where measured
     "kernel_ms",  # GPU: device time of the kernels one call launches (profiler), no host cost
+    "tokens_per_s",  # model benchmarks (day 016): batch * seq tokens per second of one step
 ]
 ROW_COLUMNS = [
     "day",

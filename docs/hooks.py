@@ -525,6 +525,7 @@ COLUMNS = [  # header, value of a row; a column empty in every row of a table is
     ("TFLOP/s", lambda r: fmt(r.get("tflops"))),
     ("% of copy BW", lambda r: f"{_num(r.get('pct_copy_bw')):.0f}%" if _num(r.get("pct_copy_bw")) is not None else ""),
     ("kernel ms", lambda r: fmt(r.get("kernel_ms"))),
+    ("tokens/s", lambda r: fmt(r.get("tokens_per_s"))),
     (
         "speedup vs torch",
         lambda r: f"{_num(r.get('speedup_vs_torch')):.2f}×" if _num(r.get("speedup_vs_torch")) is not None else "",
@@ -541,7 +542,7 @@ COLUMNS = [  # header, value of a row; a column empty in every row of a table is
     ),
 ]
 ALWAYS = {"op", "impl", "shape", "dtype", "status"}
-RIGHT = {"median ms (p20–p80)", "GB/s", "TFLOP/s", "% of copy BW", "kernel ms"}
+RIGHT = {"median ms (p20–p80)", "GB/s", "TFLOP/s", "% of copy BW", "kernel ms", "tokens/s"}
 RIGHT |= {"speedup vs torch", "peak extra MiB", "host µs"}
 
 

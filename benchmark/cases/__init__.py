@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import day009, day012, day013, day014, day015
+from . import day009, day012, day013, day014, day015, day016
 
 
 @dataclass
@@ -27,4 +27,9 @@ def _day011(quick: bool, device: str) -> list[dict]:
 
 
 CASES = [*day009.CASES, *day012.CASES, *day013.CASES, *day014.CASES, *day015.CASES]
-RUNNERS = [Runner("day011", "softmax_matmul", _day011)]
+RUNNERS = [
+    Runner("day011", "softmax_matmul", _day011),
+    # day 016's model benchmark: one runner per op, so that `--op` picks the forward or the training step
+    Runner(day016.DAY, day016.FORWARD, lambda quick, device: day016.sweep(day016.FORWARD, quick, device)),
+    Runner(day016.DAY, day016.TRAIN, lambda quick, device: day016.sweep(day016.TRAIN, quick, device)),
+]
