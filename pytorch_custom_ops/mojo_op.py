@@ -186,7 +186,8 @@ class MojoOp:
             fallback.fall_back(self.spec.name, reason)
             return self._fill_destinations(list(torch_impl()), out)
         shapes = self.spec.output_shapes(sizes, out)
-        if any(math.prod(shape) == 0 for shape in shapes):  # nothing to compute
+        returned_shapes = [s for s, r in zip(shapes, self.spec.returned, strict=True) if r]
+        if any(math.prod(shape) == 0 for shape in returned_shapes):  # nothing to compute
             returned = [
                 torch.empty(shape, dtype=arg.dtype or dtype, device=device)
                 for arg, shape, r in zip(self.spec.outputs, shapes, self.spec.returned, strict=True)
@@ -209,10 +210,10 @@ class MojoOp:
             if r:
                 shape = [d if d.__class__ is int else sizes[d] for d in arg.dims]
                 outputs.append(torch.empty(shape, dtype=arg.dtype or dtype, device=index))
+                empty = empty or outputs[-1].numel() == 0
             else:
                 outputs.append(next(given))
-            empty = empty or outputs[-1].numel() == 0
-        if empty:  # nothing to compute
+        if empty:  # nothing to compute (an empty destination, e.g. a workspace, is the plan's to reject)
             return outputs
         reason = self._gpu_broken
         if reason is None and self.gpu is None:

@@ -22,6 +22,42 @@ from pytorch_custom_ops.library import REPO_ROOT
 # day -> {kernel-key glob: PTX regexes that must all appear in the PTX of those kernels}
 PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
     "day009": {"day009.online_softmax_kernel.*": (r"shfl\.sync", r"bar\.sync")},
+    "day012": {
+        # a warp per row: butterfly shuffles, 16-byte vectors, 128-thread blocks (no barrier: below)
+        "day012.softmax_rows_kernel.float32.0.4.8.32.128": (
+            r"shfl\.sync\.bfly\.b32",
+            r"ld\.global\.v4\.b32",
+            r"st\.global\.v4\.b32",
+            r"\.maxntid 128\b",
+        ),
+        "day012.softmax_rows_kernel.float32.0.1.32.32.128": (r"ld\.global\.b32",),
+        "day012.softmax_rows_kernel.float32.0.4.8.512.512": (r"bar\.sync", r"shfl\.sync", r"\.maxntid 512\b"),
+        # the looped kernel caches the row's head in dynamic shared memory
+        "day012.softmax_looped_kernel.float32.0.4.1024": (
+            r"bar\.sync",
+            r"\.extern \.shared",
+            r"st\.shared\.v4\.b32",
+            r"ld\.shared\.v4\.b32",
+            r"\.maxntid 1024\b",
+        ),
+        # long rows split over a thread-block cluster: the cluster shape is compiled into the
+        # kernel, the partial (max, sum) pairs travel through distributed shared memory
+        # between two cluster barriers
+        "day012.softmax_cluster_kernel.float32.0.4.512.8": (
+            r"\.reqnctapercluster 8, 1, 1",
+            r"mov\.u32\s+%r\d+, %cluster_ctarank;",
+            r"barrier\.cluster\.arrive",
+            r"barrier\.cluster\.wait",
+            r"mapa\.shared::cluster\.u32",
+            r"ld\.shared::cluster\.v2\.b32",
+        ),
+        "day012.softmax_backward_cluster_kernel.float32.0.4.512.2": (
+            r"\.reqnctapercluster 2, 1, 1",
+            r"barrier\.cluster\.arrive",
+            r"mapa\.shared::cluster\.u32",
+            r"ld\.shared::cluster\.b32",
+        ),
+    },
     "day013": {
         # a warp per row: butterfly shuffles and 16-byte loads (no block barrier: checked below)
         "day013.layer_norm_fwd_kernel.float32.4.32.8.8": (r"shfl\.sync\.bfly", r"ld\.global\.v4\.b32"),
@@ -81,9 +117,55 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         ),
         "day014.gemm_simt_kernel.float64.*": (r"fma\.rn\.f64",),
     },
+    "day015": {
+        "day015.online_partials_kernel.*": (r"shfl\.sync", r"bar\.sync"),
+        "day015.normalize_kernel.*": (r"shfl\.sync", r"bar\.sync"),
+        "day015.reduce_*_kernel.*": (r"shfl\.sync", r"bar\.sync"),
+        "day015.exp_sum_kernel.*": (r"shfl\.sync", r"bar\.sync"),
+        # 16-byte loads, four unrolled back to back (day015's pitfall: a branch between them
+        # serialised them)
+        "day015.*_kernel.float32.4.*": (r"(?:ld\.global\.v4\.b32[^\n]*\n\s*){4}",),
+        "day015.*_kernel.float64.2.*": (r"(?:ld\.global\.v2\.b64[^\n]*\n\s*){4}",),
+    },
 }
 # day -> {kernel-key glob: PTX regexes that must NOT appear}
 PTX_ABSENT: dict[str, dict[str, tuple[str, ...]]] = {
+    "day012": {
+        # a warp per row: butterfly shuffles, 16-byte vectors, 128-thread blocks (no barrier: below)
+        "day012.softmax_rows_kernel.float32.0.4.8.32.128": (
+            r"shfl\.sync\.bfly\.b32",
+            r"ld\.global\.v4\.b32",
+            r"st\.global\.v4\.b32",
+            r"\.maxntid 128\b",
+        ),
+        "day012.softmax_rows_kernel.float32.0.1.32.32.128": (r"ld\.global\.b32",),
+        "day012.softmax_rows_kernel.float32.0.4.8.512.512": (r"bar\.sync", r"shfl\.sync", r"\.maxntid 512\b"),
+        # the looped kernel caches the row's head in dynamic shared memory
+        "day012.softmax_looped_kernel.float32.0.4.1024": (
+            r"bar\.sync",
+            r"\.extern \.shared",
+            r"st\.shared\.v4\.b32",
+            r"ld\.shared\.v4\.b32",
+            r"\.maxntid 1024\b",
+        ),
+        # long rows split over a thread-block cluster: the cluster shape is compiled into the
+        # kernel, the partial (max, sum) pairs travel through distributed shared memory
+        # between two cluster barriers
+        "day012.softmax_cluster_kernel.float32.0.4.512.8": (
+            r"\.reqnctapercluster 8, 1, 1",
+            r"mov\.u32\s+%r\d+, %cluster_ctarank;",
+            r"barrier\.cluster\.arrive",
+            r"barrier\.cluster\.wait",
+            r"mapa\.shared::cluster\.u32",
+            r"ld\.shared::cluster\.v2\.b32",
+        ),
+        "day012.softmax_backward_cluster_kernel.float32.0.4.512.2": (
+            r"\.reqnctapercluster 2, 1, 1",
+            r"barrier\.cluster\.arrive",
+            r"mapa\.shared::cluster\.u32",
+            r"ld\.shared::cluster\.b32",
+        ),
+    },
     "day013": {"day013.layer_norm_fwd_kernel.float32.4.32.8.8": (r"bar\.sync",)},  # a warp needs no barrier
 }
 
