@@ -184,9 +184,21 @@ class TensorMapSpec:
     swizzle: int = cuda_driver.CU_TENSOR_MAP_SWIZZLE_128B
 
     def encode(self) -> bytes:
-        return cuda_driver.encode_tiled_tensor_map(
-            _TMA_DTYPES[self.dtype], self.address, self.dims, self.byte_strides, self.box, self.swizzle, "gemm operand"
-        )
+        # A pure function of the fields: in a model the weights (and, through torch's
+        # caching allocator, most activations) come back at the same addresses, so the
+        # driver call (a few us through ctypes) is paid once per layout.
+        found = _ENCODED.get(self)
+        if found is None:
+            found = cuda_driver.encode_tiled_tensor_map(
+                _TMA_DTYPES[self.dtype], self.address, self.dims, self.byte_strides, self.box, self.swizzle, "gemm operand"
+            )
+            if len(_ENCODED) >= 4096:
+                _ENCODED.clear()
+            _ENCODED[self] = found
+        return found
+
+
+_ENCODED: dict[TensorMapSpec, bytes] = {}
 
 
 # --8<-- [start:tma_map]
