@@ -26,11 +26,11 @@ from functools import lru_cache
 
 import torch
 
+from . import eager
 from .contract import FLOAT_DTYPES, SUPPORTED_DEVICES, OpSpec, TensorArg
 from .gemm_gpu import MAX_BATCH, gemm_gpu
 from .gemm_gpu import gemm_version as gemm_version  # the knob that forces a bf16/fp16 kernel
 from .mojo_op import MojoOp, device_constant
-from .softmax import _needs_dispatcher
 
 _TRANSPOSES = {"TRANSPOSE_A": False, "TRANSPOSE_B": False}
 
@@ -250,8 +250,9 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(a, b)
 
 
-def _backward_with(op):
+def _backward_with(batched: bool):
     def backward(ctx, g):
+        op = gemm_batched if batched else gemm  # routed like any call (eager.call)
         a, b = ctx.saved_tensors
         alpha, ta, tb = ctx.alpha, ctx.ta, ctx.tb
         g = g.contiguous()
@@ -275,8 +276,10 @@ def _backward_with(op):
     return backward
 
 
-_gemm_op.register_autograd(_backward_with(_gemm_op), setup_context=_setup_context)
-_gemm_batched_op.register_autograd(_backward_with(_gemm_batched_op), setup_context=_setup_context)
+_gemm_op.register_autograd(_backward_with(False), setup_context=_setup_context)
+_gemm_batched_op.register_autograd(_backward_with(True), setup_context=_setup_context)
+_gemm_autograd = eager.function("GEMM", _gemm_2d, _setup_context, _backward_with(False))
+_gemm_batched_autograd = eager.function("GEMMBatched", _gemm_3d, _setup_context, _backward_with(True))
 
 
 # -- public API -------------------------------------------------------------------------
@@ -307,11 +310,15 @@ def gemm_batched(
 
 
 def _dispatch(op, batched, a, b, c, alpha, beta, transpose_a, transpose_b):
+    way = eager.route(a, b, c)
+    if way is eager.EAGER:
+        return _gemm_eager(a, b, c, alpha, beta, transpose_a, transpose_b, batched)
+    if way is eager.AUTOGRAD:
+        fn = _gemm_batched_autograd if batched else _gemm_autograd
+        return fn(a, b, c, alpha, beta, transpose_a, transpose_b)
     name = "gemm_batched" if batched else "gemm"
-    if any(_needs_dispatcher(t) for t in (a, b) + ((c,) if c is not None else ())):
-        check_gemm_args(name, a, b, c, alpha, beta, transpose_a, transpose_b, batched)  # our message first
-        return op(a, b, c, float(alpha), float(beta), transpose_a, transpose_b)
-    return _gemm_eager(a, b, c, alpha, beta, transpose_a, transpose_b, batched)
+    check_gemm_args(name, a, b, c, alpha, beta, transpose_a, transpose_b, batched)  # our message first
+    return op(a, b, c, float(alpha), float(beta), transpose_a, transpose_b)
 
 
 class MojoGEMM(torch.nn.Module):

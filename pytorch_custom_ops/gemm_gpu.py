@@ -190,7 +190,13 @@ class TensorMapSpec:
         found = _ENCODED.get(self)
         if found is None:
             found = cuda_driver.encode_tiled_tensor_map(
-                _TMA_DTYPES[self.dtype], self.address, self.dims, self.byte_strides, self.box, self.swizzle, "gemm operand"
+                _TMA_DTYPES[self.dtype],
+                self.address,
+                self.dims,
+                self.byte_strides,
+                self.box,
+                self.swizzle,
+                "gemm operand",
             )
             if len(_ENCODED) >= 4096:
                 _ENCODED.clear()

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from . import direct
+from . import direct, eager
 from .contract import FLOAT_DTYPES, OpSpec, TensorArg, check_float_tensor
 from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp, device_constant
@@ -285,6 +285,8 @@ def _split(x: torch.Tensor, shape: tuple[int, ...]) -> tuple[torch.Size, int, in
 def _param(p: torch.Tensor | None, x: torch.Tensor, cols: int, fill: float) -> torch.Tensor:
     if p is None:
         return torch.full((cols,), fill, dtype=x.dtype, device=x.device)
+    if p.dim() == 1 and p.is_contiguous():  # the usual case: no view to make (~1 us each)
+        return p
     return p.contiguous().view(cols)
 
 
@@ -309,7 +311,8 @@ def _layer_norm_eager(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     shape = check_layer_norm_args("layer_norm", x, normalized_shape, weight, bias, eps)
     lead, rows, cols = _split(x, shape)
-    x2 = x.contiguous().view(rows, cols)
+    as_is = x.dim() == 2 and len(shape) == 1 and x.is_contiguous()  # already (rows, cols)
+    x2 = x if as_is else x.contiguous().view(rows, cols)
     if rows == 0 or cols == 0:
         y = torch.empty_like(x2)
         # what torch.native_layer_norm gives for an empty normalized shape
@@ -319,6 +322,8 @@ def _layer_norm_eager(
         w, b = _param(weight, x, cols, 1.0), _param(bias, x, cols, 0.0)
         eps_t = device_constant((float(eps),), torch.float32, x.device)
         y, mean, rstd = layer_norm_kernel([x2, w, b, eps_t], torch_impl=lambda: _torch_forward(x2, w, b, float(eps)))
+        if as_is:
+            return y, mean, rstd
     return y.view(x.shape), mean.view(lead), rstd.view(lead)
 
 
@@ -357,19 +362,24 @@ def _layer_norm_backward_eager(
     if grad_out.shape != x.shape:
         raise ValueError(f"layer_norm_backward: grad_out {tuple(grad_out.shape)} must match x {tuple(x.shape)}")
     lead, rows, cols = _split(x, shape)
-    go2 = grad_out.to(x.dtype).contiguous().view(rows, cols)
-    x2 = x.contiguous().view(rows, cols)
+    # the usual case (a (rows, cols) LayerNorm's own saved tensors) needs no copy or view
+    as_is = x.dim() == 2 and len(shape) == 1 and x.is_contiguous() and grad_out.is_contiguous()
+    go2 = grad_out.to(x.dtype) if as_is else grad_out.to(x.dtype).contiguous().view(rows, cols)
+    x2 = x if as_is else x.contiguous().view(rows, cols)
     if rows == 0 or cols == 0:
         gx = torch.empty_like(x2)
         gw = torch.zeros(cols, dtype=x.dtype, device=x.device)
         gb = torch.zeros(cols, dtype=x.dtype, device=x.device)
     else:
         w = _param(weight, x, cols, 1.0)
-        m = mean.to(torch.float32).contiguous().view(rows)
-        r = rstd.to(torch.float32).contiguous().view(rows)
+        plain = as_is and mean.dtype == rstd.dtype == torch.float32 and mean.dim() == rstd.dim() == 1
+        m = mean if plain and mean.is_contiguous() else mean.to(torch.float32).contiguous().view(rows)
+        r = rstd if plain and rstd.is_contiguous() else rstd.to(torch.float32).contiguous().view(rows)
         gx, gw, gb = layer_norm_backward_kernel(
             [go2, x2, w, m, r], torch_impl=lambda: _torch_backward(go2, x2, w, m, r)
         )
+        if as_is and len(shape) == 1:
+            return gx, gw, gb
     return gx.view(x.shape), gw.view(shape), gb.view(shape)
 
 
@@ -397,11 +407,12 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_y, _grad_mean, _grad_rstd):
     x, weight, mean, rstd = ctx.saved_tensors
-    grad_x, grad_w, grad_b = torch.ops.gpu_days.layer_norm_backward(grad_y, x, ctx.normalized_shape, weight, mean, rstd)
+    grad_x, grad_w, grad_b = layer_norm_backward(grad_y, x, ctx.normalized_shape, weight, mean, rstd)
     return grad_x, None, grad_w if ctx.has_weight else None, grad_b if ctx.has_bias else None, None
 
 
 _layer_norm_op.register_autograd(_backward, setup_context=_setup_context)
+_layer_norm_autograd = eager.function("LayerNorm", _layer_norm_eager, _setup_context, _backward)
 
 
 # -- public API ---------------------------------------------------------------------------
@@ -414,10 +425,13 @@ def layer_norm(
 ) -> torch.Tensor:
     """`torch.nn.functional.layer_norm`, computed by day013's Mojo kernels (forward and
     backward). normalized_shape may span several trailing dims, or be an int."""
-    if _needs_dispatcher(x, weight, bias):
-        shape = check_layer_norm_args("layer_norm", x, normalized_shape, weight, bias, eps)
-        return torch.ops.gpu_days.layer_norm(x, list(shape), weight, bias, float(eps))[0]
-    return _layer_norm_eager(x, normalized_shape, weight, bias, eps)[0]
+    way = eager.route(x, weight, bias)
+    if way is eager.EAGER:
+        return _layer_norm_eager(x, normalized_shape, weight, bias, eps)[0]
+    if way is eager.AUTOGRAD:
+        return _layer_norm_autograd(x, normalized_shape, weight, bias, eps)[0]
+    shape = check_layer_norm_args("layer_norm", x, normalized_shape, weight, bias, eps)
+    return torch.ops.gpu_days.layer_norm(x, list(shape), weight, bias, float(eps))[0]
 
 
 def layer_norm_backward(
@@ -430,24 +444,11 @@ def layer_norm_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(grad_x, grad_weight, grad_bias) of `layer_norm` from the mean and rstd that
     `torch.ops.gpu_days.layer_norm` returned (the Mojo backward kernels)."""
-    if _needs_dispatcher(grad_out, x, weight, mean, rstd):
-        shape = check_layer_norm_args("layer_norm_backward", x, normalized_shape, weight, None, 0.0)
-        return torch.ops.gpu_days.layer_norm_backward(grad_out, x, list(shape), weight, mean, rstd)
-    return _layer_norm_backward_eager(grad_out, x, normalized_shape, weight, mean, rstd)
-
-
-def _needs_dispatcher(*tensors) -> bool:
-    """Autograd, torch.compile tracing and tensor subclasses (fake tensors...) need the
-    registered op; a plain eager call skips the dispatcher (see softmax.py)."""
-    if torch.compiler.is_compiling():
-        return True
-    grad = torch.is_grad_enabled()
-    for t in tensors:
-        if t is None:
-            continue
-        if type(t) is not torch.Tensor or (grad and t.requires_grad):
-            return True
-    return False
+    if eager.route(grad_out, x, weight, mean, rstd) is eager.EAGER:
+        return _layer_norm_backward_eager(grad_out, x, normalized_shape, weight, mean, rstd)
+    # the registered op (it has no autograd of its own: no double backward through it)
+    shape = check_layer_norm_args("layer_norm_backward", x, normalized_shape, weight, None, 0.0)
+    return torch.ops.gpu_days.layer_norm_backward(grad_out, x, list(shape), weight, mean, rstd)
 
 
 class MojoLayerNorm(torch.nn.LayerNorm):

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import torch
 
-from . import direct, softmax
+from . import direct, eager, softmax
 from .contract import FLOAT_DTYPES, OpSpec, TensorArg
 from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp
-from .softmax import _as_rows, _from_rows, _needs_dispatcher, check_softmax_args
+from .softmax import _as_rows, _from_rows, check_softmax_args
 
 PIPELINES = ("fused", "four_stage")
 # Layout of a workspace row, as the kernels index it (days/day015/long_softmax.mojo owns
@@ -251,15 +251,19 @@ def _backward(ctx, grad):
 
 
 _long_softmax.register_autograd(_backward, setup_context=softmax._setup_context)
+_long_softmax_autograd = eager.function("LongSoftmax", _long_softmax_eager, softmax._setup_context, _backward)
 
 
 def long_softmax(x: torch.Tensor, dim: int = -1, pipeline: str = "fused") -> torch.Tensor:
     """Softmax of `x` along `dim`, each row spread over many blocks (day015's Mojo kernels)."""
-    if _needs_dispatcher(x):
-        check_softmax_args("long_softmax", x, dim)  # our message before torch's schema check
-        _check_pipeline(pipeline)
-        return torch.ops.gpu_days.long_softmax(x, dim, pipeline)
-    return _long_softmax_eager(x, dim, pipeline)
+    way = eager.route(x)
+    if way is eager.EAGER:
+        return _long_softmax_eager(x, dim, pipeline)
+    if way is eager.AUTOGRAD:
+        return _long_softmax_autograd(x, dim, pipeline)
+    check_softmax_args("long_softmax", x, dim)  # our message before torch's schema check
+    _check_pipeline(pipeline)
+    return torch.ops.gpu_days.long_softmax(x, dim, pipeline)
 
 
 class MojoLongSoftmax(torch.nn.Module):

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from . import direct
+from . import direct, eager
 from .contract import FLOAT_DTYPES, OpSpec, TensorArg, check_float_tensor
 from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp
@@ -104,28 +104,23 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad):
-    # d softmax: y * (g - sum(g * y)), by day012's Mojo kernel (registered when
-    # pytorch_custom_ops is imported, before any backward can run)
+    # d softmax: y * (g - sum(g * y)), by day012's Mojo kernel
+    from .softmax_family import softmax_backward
+
     (y,) = ctx.saved_tensors
-    return torch.ops.gpu_days.softmax_backward(grad.contiguous(), y, ctx.dim), None
+    return softmax_backward(grad.contiguous(), y, ctx.dim), None
 
 
 _online_softmax.register_autograd(_backward, setup_context=_setup_context)
+_online_softmax_autograd = eager.function("OnlineSoftmax", _online_softmax_eager, _setup_context, _backward)
 
 
 def online_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Softmax of `x` along `dim`, computed by day009's one-pass (online) Mojo kernel."""
-    if _needs_dispatcher(x):
+    way = eager.route(x)
+    if way is eager.OP:
         check_softmax_args("online_softmax", x, dim)  # our message before torch's schema check
         return torch.ops.gpu_days.online_softmax(x, dim)
+    if way is eager.AUTOGRAD:
+        return _online_softmax_autograd(x, dim)
     return _online_softmax_eager(x, dim)
-
-
-def _needs_dispatcher(x) -> bool:
-    """Autograd, torch.compile tracing and tensor subclasses (fake tensors...) need the
-    registered op; a plain eager call skips the dispatcher, which costs ~50 us a call."""
-    return (
-        type(x) is not torch.Tensor  # also true for non-tensors, which then get our error message
-        or (x.requires_grad and torch.is_grad_enabled())
-        or torch.compiler.is_compiling()
-    )

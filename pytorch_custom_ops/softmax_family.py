@@ -12,15 +12,16 @@ skips the dispatcher; autograd, torch.compile and fake tensors go through it.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 import torch
 
-from . import direct
+from . import direct, eager
 from .contract import FLOAT_DTYPES, OpSpec, TensorArg
 from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp
-from .softmax import _as_rows, _from_rows, _needs_dispatcher, check_softmax_args
+from .softmax import _as_rows, _from_rows, check_softmax_args
 
 _ROWS = ("rows", "cols")
 
@@ -300,12 +301,12 @@ def _save_grad_and_output(ctx, inputs, output):
 # --8<-- [start:autograd]
 def _softmax_grad(ctx, grad):
     (y,) = ctx.saved_tensors
-    return torch.ops.gpu_days.softmax_backward(grad.contiguous(), y, ctx.dim), None
+    return softmax_backward(grad.contiguous(), y, ctx.dim), None
 
 
 def _log_softmax_grad(ctx, grad):
     (y,) = ctx.saved_tensors
-    return torch.ops.gpu_days.log_softmax_backward(grad.contiguous(), y, ctx.dim), None
+    return log_softmax_backward(grad.contiguous(), y, ctx.dim), None
 
 
 def _softmax_backward_grad(ctx, h):
@@ -313,7 +314,7 @@ def _softmax_backward_grad(ctx, h):
     # as a function of y: grad_y = h * (g - sum(g*y)) - g * sum(h*y).
     g, y = ctx.saved_tensors
     d = ctx.dim
-    grad_g = torch.ops.gpu_days.softmax_backward(h.contiguous(), y, d)
+    grad_g = softmax_backward(h.contiguous(), y, d)
     grad_y = h * (g - (g * y).sum(d, keepdim=True)) - g * (h * y).sum(d, keepdim=True)
     return grad_g, grad_y, None
 
@@ -336,37 +337,71 @@ _softmax_backward_op.register_autograd(_softmax_backward_grad, setup_context=_sa
 _log_softmax_backward_op.register_autograd(_log_softmax_backward_grad, setup_context=_save_grad_and_output)
 
 
-# -- the public functions ---------------------------------------------------------------------
+_softmax_autograd = eager.function("Softmax", _softmax_eager, _save_output, _softmax_grad)
+_log_softmax_autograd = eager.function("LogSoftmax", _log_softmax_eager, _save_output, _log_softmax_grad)
+_softmax_backward_autograd = eager.function(
+    "SoftmaxBackward", _softmax_backward_eager, _save_grad_and_output, _softmax_backward_grad
+)
+_log_softmax_backward_autograd = eager.function(
+    "LogSoftmaxBackward", _log_softmax_backward_eager, _save_grad_and_output, _log_softmax_backward_grad
+)
+
+
+_CHECKS = {
+    "softmax": partial(check_softmax_args, "softmax"),
+    "log_softmax": partial(check_softmax_args, "log_softmax"),
+    "softmax_backward": partial(_check_backward_args, "softmax_backward"),
+    "log_softmax_backward": partial(_check_backward_args, "log_softmax_backward"),
+}
+
+
+# -- the public functions (eager.call: the registered op only where torch needs it) ----------
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Softmax of `x` along `dim` (day012 Mojo kernels; any dim, float32/16, bfloat16, float64)."""
-    if _needs_dispatcher(x):
-        check_softmax_args("softmax", x, dim)
-        return torch.ops.gpu_days.softmax(x, dim)
-    return _softmax_eager(x, dim)
+    return eager.call(
+        (x,),
+        (x, dim),
+        eager=_softmax_eager,
+        autograd=_softmax_autograd,
+        op=torch.ops.gpu_days.softmax,
+        check=_CHECKS["softmax"],
+    )
 
 
 def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """log(softmax(x)) along `dim`, computed as x - max - log(sum(exp(x - max)))."""
-    if _needs_dispatcher(x):
-        check_softmax_args("log_softmax", x, dim)
-        return torch.ops.gpu_days.log_softmax(x, dim)
-    return _log_softmax_eager(x, dim)
+    return eager.call(
+        (x,),
+        (x, dim),
+        eager=_log_softmax_eager,
+        autograd=_log_softmax_autograd,
+        op=torch.ops.gpu_days.log_softmax,
+        check=_CHECKS["log_softmax"],
+    )
 
 
 def softmax_backward(grad_output: torch.Tensor, output: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """The gradient of softmax: output * (grad_output - sum(grad_output * output, dim))."""
-    if _needs_dispatcher(grad_output) or _needs_dispatcher(output):
-        _check_backward_args("softmax_backward", grad_output, output, dim)
-        return torch.ops.gpu_days.softmax_backward(grad_output, output, dim)
-    return _softmax_backward_eager(grad_output, output, dim)
+    return eager.call(
+        (grad_output, output),
+        (grad_output, output, dim),
+        eager=_softmax_backward_eager,
+        autograd=_softmax_backward_autograd,
+        op=torch.ops.gpu_days.softmax_backward,
+        check=_CHECKS["softmax_backward"],
+    )
 
 
 def log_softmax_backward(grad_output: torch.Tensor, output: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """The gradient of log_softmax: grad_output - exp(output) * sum(grad_output, dim)."""
-    if _needs_dispatcher(grad_output) or _needs_dispatcher(output):
-        _check_backward_args("log_softmax_backward", grad_output, output, dim)
-        return torch.ops.gpu_days.log_softmax_backward(grad_output, output, dim)
-    return _log_softmax_backward_eager(grad_output, output, dim)
+    return eager.call(
+        (grad_output, output),
+        (grad_output, output, dim),
+        eager=_log_softmax_backward_eager,
+        autograd=_log_softmax_backward_autograd,
+        op=torch.ops.gpu_days.log_softmax_backward,
+        check=_CHECKS["log_softmax_backward"],
+    )
 
 
 class MojoSoftmax(torch.nn.Module):

@@ -1,0 +1,70 @@
+"""Eager calls that skip torch's dispatcher, and autograd without it.
+
+Each op is registered with `torch.library.custom_op`: torch.compile, fake tensors and
+`torch.library.opcheck` need that. In eager mode, though, a custom op's Python dispatch
+costs tens of microseconds per call (day 016 measured 50-100 us on the H100's host, more
+than the launch itself), and so does its autograd wrapper. So every public function asks
+`route` where a call goes:
+
+  OP        a tensor subclass (fake, functional...) or torch.compile tracing: the registered op
+  AUTOGRAD  a plain tensor that needs a gradient: an `autograd.Function` made by `function`
+            from the op's own eager implementation, setup_context and backward (the very
+            functions registered with the op, so the two paths cannot disagree)
+  EAGER     no gradient needed: the eager implementation, called directly
+
+Backward functions call the public functions, so they route the same way (and a double
+backward, with create_graph=True, goes through AUTOGRAD again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+OP, AUTOGRAD, EAGER = "op", "autograd", "eager"
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def route(*tensors) -> str:
+    """OP, AUTOGRAD or EAGER for a call with these tensor arguments (None allowed)."""
+    if torch.compiler.is_compiling():
+        return OP
+    grad = False
+    for t in tensors:
+        if t is None:
+            continue
+        if type(t) not in _PLAIN:  # subclasses, and non-tensors (the op's checks name them)
+            return OP
+        grad = grad or t.requires_grad
+    return AUTOGRAD if grad and torch.is_grad_enabled() else EAGER
+
+
+def function(name: str, forward: Callable, setup_context: Callable, backward: Callable) -> Callable:
+    """`apply` of an autograd.Function that runs `forward(*args)` (in no-grad mode, as
+    autograd.Function forwards do) and the op's registered `setup_context`/`backward`.
+
+    The ctx-first form, with setup_context called from forward: a Function that defines
+    `setup_context` itself binds every call's arguments with `inspect.signature`, which
+    cost ~20 us a call."""
+
+    def run(ctx, *args):
+        output = forward(*args)
+        setup_context(ctx, args, output)
+        return output
+
+    fn = type(name, (torch.autograd.Function,), {"forward": staticmethod(run), "backward": staticmethod(backward)})
+    return fn.apply
+
+
+def call(tensors: tuple, args: tuple, *, eager: Callable, autograd: Callable, op: Callable, check: Callable):
+    """Run a public function's call where `route(*tensors)` sends it. `check(*args)` runs
+    before the registered op, so that bad arguments get the op's own message rather than
+    torch's schema error (the other two paths check inside the eager implementation)."""
+    way = route(*tensors)
+    if way is EAGER:
+        return eager(*args)
+    if way is AUTOGRAD:
+        return autograd(*args)
+    check(*args)
+    return op(*args)
