@@ -275,3 +275,38 @@ def test_autotuned_long_sequence():
     for causal in (False, True):
         assert_close(ours(q, k, v, do, causal), reference(q, k, v, do, causal), TOL[torch.bfloat16], "autotuned")
     assert all(c is not None for c in fa.last_configs().values())
+
+
+# --- the benchmark case -----------------------------------------------------------------
+
+
+def test_benchmark_shapes_flops_and_reference():
+    from benchmark.cases import day017 as case
+
+    for d in (64, 128):
+        for b, h, s, dd in case.shapes_for(d):
+            assert b * s == 16384 and h * dd == 2048 and dd == d
+    assert case.flops((2, 3, 5, 8), False, False) == 4 * 2 * 3 * 25 * 8
+    assert case.flops((2, 3, 5, 8), True, True) == 4 * 2 * 3 * 15 * 8 * 7 // 2
+    # the chunked float64 reference (its backward written out) against autograd; chunks of 2 slices
+    q, k, v, do = qkvo(2, 3, 3, 11, 11, 32, seed=13)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(case, "REFERENCE_CHUNK", 2 * 11 * 11)
+        got = case.reference(q, k, v, do, causal=True)
+        assert case.reference(q, k, v, causal=False).shape == q.shape
+    for g, w in zip(got, reference(q, k, v, do, True), strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+
+
+def test_benchmark_case_runs_and_validates():
+    # The harness checks every impl against the float64 reference before timing it.
+    from benchmark.cases import day017 as case
+    from benchmark.harness import run_case
+
+    op = next(c for c in case.CASES if c.op == "attention_fwd_bwd_d64_causal")
+    rows = run_case(op, DEVICE, quick=True, copy_gbps=None)
+    must = {"triton", "torch", "sdpa_math", "naive"}  # cuDNN/efficient may decline a tiny shape: NA
+    assert {r["impl"] for r in rows} >= must
+    bad = [(r["impl"], r["status"], r.get("reason")) for r in rows if r["status"] != "ok" and r["impl"] in must]
+    assert not bad and all(r["status"] in ("ok", "NA") for r in rows), rows
+    assert all(r["tflops"] > 0 for r in rows if r["status"] == "ok")
