@@ -96,7 +96,7 @@ def resolve_scale(scale, head_dim: int) -> float:
 def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
     # The kernels index (batch, head, seq) through strides but read head_dim as contiguous, which
     # lets every load be a wide vector load. Other layouts are copied (once per call).
-    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+    return t if t.stride(-1) == 1 else t.contiguous()
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -568,7 +568,7 @@ def attention_backward(do, q, k, v, o, lse, causal: bool = False, scale: float |
     {"dkdv": (BLOCK_M, BLOCK_N, warps, stages), "dq": (...)} overriding the automatic choice."""
     check_inputs(q, k, v, causal, scale)
     for name, t, dtype in (("o", o, q.dtype), ("grad_output", do, q.dtype), ("lse", lse, torch.float32)):
-        want = (*q.shape[:3], q.shape[3]) if name != "lse" else tuple(q.shape[:3])
+        want = tuple(q.shape) if name != "lse" else tuple(q.shape[:3])
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != want or t.dtype != dtype or t.device != q.device:
             got = f"{tuple(t.shape)} {t.dtype} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{OP} backward: {name} must be {want} {dtype} on {q.device}, got {got}")
