@@ -5,6 +5,8 @@
 
 x is the problem size (elements: the product of the `shape` string "AxBxC", log scale),
 y is GB/s (ms where a figure has no GB/s), one panel per dtype, one line per implementation,
+or, for compute-bound ops whose rows have TFLOP/s and no GB/s, y is TFLOP/s and x the FLOPs
+of one call (for attention at a fixed number of tokens, proportional to the sequence length),
 the shaded band is the p20-p80 spread, and the dashed line is the device's copy bandwidth
 when the run measured it (a row with op == "copy_bandwidth"). A model benchmark's op (rows
 with tokens/s, day 016) is drawn as bars instead: speedup over torch eager per shape.
@@ -126,10 +128,13 @@ def _plot(rows, label, title: str, copy_gbps: float | None, path: Path) -> bool:
     from matplotlib.figure import Figure
 
     ok = rows[(rows["status"] == "ok") & rows["size"].notna()]
-    metric = "gbps" if ok["gbps"].notna().any() else "ms_median"
+    has = {c: c in ok.columns and ok[c].notna().any() for c in ("gbps", "tflops")}
+    metric = "gbps" if has["gbps"] else "tflops" if has["tflops"] else "ms_median"
     ok = ok[ok[metric].notna() & (ok[metric] > 0)]
     if ok.empty:
         return False
+    if metric == "tflops":  # x: the work of one call, which the shape's element count may not track
+        ok = ok.assign(size=ok["tflops"] * ok["ms_median"] * 1e9)
     dtypes = sorted(ok["dtype"].astype(str).unique())
     ncols = min(len(dtypes), MAX_PANELS_PER_ROW)
     nrows = math.ceil(len(dtypes) / ncols)
@@ -161,13 +166,13 @@ def _plot(rows, label, title: str, copy_gbps: float | None, path: Path) -> bool:
                 copy_gbps, color="0.35", linestyle="--", linewidth=1.2, label=f"copy bandwidth ({copy_gbps:,.0f} GB/s)"
             )
         ax.set_xscale("log")
-        if metric == "gbps":
+        if metric in ("gbps", "tflops"):
             ax.set_ylim(bottom=0)
-            ax.set_ylabel("GB/s (higher is better)")
+            ax.set_ylabel("GB/s (higher is better)" if metric == "gbps" else "TFLOP/s (higher is better)")
         else:
             ax.set_yscale("log")
             ax.set_ylabel("median ms (lower is better)")
-        ax.set_xlabel("problem size (elements, log scale)")
+        ax.set_xlabel(f"problem size ({'FLOPs' if metric == 'tflops' else 'elements'}, log scale)")
         _shape_ticks(ax, panel)
         ax.set_title(dtype, fontsize=10)
         ax.grid(True, which="major", alpha=0.35)
@@ -246,7 +251,7 @@ def _shape_ticks(ax, rows) -> None:
 
 
 def _human(n: float) -> str:
-    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+    for div, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if n >= div:
             return f"{n / div:.3g}{unit}"
     return f"{n:.0f}"
@@ -259,7 +264,7 @@ def _band(pts, metric: str):
         p20, p80, med = r.get("ms_p20"), r.get("ms_p80"), r.get("ms_median")
         if any(v is None or not math.isfinite(v) or v <= 0 for v in (p20, p80, med)):
             return None
-        if metric == "gbps":  # bytes are fixed, so GB/s scales with 1/ms
+        if metric in ("gbps", "tflops"):  # bytes and FLOPs are fixed: the rate scales with 1/ms
             lo.append(r[metric] * med / p80)
             hi.append(r[metric] * med / p20)
         else:

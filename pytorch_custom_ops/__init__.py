@@ -7,6 +7,7 @@
     c = pco.gemm(a, b, alpha=2.0)          # day014
     with pco.gemm_version("TMA_128x256"):   # force one of day014's GEMM versions
     y = pco.long_softmax(v)                # day015: a few very long rows (e.g. 2^28)
+    o = pco.flash_attention(q, k, v, causal=True)  # day017: Triton FlashAttention, fwd + bwd
     pco.use_mojo("softmax")                # True when the Mojo path is live
 
 The kernels come from `days/` (built on first use, cached in `build/`), or from a
@@ -17,6 +18,7 @@ warn once and fall back to torch; GPU_DAYS_STRICT=1 turns that into an error.
 from . import softmax_family
 from .contract import ContractError, OpSpec, TensorArg
 from .fallback import MojoFallbackWarning, MojoUnavailableError, strict
+from .flash_attention import flash_attention
 from .gemm import MojoGEMM, gemm, gemm_batched, gemm_batched_kernel, gemm_kernel, gemm_version
 from .layer_norm import MojoLayerNorm, layer_norm, layer_norm_backward, layer_norm_backward_kernel, layer_norm_kernel
 from .library import KernelBuildError, build_library
@@ -67,6 +69,7 @@ __all__ = [
     "OpSpec",
     "TensorArg",
     "build_library",
+    "flash_attention",
     "gemm",
     "gemm_batched",
     "gemm_batched_kernel",

@@ -1,0 +1,82 @@
+"""Day 017: FlashAttention (Triton) as a torch op with autograd.
+
+    o = pco.flash_attention(q, k, v, causal=True)        # like F.scaled_dot_product_attention
+    o = torch.ops.gpu_days.flash_attention(q, k, v, True, None)
+
+q is (batch, heads, Lq, head_dim), k and v (batch, kv_heads, Lk, head_dim); heads a multiple of
+kv_heads (grouped-query attention). float16 or bfloat16, head_dim 32, 64, 128 or 256, any lengths.
+`causal` masks as SDPA's `is_causal` does (query i sees keys j <= i), `scale` defaults to
+1/sqrt(head_dim). The kernels live in days/day017/flash_attention.py and are imported on first
+use (they import Triton); they launch on torch's current stream, so CUDA graphs capture them.
+
+Two ops are registered: `gpu_days::flash_attention` returns (out, lse) and saves what the backward
+needs; `gpu_days::flash_attention_backward` computes (dq, dk, dv). Both have fake (meta)
+implementations, so `torch.compile(fullgraph=True)` traces them without running Triton.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+from torch import Tensor
+
+_DAY = "days.day017.flash_attention"
+
+
+def _day():
+    # Imported on first use: it imports Triton (and sets TRITON_INTERPRET=1 without CUDA).
+    return importlib.import_module(_DAY)
+
+
+@torch.library.custom_op("gpu_days::flash_attention", mutates_args=())
+def _flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None) -> tuple[Tensor, Tensor]:
+    return _day().attention_forward(q, k, v, causal, scale)
+
+
+@_flash_attention.register_fake
+def _(q, k, v, causal, scale):
+    _day().check_inputs(q, k, v, causal, scale)
+    b, h, lq, d = q.shape
+    return q.new_empty((b, h, lq, d)), q.new_empty((b, h, lq), dtype=torch.float32)
+
+
+@torch.library.custom_op("gpu_days::flash_attention_backward", mutates_args=())
+def _flash_attention_backward(
+    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool, scale: float | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    return _day().attention_backward(grad_out, q, k, v, out, lse, causal, scale)
+
+
+@_flash_attention_backward.register_fake
+def _(grad_out, q, k, v, out, lse, causal, scale):
+    _day().check_inputs(q, k, v, causal, scale)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal, ctx.scale = causal, scale
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, grad_out, _grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.gpu_days.flash_attention_backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None
+
+
+_flash_attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: float | None = None) -> Tensor:
+    """softmax(q @ k^T * scale [+ causal mask]) @ v by day017's Triton FlashAttention kernels,
+    differentiable (dq, dk, dv by the Triton backward). Same layout and causal convention as
+    `torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+    enable_gqa=True)`."""
+    if not torch.compiler.is_compiling():  # our message before the dispatcher's schema error
+        _day().check_inputs(q, k, v, causal, scale)
+    out, _ = torch.ops.gpu_days.flash_attention(q, k, v, causal, scale)
+    return out
