@@ -13,15 +13,19 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-BASELINES = {"torch", "torch_compile", "torch_copy"}  # impls that are not the log's own
+# impls that are not the log's own: torch and its variants, SDPA's backends, naive references
+BASELINE_PREFIXES = ("torch", "sdpa", "naive", "cublas")
 LIBRARY = {"gemm": "cuBLAS", "attention": "SDPA"}  # op-name fragment -> what torch calls
 NOT_KERNEL_OPS = ("copy_bandwidth",)
 STUDY_DAYS = ("day010",)  # its rows are parts of one call's time, not kernels
-HOST_PREFIX = "host_call:"  # day016 overhead rows: host_call:<op>
+HOST_PREFIX = "host_call:"  # day016 overhead rows: host_call:<public function>
+HOST_OP_NAMES = {("day009", "softmax"): "online_softmax"}  # a day's op row -> its public function
 
 
 def _ours(impl: str) -> bool:
-    return impl not in BASELINES and not impl.startswith("torch")
+    """One of the log's implementations, run eagerly (a CUDA-graph replay is a way of
+    running one, compared separately on its day's page)."""
+    return not impl.startswith(BASELINE_PREFIXES) and not impl.endswith("_graph")
 
 
 def _finite(v) -> float | None:
@@ -48,8 +52,12 @@ def standings(results) -> list[dict]:
         mine = g[g["impl"].astype(str).map(_ours).astype(bool) & g["ms_median"].notna()]
         if mine.empty:
             continue
+        # the headline shape: the largest; among equal sizes (attention keeps batch x seq
+        # fixed) the one that takes longest, i.e. the most work
         size = mine["size"].fillna(-1).max() if "size" in mine else -1
-        at = g[g["size"].fillna(-1) == size] if "size" in g else g
+        biggest = mine[mine["size"].fillna(-1) == size] if "size" in mine else mine
+        shape = biggest.sort_values("ms_median").iloc[-1]["shape"]
+        at = g[g["shape"] == shape]
         best = at[at["impl"].astype(str).map(_ours).astype(bool)].sort_values("ms_median").iloc[0]
         ms = float(best["ms_median"])
 
@@ -59,7 +67,8 @@ def standings(results) -> list[dict]:
 
         eager, compiled = baseline("torch"), baseline("torch_compile")
         lib = _library(str(op))
-        host_rows = host[(host["device_dir"] == device_dir) & (host["op"] == f"{HOST_PREFIX}{op}")]
+        host_op = HOST_OP_NAMES.get((day, op), op)
+        host_rows = host[(host["device_dir"] == device_dir) & (host["op"] == f"{HOST_PREFIX}{host_op}")]
         host_mine = host_rows.loc[host_rows["impl"].astype(str).map(_ours).astype(bool), "host_us"].dropna()
         host_torch = host_rows[host_rows["impl"] == "torch"]["host_us"].dropna()
         rows.append(
@@ -97,7 +106,7 @@ def plot_standings(rows: list[dict], device_dir: str, path: Path) -> Path | None
     mine = [r for r in rows if r["device_dir"] == device_dir and (r["vs_eager"] or r["vs_compile"])]
     if not mine:
         return None
-    labels = [f"{r['op']} {r['dtype']}" for r in mine]
+    labels = [f"{r['day']} {r['op']} {r['dtype']}" for r in mine]
     fig = Figure(figsize=(8, 0.35 * len(mine) + 1.4), layout="constrained")
     ax = fig.add_subplot()
     ys = range(len(mine))
