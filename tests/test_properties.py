@@ -207,9 +207,16 @@ def _bad_calls(x):
         ("log_softmax", lambda: pco.log_softmax(x.to("meta"), -1), ValueError, "meta"),
         ("online_softmax", lambda: pco.online_softmax(x, "a"), TypeError, "dim must be an int"),
         ("softmax_backward", lambda: pco.softmax_backward(x, x[:1], -1), ValueError, "shape"),
+        ("log_softmax_backward", lambda: pco.log_softmax_backward(x, x.double(), -1), TypeError, "float64"),
         ("long_softmax", lambda: pco.long_softmax(x, -1, pipeline="bogus"), ValueError, "pipeline"),
         ("layer_norm", lambda: pco.layer_norm(x, (x.shape[-1] + 1,)), ValueError, "normalized_shape"),
         ("layer_norm", lambda: pco.layer_norm(x, (x.shape[-1],), w.double()), TypeError, "weight"),
+        (
+            "layer_norm_backward",
+            lambda: pco.layer_norm_backward(x[:, :3], x, (x.shape[-1],), w, x, x),
+            ValueError,
+            "grad_out",
+        ),
         ("gemm", lambda: pco.gemm(x, x), ValueError, "inner dimensions differ"),
         ("gemm", lambda: pco.gemm(x, x.t().double()), TypeError, "'b' is torch.float64"),
         ("gemm_batched", lambda: pco.gemm_batched(x, x.t()), ValueError, "rank 3"),
@@ -224,10 +231,18 @@ VALID = {
         lambda x: pco.softmax_backward(x, torch.softmax(x, -1), -1),
         lambda x: torch.softmax(x, -1) * (x - (x * torch.softmax(x, -1)).sum(-1, keepdim=True)),
     ),
+    "log_softmax_backward": (
+        lambda x: pco.log_softmax_backward(x, torch.log_softmax(x, -1), -1),
+        lambda x: x - torch.softmax(x, -1) * x.sum(-1, keepdim=True),
+    ),
     "long_softmax": (lambda x: pco.long_softmax(x, -1), lambda x: torch.softmax(x, -1)),
     "layer_norm": (
         lambda x: pco.layer_norm(x, (x.shape[-1],)),
         lambda x: torch.nn.functional.layer_norm(x, (x.shape[-1],)),
+    ),
+    "layer_norm_backward": (
+        lambda x: pco.layer_norm_backward(x, x, (x.shape[-1],), None, x.mean(-1), x.var(-1, unbiased=False).rsqrt())[1],
+        lambda x: (x * (x - x.mean(-1, keepdim=True)) * x.var(-1, unbiased=False, keepdim=True).rsqrt()).sum(0),
     ),
     "gemm": (lambda x: pco.gemm(x, x.t()), lambda x: x @ x.t()),
     "gemm_batched": (lambda x: pco.gemm_batched(x[None], x.t()[None])[0], lambda x: x @ x.t()),
@@ -259,3 +274,36 @@ def test_unsupported_dtypes_raise_for_every_op(device, dtype):
     ):
         with pytest.raises(TypeError, match="dtype"):
             call()
+
+
+# -- attention (day017's Triton kernels: CUDA here; their CPU interpreter runs in days/day017) ----
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton kernels need CUDA outside the interpreter")
+@given(data=st.data())
+def test_cuda_flash_attention_and_grads_match_float64(data):
+    d = data.draw(st.sampled_from([32, 64, 128]), label="head_dim")
+    hkv = data.draw(st.sampled_from([1, 2]), label="kv heads")
+    hq = hkv * data.draw(st.sampled_from([1, 2]), label="group")
+    b = data.draw(st.integers(1, 2), label="batch")
+    lq = data.draw(st.integers(1, 150), label="Lq")
+    causal = data.draw(st.booleans(), label="causal")
+    lk = lq if causal else data.draw(st.integers(1, 150), label="Lk")
+    dtype = data.draw(st.sampled_from([torch.bfloat16, torch.float16]), label="dtype")
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1), label="seed"))
+
+    def t(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    q64, k64, v64, g64 = t(b, hq, lq, d), t(b, hkv, lk, d), t(b, hkv, lk, d), t(b, hq, lq, d)
+    q, k, v = (x.to(dtype).cuda().requires_grad_() for x in (q64, k64, v64))
+    o = pco.flash_attention(q, k, v, causal=causal)
+    (o.double() * g64.cuda()).sum().backward()
+    qr, kr, vr = (x.detach().cpu().double().requires_grad_() for x in (q, k, v))
+    rep = hq // hkv
+    scores = qr @ kr.repeat_interleave(rep, 1).mT / math.sqrt(d)
+    if causal:
+        scores = scores.masked_fill(torch.ones(lq, lk, dtype=torch.bool).triu(1), float("-inf"))
+    ref = torch.softmax(scores, -1) @ vr.repeat_interleave(rep, 1)
+    (ref * g64).sum().backward()
+    close(o.detach(), ref.detach(), dtype, scale=4)
+    for got, want in ((q.grad, qr.grad), (k.grad, kr.grad), (v.grad, vr.grad)):
+        close(got, want, dtype, scale=8 * math.sqrt(max(lq, lk)))
