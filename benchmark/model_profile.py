@@ -9,8 +9,9 @@ day016 benchmark's `gpt_block_train`, eager) and prints, per profiler event and 
   called, e.g. the allocation of its output);
 - device time: the kernels the event launched (self for a kernel itself).
 Events are classified: `stage` (the block's own ranges: ln1, qkv, scores, softmax... set by
-GPTBlock.label_stages), `gpu_days_op` (gpu_days::*), `backward` (autograd nodes), `aten`,
-`autograd_fn` (the autograd.Function around a custom op's forward), `kernel`, `cuda_api`
+GPTBlock.label_stages), `gpu_days_op` (gpu_days::*, the label every op call gets while a
+profiler runs), `backward` (autograd nodes), `aten`, `autograd_fn` (the autograd.Function
+around an op's forward), `kernel`, `cuda_api`
 (cuLaunchKernel, cudaLaunchKernel...), `other`; plus a `step` row: the
 step's wall time without the profiler, and the sum of its kernels' time (if that is much
 less than the wall time, the GPU waits on the host). A call whose host time exceeds its
