@@ -92,9 +92,9 @@ def build_root() -> Path:
 
 @cache
 def _day_build(day: str) -> tuple[Path, dict]:
-    """The build directory and manifest of a day's kernels. With the Mojo compiler here a
-    missing or stale build is built now; without it (the GPU machine) the newest build
-    present is used when its key matches the sources."""
+    """The build directory and manifest of a day's kernels: the build whose key matches
+    these sources. With the Mojo compiler here a missing one is built now; without it (the
+    GPU machine) it must have been brought along."""
     from . import gpu_build
     from .gpu_kernels import all_kernels
 
