@@ -256,14 +256,19 @@ _long_softmax_autograd = eager.function("LongSoftmax", _long_softmax_eager, soft
 
 def long_softmax(x: torch.Tensor, dim: int = -1, pipeline: str = "fused") -> torch.Tensor:
     """Softmax of `x` along `dim`, each row spread over many blocks (day015's Mojo kernels)."""
-    way = eager.route(x)
-    if way is eager.EAGER:
-        return _long_softmax_eager(x, dim, pipeline)
-    if way is eager.AUTOGRAD:
-        return _long_softmax_autograd(x, dim, pipeline)
-    check_softmax_args("long_softmax", x, dim)  # our message before torch's schema check
+    return eager.call(
+        (x,),
+        (x, dim, pipeline),
+        eager=_long_softmax_eager,
+        autograd=_long_softmax_autograd,
+        op=torch.ops.gpu_days.long_softmax,
+        check=_check_long_softmax,
+    )
+
+
+def _check_long_softmax(x, dim, pipeline) -> None:
+    check_softmax_args("long_softmax", x, dim)
     _check_pipeline(pipeline)
-    return torch.ops.gpu_days.long_softmax(x, dim, pipeline)
 
 
 class MojoLongSoftmax(torch.nn.Module):

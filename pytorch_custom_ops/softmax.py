@@ -117,10 +117,15 @@ _online_softmax_autograd = eager.function("OnlineSoftmax", _online_softmax_eager
 
 def online_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Softmax of `x` along `dim`, computed by day009's one-pass (online) Mojo kernel."""
-    way = eager.route(x)
-    if way is eager.OP:
-        check_softmax_args("online_softmax", x, dim)  # our message before torch's schema check
-        return torch.ops.gpu_days.online_softmax(x, dim)
-    if way is eager.AUTOGRAD:
-        return _online_softmax_autograd(x, dim)
-    return _online_softmax_eager(x, dim)
+    return eager.call(
+        (x,),
+        (x, dim),
+        eager=_online_softmax_eager,
+        autograd=_online_softmax_autograd,
+        op=torch.ops.gpu_days.online_softmax,
+        check=_check_online_softmax,
+    )
+
+
+def _check_online_softmax(x, dim) -> None:
+    check_softmax_args("online_softmax", x, dim)
