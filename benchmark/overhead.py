@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import pytorch_custom_ops as pco
+from pytorch_custom_ops import launcher, mojo_op
 
 from . import timing
 from .store import append_rows, new_run_id
@@ -109,6 +110,7 @@ FRESH = """
 import time, torch
 t0 = time.perf_counter()
 import pytorch_custom_ops as pco
+from pytorch_custom_ops import launcher, mojo_op
 x = torch.randn(64, 1000, device="{dev}")
 y = {call}
 torch.cuda.synchronize() if x.is_cuda else None
@@ -144,6 +146,8 @@ def main(argv=None) -> int:
     rows: list[dict] = []
 
     def add(metric, name, impl, shape, *, us=None, ms=None, note=""):
+        if impl == "gpu-days" and DEVICE == "cuda":  # which launcher and whether recipes were on
+            note = "; ".join(filter(None, [note, f"launcher {launcher.launcher_kind()}", f"recipes {mojo_op.RECIPES}"]))
         rows.append(
             {
                 "op": f"{metric}:{name}",
@@ -186,6 +190,7 @@ def main(argv=None) -> int:
             add("host_fwd_bwd", name, impl, shape, us=both)
             add("host_bwd", name, impl, shape, us=both - fwd, note="host_fwd_bwd - host_fwd_grad")
 
+    print(f"launcher: {launcher.launcher_kind()}; recipes: {mojo_op.RECIPES}")
     print(f"{'metric':26s} {'op':22s} {'shape':11s} {'gpu-days':>10s} {'torch':>10s}  target")
     by_key = {(r["op"], r["shape"], r["impl"]): r for r in rows}
     for r in rows:

@@ -18,16 +18,24 @@ import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 SUPPORTED_DEVICES = ("cpu", "cuda")
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def check_float_tensor(name: str, x) -> None:
     """The first checks of every op's public function: a float tensor on a supported device."""
+    if x.__class__ in _PLAIN and x.dtype in FLOAT_DTYPES and (x.is_cuda or x.is_cpu):
+        return  # the usual case, without making a torch.device
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name}: dtype {x.dtype} is not supported (float32, float16, bfloat16, float64)")
     if x.device.type not in SUPPORTED_DEVICES:
         raise ValueError(f"{name}: device {x.device} is not supported (cpu, cuda)")
+
+
+def same_device(t: torch.Tensor, ref: torch.Tensor) -> bool:
+    """t.device == ref.device for a CPU or CUDA `ref`, without making torch.device objects."""
+    return t.get_device() == ref.get_device() and t.is_cuda == ref.is_cuda and t.is_cpu == ref.is_cpu
 
 
 class ContractError(RuntimeError):

@@ -14,10 +14,10 @@ kernel the GPU cannot run, a driver error) raises `KernelLoadError` naming the k
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -26,6 +26,7 @@ import torch
 
 from . import cuda_driver as cu
 from .gpu_kernels import Kernel, abi_mismatch, entry_params
+from .launcher import dim3, kind_letters, launcher
 from .library import KernelBuildError
 
 
@@ -43,43 +44,13 @@ class Launch:
     cluster: int | None = None  # CTAs per cluster along x (thread-block clusters)
 
 
-def _dim3(d) -> tuple[int, int, int]:
-    if d.__class__ is int:
-        return (d, 1, 1)
-    return tuple(d) + (1,) * (3 - len(d))
-
-
-_CTYPES = {"ptr": ctypes.c_uint64, "i64": ctypes.c_int64, "i32": ctypes.c_int32, "f32": ctypes.c_float}
-# unsigned bytes, not c_char: a c_char array takes bytes as a C string and stops copying
-# at the first NUL (a descriptor holding an address with a zero byte would be cut short)
-_TENSORMAP = ctypes.c_ubyte * 128
-
-
-@cache
-def _arg_struct(args: tuple[str, ...]):
-    """A ctypes struct holding one launch's arguments, each field's offset (the driver
-    reads each argument through a pointer: cuLaunchKernel's kernelParams) and the
-    positions of the tensor maps."""
-    fields = [(f"a{i}", _TENSORMAP if kind == "tensormap" else _CTYPES[kind]) for i, kind in enumerate(args)]
-    struct = type("KernelArgs", (ctypes.Structure,), {"_fields_": fields})
-    offsets = tuple(getattr(struct, name).offset for name, _ in fields)
-    tensormaps = tuple(i for i, kind in enumerate(args) if kind == "tensormap")
-    return struct, offsets, ctypes.c_void_p * len(args), tensormaps
-
-
-def pack_args(kinds: tuple[str, ...], args: tuple):
-    """The ctypes struct of one launch's arguments. A "tensormap" argument is its 128
-    bytes or an object with `.encode() -> bytes` (e.g. a spec that calls the driver's
-    cuTensorMapEncodeTiled at launch time, so that plans stay testable on a CPU)."""
-    struct, _offsets, _pointers, tensormaps = _arg_struct(kinds)
-    if tensormaps:
-        args = list(args)
-        for i in tensormaps:
-            raw = args[i] if isinstance(args[i], bytes | bytearray) else args[i].encode()
-            if len(raw) != 128:
-                raise ValueError(f"argument {i}: a tensor map is 128 bytes, got {len(raw)}")
-            args[i] = _TENSORMAP.from_buffer_copy(raw)
-    return struct(*args)
+def resolve_tensormaps(letters: bytes, args: tuple) -> tuple:
+    """`args` with each tensor-map argument as its 128 bytes: a plan may give an object
+    whose `.encode() -> bytes` calls the driver's cuTensorMapEncodeTiled at launch time,
+    so that plans make no driver call and stay testable on a CPU."""
+    if b"t" not in letters:
+        return args
+    return tuple(a.encode() if k == 116 and not isinstance(a, bytes) else a for k, a in zip(letters, args, strict=True))
 
 
 # -- finding the build -------------------------------------------------------------------
@@ -151,30 +122,33 @@ class LoadedKernel:
         except cu.CudaDriverError as exc:
             raise KernelLoadError(f"{self.name}: {exc}") from exc
         self.device_index = device_index
-        _struct, self.offsets, self.pointer_array, _ = _arg_struct(kernel.family.args)
+        self.letters = kind_letters(kernel.family.args)
         self.max_smem = 48 * 1024  # without opting in, a launch may ask for up to 48 KiB
         self._lock = threading.Lock()
 
     # --8<-- [start:launch]
     def launch(self, launch: Launch, stream: int) -> None:
-        smem = launch.smem
+        self.ensure_smem(launch.smem)
+        self.enqueue(launch.grid, launch.block, launch.smem, stream, launch.cluster, launch.args)
+
+    def ensure_smem(self, smem: int) -> None:
+        """Opt in to `smem` bytes of dynamic shared memory (once per size increase)."""
         if smem > self.max_smem:
             with self._lock:
                 if smem > self.max_smem:
                     cu.set_max_dynamic_shared_memory(self.function, smem, self.name)
                     self.max_smem = smem
-        args = pack_args(self.kernel.family.args, launch.args)
-        base = ctypes.addressof(args)
-        params = self.pointer_array(*[base + o for o in self.offsets])
-        grid, block = _dim3(launch.grid), _dim3(launch.block)
-        cluster = None if launch.cluster is None else (launch.cluster, 1, 1)
-        code = cu.launch(self.function, grid, block, smem, stream, params, cluster)
+
+    def enqueue(self, grid, block, smem: int, stream: int, cluster: int | None, args: tuple) -> None:
+        args = resolve_tensormaps(self.letters, args)
+        launch = launcher()
+        code = launch(self.function, grid, block, smem, stream, cluster or 0, self.letters, args)
         if code in (cu.CUDA_ERROR_INVALID_CONTEXT, cu.CUDA_ERROR_INVALID_HANDLE):
             # this thread has no (or another) current context: use the device's primary one
             cu.make_current(self.device_index)
-            code = cu.launch(self.function, grid, block, smem, stream, params, cluster)
+            code = launch(self.function, grid, block, smem, stream, cluster or 0, self.letters, args)
         if code != 0:
-            what = f"launching {self.name} (grid {grid}, block {block}, {smem} B shared"
+            what = f"launching {self.name} (grid {dim3(grid)}, block {dim3(block)}, {smem} B shared"
             what += f", cluster {cluster})" if cluster else ")"
             cu.check(code, what)
 
@@ -215,6 +189,134 @@ def run(launches: list[Launch], device_index: int) -> None:
 
 
 # --8<-- [end:run]
+
+
+# -- recipes: a call seen before skips its checks and its plan ---------------------------------
+# Plans choose from shapes, dtypes, the device, the op's parameters, whether addresses are
+# 16-byte aligned, and module state that changes only through `plans_changed()` (e.g.
+# `gemm_version`). So two calls that agree on those get the same launches but for the
+# tensors' addresses: a `Recipe` is the first call's launches with the addresses taken
+# out, and the next call only allocates its outputs, fills in its addresses and launches.
+_epoch = 0
+
+
+def plans_changed() -> None:
+    """Forget every op's recipes: call after changing state a launch plan reads."""
+    global _epoch
+    _epoch += 1
+
+
+def plan_epoch() -> int:
+    return _epoch
+
+
+class _Step:
+    __slots__ = ("kernel", "grid", "block", "smem", "cluster", "template", "pointers", "maps")
+
+    def __init__(self, kernel: LoadedKernel, launch: Launch, template, pointers, maps):
+        self.kernel, self.grid, self.block = kernel, launch.grid, launch.block
+        self.smem, self.cluster = launch.smem, launch.cluster
+        self.template, self.pointers, self.maps = template, pointers, maps
+
+
+class Recipe:
+    """The launches of one call, with each address argument replaced by the index of the
+    tensor it came from (outputs, then inputs, then the plan's scratch tensors), and the
+    shapes of what the next call allocates."""
+
+    __slots__ = ("outputs", "scratch", "steps", "device_index")
+
+    def __init__(self, outputs, scratch, steps, device_index):
+        self.outputs, self.scratch, self.steps, self.device_index = outputs, scratch, steps, device_index
+
+    def allocate(self, given=()) -> list[torch.Tensor]:
+        """The outputs: new tensors, and the caller's destinations where it gives them."""
+        index, given = self.device_index, iter(given)
+        return [
+            next(given) if shape is None else torch.empty(shape, dtype=dtype, device=index)
+            for shape, dtype in self.outputs
+        ]
+
+    def run(self, outputs, inputs) -> None:
+        """Launch for these tensors (in the order of the call the recipe was made from)."""
+        index = self.device_index
+        if index != torch._C._cuda_getDevice():
+            with torch.cuda.device(index):
+                return self.run(outputs, inputs)
+        tensors = (*outputs, *inputs)
+        if self.scratch:  # freed after the launches: the allocator reuses them in stream order
+            tensors += tuple(torch.empty(shape, dtype=dtype, device=index) for shape, dtype in self.scratch)
+        stream = torch._C._cuda_getCurrentRawStream(index)
+        for step in self.steps:
+            args = step.template
+            if step.pointers or step.maps:
+                args = list(args)
+                for pos, i in step.pointers:
+                    args[pos] = tensors[i].data_ptr()
+                for pos, i, spec, encoded in step.maps:
+                    address = tensors[i].data_ptr()
+                    raw = encoded.get(address)
+                    if raw is None:
+                        if len(encoded) >= 256:
+                            encoded.clear()
+                        raw = encoded[address] = spec.encode_at(address)
+                    args[pos] = raw
+                args = tuple(args)
+            step.kernel.enqueue(step.grid, step.block, step.smem, stream, step.cluster, args)
+
+
+def recipe(outputs, inputs, scratch, launches: list[Launch], device_index: int, returned) -> Recipe | None:
+    """The recipe of a call that just ran `launches`, or None when an address argument
+    cannot be traced to exactly one of its tensors (an offset into a tensor, two tensors
+    at one address): such calls keep planning every time. `returned[i]` is False for an
+    output the caller gives (a destination)."""
+    tensors = (*outputs, *inputs, *scratch)
+    addresses = [t.data_ptr() for t in tensors]
+    steps = []
+    for launch in launches:
+        kernel = loaded(launch.kernel, device_index)
+        template, pointers, maps = list(launch.args), [], []
+        for pos, (kind, value) in enumerate(zip(kernel.kernel.family.args, launch.args, strict=True)):
+            if kind == "ptr" or kind == "tensormap":
+                address = value if kind == "ptr" else getattr(value, "address", None)
+                found = [i for i, a in enumerate(addresses) if a == address]
+                if len(found) != 1 or (kind == "tensormap" and not hasattr(value, "encode_at")):
+                    return None
+                if kind == "ptr":
+                    pointers.append((pos, found[0]))
+                else:
+                    maps.append((pos, found[0], value, {}))
+                template[pos] = None
+        steps.append(_Step(kernel, launch, tuple(template), tuple(pointers), tuple(maps)))
+    shapes = [(tuple(t.shape), t.dtype) if r else (None, None) for t, r in zip(outputs, returned, strict=True)]
+    return Recipe(shapes, [(tuple(t.shape), t.dtype) for t in scratch], steps, device_index)
+
+
+# -- scratch tensors of a plan ------------------------------------------------------------------
+_planning = threading.local()
+
+
+@contextmanager
+def planning():
+    """Collect the scratch tensors a plan makes (`scratch`), for its recipe."""
+    made: list[torch.Tensor] = []
+    previous = getattr(_planning, "scratch", None)
+    _planning.scratch = made
+    try:
+        yield made
+    finally:
+        _planning.scratch = previous
+
+
+def scratch(shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """A workspace for a plan's launches, made per call. Keep it referenced until the
+    launches are enqueued; after that, freeing it is safe: torch's caching allocator
+    hands the memory out again only in stream order."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    made = getattr(_planning, "scratch", None)
+    if made is not None:
+        made.append(t)
+    return t
 
 
 def plan(*families):

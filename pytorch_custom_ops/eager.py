@@ -24,6 +24,7 @@ import torch
 
 OP, AUTOGRAD, EAGER = "op", "autograd", "eager"
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+_transforms_active = torch._C._are_functorch_transforms_active
 
 
 def route(*tensors) -> str:
@@ -54,7 +55,20 @@ def function(name: str, forward: Callable, setup_context: Callable, backward: Ca
         return output
 
     fn = type(name, (torch.autograd.Function,), {"forward": staticmethod(run), "backward": staticmethod(backward)})
-    return fn.apply
+    # Function.apply is Python around the C++ apply: it binds arguments when a Function
+    # defines setup_context (this one does not), and unwraps functorch tensors left over
+    # from finished transforms (a loop over every argument). Outside a transform, calls go
+    # to the C++ apply at once; inside one, to Function.apply and its error (torch.func
+    # is not supported). A tensor leaked out of a finished vmap is not unwrapped: reading
+    # its address then fails with torch's "doesn't have storage" error.
+    raw = super(torch.autograd.Function, fn).apply
+
+    def apply(*args):
+        if _transforms_active():
+            return fn.apply(*args)
+        return raw(*args)
+
+    return apply
 
 
 def call(tensors: tuple, args: tuple, *, eager: Callable, autograd: Callable, op: Callable, check: Callable):

@@ -27,7 +27,7 @@ from functools import lru_cache
 import torch
 
 from . import eager
-from .contract import FLOAT_DTYPES, SUPPORTED_DEVICES, OpSpec, TensorArg
+from .contract import FLOAT_DTYPES, SUPPORTED_DEVICES, OpSpec, TensorArg, same_device
 from .gemm_gpu import MAX_BATCH, gemm_gpu
 from .gemm_gpu import gemm_version as gemm_version  # the knob that forces a bf16/fp16 kernel
 from .mojo_op import MojoOp, device_constant
@@ -92,8 +92,53 @@ def _op_shape(t: torch.Tensor, transpose: bool) -> tuple[int, int]:
     return (cols, rows) if transpose else (rows, cols)
 
 
+_NUMBERS = (float, int)
+_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def _usual_gemm_shape(a, b, c, alpha, beta, transpose_a, transpose_b, batched: bool) -> tuple[int, ...] | None:
+    """The output shape of an ordinary valid call, in a few cheap steps (every call pays
+    for this check); None sends the call through `check_gemm_args`' full checks."""
+    if (
+        a.__class__ not in _TENSORS
+        or b.__class__ not in _TENSORS
+        or alpha.__class__ not in _NUMBERS
+        or beta.__class__ not in _NUMBERS
+        or transpose_a.__class__ is not bool
+        or transpose_b.__class__ is not bool
+        or a.dtype not in FLOAT_DTYPES
+        or b.dtype != a.dtype
+        or not (a.is_cuda or a.is_cpu)
+        or not same_device(b, a)
+        or a.dim() != (3 if batched else 2)
+        or b.dim() != a.dim()
+        or not (math.isfinite(alpha) and math.isfinite(beta))
+    ):
+        return None
+    m, k = _op_shape(a, transpose_a)
+    k2, n = _op_shape(b, transpose_b)
+    if k != k2:
+        return None
+    if batched:
+        if a.shape[0] != b.shape[0] or (a.shape[0] > MAX_BATCH and a.is_cuda):
+            return None
+        out_shape = (a.shape[0], m, n)
+    else:
+        out_shape = (m, n)
+    if c is None:
+        return out_shape if beta == 0 else None
+    if c.__class__ not in _TENSORS or c.dtype != a.dtype or not same_device(c, a) or c.dim() > a.dim():
+        return None
+    if any(s != 1 and s != o for s, o in zip(reversed(c.shape), reversed(out_shape), strict=False)):
+        return None
+    return out_shape
+
+
 def check_gemm_args(name, a, b, c, alpha, beta, transpose_a, transpose_b, batched: bool) -> tuple[int, ...]:
     """Validate like torch does, with messages that name the op; return the output shape."""
+    usual = _usual_gemm_shape(a, b, c, alpha, beta, transpose_a, transpose_b, batched)
+    if usual is not None:
+        return usual
     rank = 3 if batched else 2
     for arg, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
@@ -327,7 +372,7 @@ class MojoGEMM(torch.nn.Module):
     `weight` (out_features, in_features) and `bias` (out_features,) are named and
     initialised as in nn.Linear, so its state_dicts load either way. The whole layer is
     one GEMM call: x as (rows, in) with transpose_b=True reads the weight in place, and
-    the bias is c = bias as a (1, out) row with beta = 1 (no separate add).
+    the bias is c = bias, broadcast over the rows, with beta = 1 (no separate add).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
@@ -352,10 +397,12 @@ class MojoGEMM(torch.nn.Module):
             raise ValueError(
                 f"MojoGEMM: input of shape {tuple(x.shape)} does not end in in_features={self.in_features}"
             )
-        rows = x.reshape(-1, self.in_features)
-        bias = None if self.bias is None else self.bias.view(1, -1)
+        # a 2-D input and the 1-D bias go in as they are: in grad mode each reshape or view
+        # would be one more autograd node (microseconds forward and backward)
+        rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        bias = self.bias
         y = gemm(rows, self.weight, bias, 1.0, 0.0 if bias is None else 1.0, False, True)
-        return y.view(*x.shape[:-1], self.out_features)
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

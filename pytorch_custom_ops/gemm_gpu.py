@@ -14,7 +14,7 @@ plan that drifts from a kernel fails in `gpu_build` instead of overrunning share
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -156,10 +156,12 @@ def gemm_version(name: str):
     if name not in VERSIONS:
         raise ValueError(f"gemm: unknown kernel version {name!r}; known: {', '.join(VERSIONS)}")
     previous, _version = _version, name
+    direct.plans_changed()  # recipes made under another version must not be reused
     try:
         yield
     finally:
         _version = previous
+        direct.plans_changed()
 
 
 # -- TMA descriptors ------------------------------------------------------------------------
@@ -202,6 +204,10 @@ class TensorMapSpec:
                 _ENCODED.clear()
             _ENCODED[self] = found
         return found
+
+    def encode_at(self, address: int) -> bytes:
+        """The descriptor of the same view of another tensor (a recipe's next call)."""
+        return replace(self, address=address).encode()
 
 
 _ENCODED: dict[TensorMapSpec, bytes] = {}

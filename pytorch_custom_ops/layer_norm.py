@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 
 from . import direct, eager
-from .contract import FLOAT_DTYPES, OpSpec, TensorArg, check_float_tensor
+from .contract import FLOAT_DTYPES, OpSpec, TensorArg, check_float_tensor, same_device
 from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp, device_constant
 
@@ -205,7 +205,7 @@ def _layer_norm_backward_gpu(outputs, inputs, params) -> list[direct.Launch]:
     else:  # streaming: the block keeps its sums in its row of the workspace
         kernel, block, smem = LN_BWD_STREAM[dtype, acc, vec, tpr], tpr, 0
     grid = _workers(_ceildiv(rows, per_block), sm_count(x.device), per_sm)
-    partials = torch.empty((grid, 2 * cols), dtype=acc, device=x.device)
+    partials = direct.scratch((grid, 2 * cols), acc, x.device)
     ptrs = (grad_out.data_ptr(), x.data_ptr(), weight.data_ptr(), mean.data_ptr(), rstd.data_ptr())
     launches = _LaunchesWithWorkspace(
         [
@@ -249,8 +249,40 @@ def normalized_shape_tuple(name: str, normalized_shape) -> tuple[int, ...]:
     return shape
 
 
+_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def _usual_normalized_shape(x, normalized_shape, weight, bias, eps) -> tuple[int, ...] | None:
+    """normalized_shape of an ordinary valid call (one trailing dim, weight and bias of
+    the input's dtype and device, a float eps), in a few cheap steps; None sends the call
+    through the full checks."""
+    if normalized_shape.__class__ is int:
+        shape = (normalized_shape,)
+    elif normalized_shape.__class__ in (tuple, list, torch.Size) and len(normalized_shape) == 1:
+        shape = tuple(normalized_shape)
+        if shape[0].__class__ is not int:
+            return None
+    else:
+        return None
+    if x.__class__ not in _TENSORS or x.dtype not in FLOAT_DTYPES or not (x.is_cuda or x.is_cpu):
+        return None
+    if x.dim() < 1 or x.shape[-1] != shape[0] or shape[0] < 0:
+        return None
+    for p in (weight, bias):
+        if p is not None and (
+            p.__class__ not in _TENSORS or p.shape != shape or p.dtype != x.dtype or not same_device(p, x)
+        ):
+            return None
+    if eps.__class__ is not float or not (0 <= eps < math.inf):
+        return None
+    return shape
+
+
 def check_layer_norm_args(name: str, x, normalized_shape, weight, bias, eps) -> tuple[int, ...]:
     """Validate like torch does; return normalized_shape as a tuple."""
+    usual = _usual_normalized_shape(x, normalized_shape, weight, bias, eps)
+    if usual is not None:
+        return usual
     check_float_tensor(name, x)
     shape = normalized_shape_tuple(name, normalized_shape)
     if x.dim() < len(shape) or tuple(x.shape[x.dim() - len(shape) :]) != shape:

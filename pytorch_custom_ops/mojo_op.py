@@ -19,13 +19,14 @@ output, which halved a memory-bound kernel's speed (found on day 012, see day 01
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Callable, Sequence
 
 import torch
 
 from . import cuda_driver, direct, fallback
-from .contract import OpSpec, declared_parameters
+from .contract import OpSpec, _overlaps, declared_parameters
 from .library import load_kernel_library
 
 # A launch plan: (outputs, inputs, compile-time params) -> the launches that compute the
@@ -42,6 +43,8 @@ class MojoOp:
         self._verified = False
         self._broken: BaseException | None = None
         self._gpu_broken: BaseException | None = None
+        self._recipes: dict[tuple, direct.Recipe] = {}  # see direct.Recipe
+        self._recipe_epoch = direct.plan_epoch()
 
     # -- readiness ------------------------------------------------------------------------
     def ready(self, device: str | torch.device | None = None) -> bool:
@@ -175,10 +178,26 @@ class MojoOp:
         return self._call(inputs, out, torch_impl, params)
 
     def _call(self, inputs, out, torch_impl, params) -> list[torch.Tensor]:
+        key = None
+        if RECIPES and inputs and inputs[0].__class__ in _PLAIN and inputs[0].is_cuda:
+            key = _call_key(inputs, out, params)
+            if key is not None:
+                if self._recipe_epoch != direct._epoch:
+                    self._recipes.clear()
+                    self._recipe_epoch = direct._epoch
+                found = self._recipes.get(key)
+                if found is not None and not (out and _any_overlap(out, inputs)):
+                    # seen before: checked then, planned then
+                    outputs = found.allocate(out)
+                    try:
+                        found.run(outputs, inputs)
+                        return outputs
+                    except cuda_driver.CudaDriverError as exc:
+                        return self._cannot_launch(exc, torch_impl, out)
         sizes = self.spec.check_call(inputs, out)
         call_params = self.spec.call_params(params) if params else self.spec.params
         if inputs[0].is_cuda:
-            return self._launch(inputs, out, sizes, call_params, torch_impl)
+            return self._launch(inputs, out, sizes, call_params, torch_impl, key)
         try:
             dtype = self._op_dtype(inputs, out)
             device = inputs[0].device
@@ -204,9 +223,10 @@ class MojoOp:
             returned = [torch.from_dlpack(b) for b in buffers]
         return self._in_spec_order(returned, out)
 
-    def _launch(self, inputs, out, sizes, params, torch_impl) -> list[torch.Tensor]:
+    def _launch(self, inputs, out, sizes, params, torch_impl, key=None) -> list[torch.Tensor]:
         """The CUDA path: allocate the outputs, let the plan pick the launches, enqueue
-        them on torch's current stream. No MAX, no synchronisation."""
+        them on torch's current stream. No MAX, no synchronisation. With a `key`, the
+        launches are remembered as a recipe for the next call with the same key."""
         index = inputs[0].get_device()  # an int: cheaper than a torch.device on this hot path
         dtype = inputs[0].dtype if not out and self.spec.inputs[0].dtype is None else self._op_dtype(inputs, out)
         given = iter(out)
@@ -226,14 +246,26 @@ class MojoOp:
             reason = self._gpu_broken = direct.KernelLoadError(f"{self.spec.name}: no GPU launch plan")
         if reason is None:
             try:
-                direct.run(self.gpu(outputs, inputs, params), index)
+                with direct.planning() as scratch:
+                    launches = self.gpu(outputs, inputs, params)
+                direct.run(launches, index)
+                if key is not None and len(self._recipes) < MAX_RECIPES:
+                    found = direct.recipe(outputs, inputs, scratch, launches, index, self.spec.returned)
+                    if found is not None:
+                        self._recipes[key] = found
                 return outputs
             except cuda_driver.CudaDriverError as exc:
-                if exc.sticky:  # the context is gone: torch's fallback would fail too
-                    raise fallback.MojoUnavailableError(f"{self.spec.name}: {exc}") from exc
-                reason = exc
+                return self._cannot_launch(exc, torch_impl, out)
             except direct.KernelLoadError as exc:
                 reason = self._gpu_broken = exc
+        return self._torch_instead(reason, torch_impl, out)
+
+    def _cannot_launch(self, exc, torch_impl, out) -> list[torch.Tensor]:
+        if exc.sticky:  # the context is gone: torch's fallback would fail too
+            raise fallback.MojoUnavailableError(f"{self.spec.name}: {exc}") from exc
+        return self._torch_instead(exc, torch_impl, out)
+
+    def _torch_instead(self, reason, torch_impl, out) -> list[torch.Tensor]:
         if torch_impl is None:
             raise fallback.MojoUnavailableError(f"{self.spec.name}: the Mojo kernel cannot run: {reason}")
         fallback.fall_back(self.spec.name, reason)
@@ -262,6 +294,30 @@ class MojoOp:
             if arg.dtype is None:
                 return t.dtype
         return inputs[0].dtype
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+# GPU_DAYS_RECIPES=0 plans every call (to measure what recipes save, or to rule them out)
+RECIPES = os.environ.get("GPU_DAYS_RECIPES", "1") != "0"
+MAX_RECIPES = 256  # per op: a model has a few dozen distinct calls; more is a shape sweep
+
+
+def _call_key(inputs, out, params) -> tuple | None:
+    """What a launch plan may depend on (`direct.Recipe`): per tensor its shape, dtype,
+    contiguity, device and whether its address is 16-byte aligned; and the parameters.
+    None for a call that must take the checked path (a tensor subclass, a non-tensor)."""
+    key = [len(out), None if params is None else tuple(params.items())]
+    for t in (*out, *inputs):
+        if t.__class__ not in _PLAIN:
+            return None
+        key += (t.shape, t.dtype, t.get_device(), t.is_contiguous(), t.data_ptr() & 15)
+    return tuple(key)
+
+
+def _any_overlap(out, inputs) -> bool:
+    """The one check a recipe's call still makes: destinations overlap nothing."""
+    tensors = (*out, *inputs)
+    return any(_overlaps(o, t) for o in out for t in tensors if t is not o)
 
 
 def _to_max(t: torch.Tensor):

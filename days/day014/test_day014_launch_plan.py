@@ -42,7 +42,7 @@ def plan(m, n, k, dtype, ta=False, tb=False, batch=None, c_shape=None, a_offset=
 def check_launch(launch: direct.Launch, m: int, n: int, batch: int):
     kernel = launch.kernel
     assert kernel.family in FAMILIES and kernel in kernel.family.kernels()
-    grid, block = direct._dim3(launch.grid), direct._dim3(launch.block)
+    grid, block = direct.dim3(launch.grid), direct.dim3(launch.block)
     assert 0 < grid[0] < 2**31 and 0 < grid[1] <= 65535 and 0 < grid[2] <= 65535
     assert grid[2] == batch
     assert 0 < block[0] * block[1] * block[2] <= 1024
@@ -129,7 +129,7 @@ def test_huge_and_batched_shapes():
     assert choice(plan(2**20, 8, 8, BF16)) == "tma 128x256"  # counted in 128x256 tiles, even for N = 8
     assert choice(plan(2**20, 8, 8, BF16, ta=True, tb=True)) == "tma 128x256"
     launch = plan(2**22, 1, 1, FP32)  # 32768 blocks in x
-    assert direct._dim3(launch.grid) == (32768, 1, 1)
+    assert direct.dim3(launch.grid) == (32768, 1, 1)
     for ta, tb in PAIRS:
         assert choice(plan(40, 24, 16, BF16, ta, tb, batch=3)) == "tma 128x128"
         assert choice(plan(40, 24, 16, FP32, ta, tb, batch=3)) == "simt 64 vec"

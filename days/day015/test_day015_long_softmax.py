@@ -260,7 +260,7 @@ def plan(x, pipeline="fused", slots=None, y=None, huge=False):
 def check_launch(launch: direct.Launch, rows: int):
     kernel = launch.kernel
     assert kernel.family in FAMILIES and kernel in kernel.family.kernels()
-    grid, block = direct._dim3(launch.grid), direct._dim3(launch.block)
+    grid, block = direct.dim3(launch.grid), direct.dim3(launch.block)
     assert 0 < grid[0] < 2**31 and grid[1:] == (1, 1)
     assert block == (ls.BLOCK, 1, 1) and kernel.params[-1] == ls.BLOCK <= 1024  # the BLOCK the kernel was built for
     assert launch.smem == 0 and launch.cluster is None

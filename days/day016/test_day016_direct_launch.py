@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import pytorch_custom_ops as pco
-from pytorch_custom_ops import direct, fallback, gpu_build
+from pytorch_custom_ops import direct, fallback, gpu_build, launcher
 from pytorch_custom_ops.gpu_kernels import abi_mismatch, all_kernels, entry_params
 
 CUDA = torch.cuda.is_available()
@@ -114,14 +114,16 @@ def test_unreadable_manifest_is_reported(private_build):
 
 
 def test_launch_arguments_are_packed_as_the_kernel_reads_them():
-    kinds = ("ptr", "i32", "i64", "f32", "tensormap")
-    _, offsets, _, _ = direct._arg_struct(kinds)
+    letters = launcher.kind_letters(("ptr", "i32", "i64", "f32", "tensormap"))
+    _, offsets, _ = launcher.arg_struct(letters)
     descriptor = bytes(8) + bytes(range(1, 121))  # zero bytes first: no C-string truncation
-    raw = bytes(memoryview(direct.pack_args(kinds, (2**40 + 8, -3, 2**33, 1.5, descriptor))).cast("B"))
+    raw = bytes(memoryview(launcher.pack_args(letters, (2**40 + 8, -3, 2**33, 1.5, descriptor))).cast("B"))
     assert int.from_bytes(raw[offsets[0] : offsets[0] + 8], "little") == 2**40 + 8
     assert int.from_bytes(raw[offsets[1] : offsets[1] + 4], "little", signed=True) == -3
     assert int.from_bytes(raw[offsets[2] : offsets[2] + 8], "little") == 2**33
     assert raw[offsets[4] : offsets[4] + 128] == descriptor
+    with pytest.raises(ValueError, match="a tensor map is 128 bytes, got 64"):
+        launcher.pack_args(letters, (0, 0, 0, 0.0, bytes(64)))
 
 
 def test_a_tensormap_argument_may_be_encoded_at_launch_time():
@@ -132,15 +134,10 @@ def test_a_tensormap_argument_may_be_encoded_at_launch_time():
             Spec.calls += 1
             return bytes(range(128))
 
-    kinds = ("tensormap", "ptr", "tensormap")
-    _, offsets, _, positions = direct._arg_struct(kinds)
-    assert positions == (0, 2)
-    raw = bytes(memoryview(direct.pack_args(kinds, (Spec(), 16, bytes(128)))).cast("B"))
+    letters = launcher.kind_letters(("tensormap", "ptr", "tensormap"))
+    args = direct.resolve_tensormaps(letters, (Spec(), 16, bytes(128)))
     assert Spec.calls == 1
-    assert raw[offsets[0] : offsets[0] + 128] == bytes(range(128))
-    assert raw[offsets[2] : offsets[2] + 128] == bytes(128)
-    with pytest.raises(ValueError, match="a tensor map is 128 bytes, got 64"):
-        direct.pack_args(kinds, (bytes(64), 16, bytes(128)))
+    assert args == (bytes(range(128)), 16, bytes(128))
 
 
 # -- on the GPU ---------------------------------------------------------------------------------

@@ -1,0 +1,204 @@
+"""Recipes: a call seen before replays its first call's launches with new addresses.
+
+The property that makes this safe: for any two calls with the same key (shapes, dtypes,
+contiguity, device, 16-byte alignment, parameters), the recipe made from the first gives
+exactly the launches the op's plan gives for the second. Checked here on the CPU with
+the real plans (they only read shapes and addresses) and a stand-in for the loaded
+kernels; the CUDA tests at the end check the same through the ops on the GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pytorch_custom_ops as pco
+from pytorch_custom_ops import cuda_driver, direct
+from pytorch_custom_ops.gemm import _KERNELS as GEMM_OPS
+from pytorch_custom_ops.softmax_family import softmax_kernel as SOFTMAX
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+class FakeKernel:
+    """What `direct.loaded` returns, recording what the recipe enqueues into `log`."""
+
+    def __init__(self, kernel, log):
+        self.kernel, self.log = kernel, log
+
+    def enqueue(self, grid, block, smem, stream, cluster, args):
+        self.log.append((str(self.kernel), grid, block, smem, cluster, args))
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    log: list = []
+    monkeypatch.setattr(direct, "loaded", lambda k, i: FakeKernel(k, log))
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 0, raising=False)
+    # a tensor map's bytes, as a function of what the driver would be told
+    monkeypatch.setattr(
+        cuda_driver, "encode_tiled_tensor_map", lambda *a: repr(a).encode().ljust(128, b".")[:128], raising=True
+    )
+    return log
+
+
+def expected(launches):
+    """What enqueue should see for a plan's launches (tensor maps as their bytes)."""
+    out = []
+    for launch in launches:
+        letters = direct.kind_letters(launch.kernel.family.args)
+        args = direct.resolve_tensormaps(letters, launch.args)
+        out.append((str(launch.kernel), launch.grid, launch.block, launch.smem, launch.cluster, args))
+    return out
+
+
+def replayed(log, recipe, outputs, inputs):
+    log.clear()
+    recipe.run(outputs, inputs)
+    return list(log)
+
+
+CASES = {
+    "softmax 8x128 fp32": (
+        SOFTMAX,
+        lambda: ([torch.empty(8, 128)], [torch.randn(8, 128)]),
+    ),
+    "softmax 3x1001 bf16 (scalar loads)": (
+        SOFTMAX,
+        lambda: ([torch.empty(3, 1001, dtype=torch.bfloat16)], [torch.randn(3, 1001, dtype=torch.bfloat16)]),
+    ),
+    "softmax 2x300000 (cluster kernel)": (
+        SOFTMAX,
+        lambda: ([torch.empty(2, 300000)], [torch.randn(2, 300000)]),
+    ),
+    "gemm fp32 65x33x17 (SIMT)": (
+        GEMM_OPS[(False, False, False)],
+        lambda: (
+            [torch.empty(65, 17)],
+            [torch.randn(65, 33), torch.randn(33, 17), torch.zeros(1, 1), torch.tensor([1.0, 0.0])],
+        ),
+    ),
+    "gemm bf16 256x512x128 NT (TMA)": (
+        GEMM_OPS[(False, False, True)],
+        lambda: (
+            [torch.empty(256, 128, dtype=torch.bfloat16)],
+            [
+                torch.randn(256, 512, dtype=torch.bfloat16),
+                torch.randn(128, 512, dtype=torch.bfloat16),
+                torch.zeros(1, 1, dtype=torch.bfloat16),
+                torch.tensor([1.0, 0.0]),
+            ],
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_recipe_gives_the_launches_the_plan_gives(fake_gpu, case):
+    op, make = CASES[case]
+    (out1, in1), (out2, in2) = make(), make()
+    with direct.planning() as scratch:
+        first = op.gpu(out1, in1, op.spec.params)
+    recipe = direct.recipe(out1, in1, scratch, first, 0, op.spec.returned)
+    assert recipe is not None
+    assert replayed(fake_gpu, recipe, out2, in2) == expected(op.gpu(out2, in2, op.spec.params))
+
+
+def test_layer_norm_backward_recipe_allocates_its_workspace_per_call(fake_gpu, monkeypatch):
+    op = pco.layer_norm_backward_kernel
+    rows, cols = 37, 96
+
+    def make():
+        outs = [torch.empty(rows, cols), torch.empty(cols), torch.empty(cols)]
+        ins = [
+            torch.randn(rows, cols),
+            torch.randn(rows, cols),
+            torch.randn(cols),
+            torch.randn(rows),
+            torch.randn(rows),
+        ]
+        return outs, ins
+
+    (out1, in1), (out2, in2) = make(), make()
+    with direct.planning() as scratch:
+        first = op.gpu(out1, in1, op.spec.params)
+    assert len(scratch) == 1  # the partial-sums workspace
+    recipe = direct.recipe(out1, in1, scratch, first, 0, op.spec.returned)
+    made = []
+    real_empty = torch.empty
+    monkeypatch.setattr(
+        torch, "empty", lambda *a, **k: made.append(real_empty(*a, **{**k, "device": "cpu"})) or made[-1]
+    )
+    calls = replayed(fake_gpu, recipe, out2, in2)
+    (workspace,) = made
+    assert workspace.shape == scratch[0].shape and workspace.dtype == scratch[0].dtype
+    stage1, stage2 = calls
+    assert workspace.data_ptr() in stage1[-1] and workspace.data_ptr() in stage2[-1]
+    assert out2[0].data_ptr() in stage1[-1] and in2[0].data_ptr() in stage1[-1]
+
+
+def test_no_recipe_when_an_address_is_ambiguous_or_offset(fake_gpu):
+    op = SOFTMAX
+    x = torch.randn(8, 128)
+    launches = op.gpu([x], [x], op.spec.params)  # in place: one address, two tensors
+    assert direct.recipe([x], [x], [], launches, 0, op.spec.returned) is None
+    base = torch.randn(9, 128)
+    view = base[1:]  # a plan that points inside another tensor cannot be traced
+    launches = op.gpu([torch.empty(8, 128)], [view], op.spec.params)
+    assert direct.recipe([torch.empty(8, 128)], [base], [], launches, 0, op.spec.returned) is None
+
+
+# -- on the GPU ---------------------------------------------------------------------------------
+@needs_cuda
+def test_repeated_calls_use_the_recipe_and_stay_correct(monkeypatch):
+    x = torch.randn(33, 1001, device="cuda")
+    pco.softmax(x, -1)  # makes the recipe
+    assert SOFTMAX._recipes
+    monkeypatch.setattr(SOFTMAX, "gpu", None)  # a replayed call must not plan
+    for _ in range(3):
+        x = torch.randn(33, 1001, device="cuda")
+        torch.testing.assert_close(pco.softmax(x, -1), torch.softmax(x, -1))
+
+
+@needs_cuda
+def test_a_recipe_never_skips_a_check_that_would_fail():
+    x = torch.randn(64, 64, device="cuda")
+    pco.softmax(x, -1)
+    with pytest.raises(ValueError, match="contiguous"):
+        SOFTMAX([x.t()])  # same shape and dtype, not contiguous
+    with pytest.raises(TypeError, match="dtype"):
+        SOFTMAX([x.to(torch.int32)])
+    misaligned = torch.randn(64 * 64 + 1, device="cuda")[1:].view(64, 64)  # 4-byte offset
+    torch.testing.assert_close(SOFTMAX([misaligned])[0], torch.softmax(misaligned, -1))
+
+
+@needs_cuda
+def test_changing_the_gemm_version_forgets_recipes():
+    a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+    reference = (a.double() @ b.double()).to(torch.bfloat16)
+    for version in ("AUTO", "MMA_SYNC", "WG_64x128", "TMA_128x128", "AUTO"):
+        with pco.gemm_version(version):
+            for _ in range(2):
+                torch.testing.assert_close(pco.gemm(a, b), reference, atol=0.5, rtol=2e-2)
+            (recipe,) = GEMM_OPS[(False, False, False)]._recipes.values()  # the version change forgot the others
+            names = [str(s.kernel.kernel) for s in recipe.steps]
+            want = {"MMA_SYNC": "gemm_tc", "WG_64x128": "gemm_wgmma", "TMA_128x128": "gemm_tma"}.get(version, "gemm")
+            assert all(want in n for n in names), (version, names)
+
+
+@needs_cuda
+def test_recipes_replay_under_cuda_graph_capture():
+    x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
+    w, b = torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")
+    xb = x.float()
+    pco.layer_norm(xb, (4096,), w, b)  # the recipe exists before the capture
+    graph = torch.cuda.CUDAGraph()
+    static_in = xb.clone()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        static_out = pco.layer_norm(static_in, (4096,), w, b)
+    static_in.copy_(torch.randn_like(static_in))
+    graph.replay()
+    torch.testing.assert_close(static_out, torch.nn.functional.layer_norm(static_in, (4096,), w, b))
