@@ -315,7 +315,7 @@ def _backward_with(batched: bool):
             else:
                 grad_b = op(a, g, None, alpha, 0.0, not ta, False)
         if ctx.c_shape is not None and ctx.needs_input_grad[2]:
-            grad_c = (g * ctx.beta).sum_to_size(ctx.c_shape)
+            grad_c = (g if ctx.beta == 1 else g * ctx.beta).sum_to_size(ctx.c_shape)  # a bias: no multiply
         return grad_a, grad_b, grad_c, None, None, None, None
 
     return backward
