@@ -237,6 +237,7 @@ class Recipe:
             for shape, dtype in self.outputs
         ]
 
+    # --8<-- [start:recipe_run]
     def run(self, outputs, inputs) -> None:
         """Launch for these tensors (in the order of the call the recipe was made from)."""
         index = self.device_index
@@ -263,6 +264,8 @@ class Recipe:
                     args[pos] = raw
                 args = tuple(args)
             step.kernel.enqueue(step.grid, step.block, step.smem, stream, step.cluster, args)
+
+    # --8<-- [end:recipe_run]
 
 
 def recipe(outputs, inputs, scratch, launches: list[Launch], device_index: int, returned) -> Recipe | None:

@@ -192,6 +192,7 @@ static PyObject *launch(PyObject *self, PyObject *const *argv, Py_ssize_t argc) 
                      MAX_ARGS);
         return NULL;
     }
+    /* --8<-- [start:pack] */
     Slot slots[MAX_ARGS];
     void *params[MAX_ARGS];
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -216,6 +217,7 @@ static PyObject *launch(PyObject *self, PyObject *const *argv, Py_ssize_t argc) 
                                (unsigned int)shared_bytes, stream, &attribute, 1};
         code = launch_kernel_ex(&config, function, params, NULL);
     }
+    /* --8<-- [end:pack] */
     return PyLong_FromLong(code);
 }
 

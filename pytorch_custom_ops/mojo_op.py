@@ -178,6 +178,7 @@ class MojoOp:
         return self._call(inputs, out, torch_impl, params)
 
     def _call(self, inputs, out, torch_impl, params) -> list[torch.Tensor]:
+        # --8<-- [start:replay]
         key = None
         if RECIPES and inputs and inputs[0].__class__ in _PLAIN and inputs[0].is_cuda:
             key = _call_key(inputs, out, params)
@@ -194,6 +195,7 @@ class MojoOp:
                         return outputs
                     except cuda_driver.CudaDriverError as exc:
                         return self._cannot_launch(exc, torch_impl, out)
+        # --8<-- [end:replay]
         sizes = self.spec.check_call(inputs, out)
         call_params = self.spec.call_params(params) if params else self.spec.params
         if inputs[0].is_cuda:
