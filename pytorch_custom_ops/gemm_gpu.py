@@ -1,6 +1,6 @@
 """Day 014's GEMM on CUDA: the kernels it may launch and the plan that picks one per call.
 
-Since day 016 the host side of the GPU path lives here, not in `days/day014/gemm.mojo`:
+Since day 016 the host side of the GPU path lives here, not in day014's Mojo files:
 which kernel (SIMT, mma.sync, wgmma or TMA), its tile, grid, block and shared memory, and
 the TMA descriptors. The Mojo file keeps the kernels. Numbers that both sides need are
 passed to the kernel as compile-time parameters (the shared-memory size, the TMA stage
@@ -21,7 +21,11 @@ import torch
 from . import cuda_driver, direct
 from .gpu_kernels import KernelFamily
 
-MODULE = "days.day014.gemm"
+# one Mojo file per kernel version (days/day014/gemm_v*.mojo)
+SIMT_MODULE = "days.day014.gemm_v1_simt"
+TC_MODULE = "days.day014.gemm_v1_mma_sync"
+WG_MODULE = "days.day014.gemm_v2_wgmma"
+TMA_MODULE = "days.day014.gemm_v3_tma"
 MAX_BATCH = 65535  # one grid z slice per matrix: the CUDA grid's z limit
 # An H100 has 132 SMs: a problem with fewer 128x128 tiles than that (e.g. 1024^2 = 64
 # tiles) would leave SMs idle, so it gets 64-row tiles (4x as many blocks for the SIMT
@@ -29,12 +33,12 @@ MAX_BATCH = 65535  # one grid z slice per matrix: the CUDA grid's z limit
 SMALL_GRID = 132
 
 # Threads per block. The kernels index with these counts (SIMT_THREADS, TC_THREADS,
-# WG_THREADS in gemm.mojo), and their tile-split asserts are written against them.
+# WG_THREADS in days/day014/gemm_v*.mojo), and their tile-split asserts are written against them.
 SIMT_THREADS = 256
 TC_THREADS = 256
 WG_THREADS = 128  # one warpgroup
 
-# What the shared-memory sizes are made of: the kernels' stage layouts (gemm.mojo). Each
+# What the shared-memory sizes are made of: the kernels' stage layouts (gemm_v*.mojo). Each
 # kernel checks SMEM against its own layout at build time.
 TC_BN, TC_BK, TC_STAGES, TC_PAD = 128, 32, 4, 8
 WG_BK, WG_STAGES = 64, 4
@@ -81,7 +85,7 @@ def tma_smem_bytes(dtype: torch.dtype, bm: int, bn: int) -> int:
 _ARGS = ("ptr",) * 5 + ("i64",) * 8  # dst, a, b, c, alpha_beta, m, n, k, a_bs, b_bs, c_bs, c_rs, c_cs
 
 SIMT_KERNEL = KernelFamily(
-    MODULE,
+    SIMT_MODULE,
     "gemm_simt_kernel",
     args=_ARGS,
     variants=tuple(  # (dtype, TA, TB, VEC, BM, BN, BK, TM, TN)
@@ -93,7 +97,7 @@ SIMT_KERNEL = KernelFamily(
     ),
 )
 TC_KERNEL = KernelFamily(
-    MODULE,
+    TC_MODULE,
     "gemm_tc_kernel",
     args=_ARGS,
     variants=tuple(  # (dtype, TA, TB, VEC, BM, SMEM)
@@ -106,7 +110,7 @@ TC_KERNEL = KernelFamily(
 )
 WG_TILES = ((64, 128), (128, 128), (128, 256))
 WG_KERNEL = KernelFamily(
-    MODULE,
+    WG_MODULE,
     "gemm_wgmma_kernel",
     args=_ARGS,
     variants=tuple(  # (dtype, TA, TB, BM, BN, SMEM)
@@ -118,7 +122,7 @@ WG_KERNEL = KernelFamily(
 )
 TMA_TILES = ((128, 128), (128, 256))
 TMA_KERNEL = KernelFamily(
-    MODULE,
+    TMA_MODULE,
     "gemm_tma_kernel",
     # a_map, b_map, dst, c, alpha_beta, m, n, k, c_bs, c_rs, c_cs
     args=("tensormap", "tensormap") + ("ptr",) * 3 + ("i64",) * 6,

@@ -1,6 +1,6 @@
 """Emulate the index math of day014's GPU kernels in numpy (no GPU needed, ~10 s).
 
-The GPU branches of gemm.mojo compile here but cannot run: this ports their index
+The GPU kernels (gemm_v*.mojo) compile here but cannot run: this ports their index
 arithmetic line by line and checks it against A @ B for tails, every transpose pair and
 both load paths (VEC on/off):
   * the tensor-core kernel: shared layouts, ldmatrix lane addresses (.trans or not),

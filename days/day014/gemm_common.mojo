@@ -1,0 +1,159 @@
+# Day 014: what every GEMM kernel of the day shares (and day 016's launch plans
+# assume): the problem a call describes, the strides of a broadcast c, the tile order,
+# operand offsets, and the wgmma register epilogue that versions 2 and 3 both use.
+#
+# The kernels, one file per version (the ladder of the day's journal):
+#   gemm_v1_simt.mojo      float32 / float64: a register-blocked SIMT kernel
+#   gemm_v1_mma_sync.mojo  bfloat16 / float16: Ampere-style mma.sync tensor cores
+#   gemm_v2_wgmma.mojo     bfloat16 / float16: Hopper wgmma, cp.async loads
+#   gemm_v3_tma.mojo       bfloat16 / float16: TMA, 128-byte swizzle, producer warpgroup
+# and gemm.mojo, the op: its CPU branch and the MAX registration.
+
+from max.gpu import lane_id, warp_id
+
+
+def accum_dtype[dtype: DType]() -> DType:
+    """Accumulate in float64 for float64 inputs, float32 for everything else."""
+    return DType.float64 if dtype == DType.float64 else DType.float32
+
+
+# --8<-- [start:problem]
+@fieldwise_init
+struct GemmProblem[dtype: DType](ImplicitlyCopyable):
+    """One (batched) GEMM: pointers, sizes and strides, host side.
+
+    Element (i, j) of op(A) in batch `bt` is a[bt*a_bs + i*K + j] (stored (M, K)),
+    or a[bt*a_bs + j*M + i] when TRANSPOSE_A; the same for B. c is read at
+    c[bt*c_bs + i*c_rs + j*c_cs]: a stride of 0 broadcasts that dim.
+    """
+
+    var out: Pointer[Scalar[Self.dtype], MutUntrackedOrigin]
+    var a: Pointer[Scalar[Self.dtype], MutUntrackedOrigin]
+    var b: Pointer[Scalar[Self.dtype], MutUntrackedOrigin]
+    var c: Pointer[Scalar[Self.dtype], MutUntrackedOrigin]
+    var alpha_beta: Pointer[Float32, MutUntrackedOrigin]
+    var batch: Int
+    var m: Int
+    var n: Int
+    var k: Int
+    var a_bs: Int
+    var b_bs: Int
+    var c_bs: Int
+    var c_rs: Int
+    var c_cs: Int
+
+
+# --8<-- [end:problem]
+
+
+def broadcast_stride(
+    name: StaticString, size: Int, full: Int, stride: Int
+) raises -> Int:
+    """The stride of one dim of c: 0 when it broadcasts (size 1), else `stride`.
+    """
+    if size == full:
+        return stride if full != 1 else 0
+    if size == 1:
+        return 0
+    raise Error(
+        name,
+        ": c has size ",
+        size,
+        " where the output has ",
+        full,
+        " (must be 1 or equal)",
+    )
+
+
+def op_dims[transpose: Bool](rows: Int, cols: Int) -> Tuple[Int, Int]:
+    """(rows, cols) of op(X) for a stored (rows, cols) X."""
+    comptime if transpose:
+        return (cols, rows)
+    return (rows, cols)
+
+
+# ---------------------------------------------------------------------------
+# Tile scheduling shared by both GPU kernels.
+
+
+@always_inline
+def tile_coords(pid: Int, num_m: Int, num_n: Int) -> Tuple[Int, Int]:
+    """Map a linear block id to (tile_m, tile_n), GROUP_M tile rows at a time.
+
+    Consecutive blocks walk down a group of 8 tile rows before moving right, so the
+    blocks resident together share both A rows and B columns in L2 (plain row-major
+    order would stream all of B once per tile row).
+    """
+    comptime GROUP_M = 8
+    var per_group = GROUP_M * num_n
+    var first_m = (pid // per_group) * GROUP_M
+    var rows = min(num_m - first_m, GROUP_M)
+    var local = pid % per_group
+    return (first_m + local % rows, local // rows)
+
+
+@always_inline
+def operand_offset[
+    k_contiguous: Bool
+](mn: Int, kk: Int, mn_size: Int, k_size: Int) -> Int:
+    """Offset of element (mn, kk) of op(X) viewed as (MN, K) in its stored layout.
+    """
+    comptime if k_contiguous:
+        return mn * k_size + kk
+    return kk * mn_size + mn
+
+
+# --8<-- [start:wg_epilogue]
+@always_inline
+def wg_store_acc[
+    dtype: DType, BN: Int
+](
+    acc: SIMD[DType.float32, BN // 2],
+    o_t: Pointer[Scalar[dtype], MutAnyOrigin],
+    c_t: Pointer[Scalar[dtype], MutAnyOrigin],
+    alpha_beta: Pointer[Float32, MutAnyOrigin],
+    row0: Int,
+    n0: Int,
+    M: Int,
+    N: Int,
+    c_rs: Int,
+    c_cs: Int,
+):
+    """Epilogue of one warpgroup's 64 x BN wgmma accumulator whose first row is
+    `row0`: out = alpha * acc + beta * c, straight from registers (N % 8 == 0).
+
+    Accumulator element 4*j + e sits at row 16*warp + g + 8*(e//2), col
+    8*j + 2*t + e%2 (g = lane // 4, t = lane % 4): the mma.sync C layout per n8.
+    """
+    var alpha = alpha_beta[unsafe_offset=0]
+    var beta = alpha_beta[unsafe_offset=1]
+    var g = lane_id() // 4
+    var t = lane_id() % 4
+    var wrow = row0 + (warp_id() % 4) * 16 + g
+    var out = acc * alpha
+    if beta != 0:
+        comptime for half in range(2):
+            var row = wrow + half * 8
+            comptime for j in range(BN // 8):
+                var col = n0 + j * 8 + 2 * t
+                if row < M and col < N:
+                    comptime for e in range(2):
+                        out[4 * j + 2 * half + e] += (
+                            beta
+                            * c_t[
+                                unsafe_offset=row * c_rs + (col + e) * c_cs
+                            ].cast[DType.float32]()
+                        )
+    comptime for half in range(2):
+        var row = wrow + half * 8
+        if row < M:
+            comptime for j in range(BN // 8):
+                var col = n0 + j * 8 + 2 * t
+                if col < N:  # N % 8 == 0: the pair is all in or all out
+                    o_t.unsafe_store[alignment=4](
+                        row * N + col,
+                        out.slice[2, offset=4 * j + 2 * half]().cast[dtype](),
+                    )
+
+
+# --8<-- [end:wg_epilogue]

@@ -1,0 +1,260 @@
+# Day 014, version 1 for float32 / float64: a register-blocked SIMT GEMM.
+
+from max.gpu import thread_idx, block_idx, barrier
+from std.memory import stack_allocation
+from std.math import ceildiv
+from std.sys import size_of
+
+from days.day014.gemm_common import accum_dtype, tile_coords, operand_offset
+
+
+# ---------------------------------------------------------------------------
+# SIMT kernel (float32, float64).
+
+comptime SIMT_THREADS = 256
+
+
+# --8<-- [start:simt_load]
+@always_inline
+def simt_fetch[
+    dtype: DType,
+    K_CONTIG: Bool,
+    VEC: Bool,
+    BMN: Int,
+    BK: Int,
+    VW: Int,
+    LV: Int,
+](
+    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    mn0: Int,
+    k0: Int,
+    mn_size: Int,
+    k_size: Int,
+    mut regs: Array[SIMD[dtype, VW], LV],
+):
+    """Global -> registers: this thread's LV vectors of the (BMN x BK) tile at (mn0, k0).
+
+    Vectors run along the stored contiguous dim. Out-of-range elements read as 0.
+    """
+    comptime PER_ROW = BK // VW if K_CONTIG else BMN // VW
+    comptime for i in range(LV):
+        var v = thread_idx.x + i * SIMT_THREADS
+        var row = v // PER_ROW
+        var col = (v % PER_ROW) * VW
+        var mn = mn0 + (row if K_CONTIG else col)
+        var kk = k0 + (col if K_CONTIG else row)
+        comptime if VEC:
+            # every leading dim is a multiple of VW: a vector is all in or all out
+            if mn < mn_size and kk < k_size:
+                regs[i] = src.unsafe_load[width=VW, alignment=16](
+                    operand_offset[K_CONTIG](mn, kk, mn_size, k_size)
+                )
+            else:
+                regs[i] = 0
+        else:
+            var vec = SIMD[dtype, VW](0)
+            comptime for e in range(VW):
+                var emn = mn + (0 if K_CONTIG else e)
+                var ek = kk + (e if K_CONTIG else 0)
+                if emn < mn_size and ek < k_size:
+                    vec[e] = src[
+                        unsafe_offset=operand_offset[K_CONTIG](
+                            emn, ek, mn_size, k_size
+                        )
+                    ]
+            regs[i] = vec
+
+
+@always_inline
+def simt_stash[
+    dtype: DType,
+    acc: DType,
+    K_CONTIG: Bool,
+    BMN: Int,
+    BK: Int,
+    LD: Int,
+    VW: Int,
+    LV: Int,
+](
+    regs: Array[SIMD[dtype, VW], LV],
+    smem: Pointer[
+        Scalar[acc], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+):
+    """Registers -> shared memory laid out [k][mn] (row stride LD), converted to acc.
+    """
+    comptime PER_ROW = BK // VW if K_CONTIG else BMN // VW
+    comptime for i in range(LV):
+        var v = thread_idx.x + i * SIMT_THREADS
+        var row = v // PER_ROW
+        var col = (v % PER_ROW) * VW
+        comptime if K_CONTIG:  # the vector runs along k: transpose into [k][mn]
+            comptime for e in range(VW):
+                smem[unsafe_offset=(col + e) * LD + row] = regs[i][e].cast[
+                    acc
+                ]()
+        else:
+            smem.unsafe_store[alignment=16](row * LD + col, regs[i].cast[acc]())
+
+
+# --8<-- [end:simt_load]
+
+
+# --8<-- [start:simt_kernel]
+def gemm_simt_kernel[
+    dtype: DType,
+    TA: Bool,
+    TB: Bool,
+    VEC: Bool,
+    BM: Int,
+    BN: Int,
+    BK: Int,
+    TM: Int,
+    TN: Int,
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    b: Pointer[Scalar[dtype], MutAnyOrigin],
+    c: Pointer[Scalar[dtype], MutAnyOrigin],
+    alpha_beta: Pointer[Float32, MutAnyOrigin],
+    m: Int64,
+    n: Int64,
+    k: Int64,
+    a_bs: Int64,
+    b_bs: Int64,
+    c_bs: Int64,
+    c_rs: Int64,
+    c_cs: Int64,
+):
+    """Launch with grid (ceil(M/BM) * ceil(N/BN), 1, batch), 256 threads."""
+    comptime acc = accum_dtype[dtype]()
+    comptime VW = 16 // size_of[dtype]()  # elements per 16-byte global vector
+    comptime TX = BN // TN  # threads along N
+    comptime TY = BM // TM  # threads along M
+    comptime assert TX * TY == SIMT_THREADS, "256 threads per block"
+    comptime assert (
+        TM % 4 == 0 and TN % 4 == 0
+    ), "thread tiles are 4-wide vectors"
+    comptime GM = TM // 4  # 4-row groups per thread, BM // GM rows apart
+    comptime GN = TN // 4
+    comptime LDA = BM + 4  # +4: the transposing stores of k-contiguous tiles conflict less
+    comptime LDB = BN + 4
+    comptime LVA = BM * BK // VW // SIMT_THREADS  # vectors per thread per tile
+    comptime LVB = BN * BK // VW // SIMT_THREADS
+    comptime assert LVA * VW * SIMT_THREADS == BM * BK, "A tile splits evenly"
+    comptime assert LVB * VW * SIMT_THREADS == BN * BK, "B tile splits evenly"
+
+    var M = Int(m)
+    var N = Int(n)
+    var K = Int(k)
+    var num_m = ceildiv(M, BM)
+    var num_n = ceildiv(N, BN)
+    var tile = tile_coords(block_idx.x, num_m, num_n)
+    var m0 = tile[0] * BM
+    var n0 = tile[1] * BN
+    var bt = block_idx.z
+    var a_t = a.unsafe_offset(bt * Int(a_bs))
+    var b_t = b.unsafe_offset(bt * Int(b_bs))
+
+    # two buffers per operand: compute on one while the other is being filled
+    var as_ = stack_allocation[
+        2 * BK * LDA,
+        Scalar[acc],
+        address_space=AddressSpace.SHARED,
+        alignment=16,
+    ]()
+    var bs_ = stack_allocation[
+        2 * BK * LDB,
+        Scalar[acc],
+        address_space=AddressSpace.SHARED,
+        alignment=16,
+    ]()
+    var ra = Array[SIMD[dtype, VW], LVA](fill=0)
+    var rb = Array[SIMD[dtype, VW], LVB](fill=0)
+    var accs = Array[SIMD[acc, 4], TM * GN](fill=0)
+
+    var tx = thread_idx.x % TX
+    var ty = thread_idx.x // TX
+    var num_k = ceildiv(K, BK)
+
+    simt_fetch[dtype, not TA, VEC, BM, BK, VW, LVA](a_t, m0, 0, M, K, ra)
+    simt_fetch[dtype, TB, VEC, BN, BK, VW, LVB](b_t, n0, 0, N, K, rb)
+    simt_stash[dtype, acc, not TA, BM, BK, LDA, VW, LVA](ra, as_)
+    simt_stash[dtype, acc, TB, BN, BK, LDB, VW, LVB](rb, bs_)
+    barrier()
+
+    for kt in range(num_k):
+        var cur = kt % 2
+        var has_next = kt + 1 < num_k
+        if has_next:  # issue the next tile's global loads before the math
+            simt_fetch[dtype, not TA, VEC, BM, BK, VW, LVA](
+                a_t, m0, (kt + 1) * BK, M, K, ra
+            )
+            simt_fetch[dtype, TB, VEC, BN, BK, VW, LVB](
+                b_t, n0, (kt + 1) * BK, N, K, rb
+            )
+        var sa = as_.unsafe_offset(cur * BK * LDA)
+        var sb = bs_.unsafe_offset(cur * BK * LDB)
+        comptime for kk in range(BK):
+            var fa = Array[SIMD[acc, 4], GM](fill=0)
+            var fb = Array[SIMD[acc, 4], GN](fill=0)
+            comptime for g in range(GM):
+                fa[g] = sa.unsafe_load[width=4, alignment=16](
+                    kk * LDA + g * (BM // GM) + ty * 4
+                )
+            comptime for h in range(GN):
+                fb[h] = sb.unsafe_load[width=4, alignment=16](
+                    kk * LDB + h * (BN // GN) + tx * 4
+                )
+            comptime for g in range(GM):
+                comptime for r in range(4):
+                    var av = SIMD[acc, 4](fa[g][r])
+                    comptime for h in range(GN):
+                        accs[(g * 4 + r) * GN + h] = av.fma(
+                            fb[h], accs[(g * 4 + r) * GN + h]
+                        )
+        if has_next:
+            var nxt = 1 - cur
+            simt_stash[dtype, acc, not TA, BM, BK, LDA, VW, LVA](
+                ra, as_.unsafe_offset(nxt * BK * LDA)
+            )
+            simt_stash[dtype, acc, TB, BN, BK, LDB, VW, LVB](
+                rb, bs_.unsafe_offset(nxt * BK * LDB)
+            )
+        barrier()
+
+    # epilogue: alpha * acc + beta * c, masked at the edges
+    var alpha = alpha_beta[unsafe_offset=0].cast[acc]()
+    var beta = alpha_beta[unsafe_offset=1].cast[acc]()
+    var o_t = dst.unsafe_offset(bt * M * N)
+    var c_t = c.unsafe_offset(bt * Int(c_bs))
+    comptime for g in range(GM):
+        comptime for r in range(4):
+            var row = m0 + g * (BM // GM) + ty * 4 + r
+            if row < M:
+                comptime for h in range(GN):
+                    var col = n0 + h * (BN // GN) + tx * 4
+                    var v = accs[(g * 4 + r) * GN + h] * alpha
+                    if beta != 0:
+                        comptime for e in range(4):
+                            if col + e < N:
+                                v[e] += (
+                                    beta
+                                    * c_t[
+                                        unsafe_offset=row * Int(c_rs)
+                                        + (col + e) * Int(c_cs)
+                                    ].cast[acc]()
+                                )
+                    var o = v.cast[dtype]()
+                    var stored = False
+                    comptime if VEC and dtype == DType.float32:
+                        if col + 3 < N:  # N % 4 == 0 under VEC
+                            o_t.unsafe_store[alignment=16](row * N + col, o)
+                            stored = True
+                    if not stored:
+                        comptime for e in range(4):
+                            if col + e < N:
+                                o_t[unsafe_offset=row * N + col + e] = o[e]
+
+
+# --8<-- [end:simt_kernel]

@@ -1,0 +1,328 @@
+# Day 014, version 3: TMA into 128-byte swizzled tiles, a producer warpgroup and
+# wgmma consumers. Builds on version 2 (its warpgroup size) and the shared epilogue.
+
+from max.gpu import (
+    MAX_THREADS_PER_BLOCK_METADATA,
+    thread_idx,
+    block_idx,
+    barrier,
+    lane_id,
+)
+from max.gpu.compute.mma import (
+    WGMMADescriptor,
+    wgmma_async,
+    wgmma_fence_aligned,
+    wgmma_commit_group_sync,
+    wgmma_wait_group_sync,
+)
+from max.gpu.memory import (
+    cp_async_bulk_tensor_shared_cluster_global,
+    external_memory,
+)
+from max.gpu.host.nvidia.tma import TMADescriptor, TensorMapSwizzle
+from max.gpu.sync import (
+    mbarrier_init,
+    mbarrier_arrive,
+    mbarrier_arrive_expect_tx_shared,
+)
+from std.math import ceildiv
+from std.sys import size_of
+from std.sys._assembly import inlined_assembly
+from std.utils import IndexList, StaticTuple
+
+from days.day014.gemm_common import tile_coords, wg_store_acc
+from days.day014.gemm_v2_wgmma import WG_THREADS
+
+
+# ---------------------------------------------------------------------------
+# Version 3, Hopper: TMA loads into 128-byte swizzled tiles, a producer warpgroup
+# and consumer warpgroups that only multiply (bfloat16, float16).
+#
+# Version 2 made every thread both load (cp.async, one 16-byte vector at a time) and
+# multiply, with a block-wide barrier per k tile. Here the two jobs are split:
+#   * warpgroup 0 is the producer. One of its threads issues TMA copies
+#     (cp.async.bulk.tensor): the copy engine moves a whole tile per instruction,
+#     zero-fills what lies outside the matrix and writes the 128-byte swizzled layout
+#     that wgmma reads without bank conflicts. The warpgroup gives most of its
+#     registers back (setmaxnreg) to the consumers.
+#   * warpgroups 1..BM/64 are consumers; each owns 64 rows x BN of the block tile.
+# Each of the STAGES shared buffers has two mbarriers: `full` (the producer announces
+# the stage's byte count; the TMA unit completes the phase when the bytes have
+# landed) and `empty` (each consumer warp arrives once the wgmma group that read the
+# stage has retired). The main loop has no block-wide barrier.
+#
+# 128-byte swizzle: a row of 64 16-bit elements is 128 bytes; TMA stores 16-byte
+# chunk c of row r at chunk c ^ (r % 8), and wgmma undoes the XOR when a descriptor
+# says SWIZZLE_128B. Both apply it to absolute shared addresses, so each 8-row
+# block (1024 bytes) must start 1024-byte aligned. Tile layouts, in elements:
+#   * k-contiguous operand (A, or B^T): BMN rows of 64 k (one TMA box). Descriptor
+#     SBO (next 8 rows) = 1024 B; LBO unused. A k16 step moves the start address
+#     by 32 B inside the swizzled row: the hardware applies the XOR after adding.
+#   * mn-contiguous operand (A^T, or B): BMN/64 boxes of 64 k rows x 64 mn. SBO
+#     (next 8 k rows) = 1024 B, LBO (next box of 64 mn) = 8192 B; a k16 step moves
+#     the start address by 16 rows = 2048 B.
+
+comptime TMA_BK = 64  # k per stage: one 128-byte swizzled row of 16-bit elements
+comptime TMA_BOX = 64  # mn width of one box of an mn-contiguous operand (128 B)
+comptime TMA_CONSUMER_REGS = 232  # setmaxnreg: what each consumer thread grows to
+comptime TMA_PRODUCER_REGS = 40  # ... and each producer thread shrinks to
+# The stage count (how many fit in the shared-memory budget) and the tensor maps (one
+# per operand, viewed as (batch, rows, cols) as stored, box BMN x 64 or 64 x 64, 128-byte
+# swizzle) are the launch plan's, in pytorch_custom_ops/gemm_gpu.py; STAGES and SMEM
+# reach the kernel as parameters.
+
+
+@always_inline
+def fence_mbarrier_init():
+    """Make mbarrier.init visible to the async proxy (the TMA unit) before use.
+    """
+    inlined_assembly[
+        "fence.mbarrier_init.release.cluster;", NoneType, constraints=""
+    ]()
+
+
+@always_inline
+def mbar_wait(
+    bar: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+    parity: Int,
+):
+    """Spin until the mbarrier phase with this parity (0, 1, 0, ...) completes.
+    """
+    inlined_assembly[
+        """{
+        .reg .pred done;
+        WAIT:
+        mbarrier.try_wait.parity.shared::cta.b64 done, [$0], $1;
+        @!done bra WAIT;
+        }""",
+        NoneType,
+        constraints="r,r",
+    ](Int32(Int(bar)), Int32(parity))
+
+
+@always_inline
+def set_max_registers[grow: Bool, count: Int]():
+    """Hand registers between the warpgroups of a block (setmaxnreg; all threads of
+    a warpgroup execute it)."""
+    comptime op = "inc" if grow else "dec"
+    inlined_assembly[
+        "setmaxnreg." + op + ".sync.aligned.u32 " + String(count) + ";",
+        NoneType,
+        constraints="",
+    ]()
+
+
+# --8<-- [start:tma_load]
+@always_inline
+def tma_load_operand[
+    dtype: DType, K_CONTIG: Bool, BMN: Int
+](
+    tma_map: OpaquePointer[mut=False, _],
+    tile: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    bar: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+    mn0: Int,
+    k0: Int,
+    bt: Int,
+):
+    """Start the copy of one stage's tile (BMN x 64 of op(X)); `bar` counts the bytes.
+    TMA coordinates go innermost first: (col, row, batch)."""
+    comptime if K_CONTIG:
+        cp_async_bulk_tensor_shared_cluster_global(
+            tile, tma_map, bar, IndexList[3](k0, mn0, bt)
+        )
+    else:
+        comptime for j in range(BMN // TMA_BOX):
+            cp_async_bulk_tensor_shared_cluster_global(
+                tile.unsafe_offset(j * TMA_BOX * TMA_BK),
+                tma_map,
+                bar,
+                IndexList[3](mn0 + j * TMA_BOX, k0, bt),
+            )
+
+
+# --8<-- [end:tma_load]
+
+
+# --8<-- [start:tma_desc]
+@always_inline
+def tma_desc[
+    dtype: DType, K_CONTIG: Bool
+](
+    tile: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    mn: Int,
+    ks: Int,
+) -> WGMMADescriptor[dtype]:
+    """Descriptor of the slice at row `mn` (a multiple of 64), k step `ks` of a
+    swizzled tile. `create[SBO, LBO]` takes both in 16-byte units."""
+    comptime row_bytes = TMA_BK * size_of[dtype]()  # 128
+    comptime if K_CONTIG:
+        return WGMMADescriptor[dtype].create[
+            8 * row_bytes // 16, 1, TensorMapSwizzle.SWIZZLE_128B
+        ](tile.unsafe_offset(mn * TMA_BK + ks * 16))
+    else:
+        return WGMMADescriptor[dtype].create[
+            8 * row_bytes // 16,
+            TMA_BOX * row_bytes // 16,
+            TensorMapSwizzle.SWIZZLE_128B,
+        ](
+            tile.unsafe_offset(
+                (mn // TMA_BOX) * TMA_BOX * TMA_BK + ks * 16 * TMA_BOX
+            )
+        )
+
+
+# --8<-- [end:tma_desc]
+
+
+# --8<-- [start:tma_kernel]
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
+        Int32(WG_THREADS * (1 + BM // 64))
+    )
+)
+@__llvm_arg_metadata(a_map, `nvvm.grid_constant`)
+@__llvm_arg_metadata(b_map, `nvvm.grid_constant`)
+def gemm_tma_kernel[
+    dtype: DType,
+    TA: Bool,
+    TB: Bool,
+    BM: Int,
+    BN: Int,
+    STAGES: Int,
+    SMEM: Int,
+](
+    a_map: TMADescriptor,
+    b_map: TMADescriptor,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    c: Pointer[Scalar[dtype], MutAnyOrigin],
+    alpha_beta: Pointer[Float32, MutAnyOrigin],
+    m: Int64,
+    n: Int64,
+    k: Int64,
+    c_bs: Int64,
+    c_rs: Int64,
+    c_cs: Int64,
+):
+    """Launch with grid (ceil(M/BM) * ceil(N/BN), 1, batch), 128 * (1 + BM/64)
+    threads and SMEM bytes of dynamic shared memory: STAGES stage buffers, then a
+    `full` and an `empty` mbarrier (8 B each) per stage. The launch plan picks
+    STAGES (as many as its budget holds) and builds a_map and b_map with boxes of
+    this kernel's tiles."""
+    comptime CONSUMERS = BM // 64
+    comptime A_KC = not TA  # A is k-contiguous when stored (M, K)
+    comptime B_KC = TB  # B is k-contiguous when stored (N, K)
+    comptime A_ELEMS = BM * TMA_BK
+    comptime B_ELEMS = BN * TMA_BK
+    comptime STAGE_BYTES = (A_ELEMS + B_ELEMS) * size_of[dtype]()
+    comptime assert BM % 64 == 0 and BN % 64 == 0 and BN <= 256, "tile shape"
+    comptime assert STAGES >= 2, "at least two stages"
+    comptime assert SMEM == STAGES * (STAGE_BYTES + 16), "stages + mbarriers"
+    comptime assert (
+        TMA_BK * size_of[dtype]() == 128
+    ), "a k row is one 128-byte swizzle span (the tensor maps' box width)"
+
+    var M = Int(m)
+    var N = Int(n)
+    var K = Int(k)
+    var tile = tile_coords(block_idx.x, ceildiv(M, BM), ceildiv(N, BN))
+    var m0 = tile[0] * BM
+    var n0 = tile[1] * BN
+    var bt = block_idx.z
+    var num_k = ceildiv(K, TMA_BK)
+
+    var smem = external_memory[
+        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=1024
+    ]()
+    var sa = smem
+    var sb = smem.unsafe_offset(STAGES * A_ELEMS)
+    var full = smem.unsafe_offset(STAGES * (A_ELEMS + B_ELEMS)).unsafe_bitcast[
+        Int64
+    ]()
+    var empty = full.unsafe_offset(STAGES)
+    if thread_idx.x == 0:
+        comptime for s in range(STAGES):
+            mbarrier_init(full.unsafe_offset(s), 1)
+            mbarrier_init(empty.unsafe_offset(s), Int32(CONSUMERS * 4))
+        fence_mbarrier_init()
+    barrier()
+
+    var wg = thread_idx.x // WG_THREADS
+    if wg == 0:
+        # producer: one thread keeps up to STAGES tiles in flight
+        set_max_registers[False, TMA_PRODUCER_REGS]()
+        if thread_idx.x == 0:
+            var a_ptr = Pointer(to=a_map).unsafe_bitcast[NoneType]()
+            var b_ptr = Pointer(to=b_map).unsafe_bitcast[NoneType]()
+            for kt in range(num_k):
+                var s = kt % STAGES
+                if kt >= STAGES:  # wait until the consumers released round r-1
+                    mbar_wait(empty.unsafe_offset(s), (kt // STAGES - 1) % 2)
+                mbarrier_arrive_expect_tx_shared(
+                    full.unsafe_offset(s), Int32(STAGE_BYTES)
+                )
+                tma_load_operand[dtype, A_KC, BM](
+                    a_ptr,
+                    sa.unsafe_offset(s * A_ELEMS),
+                    full.unsafe_offset(s),
+                    m0,
+                    kt * TMA_BK,
+                    bt,
+                )
+                tma_load_operand[dtype, B_KC, BN](
+                    b_ptr,
+                    sb.unsafe_offset(s * B_ELEMS),
+                    full.unsafe_offset(s),
+                    n0,
+                    kt * TMA_BK,
+                    bt,
+                )
+    else:
+        set_max_registers[True, TMA_CONSUMER_REGS]()
+        var cw = wg - 1  # this consumer's 64 rows of the block tile
+        var acc = SIMD[DType.float32, BN // 2](0)
+        for kt in range(num_k):
+            var s = kt % STAGES
+            mbar_wait(full.unsafe_offset(s), (kt // STAGES) % 2)
+            var sa_k = sa.unsafe_offset(s * A_ELEMS)
+            var sb_k = sb.unsafe_offset(s * B_ELEMS)
+            wgmma_fence_aligned()
+            comptime for ks in range(TMA_BK // 16):
+                acc = wgmma_async[
+                    64,
+                    BN,
+                    16,
+                    a_type=dtype,
+                    b_type=dtype,
+                    layout_a="row" if A_KC else "col",
+                    layout_b="col" if B_KC else "row",
+                ](
+                    tma_desc[dtype, A_KC](sa_k, cw * 64, ks),
+                    tma_desc[dtype, B_KC](sb_k, 0, ks),
+                    acc,
+                )
+            wgmma_commit_group_sync()
+            # one group stays in flight; the one before it has retired, so its
+            # stage goes back to the producer
+            wgmma_wait_group_sync[1]()
+            if kt > 0 and lane_id() == 0:
+                _ = mbarrier_arrive(empty.unsafe_offset((kt - 1) % STAGES))
+        wgmma_wait_group_sync[0]()
+        wg_store_acc[dtype, BN](
+            acc,
+            dst.unsafe_offset(bt * M * N),
+            c.unsafe_offset(bt * Int(c_bs)),
+            alpha_beta,
+            m0 + cw * 64,
+            n0,
+            M,
+            N,
+            Int(c_rs),
+            Int(c_cs),
+        )
+
+
+# --8<-- [end:tma_kernel]
