@@ -95,7 +95,7 @@ def append_rows(rows: Iterable[Mapping], day: str, run_id: str, results_dir: Pat
         if not path.exists() or path.stat().st_size == 0:
             header = io.StringIO()
             csv.DictWriter(header, fieldnames=COLUMNS).writeheader()
-            _replace(path, header.getvalue() + body.getvalue())
+            write_atomically(path, header.getvalue() + body.getvalue())
             return path
         _upgrade_header(path)
         with path.open("ab") as f:
@@ -127,12 +127,14 @@ def _last_byte(path: Path) -> bytes:
         return f.read(1)
 
 
-def _replace(path: Path, text: str) -> None:
-    """Write `text` to a temporary file beside `path`, then rename it over `path`."""
+def write_atomically(path: Path, data: bytes | str) -> None:
+    """Write `data` to a temporary file beside `path`, then rename it over `path`: a reader
+    sees the old file or the whole new one, never a part (text is written as UTF-8)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -156,7 +158,7 @@ def _upgrade_header(path: Path) -> None:
     writer = csv.DictWriter(out, fieldnames=COLUMNS, restval="")
     writer.writeheader()
     writer.writerows(rows)
-    _replace(path, out.getvalue())
+    write_atomically(path, out.getvalue())
 
 
 def _fmt(v) -> str:

@@ -17,6 +17,7 @@ warn once and fall back to torch; GPU_DAYS_STRICT=1 turns that into an error.
 
 from . import softmax_family
 from .contract import ContractError, OpSpec, TensorArg
+from .cross_entropy import cross_entropy, cross_entropy_kernel, cross_entropy_loss_kernel
 from .fallback import MojoFallbackWarning, MojoUnavailableError, strict
 from .flash_attention import flash_attention
 from .gemm import MojoGEMM, gemm, gemm_batched, gemm_batched_kernel, gemm_kernel, gemm_version
@@ -43,6 +44,8 @@ KERNELS = {
         gemm_kernel,  # day014
         gemm_batched_kernel,
         long_softmax_kernel,  # day015
+        cross_entropy_kernel,  # day020
+        cross_entropy_loss_kernel,
     )
 }
 
@@ -69,6 +72,9 @@ __all__ = [
     "OpSpec",
     "TensorArg",
     "build_library",
+    "cross_entropy",
+    "cross_entropy_kernel",
+    "cross_entropy_loss_kernel",
     "flash_attention",
     "gemm",
     "gemm_batched",

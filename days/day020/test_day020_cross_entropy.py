@@ -1,0 +1,143 @@
+"""The fused cross-entropy op against float64 and F.cross_entropy (CPU through MAX; CUDA
+through the direct launch path when a GPU is present), its launch plan on CPU tensors,
+and its errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pytorch_custom_ops as pco
+from pytorch_custom_ops.cross_entropy import SMALL_ROW, cross_entropy_kernel, cross_entropy_loss_kernel
+
+DTYPES = [(torch.float32, 1e-5, 1e-5), (torch.float64, 1e-12, 1e-12), (torch.bfloat16, 1e-2, 1e-2)]
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def reference(logits, targets, ignore_index, reduction, grad_out):
+    """float64 loss and gradient of the logits."""
+    x = logits.detach().double().requires_grad_()
+    loss = F.cross_entropy(x, targets, ignore_index=ignore_index, reduction=reduction)
+    loss.backward(grad_out.double())
+    return loss.detach(), x.grad
+
+
+@pytest.mark.parametrize("dtype, loss_tol, grad_tol", DTYPES)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("rows, cols", [(1, 2), (13, 301), (5, 1000), (3, 9000)])
+def test_loss_and_grad_match_float64(device, dtype, loss_tol, grad_tol, reduction, rows, cols):
+    g = torch.Generator().manual_seed(rows * 7 + cols)
+    logits = (torch.randn(rows, cols, generator=g) * 4).to(dtype).to(device)
+    targets = torch.randint(0, cols, (rows,), generator=g).to(device)
+    if rows > 2:
+        targets[1] = -100  # one ignored row
+    x = logits.clone().requires_grad_()
+    loss = pco.cross_entropy(x, targets, reduction=reduction)
+    assert loss.dtype == dtype and loss.shape == ((rows,) if reduction == "none" else ())
+    grad_out = torch.randn(loss.shape, generator=g).to(device)
+    loss.backward(grad_out.to(dtype))
+    ref_loss, ref_grad = reference(logits, targets, -100, reduction, grad_out.to(dtype))
+    assert rel(loss.detach(), ref_loss) < loss_tol
+    assert rel(x.grad, ref_grad) < grad_tol
+    if rows > 2:
+        assert torch.all(x.grad[1] == 0)
+    with torch.no_grad():  # the loss-only kernel
+        assert rel(pco.cross_entropy(logits, targets, reduction=reduction), ref_loss) < loss_tol
+
+
+def test_a_custom_ignore_index_and_every_row_ignored(device):
+    logits = torch.randn(6, 50, device=device)
+    targets = torch.tensor([3, 7, 7, 0, 49, 7], device=device)
+    torch.testing.assert_close(
+        pco.cross_entropy(logits, targets, ignore_index=7), F.cross_entropy(logits, targets, ignore_index=7)
+    )
+    none_counted = torch.full((6,), 7, device=device)
+    assert math.isnan(pco.cross_entropy(logits, none_counted, ignore_index=7).item())  # 0 / 0, as torch
+    assert math.isnan(F.cross_entropy(logits, none_counted, ignore_index=7).item())
+    assert pco.cross_entropy(logits, none_counted, ignore_index=7, reduction="sum").item() == 0
+
+
+def test_large_logits_are_stable_and_nan_propagates(device):
+    logits = torch.tensor([[1e4, -1e4, 0.0], [-3e4, -3e4 + 1.0, -3e4], [0.0, float("nan"), 1.0]], device=device)
+    targets = torch.tensor([0, 1, 2], device=device)
+    ours = pco.cross_entropy(logits, targets, reduction="none")
+    ref = F.cross_entropy(logits.double(), targets, reduction="none")
+    torch.testing.assert_close(ours[:2].double(), ref[:2], rtol=1e-5, atol=1e-5)  # float32 math
+    assert math.isnan(ours[2].item())
+
+
+def test_gradcheck(device):
+    x = torch.randn(4, 9, dtype=torch.float64, device=device, requires_grad=True)
+    t = torch.tensor([0, 8, -100, 3], device=device)
+    for reduction in ("mean", "sum", "none"):
+        assert torch.autograd.gradcheck(lambda x, r=reduction: pco.cross_entropy(x, t, reduction=r), (x,))
+
+
+def test_opcheck_and_compile(device):
+    x = torch.randn(5, 33, device=device, requires_grad=True)
+    t = torch.randint(0, 33, (5,), device=device)
+    torch.library.opcheck(torch.ops.gpu_days.cross_entropy, (x, t, -100, "mean"))
+    torch.library.opcheck(torch.ops.gpu_days.cross_entropy_loss, (x.detach(), t, -100, "sum"))
+    compiled = torch.compile(lambda x, t: pco.cross_entropy(x, t), fullgraph=True)
+    loss = compiled(x, t)
+    loss.backward()
+    torch.testing.assert_close(loss, F.cross_entropy(x, t))
+    ref = x.detach().clone().requires_grad_()
+    F.cross_entropy(ref, t).backward()
+    torch.testing.assert_close(x.grad, ref.grad)
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda x, t: pco.cross_entropy(x[0], t), ValueError, r"logits must be \(N, C\)"),
+        (lambda x, t: pco.cross_entropy(x, t.int()), TypeError, "int64 class indices"),
+        (lambda x, t: pco.cross_entropy(x, t[:2]), ValueError, r"targets must be \(3,\)"),
+        (lambda x, t: pco.cross_entropy(x, t, reduction="avg"), ValueError, "reduction must be one of"),
+        (lambda x, t: pco.cross_entropy(x, t, ignore_index=1.5), TypeError, "ignore_index must be an int"),
+        (lambda x, t: pco.cross_entropy(x.int(), t), TypeError, "not supported"),
+        (lambda x, t: pco.cross_entropy(x, t + 10), ValueError, "target 1[0-9] is out of range for 10 classes"),
+        (lambda x, t: pco.cross_entropy(x, t - 10), ValueError, "target -[0-9]+ is out of range"),
+    ],
+)
+def test_bad_inputs_are_named(device, call, error, message):
+    x = torch.randn(3, 10, device=device)
+    t = torch.tensor([1, 2, 3], device=device)
+    with pytest.raises(error, match=message):
+        call(x, t)
+    with pytest.raises(error, match=message):
+        call(x.requires_grad_(), t)  # the autograd route checks the same
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("cols", [256, 1001, 50304, 128256])
+@pytest.mark.parametrize("grad", [False, True])
+def test_plan_on_cpu_tensors(dtype, cols, grad):
+    """What the CUDA launch would be, from CPU tensors: a block per row, 16-byte vectors
+    when rows allow, the row cached up to day012's budget when a gradient is written."""
+    rows = 3
+    logits = torch.empty(rows, cols, dtype=dtype)
+    targets = torch.zeros(rows, dtype=torch.int64)
+    params = {"IGNORE_INDEX": -100}
+    if grad:
+        outputs = [torch.empty_like(logits), torch.empty(rows, dtype=torch.float64)]
+        inputs = [logits, targets, torch.ones(1, dtype=torch.float64)]
+        (launch,) = cross_entropy_kernel.gpu(outputs, inputs, params)
+    else:
+        outputs, inputs = [torch.empty(rows, dtype=torch.float64)], [logits, targets]
+        (launch,) = cross_entropy_loss_kernel.gpu(outputs, inputs, params)
+    dtype_, w, block, grad_ = launch.kernel.params
+    vec = 16 // dtype.itemsize
+    assert (dtype_, grad_) == (dtype, grad)
+    assert w == (vec if cols % vec == 0 else 1)
+    assert launch.grid == rows and launch.block == block == (256 if cols <= SMALL_ROW else 1024)
+    cached = launch.args[6]
+    assert launch.smem == cached * dtype.itemsize <= 200 * 1024
+    assert cached == (min(cols, (200 * 1024 // dtype.itemsize) // w * w) if grad else 0)
+    assert launch.args[7] == -100

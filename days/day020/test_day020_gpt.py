@@ -1,0 +1,168 @@
+"""Day 020 on the CPU (MAX runs the Mojo ops): the data, the model in both impls, training.
+
+The gpu-days model must compute what the torch model computes, step after step: same
+logits, same gradients, same loss curve. On CUDA the same tests run on the GPU.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+
+from days.day020 import data as D
+from days.day020 import train as T
+from days.day020.model import CONFIGS, GPT, GPTConfig, twins
+
+TINY = CONFIGS["tiny"]
+
+
+# -- data -------------------------------------------------------------------------------------
+@pytest.fixture
+def fake_stdlib(tmp_path):
+    root = tmp_path / "lib"
+    for i in range(40):
+        sub = root / ("pkg" if i % 3 else "") / f"m{i:02d}.py"
+        sub.parent.mkdir(parents=True, exist_ok=True)
+        sub.write_text(f"def f{i}(x):\n    return x * {i}\n" * (i + 1))
+    (root / "site-packages" / "x.py").parent.mkdir(parents=True)
+    (root / "site-packages" / "x.py").write_text("not the standard library\n")
+    return root
+
+
+def test_data_is_deterministic_split_by_file_and_written_whole(fake_stdlib, tmp_path):
+    a = D.build(tmp_path / "a", root=fake_stdlib, val_percent=25)
+    b = D.build(tmp_path / "b", root=fake_stdlib, val_percent=25)
+    assert a["train"] == b["train"] and a["val"] == b["val"]
+    assert a["train"]["files"] + a["val"]["files"] == 40  # site-packages left out
+    assert 0 < a["val"]["files"] < 40
+    train = D.load(tmp_path / "a", "train")
+    assert train.dtype == np.uint8 and len(train) == a["train"]["tokens"]
+    assert hashlib.sha256(bytes(train)).hexdigest() == a["train"]["sha256"]
+    assert b"not the standard library" not in bytes(train) + bytes(D.load(tmp_path / "a", "val"))
+    assert not [p for p in (tmp_path / "a").iterdir() if p.name.startswith(".")]  # no temporary files left
+
+
+def test_data_from_this_pythons_standard_library(tmp_path):
+    meta = D.build(tmp_path, max_bytes=300_000)
+    assert meta["train"]["tokens"] > 100_000 and meta["val"]["tokens"] > 0
+    assert b"def " in bytes(D.load(tmp_path, "train")[:50_000])
+
+
+def test_bad_data_requests_are_named(fake_stdlib, tmp_path):
+    with pytest.raises(ValueError, match="val_percent"):
+        D.build(tmp_path, root=fake_stdlib, val_percent=0)
+    with pytest.raises(FileNotFoundError, match="no .py files"):
+        D.build(tmp_path, root=tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="run `python -m days.day020.data"):
+        D.load(tmp_path / "nothing", "train")
+    with pytest.raises(ValueError, match="cannot make windows"):
+        D.Batches(np.zeros(5, dtype=np.uint8), 2, 8, 0)
+
+
+def test_batches_are_a_function_of_seed_and_step():
+    tokens = np.arange(1000, dtype=np.int64).astype(np.uint8)
+    batches = D.Batches(tokens, batch=3, seq=16, seed=7)
+    x, y = batches.get(5)
+    x2, y2 = batches.get(5)
+    assert torch.equal(x, x2) and torch.equal(y, y2)
+    assert x.shape == y.shape == (3, 16) and x.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1])  # targets are the next tokens
+    assert not torch.equal(batches.get(6)[0], x)
+    assert not torch.equal(D.Batches(tokens, 3, 16, seed=8).get(5)[0], x)
+
+
+# -- the model ------------------------------------------------------------------------------------
+def test_config_and_input_errors():
+    with pytest.raises(ValueError, match="multiple of n_head"):
+        GPTConfig(n_embd=65, n_head=2)
+    with pytest.raises(ValueError, match="n_layer must be positive"):
+        GPTConfig(n_layer=0)
+    with pytest.raises(ValueError, match="impl must be one of"):
+        GPT(TINY, "cuda")
+    model = GPT(TINY, "torch").init_weights(0)
+    with pytest.raises(ValueError, match="longer than block_size"):
+        model(torch.zeros(1, TINY.block_size + 1, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"\(batch, seq\)"):
+        model(torch.zeros(4, dtype=torch.long))
+
+
+def test_the_impls_share_parameter_names_and_init():
+    models = twins(TINY, seed=3)
+    a, b = (m.state_dict() for m in models.values())
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    again = GPT(TINY, "torch").init_weights(3).state_dict()
+    assert all(torch.equal(a[k], again[k]) for k in a)
+    n_params = sum(p.numel() for p in models["torch"].parameters())
+    assert n_params == sum(p.numel() for p in models["gpu_days"].parameters())
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-8), (torch.float32, 2e-4)])
+def test_gpu_days_model_matches_torch_logits_loss_and_grads(device, dtype, tol):
+    models = twins(TINY, seed=1, device=device, dtype=dtype)
+    g = torch.Generator().manual_seed(2)
+    idx = torch.randint(0, TINY.vocab_size, (3, 21), generator=g).to(device)  # odd length, below block_size
+    targets = torch.randint(0, TINY.vocab_size, (3, 21), generator=g).to(device)
+    out = {}
+    for name, m in models.items():
+        logits, loss = m(idx, targets)
+        loss.backward()
+        out[name] = (logits.detach(), loss.detach(), {n: p.grad for n, p in m.named_parameters()})
+    (lt, st, gt), (lg, sg, gg) = out["torch"], out["gpu_days"]
+
+    def rel(a, b):
+        return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+    assert rel(lg, lt) < tol
+    assert abs(sg.item() - st.item()) < tol * abs(st.item())
+    for name in gt:
+        assert rel(gg[name], gt[name]) < 10 * tol, name
+
+
+# -- training ---------------------------------------------------------------------------------------
+def _args(tmp_path, impl, steps, out="run", **extra):
+    argv = ["--config", "tiny", "--impl", impl, "--out", str(tmp_path / out), "--data", str(tmp_path / "data")]
+    argv += ["--max-data-bytes", "400000", "--steps", str(steps), "--batch", "4", "--seq", "32", "--lr", "3e-3"]
+    argv += ["--warmup", "2", "--log-every", "1", "--eval-every", "4", "--eval-batches", "2", "--quiet"]
+    argv += ["--sample-tokens", "8", "--checkpoint-every", str(extra.pop("checkpoint_every", 4))]
+    for key, value in extra.items():
+        argv += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return T.parse_args(argv)
+
+
+@pytest.mark.slow
+def test_gpu_days_training_follows_torch_and_learns(tmp_path):
+    steps = 12
+    curves = {impl: T.train(_args(tmp_path, impl, steps, out=impl)) for impl in ("torch", "gpu_days")}
+    torch_losses = [r["train_loss"] for r in curves["torch"]]
+    ours = [r["train_loss"] for r in curves["gpu_days"]]
+    assert len(ours) == len(torch_losses) == steps
+    for step, (a, b) in enumerate(zip(ours, torch_losses, strict=True), 1):
+        assert abs(a - b) <= 0.01 * b, f"step {step}: gpu_days {a:.5f} vs torch {b:.5f}"
+    val = [r["val_loss"] for r in curves["gpu_days"] if r["val_loss"] != ""]
+    ref_val = [r["val_loss"] for r in curves["torch"] if r["val_loss"] != ""]
+    assert abs(val[-1] - ref_val[-1]) <= 0.01 * ref_val[-1]
+    assert ours[-1] < ours[0] - 0.5  # it learns: from ~ln(256) = 5.5 down
+    with open(tmp_path / "gpu_days" / "loss.csv") as f:
+        assert len(list(csv.DictReader(f))) == steps
+    assert (tmp_path / "gpu_days" / "sample.txt").read_text().startswith("def ")
+
+
+@pytest.mark.slow
+def test_a_resumed_run_computes_the_same_losses(tmp_path):
+    whole = T.train(_args(tmp_path, "torch", 8, out="whole"))
+    first = T.train(_args(tmp_path, "torch", 8, out="parts", stop_after="5"))  # stopped, as if interrupted
+    assert [r["step"] for r in first] == [1, 2, 3, 4, 5]
+    rest = T.train(_args(tmp_path, "torch", 8, out="parts", resume=True))
+    assert [r["train_loss"] for r in first + rest] == [r["train_loss"] for r in whole]
+    with open(tmp_path / "parts" / "loss.csv") as f:
+        assert [int(r["step"]) for r in csv.DictReader(f)] == list(range(1, 9))
+
+
+def test_resume_without_a_checkpoint_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        T.train(_args(tmp_path, "torch", 2, resume=True))

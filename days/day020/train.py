@@ -1,0 +1,206 @@
+"""Train day 020's GPT on the standard library's source, with gpu-days kernels or torch.
+
+    python -m days.day020.train --config small --impl gpu_days --steps 2000 --out build/day020/small
+    python -m days.day020.train --out build/day020/small --resume     # continue from the checkpoint
+
+Each run writes into --out: `loss.csv` (step, train loss, validation loss when evaluated,
+tokens/s), `checkpoint.pt` (model, optimizer, step: written to a temporary file and renamed,
+so a crash never leaves half a checkpoint) and `sample.txt` (text generated at the end).
+Batches are a pure function of (seed, step) and nothing else draws random numbers, so a
+resumed run computes the same losses as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmark.store import write_atomically
+
+from . import data as D
+from .model import CONFIGS, GPT, IMPLS
+
+
+def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
+    """Linear warm-up, then cosine decay to a tenth of `lr`."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    t = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(t, 1.0))))
+
+
+def save_atomic(obj, path: Path) -> None:
+    """torch.save through a temporary file and a rename: never half a checkpoint."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    write_atomically(path, buffer.getvalue())
+
+
+@torch.no_grad()
+def evaluate(model: GPT, batches: D.Batches, n: int, device) -> float:
+    model.eval()
+    losses = [model(*batches.get(i, device))[1].item() for i in range(n)]
+    model.train()
+    return sum(losses) / len(losses)
+
+
+def make_optimizer(model: GPT, lr: float, weight_decay: float, device) -> torch.optim.AdamW:
+    """AdamW; matrices decay, biases, norms and embeddings' position table do not."""
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and not n.startswith("wpe")]
+    rest = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and not n.startswith("wpe"))]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    fused = torch.device(device).type == "cuda"
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=fused)
+
+
+def train(args) -> list[dict]:
+    """Run (or resume) training; return the rows written to loss.csv by this call."""
+    out = Path(args.out)
+    ckpt_path = out / "checkpoint.pt"
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, args.dtype)
+    state = None
+    if args.resume:
+        if not ckpt_path.exists():
+            raise FileNotFoundError(f"--resume: no checkpoint at {ckpt_path}")
+        state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        for key in ("config", "impl", "seed", "batch", "seq", "steps", "lr", "warmup", "weight_decay", "dtype"):
+            setattr(args, key, state["args"][key])  # a resumed run continues the same run
+    config = CONFIGS[args.config]
+    if args.seq > config.block_size:
+        raise ValueError(f"--seq {args.seq} is longer than the config's block_size {config.block_size}")
+    data_dir = Path(args.data)
+    if not (data_dir / "train.bin").exists():
+        D.build(data_dir, max_bytes=args.max_data_bytes)
+    train_batches = D.Batches(D.load(data_dir, "train"), args.batch, args.seq, args.seed)
+    val_batches = D.Batches(D.load(data_dir, "val"), args.batch, args.seq, args.seed + 1)
+
+    model = GPT(config, args.impl).init_weights(args.seed).to(device=device, dtype=dtype)
+    opt = make_optimizer(model, args.lr, args.weight_decay, device)
+    start = 0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        start = state["step"]
+    rows = []
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "loss.csv"
+    fields = ["step", "train_loss", "val_loss", "tokens_per_s", "impl"]
+    if start == 0 or not log_path.exists():
+        with open(log_path, "w", newline="") as f:
+            csv.DictWriter(f, fields).writeheader()
+    progress = _progress(args.steps, start, args.quiet)
+    tokens_per_step = args.batch * args.seq
+    t_last, last_step = time.perf_counter(), start
+    stop = args.steps if args.stop_after is None else min(args.steps, args.stop_after)
+    for step in range(start, stop):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
+        x, y = train_batches.get(step, device)
+        _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        done = step + 1
+        if done % args.log_every == 0 or done == args.steps:
+            loss_value = loss.item()  # synchronises: the time below is the steps' real time
+            now = time.perf_counter()
+            row = {
+                "step": done,
+                "train_loss": loss_value,
+                "val_loss": evaluate(model, val_batches, args.eval_batches, device)
+                if (done % args.eval_every == 0 or done == args.steps)
+                else "",
+                "tokens_per_s": tokens_per_step * (done - last_step) / (now - t_last),
+                "impl": args.impl,
+            }
+            rows.append(row)
+            with open(log_path, "a", newline="") as f:
+                csv.DictWriter(f, fields).writerow(row)
+            progress(done, row)
+            t_last, last_step = time.perf_counter(), done
+        if done % args.checkpoint_every == 0 or done == stop:
+            save_atomic(
+                {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": done, "args": _saved_args(args)},
+                ckpt_path,
+            )
+    if args.sample_tokens and stop == args.steps:
+        prompt = torch.tensor([list(b"def ")], device=device)
+        text = bytes(model.generate(prompt, args.sample_tokens, seed=args.seed)[0].tolist()).decode(errors="replace")
+        (out / "sample.txt").write_text(text)
+    return rows
+
+
+def _saved_args(args) -> dict:
+    saved = {k: getattr(args, k) for k in ("impl", "seed", "batch", "seq", "steps", "lr", "warmup", "weight_decay")}
+    saved["dtype"] = args.dtype
+    saved["config"] = args.config
+    return saved
+
+
+def _progress(total: int, start: int, quiet: bool):
+    """A function(step, row) that shows progress: a rich bar, or nothing when quiet."""
+    if quiet:
+        return lambda step, row: None
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    bar = Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"), TimeRemainingColumn()
+    )
+    task = bar.add_task("train", total=total, completed=start, info="")
+    bar.start()
+
+    def show(step, row):
+        val = f" val {row['val_loss']:.3f}" if row["val_loss"] != "" else ""
+        bar.update(task, completed=step, info=f"loss {row['train_loss']:.3f}{val} {row['tokens_per_s']:,.0f} tok/s")
+        if step == total:
+            bar.stop()
+
+    return show
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", choices=sorted(CONFIGS), default="small")
+    p.add_argument("--impl", choices=IMPLS, default="gpu_days")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--data", type=Path, default=Path("build/day020/data"))
+    p.add_argument("--max-data-bytes", type=int, default=None, help="cap the corpus when building it")
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--stop-after", type=int, default=None, help="stop (with a checkpoint) after this step")
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--device", default=None)
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--eval-every", type=int, default=200)
+    p.add_argument("--eval-batches", type=int, default=10)
+    p.add_argument("--checkpoint-every", type=int, default=500)
+    p.add_argument("--sample-tokens", type=int, default=200)
+    p.add_argument("--quiet", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    rows = train(args)
+    if rows:
+        last = rows[-1]
+        print(f"step {last['step']}: train loss {last['train_loss']:.4f}, val loss {last['val_loss']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
