@@ -161,7 +161,7 @@ def _torch_rows(logits, targets, ignore_index, with_grad: bool, scale=None):
 
 
 def _cross_entropy_eager(
-    logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, reduction: str
+    logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, reduction: str, float_loss: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, gradient of the loss with respect to the logits, for a grad_output of 1)."""
     check_cross_entropy_args(logits, targets, ignore_index, reduction)
@@ -173,11 +173,11 @@ def _cross_entropy_eager(
         params={"IGNORE_INDEX": ignore_index},
         torch_impl=lambda: _torch_rows(logits2, targets2, ignore_index, True, scale),
     )
-    return _reduce(rows, scale, reduction, logits.dtype), grad
+    return _reduce(rows, scale, reduction, torch.float32 if float_loss else logits.dtype), grad
 
 
 def _cross_entropy_loss_eager(
-    logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, reduction: str
+    logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, reduction: str, float_loss: bool = False
 ) -> torch.Tensor:
     check_cross_entropy_args(logits, targets, ignore_index, reduction)
     _check_target_values(logits, targets, ignore_index)
@@ -187,7 +187,8 @@ def _cross_entropy_loss_eager(
         params={"IGNORE_INDEX": ignore_index},
         torch_impl=lambda: _torch_rows(logits2, targets2, ignore_index, False),
     )
-    return _reduce(rows, _scale(targets, ignore_index, reduction), reduction, logits.dtype)
+    dtype = torch.float32 if float_loss else logits.dtype
+    return _reduce(rows, _scale(targets, ignore_index, reduction), reduction, dtype)
 
 
 # -- torch.library registration ----------------------------------------------------------------
@@ -195,21 +196,22 @@ _op = torch.library.custom_op("gpu_days::cross_entropy", _cross_entropy_eager, m
 _loss_op = torch.library.custom_op("gpu_days::cross_entropy_loss", _cross_entropy_loss_eager, mutates_args=())
 
 
-def _fake_loss(logits, targets, reduction):
+def _fake_loss(logits, targets, reduction, float_loss):
     shape = (logits.shape[0],) if reduction == "none" else ()
-    return logits.new_empty(shape)
+    return logits.new_empty(shape, dtype=torch.float32 if float_loss else logits.dtype)
 
 
 @_op.register_fake
-def _(logits, targets, ignore_index, reduction):
+def _(logits, targets, ignore_index, reduction, float_loss=False):
     check_cross_entropy_args(logits, targets, ignore_index, reduction)
-    return _fake_loss(logits, targets, reduction), torch.empty_like(logits, memory_format=torch.contiguous_format)
+    grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
+    return _fake_loss(logits, targets, reduction, float_loss), grad
 
 
 @_loss_op.register_fake
-def _(logits, targets, ignore_index, reduction):
+def _(logits, targets, ignore_index, reduction, float_loss=False):
     check_cross_entropy_args(logits, targets, ignore_index, reduction)
-    return _fake_loss(logits, targets, reduction)
+    return _fake_loss(logits, targets, reduction, float_loss)
 
 
 def _setup_context(ctx, inputs, output):
@@ -222,7 +224,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_loss, _grad_grad):
     (grad,) = ctx.saved_tensors
     scale = grad_loss[:, None] if ctx.reduction == "none" else grad_loss
-    return grad * scale.to(grad.dtype), None, None, None
+    return grad * scale.to(grad.dtype), None, None, None, None
 
 
 _op.register_autograd(_backward, setup_context=_setup_context)
@@ -233,13 +235,17 @@ def cross_entropy(
     logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100, reduction: str = "mean"
 ) -> torch.Tensor:
     """`F.cross_entropy(logits, targets, ignore_index=..., reduction=...)` for (N, C)
-    logits, computed by day020's fused Mojo kernel."""
+    logits, computed by day020's fused Mojo kernel. Under torch.autocast the logits are
+    read as they are (the kernel accumulates in float32 anyway: no float32 copy of them)
+    and the loss is float32, as torch's."""
+    float_loss = eager.autocast_dtype(logits) is not None
+    args = (logits, targets, ignore_index, reduction, float_loss)
     way = eager.route(logits, targets)
     if way is eager.EAGER:
-        return _cross_entropy_loss_eager(logits, targets, ignore_index, reduction)
+        return _cross_entropy_loss_eager(*args)
     if way is eager.AUTOGRAD:
-        return _autograd(logits, targets, ignore_index, reduction)[0]
+        return _autograd(*args)[0]
     check_cross_entropy_args(logits, targets, ignore_index, reduction)
     if logits.requires_grad and torch.is_grad_enabled():
-        return torch.ops.gpu_days.cross_entropy(logits, targets, ignore_index, reduction)[0]
-    return torch.ops.gpu_days.cross_entropy_loss(logits, targets, ignore_index, reduction)
+        return torch.ops.gpu_days.cross_entropy(*args)[0]
+    return torch.ops.gpu_days.cross_entropy_loss(*args)

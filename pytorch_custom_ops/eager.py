@@ -82,3 +82,27 @@ def call(tensors: tuple, args: tuple, *, eager: Callable, autograd: Callable, op
         return autograd(*args)
     check(*args)
     return op(*args)
+
+
+# -- autocast ---------------------------------------------------------------------------------
+def autocast_dtype(t) -> torch.dtype | None:
+    """The dtype torch.autocast asks for on `t`'s device, or None when it is off there.
+
+    An eager call skips the dispatcher, where autocast would cast a registered op's
+    inputs, so each public function applies torch's CUDA policy itself: matrix products
+    (gemm) run in the autocast dtype, normalisations and softmaxes in float32.
+    """
+    if t.__class__ not in _PLAIN:
+        return None
+    device = "cuda" if t.is_cuda else "cpu" if t.is_cpu else None
+    if device is None or not torch.is_autocast_enabled(device):
+        return None
+    return torch.get_autocast_dtype(device)
+
+
+def cast_floats(dtype: torch.dtype, *tensors):
+    """`tensors` with every floating-point one of another dtype cast to `dtype` (None stays)."""
+    return tuple(
+        t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != dtype else t
+        for t in tensors
+    )

@@ -355,6 +355,9 @@ def gemm_batched(
 
 
 def _dispatch(op, batched, a, b, c, alpha, beta, transpose_a, transpose_b):
+    low = eager.autocast_dtype(a)
+    if low is not None:  # under torch.autocast: a matrix product in the autocast dtype, as torch.mm
+        a, b, c = eager.cast_floats(low, a, b, c)
     way = eager.route(a, b, c)
     if way is eager.EAGER:
         return _gemm_eager(a, b, c, alpha, beta, transpose_a, transpose_b, batched)

@@ -456,7 +456,10 @@ def layer_norm(
     eps: float = 1e-5,
 ) -> torch.Tensor:
     """`torch.nn.functional.layer_norm`, computed by day013's Mojo kernels (forward and
-    backward). normalized_shape may span several trailing dims, or be an int."""
+    backward). normalized_shape may span several trailing dims, or be an int. Under
+    torch.autocast it runs in float32 (torch's CUDA policy for layer_norm)."""
+    if eager.autocast_dtype(x) is not None:
+        x, weight, bias = eager.cast_floats(torch.float32, x, weight, bias)
     way = eager.route(x, weight, bias)
     if way is eager.EAGER:
         return _layer_norm_eager(x, normalized_shape, weight, bias, eps)[0]

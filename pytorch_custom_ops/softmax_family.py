@@ -357,7 +357,10 @@ _CHECKS = {
 
 # -- the public functions (eager.call: the registered op only where torch needs it) ----------
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """Softmax of `x` along `dim` (day012 Mojo kernels; any dim, float32/16, bfloat16, float64)."""
+    """Softmax of `x` along `dim` (day012 Mojo kernels; any dim, float32/16, bfloat16, float64).
+    Under torch.autocast it runs in float32 (torch's CUDA policy)."""
+    if eager.autocast_dtype(x) is not None:
+        (x,) = eager.cast_floats(torch.float32, x)
     return eager.call(
         (x,),
         (x, dim),
@@ -370,6 +373,8 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """log(softmax(x)) along `dim`, computed as x - max - log(sum(exp(x - max)))."""
+    if eager.autocast_dtype(x) is not None:  # float32 under torch.autocast, as softmax
+        (x,) = eager.cast_floats(torch.float32, x)
     return eager.call(
         (x,),
         (x, dim),

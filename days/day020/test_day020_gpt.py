@@ -153,6 +153,18 @@ def test_gpu_days_training_follows_torch_and_learns(tmp_path):
 
 
 @pytest.mark.slow
+def test_mixed_precision_training_follows_torch(tmp_path):
+    """--dtype bfloat16: float32 parameters, bf16 compute under torch.autocast in both builds."""
+    curves = {
+        impl: T.train(_args(tmp_path, impl, 4, out=f"amp-{impl}", dtype="bfloat16")) for impl in ("torch", "gpu_days")
+    }
+    for a, b in zip(curves["gpu_days"], curves["torch"], strict=True):
+        assert abs(a["train_loss"] - b["train_loss"]) <= 0.02 * b["train_loss"], (a, b)
+    saved = torch.load(tmp_path / "amp-gpu_days" / "checkpoint.pt", weights_only=False)["model"]
+    assert all(v.dtype == torch.float32 for v in saved.values())  # master weights stay float32
+
+
+@pytest.mark.slow
 def test_a_resumed_run_computes_the_same_losses(tmp_path):
     whole = T.train(_args(tmp_path, "torch", 8, out="whole"))
     first = T.train(_args(tmp_path, "torch", 8, out="parts", stop_after="5"))  # stopped, as if interrupted

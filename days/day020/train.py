@@ -44,9 +44,10 @@ def save_atomic(obj, path: Path) -> None:
 
 
 @torch.no_grad()
-def evaluate(model: GPT, batches: D.Batches, n: int, device) -> float:
+def evaluate(model: GPT, batches: D.Batches, n: int, device, amp) -> float:
     model.eval()
-    losses = [model(*batches.get(i, device))[1].item() for i in range(n)]
+    with amp:
+        losses = [model(*batches.get(i, device))[1].item() for i in range(n)]
     model.train()
     return sum(losses) / len(losses)
 
@@ -65,7 +66,6 @@ def train(args) -> list[dict]:
     out = Path(args.out)
     ckpt_path = out / "checkpoint.pt"
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = getattr(torch, args.dtype)
     state = None
     if args.resume:
         if not ckpt_path.exists():
@@ -74,6 +74,7 @@ def train(args) -> list[dict]:
         for key in ("config", "impl", "seed", "batch", "seq", "steps", "lr", "warmup", "weight_decay", "dtype"):
             setattr(args, key, state["args"][key])  # a resumed run continues the same run
     config = CONFIGS[args.config]
+    dtype = getattr(torch, args.dtype)
     if args.seq > config.block_size:
         raise ValueError(f"--seq {args.seq} is longer than the config's block_size {config.block_size}")
     data_dir = Path(args.data)
@@ -82,7 +83,10 @@ def train(args) -> list[dict]:
     train_batches = D.Batches(D.load(data_dir, "train"), args.batch, args.seq, args.seed)
     val_batches = D.Batches(D.load(data_dir, "val"), args.batch, args.seq, args.seed + 1)
 
-    model = GPT(config, args.impl).init_weights(args.seed).to(device=device, dtype=dtype)
+    # float32 parameters and optimizer; --dtype bfloat16 computes under torch.autocast
+    # (mixed precision: gpu-days' ops follow torch's policy, see pytorch_custom_ops.eager)
+    model = GPT(config, args.impl).init_weights(args.seed).to(device=device)
+    amp = torch.autocast(torch.device(device).type, dtype=dtype, enabled=dtype != torch.float32)
     opt = make_optimizer(model, args.lr, args.weight_decay, device)
     start = 0
     if state is not None:
@@ -104,7 +108,8 @@ def train(args) -> list[dict]:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
         x, y = train_batches.get(step, device)
-        _, loss = model(x, y)
+        with amp:
+            _, loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -115,7 +120,7 @@ def train(args) -> list[dict]:
             row = {
                 "step": done,
                 "train_loss": loss_value,
-                "val_loss": evaluate(model, val_batches, args.eval_batches, device)
+                "val_loss": evaluate(model, val_batches, args.eval_batches, device, amp)
                 if (done % args.eval_every == 0 or done == args.steps)
                 else "",
                 "tokens_per_s": tokens_per_step * (done - last_step) / (now - t_last),
@@ -133,7 +138,9 @@ def train(args) -> list[dict]:
             )
     if args.sample_tokens and stop == args.steps:
         prompt = torch.tensor([list(b"def ")], device=device)
-        text = bytes(model.generate(prompt, args.sample_tokens, seed=args.seed)[0].tolist()).decode(errors="replace")
+        with amp:
+            sample = model.generate(prompt, args.sample_tokens, seed=args.seed)
+        text = bytes(sample[0].tolist()).decode(errors="replace")
         (out / "sample.txt").write_text(text)
     return rows
 

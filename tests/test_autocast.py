@@ -1,0 +1,73 @@
+"""gpu-days ops under torch.autocast, as mixed-precision training uses them.
+
+An eager call skips the dispatcher, where autocast would cast a registered op's inputs, so
+each public function applies torch's CUDA policy itself: GEMMs in the autocast dtype,
+LayerNorm and the softmaxes in float32, cross-entropy on the logits as given with a float32
+loss. Checked on the CPU (autocast to bfloat16) and on CUDA when present.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pytorch_custom_ops as pco
+
+
+def _autocast(device):
+    return torch.autocast(device, dtype=torch.bfloat16)
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def test_gemm_and_mojogemm_run_in_the_autocast_dtype(device):
+    torch.manual_seed(0)
+    x = torch.randn(6, 33, device=device, requires_grad=True)
+    linear = torch.nn.Linear(33, 17).to(device)
+    ours = pco.MojoGEMM(33, 17).to(device)
+    ours.load_state_dict(linear.state_dict())
+    a, b = torch.randn(5, 7, device=device), torch.randn(7, 9, device=device)
+    with _autocast(device):
+        y = ours(x)
+        ref = linear(x)
+        mm = pco.gemm(a, b)
+        bmm = pco.gemm_batched(a[None], b[None])
+    assert y.dtype == ref.dtype == mm.dtype == bmm.dtype == torch.bfloat16
+    assert rel(y, ref) < 1e-2
+    assert rel(mm, a.bfloat16().double() @ b.bfloat16().double()) < 1e-2
+    y.float().sum().backward()
+    grad_ours = (x.grad.clone(), ours.weight.grad.clone())
+    x.grad = None
+    ref.float().sum().backward()
+    assert x.grad.dtype == ours.weight.grad.dtype == torch.float32  # leaves keep their dtype
+    assert rel(grad_ours[0], x.grad) < 2e-2 and rel(grad_ours[1], linear.weight.grad) < 2e-2
+
+
+def test_layer_norm_and_softmax_run_in_float32(device):
+    x = torch.randn(4, 64, device=device).bfloat16()
+    w, b = torch.randn(64, device=device), torch.randn(64, device=device)
+    with pytest.raises(TypeError, match="weight is torch.float32 but the input is torch.bfloat16"):
+        pco.layer_norm(x, 64, w, b)  # mixed dtypes are an error outside autocast
+    with _autocast(device):
+        y = pco.layer_norm(x, 64, w, b)
+        p = pco.softmax(x, -1)
+        lp = pco.log_softmax(x, -1)
+    assert y.dtype == p.dtype == lp.dtype == torch.float32
+    torch.testing.assert_close(y, F.layer_norm(x.float(), (64,), w, b), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(p, torch.softmax(x.float(), -1))
+    torch.testing.assert_close(lp, torch.log_softmax(x.float(), -1))
+
+
+def test_cross_entropy_reads_low_precision_logits_and_returns_float32(device):
+    logits = torch.randn(8, 300, device=device).bfloat16().requires_grad_()
+    targets = torch.randint(0, 300, (8,), device=device)
+    with _autocast(device):
+        loss = pco.cross_entropy(logits, targets)
+        ref = F.cross_entropy(logits, targets)
+    assert loss.dtype == ref.dtype == torch.float32
+    assert abs(loss.item() - F.cross_entropy(logits.double(), targets).item()) < 1e-4
+    loss.backward()
+    assert logits.grad.dtype == torch.bfloat16
