@@ -9,5 +9,7 @@ model_profile.py   per-op host and device time of one training step of the block
 store.py     append-only results/<device>/<day>.csv, stamped by environment.py
 plots.py     PNGs for the site, from the store
 overhead.py  host cost per call of every op and module, next to torch (day 016)
+host_profile.py      cProfile of one op's or module's calls: where the host time goes (day 016)
+autograd_overhead.py what a Python autograd node costs in backward, next to a native one
 max_overhead.py  where one call's time went through MAX's execute path (day 010)
 """
