@@ -135,6 +135,7 @@ def _load_extension(path: Path):
 
 
 _kind = "not loaded yet"
+_chosen = None  # the launch function, once chosen
 _lock = threading.Lock()
 
 
@@ -145,8 +146,7 @@ def c_launcher(launch_kernel_address: int, launch_kernel_ex_address: int):
     return module.launch
 
 
-@cache
-def _launcher():
+def _choose():
     global _kind
     from . import cuda_driver as cu
 
@@ -166,9 +166,14 @@ def _launcher():
 
 
 def launcher():
-    """The `launch` function of this process (built or picked on first call)."""
-    with _lock:
-        return _launcher()
+    """The `launch` function of this process (built or picked on first call; every launch
+    asks, so the usual answer takes no lock)."""
+    global _chosen
+    if _chosen is None:
+        with _lock:
+            if _chosen is None:
+                _chosen = _choose()
+    return _chosen
 
 
 def launcher_kind() -> str:
