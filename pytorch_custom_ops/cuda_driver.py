@@ -2,9 +2,10 @@
 
 torch already owns the GPU: it created each device's *primary* context and the streams.
 Here we only load compiled kernels into that context (`cuModuleLoadData`), look them up
-(`cuModuleGetFunction`) and launch them on torch's current stream (`cuLaunchKernel`, or
-`cuLaunchKernelEx` for thread-block clusters). No CUDA runtime, no extension to compile,
-and nothing that a CUDA-graph capture would refuse: a launch is the only stream work.
+(`cuModuleGetFunction`); the launch on torch's current stream (`cuLaunchKernel`, or
+`cuLaunchKernelEx` for thread-block clusters) is `launcher.py`'s, through the entry points
+declared here. No CUDA runtime, and nothing that a CUDA-graph capture would refuse: a
+launch is the only stream work.
 
 Every call is checked; a failure raises `CudaDriverError` with the driver's own name for
 the error (e.g. CUDA_ERROR_NO_BINARY_FOR_GPU) and what we were doing. Errors that leave the
@@ -227,21 +228,6 @@ def set_max_dynamic_shared_memory(function: int, nbytes: int, what: str) -> None
         _lib().cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes),
         f"cuFuncSetAttribute(max dynamic shared memory = {nbytes} B) for {what}",
     )
-
-
-# -- launches ---------------------------------------------------------------------------
-def launch(function: int, grid, block, smem: int, stream: int, params, cluster=None) -> int:
-    """Enqueue one kernel; return the CUresult (the caller names the kernel in errors)."""
-    if cluster is None:
-        gx, gy, gz = grid
-        bx, by, bz = block
-        return _lib().cuLaunchKernel(function, gx, gy, gz, bx, by, bz, smem, stream, params, None)
-    lib = _lib()
-    attr = _LaunchAttr()
-    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-    attr.value.clusterDim[:] = cluster
-    config = _LaunchConfig(*grid, *block, smem, stream, ctypes.pointer(attr), 1)
-    return lib.cuLaunchKernelEx(ctypes.byref(config), function, params, None)
 
 
 # -- tensor maps (TMA descriptors) --------------------------------------------------------
