@@ -56,6 +56,7 @@ NUMERIC_COLUMNS = [
     "host_us",  # host-side cost of one call (steady state), where measured
     "kernel_ms",  # GPU: device time of the kernels one call launches (profiler), no host cost
     "tokens_per_s",  # model benchmarks (day 016): batch * seq tokens per second of one step
+    "mfu",  # training (day 020): model FLOPs per second over the GPU's dense bf16 peak
 ]
 ROW_COLUMNS = [
     "day",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import day009, day012, day013, day014, day015, day016, day017, day020
+from . import day009, day012, day013, day014, day015, day016, day017, day020, day020_train
 
 
 @dataclass
@@ -32,4 +32,5 @@ RUNNERS = [
     # day 016's model benchmark: one runner per op, so that `--op` picks the forward or the training step
     Runner(day016.DAY, day016.FORWARD, lambda quick, device: day016.sweep(day016.FORWARD, quick, device)),
     Runner(day016.DAY, day016.TRAIN, lambda quick, device: day016.sweep(day016.TRAIN, quick, device)),
+    Runner(day020_train.DAY, day020_train.OP, day020_train.sweep),
 ]

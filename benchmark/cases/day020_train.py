@@ -1,0 +1,198 @@
+"""Day 020: training throughput of the GPT (days/day020/model.py), one optimizer step at a
+time, gpu-days against torch in the same run. Issue 20's `train` case.
+
+One op, `train_step`: forward, mean cross-entropy, backward and a fused AdamW step on a
+fixed batch of random tokens (throughput does not depend on the text). Implementations:
+- `torch`: the torch build, eager (the baseline of `speedup_vs_torch`);
+- `torch_compile`: torch.compile(torch build), default mode, the optimizer step eager;
+- `gpu_days`: the gpu-days build, eager;
+- `torch_graph`, `gpu_days_graph`: the whole step (optimizer included, `capturable=True`)
+  captured once by torch.cuda.graph and replayed.
+bfloat16 means mixed precision, as `python -m days.day020.train --dtype bfloat16` trains:
+float32 parameters and optimizer, the forward under torch.autocast.
+
+Before timing, each impl's first loss is compared with the torch build's loss in float32
+(no autocast) from the same parameters and batch; a mismatch is a `wrong` row. Impls run
+one after another (each owns a model and optimizer; two 124M models with AdamW state do
+not both need to live at once). Columns: ms per step (median over the timed steps),
+tokens_per_s, tflops and `mfu` from the model FLOPs per token, 6 N + 12 L d T (N: the
+parameters without the position table; the attention term counts the whole score matrix,
+as nanoGPT and llm.c do), peak_extra_mib (the peak while stepping, above the memory held
+before the first step: activations, gradients, optimizer state).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from days.day020.model import CONFIGS, GPT, GPTConfig
+
+from ..harness import failure_reason
+from .day016 import _free, cuda_graph, strict_ops
+
+DAY, OP = "day020", "train_step"
+IMPLS = ("torch", "torch_compile", "gpu_days", "torch_graph", "gpu_days_graph")
+CUDA_ONLY = ("torch_compile", "torch_graph", "gpu_days_graph")
+# (config, batch, seq, dtype)
+PROBLEMS = {
+    "quick": [("tiny", 2, 32, torch.float32)],
+    "full": [("gpt2", 16, 1024, torch.bfloat16), ("small", 64, 256, torch.bfloat16)],
+}
+STEPS = {"cuda": (3, 20), "cpu": (1, 3)}  # (warm-up, timed) steps per impl
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+# dense bf16 tensor-core peak (no sparsity) by device name: MFU's denominator
+PEAK_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.4), ("H200", 989.4), ("A100", 312.0))
+
+
+def flops_per_token(config: GPTConfig, seq: int) -> float:
+    model_params = (
+        config.n_layer * (12 * config.n_embd**2 + 13 * config.n_embd) + config.vocab_size * config.n_embd
+    ) + 2 * config.n_embd  # blocks (4 linears with biases, 2 norms), tied head, final norm
+    return 6 * model_params + 12 * config.n_layer * config.n_embd * seq
+
+
+def peak_tflops(device: str) -> float | None:
+    if device != "cuda":
+        return None
+    name = torch.cuda.get_device_name()
+    return next((peak for key, peak in PEAK_BF16_TFLOPS if key in name), None)
+
+
+class Trainer:
+    """One impl's model, optimizer and a step function on a fixed batch."""
+
+    def __init__(self, impl: str, config: GPTConfig, batch: int, seq: int, dtype, device, seed: int = 0):
+        base = impl.removesuffix("_graph")
+        build = "torch" if base == "torch_compile" else base
+        self.model = GPT(config, build).init_weights(seed).to(device)
+        self.forward = torch.compile(self.model, dynamic=False) if base == "torch_compile" else self.model
+        graph = impl.endswith("_graph")
+        fused = device == "cuda"
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=fused, capturable=graph
+        )
+        g = torch.Generator(device="cpu").manual_seed(seed + 1)
+        self.x = torch.randint(0, config.vocab_size, (batch, seq), generator=g).to(device)
+        self.y = torch.randint(0, config.vocab_size, (batch, seq), generator=g).to(device)
+        # autocast's weight cache cannot outlive a graph capture; off everywhere, for one setting
+        self.amp = torch.autocast(
+            torch.device(device).type, dtype=dtype, enabled=dtype != torch.float32, cache_enabled=False
+        )
+        self.step = cuda_graph(self._step) if graph else self._step
+
+    def loss(self) -> torch.Tensor:
+        with self.amp:
+            return self.forward(self.x, self.y)[1]
+
+    def _step(self) -> list[torch.Tensor]:
+        self.opt.zero_grad(set_to_none=False)  # in place: a replayed graph keeps its gradient buffers
+        loss = self.loss()
+        loss.backward()
+        self.opt.step()
+        return [loss]
+
+
+def reference_loss(config: GPTConfig, batch: int, seq: int, device, seed: int = 0) -> float:
+    """The torch build's first loss in float32 (TF32 off by the caller)."""
+    ref = Trainer("torch", config, batch, seq, torch.float32, device, seed)
+    with torch.no_grad():
+        value = ref.loss().item()
+    del ref
+    _free(device)
+    return value
+
+
+def time_steps(step, device: str, warmup: int, timed: int) -> list[float]:
+    """Milliseconds of each of `timed` steps after `warmup` steps."""
+    for _ in range(warmup):
+        step()
+    if device != "cuda":
+        out = []
+        for _ in range(timed):
+            t = time.perf_counter()
+            step()
+            out.append((time.perf_counter() - t) * 1e3)
+        return out
+    torch.cuda.synchronize()
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(timed + 1)]
+    events[0].record()
+    for i in range(timed):
+        step()
+        events[i + 1].record()
+    torch.cuda.synchronize()
+    return [a.elapsed_time(b) for a, b in zip(events, events[1:], strict=False)]
+
+
+def problem_rows(config_name: str, batch: int, seq: int, dtype, device: str, impls=IMPLS) -> list[dict]:
+    config = CONFIGS[config_name]
+    tokens = batch * seq
+    base = {"day": DAY, "op": OP, "shape": f"{config_name}:{batch}x{seq}", "dtype": str(dtype).removeprefix("torch.")}
+    impls = [i for i in impls if device == "cuda" or i not in CUDA_ONLY]
+    peak = peak_tflops(device) if dtype == torch.bfloat16 else None
+    flops_step = flops_per_token(config, seq) * tokens
+    warmup, timed = STEPS[device]
+    rows = []
+    try:
+        want = reference_loss(config, batch, seq, device)
+    except Exception as exc:
+        _free(device)
+        return [{**base, "impl": i, "status": "NA", "reason": failure_reason(exc)} for i in impls]
+    for impl in impls:
+        row = {**base, "impl": impl}
+        rows.append(row)
+        trainer = None
+        try:
+            t0 = time.perf_counter()
+            trainer = Trainer(impl, config, batch, seq, dtype, device)
+            got = trainer.step()[0].item()  # the first step's loss (compiles, or captures and replays)
+            setup_s = time.perf_counter() - t0
+            err = abs(got - want) / abs(want)
+            if not math.isfinite(got) or err > TOLERANCE[dtype]:
+                row.update(status="wrong", reason=f"first loss {got:.6g} vs float32 torch {want:.6g} (rel {err:.2g})")
+                continue
+            if device == "cuda":
+                torch.cuda.synchronize()
+                held = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+            ms = sorted(time_steps(trainer.step, device, warmup, timed))
+            median = ms[len(ms) // 2]
+            row.update(
+                status="ok",
+                ms_median=median,
+                ms_p20=ms[len(ms) // 5],
+                ms_p80=ms[(4 * len(ms)) // 5],
+                tokens_per_s=tokens / (median * 1e-3),
+                tflops=flops_step / (median * 1e-3) / 1e12,
+                note=f"first loss {got:.5g} (float32 torch {want:.5g}); setup {setup_s:.1f} s; "
+                f"{timed} timed steps after {warmup}",
+            )
+            if peak:
+                row["mfu"] = row["tflops"] / peak
+            if device == "cuda":
+                row["peak_extra_mib"] = (torch.cuda.max_memory_allocated() - held) / 2**20
+        except Exception as exc:
+            row.update(status="NA", reason=failure_reason(exc))
+        finally:
+            del trainer
+            _free(device)
+    torch_row = next((r for r in rows if r["impl"] == "torch" and r.get("status") == "ok"), None)
+    for r in rows:
+        if torch_row and r.get("status") == "ok":
+            r["speedup_vs_torch"] = torch_row["ms_median"] / r["ms_median"]
+    return rows
+
+
+def sweep(quick: bool, device: str, problems=None, impls=IMPLS) -> list[dict]:
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch._dynamo.config.recompile_limit = 64
+    rows = []
+    with strict_ops():
+        for config_name, batch, seq, dtype in problems or PROBLEMS["quick" if quick else "full"]:
+            t = time.perf_counter()
+            rows += problem_rows(config_name, batch, seq, dtype, device, impls)
+            print(f"  {DAY} {OP} {config_name} {batch}x{seq} {dtype}: {time.perf_counter() - t:.1f} s", flush=True)
+    return rows
