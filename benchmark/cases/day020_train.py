@@ -81,7 +81,17 @@ class Trainer:
         self.amp = torch.autocast(
             torch.device(device).type, dtype=dtype, enabled=dtype != torch.float32, cache_enabled=False
         )
-        self.step = cuda_graph(self._step) if graph else self._step
+        self.step = self._step
+        if graph:
+            start = [p.detach().clone() for p in self.model.parameters()]
+            self.step = cuda_graph(self._step)  # its warm-up steps train the model: undo them
+            with torch.no_grad():
+                for p, p0 in zip(self.model.parameters(), start, strict=True):
+                    p.copy_(p0)
+                for state in self.opt.state.values():  # a fresh AdamW: zero moments, step 0
+                    for t in state.values():
+                        if torch.is_tensor(t):
+                            t.zero_()
 
     def loss(self) -> torch.Tensor:
         with self.amp:

@@ -32,7 +32,7 @@ from max.gpu.primitives.cluster import (
     cluster_wait,
     load_cluster_smem,
 )
-from std.math import exp, log
+from std.math import exp, isnan, log
 from std.memory import stack_allocation
 from std.sys import size_of
 from std.utils.static_tuple import StaticTuple
@@ -138,8 +138,12 @@ def store_shared[
 
 @always_inline
 def poisoned[acc: DType, L: Int](x: SIMD[acc, L]) -> Bool:
-    """A NaN or +inf makes torch's softmax row NaN (exp(inf - inf))."""
-    return x.ne(x).reduce_or() or x.eq(Scalar[acc].MAX).reduce_or()
+    """A NaN or +inf makes torch's softmax row NaN (exp(inf - inf)).
+
+    `isnan`, not `x.ne(x)`: the GPU build folded that comparison to false (the PTX had
+    only the +inf test), so a vector of NaNs was skipped as if it were -inf.
+    """
+    return isnan(x).reduce_or() or x.eq(Scalar[acc].MAX).reduce_or()
 
 
 # --8<-- [start:forward_registers]

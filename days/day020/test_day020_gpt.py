@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -125,13 +129,17 @@ def test_gpu_days_model_matches_torch_logits_loss_and_grads(device, dtype, tol):
 
 # -- training ---------------------------------------------------------------------------------------
 def _args(tmp_path, impl, steps, out="run", **extra):
+    return T.parse_args(_argv(tmp_path, impl, steps, out, **extra))
+
+
+def _argv(tmp_path, impl, steps, out="run", **extra) -> list[str]:
     argv = ["--config", "tiny", "--impl", impl, "--out", str(tmp_path / out), "--data", str(tmp_path / "data")]
     argv += ["--max-data-bytes", "400000", "--steps", str(steps), "--batch", "4", "--seq", "32", "--lr", "3e-3"]
     argv += ["--warmup", "2", "--log-every", "1", "--eval-every", "4", "--eval-batches", "2", "--quiet"]
     argv += ["--sample-tokens", "8", "--checkpoint-every", str(extra.pop("checkpoint_every", 4))]
     for key, value in extra.items():
         argv += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
-    return T.parse_args(argv)
+    return argv
 
 
 @pytest.mark.slow
@@ -173,6 +181,29 @@ def test_a_resumed_run_computes_the_same_losses(tmp_path):
     assert [r["train_loss"] for r in first + rest] == [r["train_loss"] for r in whole]
     with open(tmp_path / "parts" / "loss.csv") as f:
         assert [int(r["step"]) for r in csv.DictReader(f)] == list(range(1, 9))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", ["torch", "gpu_days"])
+def test_two_ranks_compute_the_one_process_losses(tmp_path, impl):
+    """torchrun with 2 CPU ranks (gloo), DistributedDataParallel: each rank takes half of
+    the same global batch, the gradients are averaged, so the losses are one process's."""
+    steps = 4
+    one = T.train(_args(tmp_path, impl, steps, out="one", device="cpu"))
+    argv = [str(a) for a in _argv(tmp_path, impl, steps, out="two", device="cpu")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    run = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone"]
+    repo = Path(__file__).resolve().parents[2]  # `-m days.day020.train` from the repository root
+    done = subprocess.run([*run, "-m", "days.day020.train", *argv], env=env, cwd=repo, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(tmp_path / "two" / "loss.csv") as f:
+        two = list(csv.DictReader(f))  # rank 0's file: one row per step, not two
+    assert [int(r["step"]) for r in two] == list(range(1, steps + 1))
+    for a, b in zip(two, one, strict=True):
+        assert abs(float(a["train_loss"]) - b["train_loss"]) <= 1e-4 * b["train_loss"], (a, b)
+    assert abs(float(two[-1]["val_loss"]) - one[-1]["val_loss"]) <= 1e-4 * one[-1]["val_loss"]
 
 
 def test_resume_without_a_checkpoint_is_an_error(tmp_path):

@@ -8,6 +8,14 @@ tokens/s), `checkpoint.pt` (model, optimizer, step: written to a temporary file 
 so a crash never leaves half a checkpoint) and `sample.txt` (text generated at the end).
 Batches are a pure function of (seed, step) and nothing else draws random numbers, so a
 resumed run computes the same losses as one that never stopped.
+
+Several GPUs (DistributedDataParallel; NCCL on CUDA, gloo on the CPU):
+
+    torchrun --nproc_per_node=2 -m days.day020.train --config small --out build/day020/small-ddp
+
+--batch stays the global batch: each of the W ranks takes its own batch/W rows of the same
+(seed, step) batch, DDP averages the gradients, so the run computes the one-process run's
+losses (up to the order of float additions). Rank 0 alone writes files and shows progress.
 """
 
 from __future__ import annotations
@@ -16,11 +24,14 @@ import argparse
 import csv
 import io
 import math
+import os
 import sys
 import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from benchmark.store import write_atomically
 
@@ -43,11 +54,55 @@ def save_atomic(obj, path: Path) -> None:
     write_atomically(path, buffer.getvalue())
 
 
+class Ranks:
+    """This process's place in a torchrun job (rank 0 of 1 without torchrun)."""
+
+    def __init__(self):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local = int(os.environ.get("LOCAL_RANK", "0"))
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def start(self, device: str) -> str:
+        """Join the job (when there is one); the device this rank computes on."""
+        if self.world == 1:
+            return device
+        if torch.device(device).type == "cuda":
+            if torch.cuda.device_count() < self.world:
+                raise RuntimeError(f"{self.world} ranks but {torch.cuda.device_count()} GPUs: one GPU per rank")
+            torch.cuda.set_device(self.local)
+            device = f"cuda:{self.local}"
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+        return device
+
+    def shard(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of a global batch."""
+        if x.shape[0] % self.world:
+            raise ValueError(f"--batch {x.shape[0]} is not a multiple of the {self.world} ranks")
+        rows = x.shape[0] // self.world
+        return x[self.rank * rows : (self.rank + 1) * rows]
+
+    def mean(self, value: torch.Tensor) -> float:
+        """The mean of a scalar over the ranks (each rank's loss is a mean over equal rows)."""
+        if self.world > 1:
+            value = value.detach().float().clone()
+            dist.all_reduce(value)
+            value /= self.world
+        return value.item()
+
+    def stop(self) -> None:
+        if self.world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
 @torch.no_grad()
-def evaluate(model: GPT, batches: D.Batches, n: int, device, amp) -> float:
+def evaluate(model: GPT, batches: D.Batches, n: int, device, amp, ranks: Ranks) -> float:
     model.eval()
     with amp:
-        losses = [model(*batches.get(i, device))[1].item() for i in range(n)]
+        losses = [ranks.mean(model(*map(ranks.shard, batches.get(i, device)))[1]) for i in range(n)]
     model.train()
     return sum(losses) / len(losses)
 
@@ -63,9 +118,17 @@ def make_optimizer(model: GPT, lr: float, weight_decay: float, device) -> torch.
 
 def train(args) -> list[dict]:
     """Run (or resume) training; return the rows written to loss.csv by this call."""
+    ranks = Ranks()
+    try:
+        return _train(args, ranks)
+    finally:
+        ranks.stop()
+
+
+def _train(args, ranks: Ranks) -> list[dict]:
     out = Path(args.out)
     ckpt_path = out / "checkpoint.pt"
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = ranks.start(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     state = None
     if args.resume:
         if not ckpt_path.exists():
@@ -78,8 +141,10 @@ def train(args) -> list[dict]:
     if args.seq > config.block_size:
         raise ValueError(f"--seq {args.seq} is longer than the config's block_size {config.block_size}")
     data_dir = Path(args.data)
-    if not (data_dir / "train.bin").exists():
+    if ranks.main and not (data_dir / "train.bin").exists():
         D.build(data_dir, max_bytes=args.max_data_bytes)
+    if ranks.world > 1:
+        dist.barrier()  # the data exists before any other rank reads it
     train_batches = D.Batches(D.load(data_dir, "train"), args.batch, args.seq, args.seed)
     val_batches = D.Batches(D.load(data_dir, "val"), args.batch, args.seq, args.seed + 1)
 
@@ -93,50 +158,54 @@ def train(args) -> list[dict]:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         start = state["step"]
+    # DDP averages the gradients over the ranks during backward; `model` stays the plain
+    # module (checkpoints, evaluation, sampling)
+    step_model = DistributedDataParallel(model) if ranks.world > 1 else model
     rows = []
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "loss.csv"
     fields = ["step", "train_loss", "val_loss", "tokens_per_s", "impl"]
-    if start == 0 or not log_path.exists():
+    if ranks.main and (start == 0 or not log_path.exists()):
         with open(log_path, "w", newline="") as f:
             csv.DictWriter(f, fields).writeheader()
-    progress = _progress(args.steps, start, args.quiet)
+    progress = _progress(args.steps, start, args.quiet or not ranks.main)
     tokens_per_step = args.batch * args.seq
     t_last, last_step = time.perf_counter(), start
     stop = args.steps if args.stop_after is None else min(args.steps, args.stop_after)
     for step in range(start, stop):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
-        x, y = train_batches.get(step, device)
+        x, y = map(ranks.shard, train_batches.get(step, device))
         with amp:
-            _, loss = model(x, y)
+            _, loss = step_model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         done = step + 1
         if done % args.log_every == 0 or done == args.steps:
-            loss_value = loss.item()  # synchronises: the time below is the steps' real time
+            loss_value = ranks.mean(loss)  # synchronises: the time below is the steps' real time
             now = time.perf_counter()
             row = {
                 "step": done,
                 "train_loss": loss_value,
-                "val_loss": evaluate(model, val_batches, args.eval_batches, device, amp)
+                "val_loss": evaluate(model, val_batches, args.eval_batches, device, amp, ranks)
                 if (done % args.eval_every == 0 or done == args.steps)
                 else "",
                 "tokens_per_s": tokens_per_step * (done - last_step) / (now - t_last),
                 "impl": args.impl,
             }
             rows.append(row)
-            with open(log_path, "a", newline="") as f:
-                csv.DictWriter(f, fields).writerow(row)
+            if ranks.main:
+                with open(log_path, "a", newline="") as f:
+                    csv.DictWriter(f, fields).writerow(row)
             progress(done, row)
             t_last, last_step = time.perf_counter(), done
-        if done % args.checkpoint_every == 0 or done == stop:
+        if ranks.main and (done % args.checkpoint_every == 0 or done == stop):
             save_atomic(
                 {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": done, "args": _saved_args(args)},
                 ckpt_path,
             )
-    if args.sample_tokens and stop == args.steps:
+    if ranks.main and args.sample_tokens and stop == args.steps:
         prompt = torch.tensor([list(b"def ")], device=device)
         with amp:
             sample = model.generate(prompt, args.sample_tokens, seed=args.seed)
@@ -203,7 +272,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     rows = train(args)
-    if rows:
+    if rows and Ranks().main:
         last = rows[-1]
         print(f"step {last['step']}: train loss {last['train_loss']:.4f}, val loss {last['val_loss']}")
     return 0
