@@ -17,7 +17,7 @@ warn once and fall back to torch; GPU_DAYS_STRICT=1 turns that into an error.
 
 from . import softmax_family
 from .contract import ContractError, OpSpec, TensorArg
-from .cross_entropy import cross_entropy, cross_entropy_kernel, cross_entropy_loss_kernel
+from .cross_entropy import cross_entropy, cross_entropy_backward_kernel, cross_entropy_kernel
 from .fallback import MojoFallbackWarning, MojoUnavailableError, strict
 from .flash_attention import flash_attention
 from .gemm import MojoGEMM, gemm, gemm_batched, gemm_batched_kernel, gemm_kernel, gemm_version
@@ -45,7 +45,7 @@ KERNELS = {
         gemm_batched_kernel,
         long_softmax_kernel,  # day015
         cross_entropy_kernel,  # day020
-        cross_entropy_loss_kernel,
+        cross_entropy_backward_kernel,
     )
 }
 
@@ -74,7 +74,7 @@ __all__ = [
     "build_library",
     "cross_entropy",
     "cross_entropy_kernel",
-    "cross_entropy_loss_kernel",
+    "cross_entropy_backward_kernel",
     "flash_attention",
     "gemm",
     "gemm_batched",

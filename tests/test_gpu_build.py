@@ -128,29 +128,33 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         "day015.*_kernel.float64.2.*": (r"(?:ld\.global\.v2\.b64[^\n]*\n\s*){4}",),
     },
     "day020": {
-        # one block per row: 16-byte loads of the logits, the row cached in dynamic shared
-        # memory, the (max, sum) pairs merged by shuffles and one barrier, 16-byte gradient
-        # stores, a float64 loss per row
-        "day020.cross_entropy_kernel.bfloat16.8.1024.1": (
+        # forward: one block per row, 16-byte loads of the logits, the (max, sum) pairs
+        # merged by shuffles and one barrier, a float64 loss and lse per row
+        "day020.cross_entropy_kernel.bfloat16.8.1024": (
             r"ld\.global\.v4\.b32",
-            r"\.extern \.shared",
-            r"st\.shared\.v4\.b32",
-            r"ld\.shared\.v4\.b32",
             r"shfl\.sync\.bfly\.b32",
             r"bar\.sync",
-            r"st\.global\.v4\.b32",
             r"st\.global\.b64",
             r"\.maxntid 1024\b",
         ),
-        "day020.cross_entropy_kernel.float32.4.256.0": (r"ld\.global\.v4\.b32", r"\.maxntid 256\b"),
+        "day020.cross_entropy_kernel.float32.4.256": (r"ld\.global\.v4\.b32", r"\.maxntid 256\b"),
+        # backward: a stream of 16-byte loads and stores, four loads in flight per thread
+        "day020.cross_entropy_backward_kernel.bfloat16.8.1024": (
+            r"(?:ld\.global\.v4\.b32[^\n]*\n\s*){4}",
+            r"st\.global\.v4\.b32",
+            r"\.maxntid 1024\b",
+        ),
     },
 }
 # day -> {kernel-key glob: PTX regexes that must NOT appear}
 PTX_ABSENT: dict[str, dict[str, tuple[str, ...]]] = {  # a warp per row needs no block barrier
     "day012": {"day012.softmax_rows_kernel.float32.0.4.8.32.128": (r"bar\.sync",)},
     "day013": {"day013.layer_norm_fwd_kernel.float32.4.32.8.8": (r"bar\.sync",)},
-    # the loss-only variant writes no gradient: no 16-byte global stores
-    "day020": {"day020.cross_entropy_kernel.float32.4.256.0": (r"st\.global\.v4",)},
+    # the forward writes no gradient (no 16-byte global stores), the backward merges nothing
+    "day020": {
+        "day020.cross_entropy_kernel.float32.4.256": (r"st\.global\.v4",),
+        "day020.cross_entropy_backward_kernel.float32.4.256": (r"bar\.sync", r"shfl\.sync"),
+    },
 }
 
 

@@ -206,3 +206,63 @@ def sweep(quick: bool, device: str, problems=None, impls=IMPLS) -> list[dict]:
             rows += problem_rows(config_name, batch, seq, dtype, device, impls)
             print(f"  {DAY} {OP} {config_name} {batch}x{seq} {dtype}: {time.perf_counter() - t:.1f} s", flush=True)
     return rows
+
+
+def profile_rows(impl: str, config_name: str, batch: int, seq: int, dtype, steps: int = 3) -> list[dict]:
+    """Device time per training step by kernel (torch.profiler over `steps` steps after
+    warm-up): what a step of `impl` spends its GPU time on."""
+    trainer = Trainer(impl, CONFIGS[config_name], batch, seq, dtype, "cuda")
+    time_steps(trainer.step, "cuda", 3, 1)
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(steps):
+            trainer.step()
+        torch.cuda.synchronize()
+    rows = []
+    for event in prof.key_averages():
+        device_us = getattr(event, "self_device_time_total", 0) or 0
+        if device_us <= 0 or event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        rows.append(
+            {
+                "impl": impl,
+                "kernel": event.key[:160],
+                "calls_per_step": event.count / steps,
+                "ms_per_step": device_us / steps / 1e3,
+            }
+        )
+    del trainer
+    _free("cuda")
+    return sorted(rows, key=lambda r: -r["ms_per_step"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m benchmark.cases.day020_train --profile [--config gpt2] [--batch 16]
+    [--seq 1024]`: the kernels of one training step, per impl (torch, gpu_days), as CSV on
+    stdout. (`python -m benchmark --day day020 --op train_step` runs the timed sweep.)"""
+    import argparse
+    import csv
+    import sys
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--profile", action="store_true", required=True)
+    p.add_argument("--config", default="gpt2", choices=sorted(CONFIGS))
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--impl", action="append", choices=["torch", "gpu_days", "torch_compile"])
+    args = p.parse_args(argv)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    writer = csv.DictWriter(sys.stdout, ["impl", "kernel", "calls_per_step", "ms_per_step"])
+    writer.writeheader()
+    with strict_ops():
+        for impl in args.impl or ["torch", "gpu_days"]:
+            rows = profile_rows(impl, args.config, args.batch, args.seq, getattr(torch, args.dtype))
+            writer.writerows(rows)
+            total = sum(r["ms_per_step"] for r in rows)
+            print(f"# {impl}: {total:.3f} ms of kernels per step", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

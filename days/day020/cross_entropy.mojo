@@ -1,16 +1,21 @@
-# Day 020: cross-entropy over a vocabulary in one pass over each row of logits.
+# Day 020: cross-entropy over a vocabulary, forward and backward.
 #
-#     loss[r]  = log(sum_c exp(x[r, c])) - x[r, t[r]]             (0 where t[r] == ignore)
-#     grad[r]  = (softmax(x[r]) - onehot(t[r])) * scale           (0 where t[r] == ignore)
+#     forward:   loss[r] = lse[r] - x[r, t[r]],   lse[r] = log(sum_c exp(x[r, c]))
+#     backward:  grad[r, c] = (exp(x[r, c] - lse[r]) - onehot(t[r])[c]) * f[r]
+#     (both 0 where t[r] == ignore; f[r] = grad_loss * 1/counted rows for a mean)
 #
 # Day 012's lesson at vocabulary sizes: a log_softmax writes a (rows, vocab) tensor that
-# the loss then reads again, and its backward reads it once more. Here one block reads
-# its row once, caching it in shared memory (day 012's fold_and_cache: a bf16 row of
-# 50304 is 100 KB, a float32 one 201 KB, both fit), merges the (max, sum of exp) pairs
-# (day 009's block_combine), and writes the loss and, when asked, the gradient of the
-# logits from the cache. The probabilities are never written. Per-row losses are stored
-# as float64 (N values: a rounding-free sum for any logits dtype). `scale` is read from a
-# device tensor (1 / the number of counted rows for a mean), so nothing waits for the host.
+# the loss then reads again, and its backward reads it once more. Here the forward reads
+# each row once (one block per row, day 012's fold_and_cache for the (max, sum of exp)
+# pair, day 009's block_combine to merge the threads' pairs) and writes two numbers per
+# row: the loss and the log-sum-exp. The backward reads the row again with its lse and
+# writes the gradient. The probabilities are never written.
+#
+# A first version wrote the gradient in the forward, from a copy of the row cached in
+# shared memory (one pass, 2 N V bytes); it measured 0.98x F.cross_entropy at 8192 x 50304
+# bf16 on the H100: a 100 KB row cache leaves one or two blocks per SM, and the backward
+# still had to multiply the whole gradient by grad_loss (another read and write of N V).
+# Per-row losses and lse are stored as float64 (N values each).
 
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu import (
@@ -33,53 +38,11 @@ from days.day009.online_softmax import (
     row_max_sum_cpu,
 )
 from days.day012.softmax_family import (
-    SharedPtr,
+    UNROLL,
     fold_and_cache,
-    load_shared,
     load_vec,
     store_vec,
 )
-
-
-# --8<-- [start:write_grad]
-@always_inline
-def write_grad[
-    dtype: DType, W: Int, BLOCK: Int
-](
-    grad: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    base: Int,
-    n: Int,
-    cache: SharedPtr[dtype],
-    cached: Int,
-    m: Scalar[accum_dtype[dtype]()],
-    s: Scalar[accum_dtype[dtype]()],
-    target: Int,
-    scale: Scalar[accum_dtype[dtype]()],
-) where dtype.is_floating_point():
-    """The gradient: (exp(x - m) / s - onehot(target)) * scale over [base, base + n), reading x
-    from the cache where fold_and_cache put it (the same thread wrote it there).
-    """
-    comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
-    var inv = scale / s
-    for c in range(thread_idx.x * W, n, BLOCK * W):
-        var raw = load_shared[dtype, W](cache, c) if c < cached else load_vec[
-            dtype, W
-        ](logits, base + c)
-        var g = exp(raw.cast[acc]() - m) * inv
-        if c <= target < c + W:
-            comptime for j in range(
-                W
-            ):  # a compile-time lane: no vector spilled to the stack
-                if c + j == target:
-                    g[j] -= scale
-        if not finite(m):
-            g = SIMD[acc, W](nan_value[acc]())
-        store_vec[dtype, W](grad, base + c, g.cast[dtype]())
-
-
-# --8<-- [end:write_grad]
 
 
 # --8<-- [start:kernel]
@@ -87,21 +50,19 @@ def write_grad[
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(BLOCK))
 )
 def cross_entropy_kernel[
-    dtype: DType, W: Int, BLOCK: Int, GRAD: Bool
+    dtype: DType, W: Int, BLOCK: Int
 ](
-    grad: Pointer[Scalar[dtype], MutAnyOrigin],
     loss: Pointer[Float64, MutAnyOrigin],
+    lse: Pointer[Float64, MutAnyOrigin],
     logits: Pointer[Scalar[dtype], MutAnyOrigin],
     targets: Pointer[Int64, MutAnyOrigin],
-    scale: Pointer[Float64, MutAnyOrigin],
     cols: Int64,
-    cached: Int64,
     ignore_index: Int64,
 ) where dtype.is_floating_point():
-    """One block per row. GRAD = False (no autograd) writes only the loss: one read of
-    the row. GRAD = True also writes the gradient of the logits from the cached row. A
-    target outside [0, cols) that is not ignore_index gives a NaN loss and gradient (the
-    caller checks targets on the host where it can)."""
+    """Forward, one block per row: one read of the row, the loss and the lse written. A
+    target outside [0, cols) that is not ignore_index gives a NaN loss (and lse, so that
+    the backward's gradient is NaN too); the caller checks targets on the host where it
+    can."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     var red_m = stack_allocation[
@@ -109,9 +70,6 @@ def cross_entropy_kernel[
     ]()
     var red_s = stack_allocation[
         BLOCK // WARP_SIZE, Scalar[acc], address_space=AddressSpace.SHARED
-    ]()
-    var cache = external_memory[
-        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
     ]()
     var n = Int(cols)
     var row = block_idx.x
@@ -122,46 +80,131 @@ def cross_entropy_kernel[
     ):  # the whole block agrees: no barrier is skipped by some threads only
         if thread_idx.x == 0:
             loss[unsafe_offset=row] = 0
-        comptime if GRAD:
-            for c in range(thread_idx.x * W, n, BLOCK * W):
-                store_vec[dtype, W](grad, base + c, SIMD[dtype, W](0))
+            lse[unsafe_offset=row] = 0
         return
-    var head = Int(
-        cached
-    ) if GRAD else 0  # without a gradient pass there is nothing to cache for
-    var m, s = fold_and_cache[dtype, W, BLOCK](logits, base, n, cache, head)
+    var no_cache = external_memory[  # launched with no dynamic shared memory: unused
+        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
+    ]()
+    var m, s = fold_and_cache[dtype, W, BLOCK](logits, base, n, no_cache, 0)
     m, s = block_combine[acc, BLOCK](m, s, red_m, red_s)
-    var valid = t >= 0 and t < cols
-    var tc = Int(t) if valid else 0
     if thread_idx.x == 0:
-        var xt = logits[unsafe_offset=base + tc].cast[acc]()
+        var valid = t >= 0 and t < cols
+        var xt = logits[unsafe_offset=base + (Int(t) if valid else 0)].cast[
+            acc
+        ]()
         var l = log(s) - (
             xt - m
         )  # xt - m first: exact when both are large and close
+        var ok = valid and finite(m)
         loss[unsafe_offset=row] = (l if valid else nan_value[acc]()).cast[
             DType.float64
         ]()
-    comptime if GRAD:
-        var sc = scale[unsafe_offset=0].cast[acc]()
-        if not valid:
-            sc = nan_value[acc]()
-        write_grad[dtype, W, BLOCK](
-            grad, logits, base, n, cache, head, m, s, tc, sc
-        )
+        lse[unsafe_offset=row] = (m + log(s) if ok else nan_value[acc]()).cast[
+            DType.float64
+        ]()
 
 
 # --8<-- [end:kernel]
 
 
-# --8<-- [start:cpu]
-def cross_entropy_cpu[
-    dtype: DType, GRAD: Bool
+# --8<-- [start:backward]
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(BLOCK))
+)
+def cross_entropy_backward_kernel[
+    dtype: DType, W: Int, BLOCK: Int
 ](
     grad: Pointer[Scalar[dtype], MutAnyOrigin],
-    loss: Pointer[Float64, MutAnyOrigin],
     logits: Pointer[Scalar[dtype], MutAnyOrigin],
     targets: Pointer[Int64, MutAnyOrigin],
-    scale: Float64,
+    lse: Pointer[Float64, MutAnyOrigin],
+    factor: Pointer[Float64, MutAnyOrigin],
+    factor_stride: Int64,
+    cols: Int64,
+    ignore_index: Int64,
+) where dtype.is_floating_point():
+    """Backward, one block per row: grad = (exp(x - lse) - onehot(t)) * factor, a stream
+    of the row in and out with UNROLL vectors in flight per thread. factor is one value
+    (stride 0: mean, sum) or one per row (stride 1: reduction none)."""
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    var n = Int(cols)
+    var row = block_idx.x
+    var base = row * n
+    var t = targets[unsafe_offset=row]
+    comptime STEP = BLOCK * W
+    if t == ignore_index:
+        for c in range(thread_idx.x * W, n, STEP):
+            store_vec[dtype, W](grad, base + c, SIMD[dtype, W](0))
+        return
+    var f = factor[unsafe_offset=Int(row) * Int(factor_stride)].cast[acc]()
+    var shift = lse[unsafe_offset=row].cast[acc]()
+    var tc = Int(t)  # an invalid target has a NaN lse: every gradient is NaN
+    for c0 in range(thread_idx.x * W, n, STEP * UNROLL):
+        var xs = SIMD[dtype, W * UNROLL](0)
+        comptime for u in range(UNROLL):
+            var c = c0 + u * STEP
+            if c < n:
+                xs = xs.insert[offset=u * W](load_vec[dtype, W](logits, base + c))
+        comptime for u in range(UNROLL):
+            var c = c0 + u * STEP
+            if c < n:
+                var x = xs.slice[W, offset=u * W]().cast[acc]()
+                var g = exp(x - shift) * f
+                if c <= tc < c + W:
+                    comptime for j in range(W):  # a compile-time lane: no spill
+                        if c + j == tc:
+                            g[j] -= f
+                store_vec[dtype, W](grad, base + c, g.cast[dtype]())
+
+
+# --8<-- [end:backward]
+
+
+# --8<-- [start:cpu]
+def cross_entropy_cpu[
+    dtype: DType
+](
+    loss: Pointer[Float64, MutAnyOrigin],
+    lse: Pointer[Float64, MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    rows: Int,
+    cols: Int,
+    ignore_index: Int64,
+) where dtype.is_floating_point():
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    for r in range(rows):
+        var t = targets[unsafe_offset=r]
+        if t == ignore_index:
+            loss[unsafe_offset=r] = 0
+            lse[unsafe_offset=r] = 0
+            continue
+        var m, s = row_max_sum_cpu(logits, r * cols, cols)
+        var valid = t >= 0 and t < Int64(cols)
+        var xt = logits[unsafe_offset=r * cols + (Int(t) if valid else 0)].cast[
+            acc
+        ]()
+        var l = log(s) - (xt - m)
+        loss[unsafe_offset=r] = (l if valid else nan_value[acc]()).cast[
+            DType.float64
+        ]()
+        var ok = valid and finite(m)
+        lse[unsafe_offset=r] = (m + log(s) if ok else nan_value[acc]()).cast[
+            DType.float64
+        ]()
+
+
+def cross_entropy_backward_cpu[
+    dtype: DType
+](
+    grad: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    lse: Pointer[Float64, MutAnyOrigin],
+    factor: Pointer[Float64, MutAnyOrigin],
+    factor_stride: Int,
     rows: Int,
     cols: Int,
     ignore_index: Int64,
@@ -171,29 +214,16 @@ def cross_entropy_cpu[
     for r in range(rows):
         var base = r * cols
         var t = targets[unsafe_offset=r]
-        if t == ignore_index:
-            loss[unsafe_offset=r] = 0
-            comptime if GRAD:
-                for c in range(cols):
-                    grad[unsafe_offset=base + c] = 0
-            continue
-        var m, s = row_max_sum_cpu(logits, base, cols)
-        var valid = t >= 0 and t < Int64(cols)
-        var tc = Int(t) if valid else 0
-        var l = log(s) - (logits[unsafe_offset=base + tc].cast[acc]() - m)
-        loss[unsafe_offset=r] = (l if valid else nan_value[acc]()).cast[
-            DType.float64
-        ]()
-        comptime if GRAD:
-            var sc = scale.cast[acc]() if valid else nan_value[acc]()
-            for c in range(cols):
+        var f = factor[unsafe_offset=r * factor_stride].cast[acc]()
+        var shift = lse[unsafe_offset=r].cast[acc]()
+        for c in range(cols):
+            var g = Scalar[acc](0)
+            if t != ignore_index:
                 var x = logits[unsafe_offset=base + c].cast[acc]()
-                var g = exp(x - m) / s * sc
-                if c == tc:
-                    g -= sc
-                if not finite(m):
-                    g = nan_value[acc]()
-                grad[unsafe_offset=base + c] = g.cast[dtype]()
+                g = exp(x - shift) * f
+                if Int64(c) == t:
+                    g -= f
+            grad[unsafe_offset=base + c] = g.cast[dtype]()
 
 
 # --8<-- [end:cpu]
@@ -205,97 +235,85 @@ comptime GPU_LAUNCH_MOVED = (
 
 
 def check_rows(
-    name: StaticString, rows: Int, cols: Int, n_targets: Int, n_loss: Int
+    name: StaticString, rows: Int, n: Int, what: StaticString
 ) raises:
-    if n_targets != rows or n_loss != rows:
-        raise Error(
-            name,
-            ": ",
-            rows,
-            " rows of logits, ",
-            n_targets,
-            " targets, ",
-            n_loss,
-            " losses",
-        )
+    if n != rows:
+        raise Error(name, ": ", rows, " rows of logits, ", n, " ", what)
 
 
 @register("cross_entropy")
 struct CrossEntropy:
-    """Per-row losses and the gradient of the logits, scaled by scale[0]."""
+    """Per-row losses and log-sum-exps."""
+
+    @staticmethod
+    def execute[
+        target: StaticString, dtype: DType, IGNORE_INDEX: Int
+    ](
+        loss: OutputTensor[dtype=DType.float64, rank=1, ...],
+        lse: OutputTensor[dtype=DType.float64, rank=1, ...],
+        logits: InputTensor[dtype=dtype, rank=2, ...],
+        targets: InputTensor[dtype=DType.int64, rank=1, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert dtype.is_floating_point(), "cross_entropy: float logits"
+        var rows = logits.dim_size(0)
+        check_rows("cross_entropy", rows, targets.dim_size(0), "targets")
+        check_rows("cross_entropy", rows, loss.dim_size(0), "losses")
+        check_rows("cross_entropy", rows, lse.dim_size(0), "lse values")
+        comptime if target == "gpu":
+            raise Error("cross_entropy", GPU_LAUNCH_MOVED)
+        else:
+            cross_entropy_cpu[dtype](
+                loss.unsafe_ptr(),
+                lse.unsafe_ptr(),
+                logits.unsafe_ptr(),
+                targets.unsafe_ptr(),
+                rows,
+                logits.dim_size(1),
+                Int64(IGNORE_INDEX),
+            )
+
+
+@register("cross_entropy_backward")
+struct CrossEntropyBackward:
+    """The gradient of the logits from the forward's lse and the factor per row."""
 
     @staticmethod
     def execute[
         target: StaticString, dtype: DType, IGNORE_INDEX: Int
     ](
         grad: OutputTensor[dtype=dtype, rank=2, ...],
-        loss: OutputTensor[dtype=DType.float64, rank=1, ...],
         logits: InputTensor[dtype=dtype, rank=2, ...],
         targets: InputTensor[dtype=DType.int64, rank=1, ...],
-        scale: InputTensor[dtype=DType.float64, rank=1, ...],
+        lse: InputTensor[dtype=DType.float64, rank=1, ...],
+        factor: InputTensor[dtype=DType.float64, rank=1, ...],
         ctx: DeviceContext,
     ) raises:
         comptime assert dtype.is_floating_point(), "cross_entropy: float logits"
         var rows = logits.dim_size(0)
-        var cols = logits.dim_size(1)
-        check_rows(
-            "cross_entropy", rows, cols, targets.dim_size(0), loss.dim_size(0)
-        )
+        check_rows("cross_entropy_backward", rows, targets.dim_size(0), "targets")
+        check_rows("cross_entropy_backward", rows, lse.dim_size(0), "lse values")
+        var nf = factor.dim_size(0)
+        if nf != 1:
+            check_rows("cross_entropy_backward", rows, nf, "factors")
         if grad.shape() != logits.shape():
             raise Error(
-                "cross_entropy: grad ",
+                "cross_entropy_backward: grad ",
                 grad.shape(),
                 " != logits ",
                 logits.shape(),
             )
         comptime if target == "gpu":
-            raise Error("cross_entropy", GPU_LAUNCH_MOVED)
+            raise Error("cross_entropy_backward", GPU_LAUNCH_MOVED)
         else:
-            cross_entropy_cpu[dtype, True](
+            cross_entropy_backward_cpu[dtype](
                 grad.unsafe_ptr(),
-                loss.unsafe_ptr(),
                 logits.unsafe_ptr(),
                 targets.unsafe_ptr(),
-                scale.unsafe_ptr()[unsafe_offset=0],
+                lse.unsafe_ptr(),
+                factor.unsafe_ptr(),
+                0 if nf == 1 else 1,
                 rows,
-                cols,
-                Int64(IGNORE_INDEX),
-            )
-
-
-@register("cross_entropy_loss")
-struct CrossEntropyLoss:
-    """Per-row losses only (no autograd: the gradient pass is skipped)."""
-
-    @staticmethod
-    def execute[
-        target: StaticString, dtype: DType, IGNORE_INDEX: Int
-    ](
-        loss: OutputTensor[dtype=DType.float64, rank=1, ...],
-        logits: InputTensor[dtype=dtype, rank=2, ...],
-        targets: InputTensor[dtype=DType.int64, rank=1, ...],
-        ctx: DeviceContext,
-    ) raises:
-        comptime assert dtype.is_floating_point(), "cross_entropy: float logits"
-        var rows = logits.dim_size(0)
-        var cols = logits.dim_size(1)
-        check_rows(
-            "cross_entropy_loss",
-            rows,
-            cols,
-            targets.dim_size(0),
-            loss.dim_size(0),
-        )
-        comptime if target == "gpu":
-            raise Error("cross_entropy_loss", GPU_LAUNCH_MOVED)
-        else:
-            cross_entropy_cpu[dtype, False](
-                logits.unsafe_ptr(),  # unused without GRAD
-                loss.unsafe_ptr(),
-                logits.unsafe_ptr(),
-                targets.unsafe_ptr(),
-                Float64(1),
-                rows,
-                cols,
+                logits.dim_size(1),
                 Int64(IGNORE_INDEX),
             )

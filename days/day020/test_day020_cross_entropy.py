@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import pytorch_custom_ops as pco
-from pytorch_custom_ops.cross_entropy import SMALL_ROW, cross_entropy_kernel, cross_entropy_loss_kernel
+from pytorch_custom_ops.cross_entropy import SMALL_ROW, cross_entropy_backward_kernel, cross_entropy_kernel
 
 DTYPES = [(torch.float32, 1e-5, 1e-5), (torch.float64, 1e-12, 1e-12), (torch.bfloat16, 1e-2, 1e-2)]
 
@@ -83,7 +83,11 @@ def test_opcheck_and_compile(device):
     x = torch.randn(5, 33, device=device, requires_grad=True)
     t = torch.randint(0, 33, (5,), device=device)
     torch.library.opcheck(torch.ops.gpu_days.cross_entropy, (x, t, -100, "mean"))
-    torch.library.opcheck(torch.ops.gpu_days.cross_entropy_loss, (x.detach(), t, -100, "sum"))
+    torch.library.opcheck(torch.ops.gpu_days.cross_entropy, (x.detach(), t, -100, "none"))
+    _, lse, _ = torch.ops.gpu_days.cross_entropy(x.detach(), t, -100, "none")
+    for n in (1, 5):  # one factor (mean, sum), one per row (none)
+        factor = torch.rand(n, dtype=torch.float64, device=device)
+        torch.library.opcheck(torch.ops.gpu_days.cross_entropy_backward, (x.detach(), t, lse, factor, -100))
     compiled = torch.compile(lambda x, t: pco.cross_entropy(x, t), fullgraph=True)
     loss = compiled(x, t)
     loss.backward()
@@ -117,27 +121,26 @@ def test_bad_inputs_are_named(device, call, error, message):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("cols", [256, 1001, 50304, 128256])
-@pytest.mark.parametrize("grad", [False, True])
-def test_plan_on_cpu_tensors(dtype, cols, grad):
-    """What the CUDA launch would be, from CPU tensors: a block per row, 16-byte vectors
-    when rows allow, the row cached up to day012's budget when a gradient is written."""
+def test_plans_on_cpu_tensors(dtype, cols):
+    """What the CUDA launches would be, from CPU tensors: a block per row, 16-byte vectors
+    when rows allow, no shared-memory row cache; the backward's factor is one value
+    (stride 0) or one per row (stride 1)."""
     rows = 3
     logits = torch.empty(rows, cols, dtype=dtype)
     targets = torch.zeros(rows, dtype=torch.int64)
+    per_row = [torch.empty(rows, dtype=torch.float64) for _ in range(2)]
     params = {"IGNORE_INDEX": -100}
-    if grad:
-        outputs = [torch.empty_like(logits), torch.empty(rows, dtype=torch.float64)]
-        inputs = [logits, targets, torch.ones(1, dtype=torch.float64)]
-        (launch,) = cross_entropy_kernel.gpu(outputs, inputs, params)
-    else:
-        outputs, inputs = [torch.empty(rows, dtype=torch.float64)], [logits, targets]
-        (launch,) = cross_entropy_loss_kernel.gpu(outputs, inputs, params)
-    dtype_, w, block, grad_ = launch.kernel.params
     vec = 16 // dtype.itemsize
-    assert (dtype_, grad_) == (dtype, grad)
-    assert w == (vec if cols % vec == 0 else 1)
-    assert launch.grid == rows and launch.block == block == (256 if cols <= SMALL_ROW else 1024)
-    cached = launch.args[6]
-    assert launch.smem == cached * dtype.itemsize <= 200 * 1024
-    assert cached == (min(cols, (200 * 1024 // dtype.itemsize) // w * w) if grad else 0)
-    assert launch.args[7] == -100
+    block = 256 if cols <= SMALL_ROW else 1024
+    (fwd,) = cross_entropy_kernel.gpu(per_row, [logits, targets], params)
+    assert fwd.kernel.params == (dtype, vec if cols % vec == 0 else 1, block)
+    assert fwd.grid == rows and fwd.block == block and fwd.smem == 0
+    assert fwd.args[4:] == (cols, -100)
+    for factors, stride in ((1, 0), (rows, 1)):
+        inputs = [logits, targets, per_row[1], torch.ones(factors, dtype=torch.float64)]
+        (bwd,) = cross_entropy_backward_kernel.gpu([torch.empty_like(logits)], inputs, params)
+        assert bwd.kernel.params == fwd.kernel.params and (bwd.grid, bwd.block, bwd.smem) == (rows, block, 0)
+        assert bwd.args[5:] == (stride, cols, -100)
+    with pytest.raises(ValueError, match="2 factors for 3 rows"):
+        inputs = [logits, targets, per_row[1], torch.ones(2, dtype=torch.float64)]
+        cross_entropy_backward_kernel.gpu([torch.empty_like(logits)], inputs, params)
