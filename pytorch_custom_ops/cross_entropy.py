@@ -48,28 +48,37 @@ CROSS_ENTROPY_BACKWARD = OpSpec(
 )
 
 # --8<-- [start:gpu_plan]
-SMALL_ROW = 8192  # columns up to which 256 threads per row are enough
-_VARIANTS = tuple(
-    (dtype, w, block) for dtype in FLOAT_DTYPES for w in (VEC_BYTES // dtype.itemsize, 1) for block in (256, 1024)
-)
+# Threads per row, measured on the H100 (kernel time, 256 vs 1024 threads): the forward is
+# faster with 256 at every vocabulary tried (bf16 8192 x 50304: 0.283 vs 0.378 ms; more
+# blocks per SM keep more loads in flight); the backward wants 1024 past 8192 columns
+# (within 5% either way).
+FORWARD_BLOCK = 256
+SMALL_ROW = 8192  # columns up to which 256 threads per row are enough in the backward
+
+
+def _variants(blocks: tuple[int, ...]) -> tuple:
+    widths = lambda dtype: (VEC_BYTES // dtype.itemsize, 1)  # noqa: E731
+    return tuple((dtype, w, block) for dtype in FLOAT_DTYPES for w in widths(dtype) for block in blocks)
+
+
 CE_KERNEL = KernelFamily(
     "days.day020.cross_entropy",
     "cross_entropy_kernel",
     args=("ptr",) * 4 + ("i64",) * 2,  # loss, lse, logits, targets, cols, ignore_index
-    variants=_VARIANTS,
+    variants=_variants((FORWARD_BLOCK,)),
 )
 CE_BACKWARD_KERNEL = KernelFamily(
     "days.day020.cross_entropy",
     "cross_entropy_backward_kernel",
     # grad, logits, targets, lse, factor, factor_stride, cols, ignore_index
     args=("ptr",) * 5 + ("i64",) * 3,
-    variants=_VARIANTS,
+    variants=_variants((256, 1024)),
 )
 
 
 def _row_launch(logits: torch.Tensor, *row_tensors: torch.Tensor) -> tuple[int, int, int]:
-    """(rows, vector width, block) for one block per row of `logits`: 16-byte vectors
-    when every row of these tensors starts 16-byte aligned."""
+    """(rows, vector width, backward block) for one block per row of `logits`: 16-byte
+    vectors when every row of these tensors starts 16-byte aligned."""
     rows, cols = logits.shape
     if rows > MAX_GRID:
         raise ValueError(f"cross_entropy: {rows} rows are more than one launch can have")
@@ -81,7 +90,8 @@ def _row_launch(logits: torch.Tensor, *row_tensors: torch.Tensor) -> tuple[int, 
 @direct.plan(CE_KERNEL)
 def _forward_plan(outputs, inputs, params) -> list[direct.Launch]:
     (loss, lse), (logits, targets) = outputs, inputs
-    rows, w, block = _row_launch(logits)
+    rows, w, _ = _row_launch(logits)
+    block = FORWARD_BLOCK
     args = (loss.data_ptr(), lse.data_ptr(), logits.data_ptr(), targets.data_ptr(), logits.shape[1])
     kernel = CE_KERNEL[logits.dtype, w, block]
     return [direct.Launch(kernel, grid=rows, block=block, args=(*args, params["IGNORE_INDEX"]))]
