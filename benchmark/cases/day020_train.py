@@ -17,8 +17,9 @@ one after another (each owns a model and optimizer; two 124M models with AdamW s
 not both need to live at once). Columns: ms per step (median over the timed steps),
 tokens_per_s, tflops and `mfu` from the model FLOPs per token, 6 N + 12 L d T (N: the
 parameters without the position table; the attention term counts the whole score matrix,
-as nanoGPT and llm.c do), peak_extra_mib (the peak while stepping, above the memory held
-before the first step: activations, gradients, optimizer state).
+as nanoGPT and llm.c do), peak_extra_mib (eager impls: the peak while stepping above the
+memory held after the first step, i.e. activations and temporaries on top of parameters,
+gradients and optimizer state; a graph's memory is taken at capture and is not counted).
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ def problem_rows(config_name: str, batch: int, seq: int, dtype, device: str, imp
             )
             if peak:
                 row["mfu"] = row["tflops"] / peak
-            if device == "cuda":
+            if device == "cuda" and not impl.endswith("_graph"):  # a graph's memory was taken at capture
                 row["peak_extra_mib"] = (torch.cuda.max_memory_allocated() - held) / 2**20
         except Exception as exc:
             row.update(status="NA", reason=failure_reason(exc))
