@@ -64,3 +64,48 @@ CASES = [
         note=_note,
     ),
 ]
+
+
+# -- a linear layer's three GEMMs at GPT-2's shapes (the baseline issue 19's ladder must beat) --
+# tokens x in x out; y = x Wᵀ forward, dX = dY W and dW = dYᵀ X backward (the transposes day
+# 014 reads in place). The last shape is the tied output head over the padded vocabulary.
+LINEAR_SHAPES = {
+    "quick": [(64, 48, 80), (33, 17, 40)],
+    "full": [(8192, 768, 2304), (8192, 768, 768), (8192, 768, 3072), (8192, 3072, 768), (8192, 768, 50304)],
+}
+LINEAR_PASSES = {
+    # pass: (what it computes, torch (cuBLAS), gpu-days)
+    "linear_forward": ("x Wᵀ", lambda x, w: torch.mm(x, w.t()), lambda x, w: pco.gemm(x, w, transpose_b=True)),
+    "linear_dx": ("dY W", lambda dy, w: torch.mm(dy, w), lambda dy, w: pco.gemm(dy, w)),
+    "linear_dw": ("dYᵀ X", lambda dy, x: torch.mm(dy.t(), x), lambda dy, x: pco.gemm(dy, x, transpose_a=True)),
+}
+
+
+def _linear_inputs(op: str):
+    def make(shape, dtype, device):
+        tokens, d_in, d_out = shape
+        g = torch.Generator(device=device).manual_seed(0)
+        x = torch.randn(tokens, d_in, generator=g, device=device).to(dtype)
+        w = torch.randn(d_out, d_in, generator=g, device=device).to(dtype)
+        dy = torch.randn(tokens, d_out, generator=g, device=device).to(dtype)
+        return {"linear_forward": (x, w), "linear_dx": (dy, w), "linear_dw": (dy, x)}[op]
+
+    return make
+
+
+def _linear_case(op: str) -> Case:
+    what, torch_fn, ours = LINEAR_PASSES[op]
+    return Case(
+        day="day014",
+        op=op,
+        impls={"torch": torch_fn, "mojo_gemm": ours},
+        make_inputs=_linear_inputs(op),
+        reference=lambda *ts, fn=torch_fn: fn(*(t.double() for t in ts)),
+        flops=lambda shape: 2 * math.prod(shape),
+        shapes=LINEAR_SHAPES,
+        dtypes={"cpu": [torch.float32], "cuda": [torch.bfloat16, torch.float16]},
+        note=lambda what=what: f"{what} for tokens x in x out; " + _note(),
+    )
+
+
+CASES += [_linear_case(op) for op in LINEAR_PASSES]
