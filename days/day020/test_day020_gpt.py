@@ -209,3 +209,26 @@ def test_two_ranks_compute_the_one_process_losses(tmp_path, impl):
 def test_resume_without_a_checkpoint_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         T.train(_args(tmp_path, "torch", 2, resume=True))
+
+
+def test_train_step_flops_count_the_models_parameters():
+    """benchmark/cases/day020_train.py's MFU numerator: 6 N + 12 L d T per token, N the
+    parameters without the position table (the tied head counted once)."""
+    from benchmark.cases.day020_train import flops_per_token
+
+    for config in CONFIGS.values():
+        model = GPT(config, "torch")
+        n = sum(p.numel() for name, p in model.named_parameters() if not name.startswith("wpe"))
+        assert flops_per_token(config, 100) == 6 * n + 12 * config.n_layer * config.n_embd * 100
+
+
+@pytest.mark.slow
+def test_train_step_benchmark_validates_and_times_both_builds():
+    from benchmark.cases import day020_train
+
+    rows = day020_train.problem_rows("tiny", 2, 16, torch.float32, "cpu", impls=("torch", "gpu_days"))
+    assert [r["impl"] for r in rows] == ["torch", "gpu_days"]
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert r["tokens_per_s"] > 0 and r["ms_median"] > 0 and "first loss" in r["note"]
+    assert rows[0]["speedup_vs_torch"] == 1
