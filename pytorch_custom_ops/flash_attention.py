@@ -12,6 +12,9 @@ use (they import Triton); they launch on torch's current stream, so CUDA graphs 
 Two ops are registered: `gpu_days::flash_attention` returns (out, lse) and saves what the backward
 needs; `gpu_days::flash_attention_backward` computes (dq, dk, dv). Both have fake (meta)
 implementations, so `torch.compile(fullgraph=True)` traces them without running Triton.
+Eager calls skip the dispatcher, as every gpu-days op does (pytorch_custom_ops/eager.py):
+through torch.library's custom-op path a call cost ~0.7 ms of host time on the H100, more
+than a small model's attention kernels.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import importlib
 
 import torch
 from torch import Tensor
+
+from . import eager
 
 _DAY = "days.day017.flash_attention"
 
@@ -68,7 +73,18 @@ def _backward(ctx, grad_out, _grad_lse):
     return dq, dk, dv, None, None
 
 
+def _forward_eager(q, k, v, causal, scale):
+    return _day().attention_forward(q, k, v, causal, scale)
+
+
+def _backward_eager(ctx, grad_out, _grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = _day().attention_backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None
+
+
 _flash_attention.register_autograd(_backward, setup_context=_setup_context)
+_autograd = eager.function("FlashAttention", _forward_eager, _setup_context, _backward_eager)
 
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: float | None = None) -> Tensor:
@@ -76,6 +92,11 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale
     differentiable (dq, dk, dv by the Triton backward). Same layout and causal convention as
     `torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
     enable_gqa=True)`."""
+    way = eager.route(q, k, v)
+    if way is eager.EAGER:
+        return _forward_eager(q, k, v, causal, scale)[0]
+    if way is eager.AUTOGRAD:
+        return _autograd(q, k, v, causal, scale)[0]
     if not torch.compiler.is_compiling():  # our message before the dispatcher's schema error
         _day().check_inputs(q, k, v, causal, scale)
     out, _ = torch.ops.gpu_days.flash_attention(q, k, v, causal, scale)
