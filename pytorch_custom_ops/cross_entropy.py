@@ -178,13 +178,14 @@ def _torch_forward(logits, targets, ignore_index):
     return [rows.double(), torch.where(counted, lse, 0).double()]
 
 
-def _torch_backward(logits, targets, lse, factor, ignore_index):
+def _torch_backward(logits, targets, factor, ignore_index):
+    """The gradient by torch ops: the fallback, and the differentiable gradient a double
+    backward needs (softmax of the logits, not exp(x - lse): lse depends on x too)."""
     x = logits.to(_acc(logits))
     counted = targets != ignore_index
     f = factor.to(x.dtype).expand(targets.shape[0])
-    grad = (x - lse.to(x.dtype)[:, None]).exp()
-    grad.scatter_add_(1, torch.where(counted, targets, 0)[:, None], -torch.ones_like(grad[:, :1]))
-    return [(grad * torch.where(counted, f, 0)[:, None]).to(logits.dtype)]
+    onehot = torch.zeros_like(x).scatter_(1, torch.where(counted, targets, 0)[:, None], 1.0)
+    return [((torch.softmax(x, -1) - onehot) * torch.where(counted, f, 0)[:, None]).to(logits.dtype)]
 
 
 def _cross_entropy_eager(
@@ -210,7 +211,7 @@ def _cross_entropy_backward_eager(
     (grad,) = cross_entropy_backward_kernel(
         [logits2, targets2, lse, factor],
         params={"IGNORE_INDEX": ignore_index},
-        torch_impl=lambda: _torch_backward(logits2, targets2, lse, factor, ignore_index),
+        torch_impl=lambda: _torch_backward(logits2, targets2, factor, ignore_index),
     )
     return grad
 
@@ -250,7 +251,11 @@ def _grad_logits(ctx, grad_loss, run):
     factor = grad_loss.to(torch.float64).reshape(-1)
     if ctx.reduction == "mean":
         factor = factor * scale
-    return run(logits, targets, lse, factor, ctx.ignore_index), None, None, None, None
+    if torch.is_grad_enabled():  # create_graph=True: the gradient must be differentiable itself
+        (grad,) = _torch_backward(logits, targets, factor, ctx.ignore_index)
+    else:
+        grad = run(logits, targets, lse, factor, ctx.ignore_index)
+    return grad, None, None, None, None
 
 
 def _backward(ctx, grad_loss, _grad_lse, _grad_scale):

@@ -77,6 +77,8 @@ def test_gradcheck(device):
     t = torch.tensor([0, 8, -100, 3], device=device)
     for reduction in ("mean", "sum", "none"):
         assert torch.autograd.gradcheck(lambda x, r=reduction: pco.cross_entropy(x, t, reduction=r), (x,))
+        # create_graph=True (double backward) takes torch's differentiable formula
+        assert torch.autograd.gradgradcheck(lambda x, r=reduction: pco.cross_entropy(x, t, reduction=r), (x,))
 
 
 def test_opcheck_and_compile(device):
