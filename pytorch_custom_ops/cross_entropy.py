@@ -270,6 +270,17 @@ _op.register_autograd(_backward, setup_context=_setup_context)
 _autograd = eager.function("CrossEntropy", _cross_entropy_eager, _setup_context, _backward_eager)
 
 
+def _op_call(*args):
+    return torch.ops.gpu_days.cross_entropy(*args)
+
+
+def _check(logits, targets, ignore_index, reduction, _float_loss):
+    check_cross_entropy_args(logits, targets, ignore_index, reduction)
+
+
+_ROUTES = {"eager": _cross_entropy_eager, "autograd": _autograd, "op": _op_call, "check": _check}
+
+
 def cross_entropy(
     logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100, reduction: str = "mean"
 ) -> torch.Tensor:
@@ -279,10 +290,4 @@ def cross_entropy(
     loss is float32, as torch's."""
     float_loss = eager.autocast_dtype(logits) is not None
     args = (logits, targets, ignore_index, reduction, float_loss)
-    way = eager.route(logits, targets)
-    if way is eager.EAGER:
-        return _cross_entropy_eager(*args)[0]
-    if way is eager.AUTOGRAD:
-        return _autograd(*args)[0]
-    check_cross_entropy_args(logits, targets, ignore_index, reduction)
-    return torch.ops.gpu_days.cross_entropy(*args)[0]
+    return eager.call((logits, targets), args, **_ROUTES)[0]

@@ -93,12 +93,14 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale
     differentiable (dq, dk, dv by the Triton backward). Same layout and causal convention as
     `torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
     enable_gqa=True)`."""
-    way = eager.route(q, k, v)
-    if way is eager.EAGER:
-        return _forward_eager(q, k, v, causal, scale)[0]
-    if way is eager.AUTOGRAD:
-        return _autograd(q, k, v, causal, scale)[0]
+    args = (q, k, v, causal, scale)
+    return eager.call((q, k, v), args, eager=_forward_eager, autograd=_autograd, op=_op, check=_check)[0]
+
+
+def _op(*args):
+    return torch.ops.gpu_days.flash_attention(*args)
+
+
+def _check(q, k, v, causal, scale):
     if not torch.compiler.is_compiling():  # our message before the dispatcher's schema error
         _day().check_inputs(q, k, v, causal, scale)
-    out, _ = torch.ops.gpu_days.flash_attention(q, k, v, causal, scale)
-    return out
