@@ -5,6 +5,7 @@
     y = pco.online_softmax(x, dim=-1)      # day009's one-pass kernel
     y = pco.layer_norm(x, (d,), w, b)      # day013, differentiable through its Mojo backward
     c = pco.gemm(a, b, alpha=2.0)          # day014
+    y = pco.linear(x, w, b, "gelu_tanh")   # day019: x Wᵀ + b, GELU, + residual in one launch
     with pco.gemm_version("TMA_128x256"):   # force one of day014's GEMM versions
     y = pco.long_softmax(v)                # day015: a few very long rows (e.g. 2^28)
     o = pco.flash_attention(q, k, v, causal=True)  # day017: Triton FlashAttention, fwd + bwd
@@ -23,6 +24,7 @@ from .flash_attention import flash_attention
 from .gemm import MojoGEMM, gemm, gemm_batched, gemm_batched_kernel, gemm_kernel, gemm_version
 from .layer_norm import MojoLayerNorm, layer_norm, layer_norm_backward, layer_norm_backward_kernel, layer_norm_kernel
 from .library import KernelBuildError, build_library
+from .linear import MojoLinear, linear
 from .long_softmax import MojoLongSoftmax, long_softmax, long_softmax_kernel
 from .softmax import online_softmax, online_softmax_kernel
 from .softmax_family import (
@@ -65,6 +67,7 @@ __all__ = [
     "MojoFallbackWarning",
     "MojoGEMM",
     "MojoLayerNorm",
+    "MojoLinear",
     "MojoLogSoftmax",
     "MojoLongSoftmax",
     "MojoSoftmax",
@@ -85,6 +88,7 @@ __all__ = [
     "layer_norm_backward",
     "layer_norm_backward_kernel",
     "layer_norm_kernel",
+    "linear",
     "log_softmax",
     "log_softmax_backward",
     "long_softmax",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import cache
 
 import torch
 
@@ -26,6 +27,7 @@ SIMT_MODULE = "days.day014.gemm_v1_simt"
 TC_MODULE = "days.day014.gemm_v1_mma_sync"
 WG_MODULE = "days.day014.gemm_v2_wgmma"
 TMA_MODULE = "days.day014.gemm_v3_tma"
+PINGPONG_MODULE = "days.day019.gemm_v4_pingpong"  # day 019's persistent ping-pong kernel
 MAX_BATCH = 65535  # one grid z slice per matrix: the CUDA grid's z limit
 # An H100 has 132 SMs: a problem with fewer 128x128 tiles than that (e.g. 1024^2 = 64
 # tiles) would leave SMs idle, so it gets 64-row tiles (4x as many blocks for the SIMT
@@ -44,6 +46,8 @@ TC_BN, TC_BK, TC_STAGES, TC_PAD = 128, 32, 4, 8
 WG_BK, WG_STAGES = 64, 4
 TMA_SMEM_BUDGET = 192 * 1024  # stage buffers; the H100 allows 227 KiB
 TMA_SWIZZLE_BYTES = 128  # CU_TENSOR_MAP_SWIZZLE_128B: a box row is one 128-byte span
+PP_THREADS = 3 * WG_THREADS  # a producer and two consumer warpgroups
+PP_SMEM_BUDGET = 220 * 1024  # stage buffers + barriers; the H100 allows 227 KiB per block
 
 TC_DTYPES = (torch.bfloat16, torch.float16)
 PAIRS = ((False, False), (False, True), (True, False), (True, True))
@@ -74,6 +78,15 @@ def tma_bk(dtype: torch.dtype) -> int:
 
 def tma_stages(dtype: torch.dtype, bm: int, bn: int) -> int:
     return TMA_SMEM_BUDGET // ((bm + bn) * tma_bk(dtype) * dtype.itemsize)
+
+
+def pp_stages(dtype: torch.dtype, bm: int, bn: int) -> int:
+    return (PP_SMEM_BUDGET - 16) // ((bm + bn) * tma_bk(dtype) * dtype.itemsize + 16)
+
+
+def pp_smem_bytes(dtype: torch.dtype, bm: int, bn: int) -> int:
+    """The stage buffers, a `full` and an `empty` mbarrier per stage, two `turn` mbarriers."""
+    return pp_stages(dtype, bm, bn) * ((bm + bn) * tma_bk(dtype) * dtype.itemsize + 16) + 16
 
 
 def tma_smem_bytes(dtype: torch.dtype, bm: int, bn: int) -> int:
@@ -133,16 +146,35 @@ TMA_KERNEL = KernelFamily(
         for bm, bn in TMA_TILES
     ),
 )
+# (BM, BN, CLUSTER): one consumer's tile, and the CTAs of a cluster sharing A's tile
+PP_CONFIGS = ((64, 256, 1), (128, 128, 1), (128, 128, 2))
+PP_EPILOGUES = ((True, False), (True, True), (False, True))  # (BIAS, GELU) of the fused linear layer
+PINGPONG_KERNEL = KernelFamily(
+    PINGPONG_MODULE,
+    "gemm_pingpong_kernel",
+    # a_map, b_map, dst, c, alpha_beta, bias, aux, m, n, k, batch, c_bs, c_rs, c_cs, store_aux
+    args=("tensormap", "tensormap") + ("ptr",) * 5 + ("i64",) * 8,
+    variants=tuple(  # (dtype, TA, TB, BM, BN, STAGES, SMEM, BIAS, GELU, CLUSTER)
+        (dtype, ta, tb, bm, bn, pp_stages(dtype, bm, bn), pp_smem_bytes(dtype, bm, bn), bias, gelu, cluster)
+        for dtype in TC_DTYPES
+        for bm, bn, cluster in PP_CONFIGS
+        for (ta, tb), (bias, gelu) in [(pair, (False, False)) for pair in PAIRS]
+        + [((False, True), epi) for epi in PP_EPILOGUES]  # x @ W^T, W stored like nn.Linear's
+    ),
+)
 
 # -- which bf16/fp16 kernel: AUTO, or one forced for benchmarks -----------------------------
 VERSIONS = {  # name: (kind, BM, BN)
-    "AUTO": ("auto", 0, 0),  # TMA (version 3) where it applies, else mma.sync
+    "AUTO": ("auto", 0, 0),  # version 4 or 3 where TMA applies (auto_tile), else mma.sync
     "MMA_SYNC": ("mma", 0, 0),  # the Ampere-style kernel (ldmatrix + mma.sync)
     "WG_64x128": ("wgmma", 64, 128),  # version 2: wgmma, one warpgroup per block
     "WG_128x128": ("wgmma", 128, 128),
     "WG_128x256": ("wgmma", 128, 256),
     "TMA_128x128": ("tma", 128, 128),  # version 3: TMA + producer warpgroup
     "TMA_128x256": ("tma", 128, 256),
+    "PINGPONG_64x256": ("pingpong", 64, 256),  # version 4 (day 019): persistent, ping-pong
+    "PINGPONG_128x128": ("pingpong", 128, 128),
+    "MULTICAST_128x128": ("multicast", 128, 128),  # version 4 in clusters of 2 sharing A (TMA multicast)
 }
 _version = "AUTO"
 
@@ -265,7 +297,72 @@ def vector_friendly(out, a, b, m: int, n: int, k: int, ta: bool, tb: bool) -> bo
     )
 
 
-@direct.plan(SIMT_KERNEL, TC_KERNEL, WG_KERNEL, TMA_KERNEL)
+# --8<-- [start:auto]
+# AUTO's choice among the TMA kernels, from day 019's kernel-time ladder on the H100 (bf16,
+# % of cuBLAS; days/day019/README.md):
+#   * K <= 1024 with at least two tiles per SM: version 4 (persistent ping-pong, 128 x 128).
+#     A block of version 3 spends a large share of a short K loop on its prologue and its
+#     epilogue; version 4 overlaps them (GPT-2's forward at 8192 tokens: 57-63% -> 64-73%).
+#   * otherwise version 3, with the tile that finishes first in whole waves: a 128 x 256
+#     tile does twice the work of a 128 x 128 one at ~1.35x its speed (86-90% of cuBLAS at
+#     4096^3 and 8192^3 against 62-64%), so it takes WIDE_TILE_TIME = 2 / 1.35 of its time.
+#     A dW of GPT-2 (768 x 2304, K = 8192) has 54 wide tiles on 132 SMs (one wave, 1.48)
+#     or 108 square ones (one wave, 1.0): 128 x 128 (measured 70% against 50%); 3072 x 768
+#     has 72 wide (1.48) or 144 square (two waves, 2.0): 128 x 256 (62% against 44%).
+PINGPONG_MAX_K = 1024
+WIDE_TILE_TIME = 2 / 1.35
+
+
+def auto_tile(m: int, n: int, k: int, batch: int, sms: int) -> tuple[str, int, int]:
+    """(kind, BM, BN) of the TMA kernel AUTO runs for this problem."""
+    square = _cdiv(m, 128) * _cdiv(n, 128) * batch
+    if k <= PINGPONG_MAX_K and square >= 2 * sms:
+        return "pingpong", 128, 128
+    wide = _cdiv(m, 128) * _cdiv(n, 256) * batch
+    if _cdiv(square, sms) < _cdiv(wide, sms) * WIDE_TILE_TIME:
+        return "tma", 128, 128
+    return "tma", 128, 256
+
+
+# --8<-- [end:auto]
+@cache
+def sm_count(device_index: int | None) -> int:
+    """Streaming multiprocessors of the device: a persistent kernel's grid. Plans also run
+    on a CPU (tests, no GPU): there the H100's 132 stand in."""
+    if device_index is None or device_index < 0 or not torch.cuda.is_available():
+        return SMALL_GRID
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def pingpong_launch(
+    a, b, out, c, alpha_beta, bias, aux, sizes, ta: bool, tb: bool, bm: int, bn: int, gelu=False, multicast=False
+) -> direct.Launch:
+    """Version 4's one launch: a persistent grid of at most one block per SM. `sizes` is
+    (m, n, k, batch, c_bs, c_rs, c_cs); `bias` and `aux` may be None (not read/written).
+    `multicast` asks for clusters of 2 CTAs sharing A's tile; it applies where the
+    128 x 128 tiles along n pair up (an even count), else one CTA per cluster runs."""
+    m, n, k, batch = sizes[:4]
+    dtype = a.dtype
+    cluster = 2 if multicast and (bm, bn) == (128, 128) and _cdiv(n, bn) % 2 == 0 else 1
+    a_map = operand_tma_map(a, not ta, bm // cluster, batch, m, k)  # a cluster's CTAs load half each
+    b_map = operand_tma_map(b, tb, bn, batch, n, k)
+    smem = pp_smem_bytes(dtype, bm, bn)
+    kernel = PINGPONG_KERNEL[dtype, ta, tb, bm, bn, pp_stages(dtype, bm, bn), smem, bias is not None, gelu, cluster]
+    units = _cdiv(m, bm) * _cdiv(n, bn * cluster) * batch  # what one cluster takes at a time
+    grid = min(units, sm_count(out.get_device()) // cluster) * cluster
+    dummy = out.data_ptr()  # a pointer the kernel's compile-time flags say it never touches
+    ptrs = (
+        out.data_ptr(),
+        c.data_ptr(),
+        alpha_beta.data_ptr(),
+        dummy if bias is None else bias.data_ptr(),
+        dummy if aux is None else aux.data_ptr(),
+    )
+    args = (a_map, b_map, *ptrs, *sizes, int(aux is not None))
+    return direct.Launch(kernel, grid, PP_THREADS, args, smem, cluster if cluster > 1 else None)
+
+
+@direct.plan(SIMT_KERNEL, TC_KERNEL, WG_KERNEL, TMA_KERNEL, PINGPONG_KERNEL)
 def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
     """One launch, grid (output tiles, 1, batch). Tiles are walked in groups of 8 tile
     rows inside the kernel (tile_coords), so the grid is flat in x."""
@@ -308,8 +405,12 @@ def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
     # map cannot have a dimension of size 0 (K == 0: out = beta * c)
     tma = vec and k > 0 and (batch == 1 or (a_bs == m * k and b_bs == k * n))
     if kind == "auto" and tma:
-        bm, bn = (128, 256) if _cdiv(m, 128) * _cdiv(n, 256) * batch >= SMALL_GRID else (128, 128)
-        kind = "tma"
+        kind, bm, bn = auto_tile(m, n, k, batch, sm_count(out.get_device()))
+    if kind in ("pingpong", "multicast") and tma:
+        sizes = (m, n, k, batch, c_bs, c_rs, c_cs)
+        multicast = kind == "multicast"
+        launch = pingpong_launch(a, b, out, c, alpha_beta, None, None, sizes, ta, tb, bm, bn, multicast=multicast)
+        return [launch]
     if kind == "tma" and tma:
         a_map = operand_tma_map(a, not ta, bm, batch, m, k)
         b_map = operand_tma_map(b, tb, bn, batch, n, k)

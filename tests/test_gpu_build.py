@@ -117,6 +117,34 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         ),
         "day014.gemm_simt_kernel.float64.*": (r"fma\.rn\.f64",),
     },
+    "day019": {
+        # version 4: persistent (a grid-stride loop over tiles), TMA + mbarriers as version 3,
+        # the producer's register hand-over, and one m64nBN wgmma per k16 step per consumer
+        "day019.gemm_pingpong_kernel.*": (
+            r"%nctaid\.x",
+            r"cp\.async\.bulk\.tensor\.3d\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes",
+            r"mbarrier\.try_wait\.parity\.shared::cta\.b64",
+            r"setmaxnreg\.inc\.sync\.aligned\.u32 232;",
+            r"setmaxnreg\.dec\.sync\.aligned\.u32 40;",
+        ),
+        "day019.gemm_pingpong_kernel.bfloat16.*.64.256.*": (
+            r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16",
+        ),
+        "day019.gemm_pingpong_kernel.float16.*.128.128.*": (
+            r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.f16\.f16",
+        ),
+        # clusters of 2: the cluster shape compiled in, A multicast to both CTAs, stages
+        # released to both producers through mapa'd remote mbarriers, cluster barriers
+        "day019.gemm_pingpong_kernel.*.2": (
+            r"\.reqnctapercluster 2, 1, 1",
+            r"cp\.async\.bulk\.tensor\.3d\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes\.multicast::cluster",
+            r"mapa\.shared::cluster\.u32",
+            r"mbarrier\.arrive\.shared::cluster\.b64",
+            r"barrier\.cluster\.wait",
+        ),
+        # the fused GELU: one exp per element in the epilogue
+        "day019.gemm_pingpong_kernel.bfloat16.0.1.128.128.*.1.1.*": (r"ex2\.approx",),
+    },
     "day015": {
         "day015.online_partials_kernel.*": (r"shfl\.sync", r"bar\.sync"),
         "day015.normalize_kernel.*": (r"shfl\.sync", r"bar\.sync"),
@@ -151,6 +179,7 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
 PTX_ABSENT: dict[str, dict[str, tuple[str, ...]]] = {  # a warp per row needs no block barrier
     "day012": {"day012.softmax_rows_kernel.float32.0.4.8.32.128": (r"bar\.sync",)},
     "day013": {"day013.layer_norm_fwd_kernel.float32.4.32.8.8": (r"bar\.sync",)},
+    "day019": {"day019.gemm_pingpong_kernel.bfloat16.0.0.64.256.*.0.0.1": (r"ex2\.approx",)},  # no GELU compiled in
     # the forward writes no gradient (no 16-byte global stores), the backward merges nothing
     "day020": {
         "day020.cross_entropy_kernel.float32.4.256": (r"st\.global\.v4",),

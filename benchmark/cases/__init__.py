@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import day009, day012, day013, day014, day015, day016, day017, day020, day020_train
+from . import day009, day012, day013, day014, day015, day016, day017, day019, day020, day020_train
 
 
 @dataclass
@@ -26,7 +26,16 @@ def _day011(quick: bool, device: str) -> list[dict]:
     return rows
 
 
-CASES = [*day009.CASES, *day012.CASES, *day013.CASES, *day014.CASES, *day015.CASES, *day017.CASES, *day020.CASES]
+CASES = [
+    *day009.CASES,
+    *day012.CASES,
+    *day013.CASES,
+    *day014.CASES,
+    *day015.CASES,
+    *day017.CASES,
+    *day019.CASES,
+    *day020.CASES,
+]
 RUNNERS = [
     Runner("day011", "softmax_matmul", _day011),
     # day 016's model benchmark: one runner per op, so that `--op` picks the forward or the training step

@@ -10,6 +10,7 @@
 # and gemm.mojo, the op: its CPU branch and the MAX registration.
 
 from max.gpu import lane_id, warp_id
+from std.math import exp
 
 
 def accum_dtype[dtype: DType]() -> DType:
@@ -77,14 +78,15 @@ def op_dims[transpose: Bool](rows: Int, cols: Int) -> Tuple[Int, Int]:
 
 
 @always_inline
-def tile_coords(pid: Int, num_m: Int, num_n: Int) -> Tuple[Int, Int]:
-    """Map a linear block id to (tile_m, tile_n), GROUP_M tile rows at a time.
+def tile_coords[
+    GROUP_M: Int = 8
+](pid: Int, num_m: Int, num_n: Int) -> Tuple[Int, Int]:
+    """Map a linear tile id to (tile_m, tile_n), GROUP_M tile rows at a time.
 
-    Consecutive blocks walk down a group of 8 tile rows before moving right, so the
-    blocks resident together share both A rows and B columns in L2 (plain row-major
-    order would stream all of B once per tile row).
+    Consecutive tiles walk down a group of GROUP_M tile rows before moving right, so
+    the blocks resident together share both A rows and B columns in L2 (plain
+    row-major order would stream all of B once per tile row).
     """
-    comptime GROUP_M = 8
     var per_group = GROUP_M * num_n
     var first_m = (pid // per_group) * GROUP_M
     var rows = min(num_m - first_m, GROUP_M)
@@ -105,8 +107,17 @@ def operand_offset[
 
 # --8<-- [start:wg_epilogue]
 @always_inline
+def gelu_tanh(x: SIMD[DType.float32, _]) -> type_of(x):
+    """GPT-2's GELU, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), written as
+    x * sigmoid(2u): the same function, one exp, and no overflow (exp -> inf gives -0).
+    """
+    var u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    return x / (1 + exp(-2 * u))
+
+
+@always_inline
 def wg_store_acc[
-    dtype: DType, BN: Int
+    dtype: DType, BN: Int, BIAS: Bool = False, GELU: Bool = False
 ](
     acc: SIMD[DType.float32, BN // 2],
     o_t: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -118,9 +129,19 @@ def wg_store_acc[
     N: Int,
     c_rs: Int,
     c_cs: Int,
+    bias: Pointer[Scalar[dtype], MutAnyOrigin],
+    aux_t: Pointer[Scalar[dtype], MutAnyOrigin],
+    store_aux: Bool,
 ):
     """Epilogue of one warpgroup's 64 x BN wgmma accumulator whose first row is
-    `row0`: out = alpha * acc + beta * c, straight from registers (N % 8 == 0).
+    `row0`, straight from registers (N % 8 == 0):
+
+        out = act(alpha * acc + bias) + beta * c      act = GELU or none
+
+    BIAS adds bias[col]; GELU applies gelu_tanh and, with `store_aux`, first writes
+    its input (the pre-activation a backward needs) to aux_t, laid out like out.
+    Day 014's kernels use neither (they pass o_t for both pointers, never touched);
+    day 019's fused linear layers do.
 
     Accumulator element 4*j + e sits at row 16*warp + g + 8*(e//2), col
     8*j + 2*t + e%2 (g = lane // 4, t = lane % 4): the mma.sync C layout per n8.
@@ -131,18 +152,29 @@ def wg_store_acc[
     var t = lane_id() % 4
     var wrow = row0 + (warp_id() % 4) * 16 + g
     var out = acc * alpha
-    if beta != 0:
-        comptime for half in range(2):
-            var row = wrow + half * 8
-            comptime for j in range(BN // 8):
-                var col = n0 + j * 8 + 2 * t
-                if row < M and col < N:
-                    comptime for e in range(2):
-                        out[4 * j + 2 * half + e] += (
-                            beta
-                            * c_t[
-                                unsafe_offset=row * c_rs + (col + e) * c_cs
-                            ].cast[DType.float32]()
+    comptime if BIAS:
+        comptime for j in range(BN // 8):
+            var col = n0 + j * 8 + 2 * t
+            if col < N:
+                comptime for e in range(2):
+                    var b = bias[unsafe_offset=col + e].cast[DType.float32]()
+                    out[4 * j + e] += b
+                    out[4 * j + 2 + e] += b
+    # Each pass works in place on the accumulator's registers. GELU goes pair by pair
+    # in the store loop: applied to all 128 values at once it needed three times their
+    # registers and spilled.
+    comptime if not GELU:
+        if beta != 0:
+            comptime for half in range(2):
+                var row = wrow + half * 8
+                comptime for j in range(BN // 8):
+                    var col = n0 + j * 8 + 2 * t
+                    if row < M and col < N:
+                        out[4 * j + 2 * half] += beta * _c_at(
+                            c_t, row, col, c_rs, c_cs
+                        )
+                        out[4 * j + 2 * half + 1] += beta * _c_at(
+                            c_t, row, col + 1, c_rs, c_cs
                         )
     comptime for half in range(2):
         var row = wrow + half * 8
@@ -150,10 +182,32 @@ def wg_store_acc[
             comptime for j in range(BN // 8):
                 var col = n0 + j * 8 + 2 * t
                 if col < N:  # N % 8 == 0: the pair is all in or all out
+                    var v = out.slice[2, offset=4 * j + 2 * half]()
+                    comptime if GELU:
+                        if store_aux:
+                            aux_t.unsafe_store[alignment=4](
+                                row * N + col, v.cast[dtype]()
+                            )
+                        v = gelu_tanh(v)
+                        if beta != 0:
+                            v[0] += beta * _c_at(c_t, row, col, c_rs, c_cs)
+                            v[1] += beta * _c_at(c_t, row, col + 1, c_rs, c_cs)
                     o_t.unsafe_store[alignment=4](
-                        row * N + col,
-                        out.slice[2, offset=4 * j + 2 * half]().cast[dtype](),
+                        row * N + col, v.cast[dtype]()
                     )
+
+
+@always_inline
+def _c_at[
+    dtype: DType
+](
+    c_t: Pointer[Scalar[dtype], MutAnyOrigin],
+    row: Int,
+    col: Int,
+    c_rs: Int,
+    c_cs: Int,
+) -> Float32:
+    return c_t[unsafe_offset=row * c_rs + col * c_cs].cast[DType.float32]()
 
 
 # --8<-- [end:wg_epilogue]

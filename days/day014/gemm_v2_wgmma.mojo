@@ -245,7 +245,19 @@ def gemm_wgmma_kernel[
     var o_t = dst.unsafe_offset(bt * M * N)
     var c_t = c.unsafe_offset(bt * Int(c_bs))
     wg_store_acc[dtype, BN](
-        acc, o_t, c_t, alpha_beta, m0 + wg * 64, n0, M, N, Int(c_rs), Int(c_cs)
+        acc,
+        o_t,
+        c_t,
+        alpha_beta,
+        m0 + wg * 64,
+        n0,
+        M,
+        N,
+        Int(c_rs),
+        Int(c_cs),
+        o_t,  # no bias, no aux: never read or written
+        o_t,
+        False,
     )
 
 

@@ -322,6 +322,9 @@ def gemm_tma_kernel[
             N,
             Int(c_rs),
             Int(c_cs),
+            dst,  # no bias, no aux: never read or written
+            dst,
+            False,
         )
 
 

@@ -16,7 +16,7 @@ from pytorch_custom_ops.gemm_gpu import TensorMapSpec, gemm_version
 
 BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
 PAIRS = gemm_gpu.PAIRS
-FAMILIES = (gemm_gpu.SIMT_KERNEL, gemm_gpu.TC_KERNEL, gemm_gpu.WG_KERNEL, gemm_gpu.TMA_KERNEL)
+FAMILIES = (gemm_gpu.SIMT_KERNEL, gemm_gpu.TC_KERNEL, gemm_gpu.WG_KERNEL, gemm_gpu.TMA_KERNEL, gemm_gpu.PINGPONG_KERNEL)
 
 
 def tensor(shape, dtype, offset=0):
@@ -44,6 +44,14 @@ def check_launch(launch: direct.Launch, m: int, n: int, batch: int):
     assert kernel.family in FAMILIES and kernel in kernel.family.kernels()
     grid, block = direct.dim3(launch.grid), direct.dim3(launch.block)
     assert 0 < grid[0] < 2**31 and 0 < grid[1] <= 65535 and 0 < grid[2] <= 65535
+    if kernel.family is gemm_gpu.PINGPONG_KERNEL:  # persistent: one block per SM at most
+        bm, bn, cluster = kernel.params[3], kernel.params[4], kernel.params[-1]
+        units = -(-m // bm) * -(-n // (bn * cluster)) * batch
+        assert grid == (min(units, gemm_gpu.sm_count(None) // cluster) * cluster, 1, 1)
+        assert launch.cluster == (cluster if cluster > 1 else None)
+        assert launch.smem == kernel.params[6] and block == (gemm_gpu.PP_THREADS, 1, 1)
+        assert len(launch.args) == len(kernel.family.args)
+        return
     assert grid[2] == batch
     assert 0 < block[0] * block[1] * block[2] <= 1024
     assert 0 <= launch.smem <= 227 * 1024
@@ -73,6 +81,8 @@ def choice(launch) -> str:
         return f"tma {p[3]}x{p[4]}"
     if family is gemm_gpu.WG_KERNEL:
         return f"wgmma {p[3]}x{p[4]}"
+    if family is gemm_gpu.PINGPONG_KERNEL:
+        return f"pingpong {p[3]}x{p[4]}" + (f" cluster {p[-1]}" if p[-1] > 1 else "")
     vec = "vec" if p[3] else "novec"
     return f"{'mma' if family is gemm_gpu.TC_KERNEL else 'simt'} {p[4]} {vec}"
 
@@ -81,9 +91,15 @@ def choice(launch) -> str:
 AUTO = [
     ((4096, 4096, 4096, BF16, None), "tma 128x256"),  # 32 x 16 tiles of 128x256 fill the SMs
     ((1024, 1024, 1024, BF16, None), "tma 128x128"),  # 32 tiles of 128x256: too few
-    ((1536, 2816, 64, FP16, None), "tma 128x256"),  # exactly 132 tiles of 128x256
-    ((1536, 2560, 64, FP16, None), "tma 128x128"),  # 12 x 10 = 120 tiles of 128x256: one short wave
-    ((256, 512, 72, BF16, 33), "tma 128x256"),  # 2 x 2 x 33 = 132: the batch counts
+    # day 019: K <= 1024 with two tiles of 128x128 per SM: version 4
+    ((1536, 2816, 64, FP16, None), "pingpong 128x128"),  # 12 x 22 = 264 tiles of 128x128
+    ((8192, 2304, 768, BF16, None), "pingpong 128x128"),  # GPT-2's QKV projection
+    ((1536, 2560, 64, FP16, None), "tma 128x256"),  # 240 tiles: 120 wide ones, one wave each way
+    ((256, 512, 72, BF16, 33), "pingpong 128x128"),  # 2 x 4 x 33 = 264: the batch counts
+    ((256, 512, 72, BF16, 32), "tma 128x256"),  # 256 square tiles: two waves; 128 wide: one
+    ((8192, 3072, 3072, BF16, None), "tma 128x256"),  # K > 1024: version 3
+    ((768, 2304, 8192, BF16, None), "tma 128x128"),  # a dW: 54 wide tiles or 108 square, one wave
+    ((3072, 768, 8192, BF16, None), "tma 128x256"),  # a dW: 72 wide tiles, or 144 square in two waves
     ((1000, 1000, 1000, BF16, None), "tma 128x128"),
     ((1, 8, 8, BF16, None), "tma 128x128"),
     ((4097, 8, 8, BF16, None), "tma 128x128"),
@@ -120,14 +136,14 @@ def test_every_shape_transpose_and_alignment_gives_a_valid_launch(dtype):
         kind = choice(launch)
         assert ("novec" not in kind) == vec, (m, n, k, ta, tb, kind)
         if dtype in (BF16, FP16):
-            assert kind.startswith("tma") == (vec and k > 0)
+            assert kind.startswith(("tma", "pingpong")) == (vec and k > 0)
         # an unaligned a (one element into its storage) never takes the vector paths
         assert "novec" in choice(plan(m, n, k, dtype, ta, tb, a_offset=1))
 
 
 def test_huge_and_batched_shapes():
-    assert choice(plan(2**20, 8, 8, BF16)) == "tma 128x256"  # counted in 128x256 tiles, even for N = 8
-    assert choice(plan(2**20, 8, 8, BF16, ta=True, tb=True)) == "tma 128x256"
+    assert choice(plan(2**20, 8, 8, BF16)) == "pingpong 128x128"  # K = 8, 8192 tiles
+    assert choice(plan(2**20, 8, 2048, BF16, ta=True, tb=True)) == "tma 128x128"  # 8192 tiles either way
     launch = plan(2**22, 1, 1, FP32)  # 32768 blocks in x
     assert direct.dim3(launch.grid) == (32768, 1, 1)
     for ta, tb in PAIRS:
@@ -144,6 +160,9 @@ def test_forced_versions_apply_where_their_conditions_hold():
         "WG_128x256": "wgmma 128x256",
         "TMA_128x128": "tma 128x128",
         "TMA_128x256": "tma 128x256",
+        "PINGPONG_128x128": "pingpong 128x128",
+        "PINGPONG_64x256": "pingpong 64x256",
+        "MULTICAST_128x128": "pingpong 128x128",  # n = 264: 3 tiles of 128, an odd count: no pairs
     }
     assert set(want) == set(gemm_gpu.VERSIONS)
     for version, kind in want.items():
@@ -152,9 +171,19 @@ def test_forced_versions_apply_where_their_conditions_hold():
                 assert choice(plan(200, 264, 136, dtype, ta, tb)) == kind
                 assert choice(plan(200, 260, 136, dtype, ta, tb)) == "mma 64 novec"  # no 16-byte rows
                 assert choice(plan(200, 264, 136, FP32, ta, tb)) == "simt 64 vec"  # fp32 has one kernel
-            if version.startswith("TMA"):  # K = 0: wgmma may run, TMA may not
+            if version.startswith(("TMA", "PINGPONG", "MULTICAST")):  # K = 0: wgmma may run, TMA may not
                 assert choice(plan(200, 264, 0, BF16)) == "mma 64 vec"
     assert gemm_gpu.current_version() == "AUTO"
+
+
+def test_multicast_pairs_tiles_along_n_in_clusters_of_two():
+    with gemm_version("MULTICAST_128x128"):
+        for ta, tb in PAIRS:
+            launch = plan(8192, 2304, 768, BF16, ta, tb)  # 18 tiles of 128 in n: 9 pairs
+            assert choice(launch) == "pingpong 128x128 cluster 2" and launch.cluster == 2
+            assert launch.args[0].box[1 if not ta else 0] == 64  # each CTA loads half of A's 128 rows
+        assert choice(plan(300, 512, 64, FP16, batch=5)) == "pingpong 128x128 cluster 2"
+        assert choice(plan(8192, 2400, 768, BF16)) == "pingpong 128x128"  # 19 tiles: no pairs
 
 
 def test_gemm_version_rejects_unknown_names_and_restores():
@@ -179,8 +208,9 @@ def test_gpt2_linear_layers_take_tensor_cores_in_bf16():
             (d_out, d_in, tokens, True, False),
         ):
             kind = choice(plan(m, n, k, BF16, ta, tb))
-            big = -(-m // 128) * -(-n // 256) >= gemm_gpu.SMALL_GRID
-            assert kind == ("tma 128x256" if big else "tma 128x128"), (tokens, d_in, d_out, ta, tb)
+            assert kind.startswith(("tma", "pingpong")), (tokens, d_in, d_out, ta, tb)
+            if tokens >= 8192 and k <= 1024:  # short K, many tiles: day 019's version 4
+                assert kind == "pingpong 128x128", (tokens, d_in, d_out, ta, tb)
             assert choice(plan(m, n, k, FP32, ta, tb)).startswith("simt")
             assert "novec" not in choice(plan(m, n, k, FP32, ta, tb))
 

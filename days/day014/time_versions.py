@@ -5,7 +5,9 @@
 For each shape (the issue's squares, GPT-2 small's Linear layers forward and backward)
 and each version of `pco.gemm_version` (AUTO is the op's own choice), it checks the
 result on 2000 sampled entries against float64 and prints TFLOP/s and % of
-torch.matmul (cuBLAS), timed by benchmark.timing.time_cuda (CUDA events, L2 flushed).
+torch.matmul (cuBLAS) by kernel time (benchmark.timing.kernel_time_ms, CUPTI): at GPT-2's
+shapes a call is tens of microseconds, and event timing of back-to-back calls measured
+the host instead (day 019 saw every version drop 20 points on a slower host).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import argparse
 import torch
 
 import pytorch_custom_ops as pco
-from benchmark.timing import time_cuda
+from benchmark.timing import kernel_time_ms
 from pytorch_custom_ops.gemm_gpu import VERSIONS
 
 SQUARES = [(1024, 1024, 1024, False, False), (4096, 4096, 4096, False, False), (8192, 8192, 8192, False, False)]
@@ -43,6 +45,30 @@ def sampled_error(y, a, b, ta, tb) -> float:
     return ((y.double()[rows, cols] - ref).abs() / scale).max().item()
 
 
+def time_shape(m, n, k, ta, tb, versions, quick: bool = False) -> dict[str, float]:
+    """Check every version on one problem against float64, then time it next to
+    torch.matmul (cuBLAS): device (kernel) ms per call from CUPTI, so the host's cost per
+    call (planning, the version switch) cannot hide in the number. "cuBLAS" comes first."""
+    a = torch.randn(*((k, m) if ta else (m, k)), device="cuda").bfloat16()
+    b = torch.randn(*((n, k) if tb else (k, n)), device="cuda").bfloat16()
+    pa, pb = (a.mT if ta else a), (b.mT if tb else b)
+    reps = 10 if quick else 30
+    times = {"cuBLAS": kernel_time_ms(lambda: torch.matmul(pa, pb), reps)}
+    for version in versions:
+        with pco.gemm_version(version):
+            err = sampled_error(pco.gemm(a, b, transpose_a=ta, transpose_b=tb), a, b, ta, tb)
+            assert err < 1.6e-2, f"{version} at {m}x{n}x{k}: error {err:.3g} of the scale"
+            times[version] = kernel_time_ms(lambda: pco.gemm(a, b, transpose_a=ta, transpose_b=tb), reps)
+    return times
+
+
+def print_row(m, n, k, ta, tb, times: dict[str, float]) -> None:
+    flops = 2 * m * n * k
+    base = times["cuBLAS"]
+    cells = [f"{name} {flops / ms / 1e9:.0f} ({100 * base / ms:.0f}%)" for name, ms in times.items()]
+    print(f"{m}x{n}x{k} ta={int(ta)} tb={int(tb)}: " + " | ".join(cells), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer shapes, shorter timing")
@@ -50,26 +76,7 @@ def main() -> None:
     shapes = SQUARES[:2] + GPT2[:6] if args.quick else SQUARES + GPT2
     print(f"{torch.cuda.get_device_name()}; bf16; TFLOP/s (% of torch.matmul)")
     for m, n, k, ta, tb in shapes:
-        a = torch.randn(*((k, m) if ta else (m, k)), device="cuda").bfloat16()
-        b = torch.randn(*((n, k) if tb else (k, n)), device="cuda").bfloat16()
-        pa, pb = (a.mT if ta else a), (b.mT if tb else b)
-        fns = {"cuBLAS": lambda pa=pa, pb=pb: torch.matmul(pa, pb)}
-        for version in VERSIONS:
-
-            def run(version=version, a=a, b=b, ta=ta, tb=tb):
-                with pco.gemm_version(version):
-                    return pco.gemm(a, b, transpose_a=ta, transpose_b=tb)
-
-            err = sampled_error(run(), a, b, ta, tb)
-            assert err < 1.6e-2, f"{version} at {m}x{n}x{k}: error {err:.3g} of the scale"
-            fns[version] = run
-        times = time_cuda(fns, min_reps=20 if args.quick else 100, budget_s=1.0 if args.quick else 3.0)
-        flops = 2 * m * n * k
-        base = times["cuBLAS"].median_ms
-        cells = [
-            f"{name} {flops / t.median_ms / 1e9:.0f} ({100 * base / t.median_ms:.0f}%)" for name, t in times.items()
-        ]
-        print(f"{m}x{n}x{k} ta={int(ta)} tb={int(tb)}: " + " | ".join(cells), flush=True)
+        print_row(m, n, k, ta, tb, time_shape(m, n, k, ta, tb, VERSIONS, args.quick))
 
 
 if __name__ == "__main__":

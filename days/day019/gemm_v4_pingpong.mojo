@@ -1,0 +1,325 @@
+# Day 019, version 4: a persistent kernel whose two consumer warpgroups take turns
+# ("ping-pong"), with the fused linear-layer epilogue (bias, GELU, residual).
+# Builds on day 014's version 3: its TMA loads, swizzled descriptors, mbarrier helpers
+# and register hand-off are imported, not copied.
+
+from max.gpu import (
+    MAX_THREADS_PER_BLOCK_METADATA,
+    thread_idx,
+    block_idx,
+    grid_dim,
+    barrier,
+    lane_id,
+)
+from max.gpu.compute.mma import (
+    wgmma_async,
+    wgmma_fence_aligned,
+    wgmma_commit_group_sync,
+    wgmma_wait_group_sync,
+)
+from max.gpu.memory import external_memory
+from max.gpu.host.nvidia.tma import TMADescriptor
+from max.gpu.sync import (
+    mbarrier_init,
+    mbarrier_arrive,
+    mbarrier_arrive_expect_tx_shared,
+)
+from max.gpu.primitives.cluster import block_rank_in_cluster, cluster_sync
+from std.math import ceildiv
+from std.sys import size_of
+from std.utils import StaticTuple
+
+from days.day014.gemm_common import tile_coords, wg_store_acc
+from days.day019.cluster_tma import mbar_arrive_cta, tma_multicast_box
+from days.day014.gemm_v2_wgmma import WG_THREADS
+from days.day014.gemm_v3_tma import (
+    TMA_BK,
+    TMA_PRODUCER_REGS,
+    TMA_CONSUMER_REGS,
+    fence_mbarrier_init,
+    mbar_wait,
+    set_max_registers,
+    tma_desc,
+    tma_load_operand,
+)
+
+
+# ---------------------------------------------------------------------------
+# Why: at GPT-2's shapes (K = 768) version 3 spends a third of each block's life
+# outside the tensor cores. A block loads its first stage (latency, nothing to
+# multiply yet), runs 12 k-steps, then writes 128 x 256 results from registers while
+# its tensor cores idle; the next block on that SM starts from scratch.
+#
+# Version 4 keeps every block alive for the whole GEMM (one block per SM, tiles
+# t = block, block + grid, ...) and gives it three warpgroups:
+#   * warpgroup 0, the producer: one thread streams the TMA loads of all the block's
+#     tiles, one after the other, through the STAGES shared buffers. It never waits
+#     for an epilogue, so the next tile's first stages are loaded while the last
+#     tile's results are still being written.
+#   * warpgroups 1 and 2, the consumers: each owns a whole BM x BN output tile, and
+#     they alternate: the block's tiles 0, 2, 4, ... go to consumer 0, tiles 1, 3, 5,
+#     ... to consumer 1. While one runs its epilogue, the other runs its main loop, so
+#     the tensor cores always have one warpgroup feeding them.
+#
+# The turn: a consumer starts its main loop only when the other one has issued all of
+# its wgmma for the previous tile (mbarriers `turn`). That order is what keeps the
+# `full` barriers safe: an mbarrier phase is recognised by its parity only, so a
+# consumer that waited for stage s two rounds early would mistake an old phase (the
+# other consumer's data) for its own. With the turn, every wait is at most one phase
+# ahead.
+#
+# Stage bookkeeping: every tile has the same number of k-steps (num_k), so the block's
+# i-th tile uses stage iterations i*num_k ... i*num_k + num_k - 1: stage it % STAGES,
+# round it // STAGES. Producer and consumers derive both without talking.
+
+comptime PP_GROUP_ROWS = 1024  # output rows walked together (tile_coords), as version 3's 8 x 128
+
+
+# --8<-- [start:pingpong_kernel]
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(3 * WG_THREADS)),
+    `nvvm.cluster_dim`=StaticTuple[Int32, 3](Int32(CLUSTER), 1, 1),
+)
+@__llvm_arg_metadata(a_map, `nvvm.grid_constant`)
+@__llvm_arg_metadata(b_map, `nvvm.grid_constant`)
+def gemm_pingpong_kernel[
+    dtype: DType,
+    TA: Bool,
+    TB: Bool,
+    BM: Int,
+    BN: Int,
+    STAGES: Int,
+    SMEM: Int,
+    BIAS: Bool,
+    GELU: Bool,
+    CLUSTER: Int,
+](
+    a_map: TMADescriptor,
+    b_map: TMADescriptor,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    c: Pointer[Scalar[dtype], MutAnyOrigin],
+    alpha_beta: Pointer[Float32, MutAnyOrigin],
+    bias: Pointer[Scalar[dtype], MutAnyOrigin],
+    aux: Pointer[Scalar[dtype], MutAnyOrigin],
+    m: Int64,
+    n: Int64,
+    k: Int64,
+    batch: Int64,
+    c_bs: Int64,
+    c_rs: Int64,
+    c_cs: Int64,
+    store_aux: Int64,
+):
+    """out[bt] = act(alpha * op(A[bt]) @ op(B[bt]) + bias) + beta * c[bt].
+
+    Each consumer's tile is BM x BN (BM/64 m64 wgmma row blocks). Launch with grid
+    (min(tiles, SMs), 1, 1), 384 threads and SMEM bytes of dynamic shared memory:
+    STAGES stage buffers (BM x 64 of A, BN x 64 of B), a `full` and an
+    `empty` mbarrier per stage, then the two `turn` mbarriers. `aux` (the GELU input,
+    laid out like out) is written when GELU and store_aux != 0.
+
+    CLUSTER = 2: launch in clusters of 2 along x (grid even). The two CTAs of a cluster
+    take the two column halves of a BM x 2BN unit: they share A's tile, and each loads
+    half of it (64 rows) and multicasts it to both, so A crosses L2 once for both.
+    """
+    comptime ROW_BLOCKS = BM // 64
+    comptime FRAG = BN // 2  # fp32 accumulators a thread holds per m64 row block
+    comptime GROUP_M = PP_GROUP_ROWS // BM
+    comptime A_KC = not TA  # A is k-contiguous when stored (M, K)
+    comptime B_KC = TB  # B is k-contiguous when stored (N, K)
+    comptime A_ELEMS = BM * TMA_BK
+    comptime B_ELEMS = BN * TMA_BK
+    comptime STAGE_BYTES = (A_ELEMS + B_ELEMS) * size_of[dtype]()
+    comptime assert BM % 64 == 0 and BN % 64 == 0 and BN <= 256, "tile shape"
+    comptime assert (
+        BM * BN <= 64 * 256
+    ), "a consumer holds at most 128 fp32 accumulators a thread"
+    comptime assert STAGES >= 2, "at least two stages"
+    comptime assert (
+        SMEM == STAGES * (STAGE_BYTES + 16) + 16
+    ), "stages + mbarriers"
+    comptime assert (
+        TMA_BK * size_of[dtype]() == 128
+    ), "one 128-byte swizzle span"
+    comptime assert CLUSTER == 1 or (
+        CLUSTER == 2 and BM == 128
+    ), "clusters of 2 split a 128-row A tile"
+
+    var M = Int(m)
+    var N = Int(n)
+    var num_m = ceildiv(M, BM)
+    # the schedule's unit: CLUSTER tiles side by side in n, one per CTA of a cluster
+    var num_n = ceildiv(ceildiv(N, BN), CLUSTER)
+    var per_batch = num_m * num_n
+    var tiles = per_batch * Int(batch)
+    var num_k = ceildiv(Int(k), TMA_BK)
+    var rank = 0
+    comptime if CLUSTER > 1:
+        rank = Int(block_rank_in_cluster())
+    var first = block_idx.x // CLUSTER  # this cluster's first unit
+    var stride = grid_dim.x // CLUSTER  # clusters in the grid
+
+    var smem = external_memory[
+        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=1024
+    ]()
+    var sa = smem
+    var sb = smem.unsafe_offset(STAGES * A_ELEMS)
+    var full = smem.unsafe_offset(STAGES * (A_ELEMS + B_ELEMS)).unsafe_bitcast[
+        Int64
+    ]()
+    var empty = full.unsafe_offset(STAGES)
+    var turn = empty.unsafe_offset(STAGES)  # turn[w]: consumer w may start
+    if thread_idx.x == 0:
+        comptime for s in range(STAGES):
+            mbarrier_init(full.unsafe_offset(s), 1)
+            # the 4 warps of one consumer, in every CTA of the cluster: a stage's A
+            # half is written into both CTAs, so both must have released it
+            mbarrier_init(empty.unsafe_offset(s), Int32(4 * CLUSTER))
+        mbarrier_init(turn, 4)
+        mbarrier_init(turn.unsafe_offset(1), 4)
+        fence_mbarrier_init()
+    comptime if CLUSTER > 1:
+        cluster_sync()  # the peer's barriers exist before anything lands in them
+    else:
+        barrier()
+
+    var wg = thread_idx.x // WG_THREADS
+    if wg == 0:
+        set_max_registers[False, TMA_PRODUCER_REGS]()
+        if thread_idx.x == 0:
+            var a_ptr = Pointer(to=a_map).unsafe_bitcast[NoneType]()
+            var b_ptr = Pointer(to=b_map).unsafe_bitcast[NoneType]()
+            var it = 0
+            for t in range(first, tiles, stride):
+                var bt = t // per_batch
+                var tile = tile_coords[GROUP_M](t % per_batch, num_m, num_n)
+                var tn = tile[1] * CLUSTER + rank
+                for kt in range(num_k):
+                    var s = it % STAGES
+                    if it >= STAGES:  # the consumers released round r-1
+                        mbar_wait(
+                            empty.unsafe_offset(s), (it // STAGES - 1) % 2
+                        )
+                    mbarrier_arrive_expect_tx_shared(
+                        full.unsafe_offset(s), Int32(STAGE_BYTES)
+                    )
+                    comptime if CLUSTER == 1:
+                        tma_load_operand[dtype, A_KC, BM](
+                            a_ptr,
+                            sa.unsafe_offset(s * A_ELEMS),
+                            full.unsafe_offset(s),
+                            tile[0] * BM,
+                            kt * TMA_BK,
+                            bt,
+                        )
+                    else:
+                        # rows [64 rank, 64 rank + 64) of A's tile, to both CTAs: one
+                        # 64 x 64 box at the same place in either layout
+                        var row = tile[0] * BM + rank * 64
+                        var k0 = kt * TMA_BK
+                        tma_multicast_box[dtype](
+                            a_ptr,
+                            sa.unsafe_offset(s * A_ELEMS + rank * 64 * TMA_BK),
+                            full.unsafe_offset(s),
+                            k0 if A_KC else row,
+                            row if A_KC else k0,
+                            bt,
+                            UInt16((1 << CLUSTER) - 1),
+                        )
+                    tma_load_operand[dtype, B_KC, BN](
+                        b_ptr,
+                        sb.unsafe_offset(s * B_ELEMS),
+                        full.unsafe_offset(s),
+                        tn * BN,
+                        kt * TMA_BK,
+                        bt,
+                    )
+                    it += 1
+    else:
+        set_max_registers[True, TMA_CONSUMER_REGS]()
+        var me = wg - 1
+        var round = 0  # how many tiles this consumer has done
+        for t in range(first + me * stride, tiles, 2 * stride):
+            var bt = t // per_batch
+            var tile = tile_coords[GROUP_M](t % per_batch, num_m, num_n)
+            var tn = tile[1] * CLUSTER + rank
+            # wait for the turn: consumer 1's round r follows consumer 0's round r,
+            # consumer 0's round r follows consumer 1's round r - 1
+            if me == 1:
+                mbar_wait(turn.unsafe_offset(1), round % 2)
+            elif round > 0:
+                mbar_wait(turn, (round - 1) % 2)
+            var it0 = (2 * round + me) * num_k
+            # the row blocks' m64 accumulators side by side: block r at r * FRAG
+            var acc = SIMD[DType.float32, ROW_BLOCKS * FRAG](0)
+            for kt in range(num_k):
+                var it = it0 + kt
+                var s = it % STAGES
+                mbar_wait(full.unsafe_offset(s), (it // STAGES) % 2)
+                var sa_k = sa.unsafe_offset(s * A_ELEMS)
+                var sb_k = sb.unsafe_offset(s * B_ELEMS)
+                wgmma_fence_aligned()
+                comptime for ks in range(TMA_BK // 16):
+                    comptime for r in range(ROW_BLOCKS):
+                        acc = acc.insert[offset=r * FRAG](
+                            wgmma_async[
+                                64,
+                                BN,
+                                16,
+                                a_type=dtype,
+                                b_type=dtype,
+                                layout_a="row" if A_KC else "col",
+                                layout_b="col" if B_KC else "row",
+                            ](
+                                tma_desc[dtype, A_KC](sa_k, r * 64, ks),
+                                tma_desc[dtype, B_KC](sb_k, 0, ks),
+                                acc.slice[FRAG, offset=r * FRAG](),
+                            )
+                        )
+                wgmma_commit_group_sync()
+                wgmma_wait_group_sync[1]()
+                if kt > 0 and lane_id() == 0:
+                    release[CLUSTER](empty.unsafe_offset((it - 1) % STAGES))
+            # every wgmma of this tile is issued: the other consumer may start
+            if lane_id() == 0:
+                _ = mbarrier_arrive(turn.unsafe_offset(1 - me))
+            wgmma_wait_group_sync[0]()
+            if lane_id() == 0:
+                release[CLUSTER](
+                    empty.unsafe_offset((it0 + num_k - 1) % STAGES)
+                )
+            comptime for r in range(ROW_BLOCKS):
+                wg_store_acc[dtype, BN, BIAS, GELU](
+                    acc.slice[FRAG, offset=r * FRAG](),
+                    dst.unsafe_offset(bt * M * N),
+                    c.unsafe_offset(bt * Int(c_bs)),
+                    alpha_beta,
+                    tile[0] * BM + r * 64,
+                    tn * BN,
+                    M,
+                    N,
+                    Int(c_rs),
+                    Int(c_cs),
+                    bias,
+                    aux.unsafe_offset(bt * M * N),
+                    store_aux != 0,
+                )
+            round += 1
+    comptime if CLUSTER > 1:
+        cluster_sync()  # no CTA leaves while its peer may still write into it
+
+
+@always_inline
+def release[
+    CLUSTER: Int
+](bar: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED]):
+    """A consumer warp gives a stage back: to its own CTA's producer, and with clusters
+    to every CTA's, since each of them multicasts into this stage."""
+    comptime if CLUSTER == 1:
+        _ = mbarrier_arrive(bar)
+    else:
+        comptime for cta in range(CLUSTER):
+            mbar_arrive_cta(bar, cta)
+
+
+# --8<-- [end:pingpong_kernel]

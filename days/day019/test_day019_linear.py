@@ -1,0 +1,205 @@
+"""Day 019: the fused linear layer (`pco.linear`, `MojoLinear`) against float64 torch.
+
+CPU: the composed path (gemm + torch's GELU + add), grads, bad inputs, nn.Linear
+compatibility. CUDA: the one-launch path of version 4 (bias, GELU, residual in the
+epilogue), its saved pre-activation and backward, CUDA-graph capture, and that the launch
+really is the fused kernel.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pytorch_custom_ops as pco
+from pytorch_custom_ops import direct
+from pytorch_custom_ops.linear import _fusable
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+BF16, FP16 = torch.bfloat16, torch.float16
+
+
+def reference(x, w, b, activation, r):
+    y = x.double() @ w.double().T
+    if b is not None:
+        y = y + b.double()
+    if activation == "gelu_tanh":
+        y = F.gelu(y, approximate="tanh")
+    return y if r is None else y + r.double()
+
+
+def inputs(lead, d_in, d_out, dtype, device, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(*lead, d_in, generator=g)
+    w = torch.randn(d_out, d_in, generator=g) / math.sqrt(d_in)
+    b = torch.randn(d_out, generator=g)
+    r = torch.randn(*lead, d_out, generator=g)
+    return [t.to(device=device, dtype=dtype) for t in (x, w, b, r)]
+
+
+def tolerance(dtype):
+    return {torch.float32: 1e-4, torch.float64: 1e-9, BF16: 3e-2, FP16: 4e-3}[dtype]
+
+
+def close(y, ref, dtype):
+    err = ((y.double() - ref).abs() / (ref.abs() + 1)).max().item()
+    assert err < tolerance(dtype), err
+
+
+CONFIGS = [  # (bias, activation, residual)
+    (True, None, False),
+    (True, "gelu_tanh", False),
+    (False, "gelu_tanh", False),
+    (True, None, True),
+    (False, None, True),
+    (False, None, False),
+]
+
+
+@pytest.mark.parametrize("bias,activation,residual", CONFIGS)
+def test_cpu_matches_float64_with_grads(bias, activation, residual):
+    x, w, b, r = inputs((3, 7), 24, 40, torch.float64, "cpu")
+    b = b if bias else None
+    r = r if residual else None
+    for t in (x, w, b, r):
+        if t is not None:
+            t.requires_grad_()
+    y = pco.linear(x, w, b, activation, r)
+    close(y, reference(x, w, b, activation, r), torch.float64)
+    assert y.shape == (3, 7, 40)
+    leaves = [t for t in (x, w, b, r) if t is not None]
+    assert torch.autograd.gradcheck(lambda *ts: _call(_rebuild(ts, bias, residual), activation), leaves)
+
+
+def _call(xwbr, activation):
+    x, w, b, r = xwbr
+    return pco.linear(x, w, b, activation, r)
+
+
+def _rebuild(ts, bias, residual):
+    ts = list(ts)
+    x, w = ts[0], ts[1]
+    b = ts[2] if bias else None
+    r = ts[-1] if residual else None
+    return x, w, b, r
+
+
+def test_mojo_linear_loads_an_nn_linear_state_dict():
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(24, 40)
+    ours = pco.MojoLinear(24, 40, activation="gelu_tanh")
+    ours.load_state_dict(ref.state_dict())
+    x = torch.randn(5, 24)
+    torch.testing.assert_close(ours(x), F.gelu(ref(x), approximate="tanh"), atol=1e-5, rtol=1e-5)
+    r = torch.randn(5, 40)
+    torch.testing.assert_close(pco.MojoLinear(24, 40).to(torch.float32)(x, r).shape, (5, 40))
+    assert "activation=gelu_tanh" in repr(ours)
+
+
+def test_bad_inputs_raise_clear_errors():
+    x, w, b, r = inputs((4,), 8, 16, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="unknown activation 'relu'"):
+        pco.linear(x, w, b, "relu")
+    with pytest.raises(ValueError, match="does not end in in_features=8"):
+        pco.linear(x[:, :6], w)
+    with pytest.raises(ValueError, match=r"bias must have shape \(16,\)"):
+        pco.linear(x, w, b[:5])
+    with pytest.raises(TypeError, match="'weight' is torch.float64 but 'x' is torch.float32"):
+        pco.linear(x, w.double())
+    with pytest.raises(ValueError, match="residual of shape"):
+        pco.linear(x, w, b, residual=r[:, :3])
+    with pytest.raises(TypeError, match="'x' must be a torch.Tensor"):
+        pco.linear([1.0], w)
+    with pytest.raises(ValueError, match="weight must be"):
+        pco.linear(x, w[0])
+    with pytest.raises(ValueError, match="unknown activation"):
+        pco.MojoLinear(8, 16, activation="gelu")
+
+
+# -- CUDA: the fused launch -------------------------------------------------------------
+@pytest.fixture
+def launched(monkeypatch):
+    """The kernel keys of every direct launch made inside the test."""
+    seen: list[str] = []
+    real = direct.run
+
+    def spy(launches, device_index):
+        seen.extend(launch.kernel.key for launch in launches)
+        return real(launches, device_index)
+
+    monkeypatch.setattr(direct, "run", spy)
+    monkeypatch.setenv("GPU_DAYS_RECIPES", "0")  # recipes replay without direct.run
+    monkeypatch.setattr("pytorch_custom_ops.mojo_op.RECIPES", False)
+    return seen
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+@pytest.mark.parametrize("bias,activation,residual", CONFIGS)
+def test_cuda_fused_forward_and_backward(bias, activation, residual, dtype, launched):
+    # 2 x 65 = 130 rows, 264 outputs: tails of every tile in m and n; K = 72 is one and a bit k tiles
+    x, w, b, r = inputs((2, 65), 72, 264, dtype, "cuda", seed=1)
+    b = b if bias else None
+    r = r if residual else None
+    with torch.no_grad():
+        y = pco.linear(x, w, b, activation, r)
+    close(y, reference(x, w, b, activation, r), dtype)
+    assert launched and all("gemm_pingpong_kernel" in key for key in launched), launched
+    flags = launched[-1].split(".")[-3:-1]  # (BIAS, GELU) compiled into the kernel, then CLUSTER
+    assert flags == [str(int(bias)), str(int(activation is not None))], launched
+
+    leaves = [t.detach().requires_grad_() for t in (x, w, b, r) if t is not None]
+    xs, ws, bs, rs = _rebuild(leaves, bias, residual)
+    y = pco.linear(xs, ws, bs, activation, rs)
+    g = torch.randn_like(y)
+    y.backward(g)
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    rx, rw, rb, rr = _rebuild(ref_leaves, bias, residual)
+    reference(rx, rw, rb, activation, rr).backward(g.double())
+    for ours, ref in zip(leaves, ref_leaves, strict=True):
+        scale = ref.grad.abs().max().item() + 1
+        assert (ours.grad.double() - ref.grad).abs().max().item() < 4 * tolerance(dtype) * scale
+
+
+@needs_cuda
+def test_cuda_gpt2_mlp_shapes_and_a_broadcast_residual(launched):
+    x, w, b, _ = inputs((4, 256), 768, 3072, BF16, "cuda")
+    with torch.no_grad():
+        close(pco.linear(x, w, b, "gelu_tanh"), reference(x, w, b, "gelu_tanh", None), BF16)
+        row = torch.randn(3072, device="cuda", dtype=BF16)  # one row for every token
+        close(pco.linear(x, w, None, None, row), reference(x, w, None, None, row), BF16)
+    assert len(launched) == 2
+    assert all(key.endswith(".2") for key in launched)  # 24 tiles of 128 in n: clusters of 2
+
+
+@needs_cuda
+def test_cuda_unfusable_calls_are_still_right():
+    x, w, b, r = inputs((5,), 20, 36, BF16, "cuda")  # K = 20: rows are not 16-byte multiples
+    close(pco.linear(x, w, b, "gelu_tanh", r), reference(x, w, b, "gelu_tanh", r), BF16)
+    x, w, b, r = inputs((5,), 24, 40, torch.float32, "cuda")  # float32: gemm's SIMT kernel + torch GELU
+    close(pco.linear(x, w, b, "gelu_tanh", r), reference(x, w, b, "gelu_tanh", r), torch.float32)
+
+
+@needs_cuda
+def test_cuda_graph_replays_the_fused_layer():
+    layer = pco.MojoLinear(64, 128, activation="gelu_tanh", device="cuda", dtype=BF16)
+    x = torch.randn(96, 64, device="cuda", dtype=BF16)
+    static_y = layer(x)  # warm-up: load the kernel outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = layer(x)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    close(static_y, reference(x, layer.weight, layer.bias, "gelu_tanh", None), BF16)
+
+
+def test_fused_path_is_chosen_only_where_it_can_run():
+    x, w, b, r = inputs((4,), 16, 24, BF16, "cpu")
+    assert not _fusable(x, w, b, r)  # the CPU
+    if torch.cuda.is_available():
+        xc, wc = x.cuda(), w.cuda()
+        assert _fusable(xc, wc, None, None)
+        assert not _fusable(xc.float(), wc.float(), None, None)
+        assert not _fusable(xc, wc, None, torch.zeros(4, 1, device="cuda", dtype=BF16))

@@ -1,0 +1,262 @@
+"""`linear`: day019's fused linear layer as a torch function, and `MojoLinear`, its module.
+
+    y = act(x @ weight.T + bias) + residual        act: None or "gelu_tanh" (GPT-2's GELU)
+
+`weight` is (out_features, in_features) as in `nn.Linear`; `bias` (out_features,) and
+`residual` (broadcasting to y) are optional; x may have any leading dims.
+
+On CUDA in bfloat16/float16 (rows 16-byte aligned) the whole layer is one launch of
+day 019's persistent ping-pong GEMM (days/day019/gemm_v4_pingpong.mojo): the bias, the
+GELU and the residual are applied to the accumulator in registers, and the output is
+written once. In grad mode with GELU, the same launch also writes the pre-activation
+(x W^T + b) that GELU's backward needs. The backward is two GEMM calls through `gemm`
+(dX = dH W, dW = dH^T X, read in place through transpose flags), torch's own
+`gelu_backward` for dH, and a column sum for the bias.
+
+Everywhere else (the CPU, float32/float64, unaligned rows, torch.compile tracing) the
+same function is the composition `gemm(x, W^T) + bias`, torch's GELU, `+ residual`:
+the same results, with the matrix product still on gpu-days' GEMM.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import direct, eager
+from .contract import OpSpec, TensorArg, same_device
+from .gemm import _alpha_beta, gemm
+from .gemm_gpu import PINGPONG_KERNEL, TC_DTYPES, VERSIONS, broadcast_stride, current_version, pingpong_launch
+from .mojo_op import MojoOp
+
+ACTIVATIONS = (None, "gelu_tanh")
+
+_INPUTS = (
+    TensorArg("x", ("rows", "in_features")),
+    TensorArg("weight", ("out_features", "in_features")),
+    TensorArg("bias", ("bias_len",)),  # out_features, or one unread element (no bias)
+    TensorArg("residual", ("c_rows", "c_cols")),  # each dim 1 or full; unread when beta == 0
+    TensorArg("alpha_beta", (2,), dtype=torch.float32),
+)
+_PARAMS = {"BIAS": False, "GELU": False}
+LINEAR = OpSpec(name="linear", outputs=(TensorArg("output", ("rows", "out_features")),), inputs=_INPUTS, params=_PARAMS)
+# the training forward of a GELU layer: also the pre-activation, for the backward
+LINEAR_SAVING = OpSpec(
+    name="linear_saving",
+    outputs=(TensorArg("output", ("rows", "out_features")), TensorArg("pre", ("rows", "out_features"))),
+    inputs=_INPUTS,
+    params=_PARAMS,
+)
+
+
+# --8<-- [start:plan]
+def linear_tile() -> tuple[int, int, bool]:
+    """(BM, BN, multicast) of the fused launch: 128 x 128 tiles in clusters of 2, or a
+    forced PINGPONG_*/MULTICAST_* version's (GELU at 64 x 256 spills ~400 bytes: ptxas)."""
+    kind, bm, bn = VERSIONS[current_version()]
+    if kind in ("pingpong", "multicast"):
+        return bm, bn, kind == "multicast"
+    return 128, 128, True
+
+
+@direct.plan(PINGPONG_KERNEL)
+def linear_gpu(outputs, inputs, params) -> list[direct.Launch]:
+    out, pre = outputs[0], (outputs[1] if len(outputs) > 1 else None)
+    x, weight, bias, residual, alpha_beta = inputs
+    (m, k), n = x.shape, weight.shape[0]
+    c_rs = broadcast_stride("linear", residual.shape[0], m, residual.shape[1])
+    c_cs = broadcast_stride("linear", residual.shape[1], n, 1)
+    gelu = params["GELU"]
+    bm, bn, multicast = linear_tile()
+    # x (M, K) and weight (N, K) are both k-contiguous: op(B) = weight^T, TRANSPOSE_B
+    launch = pingpong_launch(
+        x,
+        weight,
+        out,
+        residual,
+        alpha_beta,
+        bias if params["BIAS"] else None,
+        pre,
+        (m, n, k, 1, 0, c_rs, c_cs),
+        False,
+        True,
+        bm,
+        bn,
+        gelu,
+        multicast,
+    )
+    return [launch]
+
+
+# --8<-- [end:plan]
+_fused = MojoOp(LINEAR, gpu=linear_gpu)
+_fused_saving = MojoOp(LINEAR_SAVING, gpu=linear_gpu)
+
+
+# -- argument checks ------------------------------------------------------------------
+def check_linear_args(x, weight, bias, activation, residual) -> None:
+    for arg, t in (("x", x), ("weight", weight)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"linear: '{arg}' must be a torch.Tensor, got {type(t).__name__}")
+    for arg, t in (("bias", bias), ("residual", residual)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"linear: '{arg}' must be a torch.Tensor or None, got {type(t).__name__}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"linear: unknown activation {activation!r}; known: {ACTIVATIONS}")
+    if weight.dim() != 2:
+        raise ValueError(f"linear: weight must be (out_features, in_features), got shape {tuple(weight.shape)}")
+    if x.dim() == 0 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"linear: input of shape {tuple(x.shape)} does not end in in_features={weight.shape[1]}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"linear: bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+    for arg, t in (("weight", weight), ("bias", bias), ("residual", residual)):
+        if t is None:
+            continue
+        if t.dtype != x.dtype:
+            raise TypeError(f"linear: '{arg}' is {t.dtype} but 'x' is {x.dtype}")
+        if not same_device(t, x):
+            raise ValueError(f"linear: '{arg}' is on {t.device} but 'x' is on {x.device}")
+    if residual is not None:
+        out_shape = (*x.shape[:-1], weight.shape[0])
+        try:
+            fits = torch.broadcast_shapes(residual.shape, out_shape) == out_shape
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(
+                f"linear: residual of shape {tuple(residual.shape)} does not broadcast to the output {out_shape}"
+            )
+
+
+def _fusable(x, weight, bias, residual) -> bool:
+    """One fused launch can compute this call: CUDA, 16-bit floats, rows of 16-byte
+    multiples, 16-byte aligned operands, and a residual that is either the output's full
+    shape or one row of n (other broadcasts go the composed way)."""
+    if not (x.is_cuda and x.dtype in TC_DTYPES):
+        return False
+    k, n = weight.shape[1], weight.shape[0]
+    aligned = all(t.data_ptr() % 16 == 0 for t in (x, weight))
+    rows_ok = k % 8 == 0 and n % 8 == 0 and k > 0 and x.numel() > 0
+    full = (*x.shape[:-1], n)
+    res_ok = residual is None or tuple(residual.shape) == full or residual.numel() == n
+    return aligned and rows_ok and res_ok
+
+
+def _composed(x, weight, bias, activation, residual):
+    """The layer as separate calls (CPU, other dtypes, tracing): gemm does x W^T + bias."""
+    rows = x.reshape(-1, x.shape[-1])
+    y = gemm(rows, weight, bias, 1.0, 0.0 if bias is None else 1.0, False, True)
+    if activation == "gelu_tanh":
+        y = torch.nn.functional.gelu(y, approximate="tanh")
+    y = y.view(*x.shape[:-1], weight.shape[0])
+    return y if residual is None else y + residual
+
+
+# -- the fused path ---------------------------------------------------------------------
+def _fused_forward(x2, weight, bias, activation, residual2, save_pre: bool):
+    """(y, pre) for 2-D x2 and a 2-D (or absent) residual2; pre is None unless saved."""
+    gelu = activation == "gelu_tanh"
+    params = {"BIAS": bias is not None, "GELU": gelu}
+    b = bias if bias is not None else x2.new_empty(1)
+    c = residual2 if residual2 is not None else x2.new_empty(1, 1)
+    ab = _alpha_beta(1.0, 0.0 if residual2 is None else 1.0, x2.device)
+    inputs = [x2, weight, b, c.contiguous(), ab]
+    if save_pre and gelu:
+        y, pre = _fused_saving(inputs, params=params)
+        return y, pre
+    (y,) = _fused(inputs, params=params)
+    return y, None
+
+
+class _FusedLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2, weight, bias, residual2, activation):
+        y, pre = _fused_forward(x2, weight, bias, activation, residual2, save_pre=True)
+        ctx.activation = activation
+        ctx.has_bias = bias is not None
+        ctx.residual_shape = None if residual2 is None else residual2.shape
+        ctx.save_for_backward(x2, weight, pre)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        x2, weight, pre = ctx.saved_tensors
+        g = g.contiguous()
+        dh = g if pre is None else torch.ops.aten.gelu_backward(g, pre, approximate="tanh")
+        dx = dw = db = dres = None
+        if ctx.needs_input_grad[0]:
+            dx = gemm(dh, weight)  # (rows, out) @ (out, in)
+        if ctx.needs_input_grad[1]:
+            dw = gemm(dh, x2, transpose_a=True)  # dH^T X: (out, rows) @ (rows, in)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dh.sum(0)
+        if ctx.residual_shape is not None and ctx.needs_input_grad[3]:
+            dres = g.sum_to_size(ctx.residual_shape)
+        return dx, dw, db, dres, None
+
+
+# -- public API -------------------------------------------------------------------------
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """act(x @ weight.T + bias) + residual; act is None or "gelu_tanh"."""
+    check_linear_args(x, weight, bias, activation, residual)
+    low = eager.autocast_dtype(x)
+    if low is not None:  # a matrix product: the autocast dtype, as F.linear
+        x, weight, bias, residual = eager.cast_floats(low, x, weight, bias, residual)
+    way = eager.route(x, weight, bias, residual)
+    if way is eager.OP or not _fusable(x, weight, bias, residual):
+        return _composed(x, weight, bias, activation, residual)
+    n = weight.shape[0]
+    x2 = x.reshape(-1, x.shape[-1])
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    weight = weight if weight.is_contiguous() else weight.contiguous()
+    res2 = None if residual is None else residual.reshape(-1, n)  # (rows, n), or (1, n) broadcast
+    if way is eager.AUTOGRAD:
+        y = _FusedLinear.apply(x2, weight, bias, res2, activation)
+    else:
+        y, _ = _fused_forward(x2, weight, bias, activation, res2, save_pre=False)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
+
+
+class MojoLinear(torch.nn.Module):
+    """`nn.Linear` with an optional fused GELU and residual: forward(x, residual=None)
+    returns act(x W^T + b) + residual in one GEMM launch where `linear` can fuse it.
+
+    Parameters are named and initialised as in nn.Linear, so state_dicts load either way.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        activation: str | None = None,
+        device=None,
+        dtype=None,
+    ):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"MojoLinear: unknown activation {activation!r}; known: {ACTIVATIONS}")
+        self.in_features = in_features
+        self.out_features = out_features
+        self.activation = activation
+        factory = {"device": device, "dtype": dtype}
+        self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, **factory))
+        self.bias = torch.nn.Parameter(torch.empty(out_features, **factory)) if bias else None
+        self.reset_parameters()
+
+    reset_parameters = torch.nn.Linear.reset_parameters
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, self.activation, residual)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, activation={self.activation}"
+        )
