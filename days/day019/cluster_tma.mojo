@@ -42,6 +42,7 @@ def tma_multicast_box[
     )
 
 
+# --8<-- [start:arrive]
 @always_inline
 def mbar_arrive_cta(
     bar: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
@@ -63,3 +64,6 @@ def mbar_arrive_cta(
         NoneType,
         constraints="r,r",
     ](Int32(Int(bar)), Int32(cta))
+
+
+# --8<-- [end:arrive]

@@ -243,12 +243,14 @@ def gemm_pingpong_kernel[
             var bt = t // per_batch
             var tile = tile_coords[GROUP_M](t % per_batch, num_m, num_n)
             var tn = tile[1] * CLUSTER + rank
+            # --8<-- [start:turn]
             # wait for the turn: consumer 1's round r follows consumer 0's round r,
             # consumer 0's round r follows consumer 1's round r - 1
             if me == 1:
                 mbar_wait(turn.unsafe_offset(1), round % 2)
             elif round > 0:
                 mbar_wait(turn, (round - 1) % 2)
+            # --8<-- [end:turn]
             var it0 = (2 * round + me) * num_k
             # the row blocks' m64 accumulators side by side: block r at r * FRAG
             var acc = SIMD[DType.float32, ROW_BLOCKS * FRAG](0)
