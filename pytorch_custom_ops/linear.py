@@ -24,7 +24,7 @@ import torch
 
 from . import direct, eager
 from .contract import OpSpec, TensorArg, same_device
-from .gemm import _alpha_beta, gemm
+from .gemm import MojoGEMM, _alpha_beta, gemm
 from .gemm_gpu import PINGPONG_KERNEL, TC_DTYPES, VERSIONS, broadcast_stride, current_version, pingpong_launch
 from .mojo_op import MojoOp
 
@@ -215,6 +215,8 @@ def linear(
     if not x2.is_contiguous():
         x2 = x2.contiguous()
     weight = weight if weight.is_contiguous() else weight.contiguous()
+    if bias is not None and not bias.is_contiguous():  # the kernel reads bias[col]
+        bias = bias.contiguous()
     res2 = None if residual is None else residual.reshape(-1, n)  # (rows, n), or (1, n) broadcast
     if way is eager.AUTOGRAD:
         y = _FusedLinear.apply(x2, weight, bias, res2, activation)
@@ -223,11 +225,12 @@ def linear(
     return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
 
 
-class MojoLinear(torch.nn.Module):
+class MojoLinear(MojoGEMM):
     """`nn.Linear` with an optional fused GELU and residual: forward(x, residual=None)
     returns act(x W^T + b) + residual in one GEMM launch where `linear` can fuse it.
 
-    Parameters are named and initialised as in nn.Linear, so state_dicts load either way.
+    Parameters are MojoGEMM's (named and initialised as in nn.Linear), so state_dicts
+    load either way.
     """
 
     def __init__(
@@ -239,24 +242,13 @@ class MojoLinear(torch.nn.Module):
         device=None,
         dtype=None,
     ):
-        super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"MojoLinear: unknown activation {activation!r}; known: {ACTIVATIONS}")
-        self.in_features = in_features
-        self.out_features = out_features
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
         self.activation = activation
-        factory = {"device": device, "dtype": dtype}
-        self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, **factory))
-        self.bias = torch.nn.Parameter(torch.empty(out_features, **factory)) if bias else None
-        self.reset_parameters()
-
-    reset_parameters = torch.nn.Linear.reset_parameters
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.activation, residual)
 
     def extra_repr(self) -> str:
-        return (
-            f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"bias={self.bias is not None}, activation={self.activation}"
-        )
+        return f"{super().extra_repr()}, activation={self.activation}"

@@ -93,19 +93,21 @@ def _linear_inputs(op: str):
     return make
 
 
-def _linear_case(op: str) -> Case:
+def linear_pass_case(op: str, day: str = "day014", name: str | None = None, impls=None, shapes=None) -> Case:
+    """One pass of a linear layer as a Case: torch (cuBLAS) against `impls` (default: the
+    op, `mojo_gemm`). Day 019's ladder reuses it with every kernel version as an impl."""
     what, torch_fn, ours = LINEAR_PASSES[op]
     return Case(
-        day="day014",
-        op=op,
-        impls={"torch": torch_fn, "mojo_gemm": ours},
+        day=day,
+        op=name or op,
+        impls={"torch": torch_fn, **(impls or {"mojo_gemm": ours})},
         make_inputs=_linear_inputs(op),
         reference=lambda *ts, fn=torch_fn: fn(*(t.double() for t in ts)),
         flops=lambda shape: 2 * math.prod(shape),
-        shapes=LINEAR_SHAPES,
+        shapes=shapes or LINEAR_SHAPES,
         dtypes={"cpu": [torch.float32], "cuda": [torch.bfloat16, torch.float16]},
         note=lambda what=what: f"{what} for tokens x in x out; " + _note(),
     )
 
 
-CASES += [_linear_case(op) for op in LINEAR_PASSES]
+CASES += [linear_pass_case(op) for op in LINEAR_PASSES]

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import pytorch_custom_ops as pco
 
 from ..harness import Case, compiled
-from .day014 import LINEAR_PASSES, LINEAR_SHAPES, _linear_inputs, _note
+from .day014 import LINEAR_PASSES, LINEAR_SHAPES, linear_pass_case
 
 # (version label, gemm_version name): the rungs compared in every ladder row
 RUNGS = {
@@ -44,21 +44,13 @@ def _forced(fn, version: str):
 
 
 def _ladder_case(op: str) -> Case:
-    what, torch_fn, ours = LINEAR_PASSES[op]
-    return Case(
-        day="day019",
-        op="ladder_" + op.removeprefix("linear_"),
-        # a forced version re-plans every call (gemm_version resets the launch recipes), so
-        # its end-to-end time carries host work: compare rungs by kernel_ms. mojo_gemm is
-        # the op as users call it (AUTO, recipes on).
-        impls={"torch": torch_fn, **{label: _forced(ours, v) for label, v in RUNGS.items()}, "mojo_gemm": ours},
-        make_inputs=_linear_inputs(op),
-        reference=lambda *ts, fn=torch_fn: fn(*(t.double() for t in ts)),
-        flops=lambda shape: 2 * math.prod(shape),
-        shapes=LADDER_SHAPES,
-        dtypes={"cpu": [torch.float32], "cuda": [torch.bfloat16, torch.float16]},
-        note=lambda what=what: f"{what} for tokens x in x out; " + _note(),
-    )
+    ours = LINEAR_PASSES[op][2]
+    # a forced version re-plans every call (gemm_version resets the launch recipes), so
+    # its end-to-end time carries host work: compare rungs by kernel_ms. mojo_gemm is
+    # the op as users call it (AUTO, recipes on).
+    impls = {**{label: _forced(ours, v) for label, v in RUNGS.items()}, "mojo_gemm": ours}
+    name = "ladder_" + op.removeprefix("linear_")
+    return linear_pass_case(op, day="day019", name=name, impls=impls, shapes=LADDER_SHAPES)
 
 
 def _layer_inputs(shape, dtype, device):

@@ -171,6 +171,11 @@ def test_cuda_gpt2_mlp_shapes_and_a_broadcast_residual(launched):
         close(pco.linear(x, w, None, None, row), reference(x, w, None, None, row), BF16)
     assert len(launched) == 2
     assert all(key.endswith(".2") for key in launched)  # 24 tiles of 128 in n: clusters of 2
+    strided_bias = torch.randn(2 * 3072, device="cuda", dtype=BF16)[::2]  # a view, stride 2
+    wt = w.t().contiguous().t()  # a transposed layout: copied, not misread
+    with torch.no_grad():
+        got = pco.linear(x, wt, strided_bias, "gelu_tanh")
+    close(got, reference(x, w, strided_bias, "gelu_tanh", None), BF16)
 
 
 @needs_cuda
