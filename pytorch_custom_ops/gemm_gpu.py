@@ -146,18 +146,19 @@ TMA_KERNEL = KernelFamily(
         for bm, bn in TMA_TILES
     ),
 )
-# (BM, BN, CLUSTER): one consumer's tile, and the CTAs of a cluster sharing A's tile
-PP_CONFIGS = ((64, 256, 1), (128, 128, 1), (128, 128, 2))
+# (BM, BN, CLUSTER, COOP): a block's tile, the CTAs of a cluster sharing A's tile, and
+# whether both consumers split each tile (COOP) or take turns with whole tiles (ping-pong)
+PP_CONFIGS = ((64, 256, 1, False), (128, 128, 1, False), (128, 128, 2, False), (128, 256, 1, True))
 PP_EPILOGUES = ((True, False), (True, True), (False, True))  # (BIAS, GELU) of the fused linear layer
 PINGPONG_KERNEL = KernelFamily(
     PINGPONG_MODULE,
     "gemm_pingpong_kernel",
     # a_map, b_map, dst, c, alpha_beta, bias, aux, m, n, k, batch, c_bs, c_rs, c_cs, store_aux
     args=("tensormap", "tensormap") + ("ptr",) * 5 + ("i64",) * 8,
-    variants=tuple(  # (dtype, TA, TB, BM, BN, STAGES, SMEM, BIAS, GELU, CLUSTER)
-        (dtype, ta, tb, bm, bn, pp_stages(dtype, bm, bn), pp_smem_bytes(dtype, bm, bn), bias, gelu, cluster)
+    variants=tuple(  # (dtype, TA, TB, BM, BN, STAGES, SMEM, BIAS, GELU, CLUSTER, COOP)
+        (dtype, ta, tb, bm, bn, pp_stages(dtype, bm, bn), pp_smem_bytes(dtype, bm, bn), bias, gelu, cluster, coop)
         for dtype in TC_DTYPES
-        for bm, bn, cluster in PP_CONFIGS
+        for bm, bn, cluster, coop in PP_CONFIGS
         for (ta, tb), (bias, gelu) in [(pair, (False, False)) for pair in PAIRS]
         + [((False, True), epi) for epi in PP_EPILOGUES]  # x @ W^T, W stored like nn.Linear's
     ),
@@ -175,6 +176,7 @@ VERSIONS = {  # name: (kind, BM, BN)
     "PINGPONG_64x256": ("pingpong", 64, 256),  # version 4 (day 019): persistent, ping-pong
     "PINGPONG_128x128": ("pingpong", 128, 128),
     "MULTICAST_128x128": ("multicast", 128, 128),  # version 4 in clusters of 2 sharing A (TMA multicast)
+    "COOP_128x256": ("coop", 128, 256),  # version 4's schedule, both consumers on each tile (as v3)
 }
 _version = "AUTO"
 
@@ -335,7 +337,7 @@ def sm_count(device_index: int | None) -> int:
 
 
 def pingpong_launch(
-    a, b, out, c, alpha_beta, bias, aux, sizes, ta: bool, tb: bool, bm: int, bn: int, gelu=False, multicast=False
+    a, b, out, c, alpha_beta, bias, aux, sizes, ta, tb, bm: int, bn: int, gelu=False, multicast=False, coop=False
 ) -> direct.Launch:
     """Version 4's one launch: a persistent grid of at most one block per SM. `sizes` is
     (m, n, k, batch, c_bs, c_rs, c_cs); `bias` and `aux` may be None (not read/written).
@@ -347,7 +349,8 @@ def pingpong_launch(
     a_map = operand_tma_map(a, not ta, bm // cluster, batch, m, k)  # a cluster's CTAs load half each
     b_map = operand_tma_map(b, tb, bn, batch, n, k)
     smem = pp_smem_bytes(dtype, bm, bn)
-    kernel = PINGPONG_KERNEL[dtype, ta, tb, bm, bn, pp_stages(dtype, bm, bn), smem, bias is not None, gelu, cluster]
+    stages = pp_stages(dtype, bm, bn)
+    kernel = PINGPONG_KERNEL[dtype, ta, tb, bm, bn, stages, smem, bias is not None, gelu, cluster, coop]
     units = _cdiv(m, bm) * _cdiv(n, bn * cluster) * batch  # what one cluster takes at a time
     grid = min(units, sm_count(out.get_device()) // cluster) * cluster
     dummy = out.data_ptr()  # a pointer the kernel's compile-time flags say it never touches
@@ -406,10 +409,12 @@ def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
     tma = vec and k > 0 and (batch == 1 or (a_bs == m * k and b_bs == k * n))
     if kind == "auto" and tma:
         kind, bm, bn = auto_tile(m, n, k, batch, sm_count(out.get_device()))
-    if kind in ("pingpong", "multicast") and tma:
+    if kind in ("pingpong", "multicast", "coop") and tma:
         sizes = (m, n, k, batch, c_bs, c_rs, c_cs)
-        multicast = kind == "multicast"
-        launch = pingpong_launch(a, b, out, c, alpha_beta, None, None, sizes, ta, tb, bm, bn, multicast=multicast)
+        multicast, coop = kind == "multicast", kind == "coop"
+        launch = pingpong_launch(
+            a, b, out, c, alpha_beta, None, None, sizes, ta, tb, bm, bn, multicast=multicast, coop=coop
+        )
         return [launch]
     if kind == "tma" and tma:
         a_map = operand_tma_map(a, not ta, bm, batch, m, k)

@@ -49,13 +49,13 @@ LINEAR_SAVING = OpSpec(
 
 
 # --8<-- [start:plan]
-def linear_tile() -> tuple[int, int, bool]:
-    """(BM, BN, multicast) of the fused launch: 128 x 128 tiles in clusters of 2, or a
-    forced PINGPONG_*/MULTICAST_* version's (GELU at 64 x 256 spills ~400 bytes: ptxas)."""
+def linear_tile() -> tuple[int, int, bool, bool]:
+    """(BM, BN, multicast, coop) of the fused launch: 128 x 128 tiles in clusters of 2, or
+    a forced PINGPONG_*/MULTICAST_*/COOP_* version's (GELU at 64 x 256 spills ~400 bytes)."""
     kind, bm, bn = VERSIONS[current_version()]
-    if kind in ("pingpong", "multicast"):
-        return bm, bn, kind == "multicast"
-    return 128, 128, True
+    if kind in ("pingpong", "multicast", "coop"):
+        return bm, bn, kind == "multicast", kind == "coop"
+    return 128, 128, True, False
 
 
 @direct.plan(PINGPONG_KERNEL)
@@ -66,7 +66,7 @@ def linear_gpu(outputs, inputs, params) -> list[direct.Launch]:
     c_rs = broadcast_stride("linear", residual.shape[0], m, residual.shape[1])
     c_cs = broadcast_stride("linear", residual.shape[1], n, 1)
     gelu = params["GELU"]
-    bm, bn, multicast = linear_tile()
+    bm, bn, multicast, coop = linear_tile()
     # x (M, K) and weight (N, K) are both k-contiguous: op(B) = weight^T, TRANSPOSE_B
     launch = pingpong_launch(
         x,
@@ -83,6 +83,7 @@ def linear_gpu(outputs, inputs, params) -> list[direct.Launch]:
         bn,
         gelu,
         multicast,
+        coop,
     )
     return [launch]
 

@@ -28,6 +28,7 @@ RUNGS = {
     "v4_pingpong_64x256": "PINGPONG_64x256",  # day 019
     "v4_pingpong_128x128": "PINGPONG_128x128",
     "v4_multicast_128x128": "MULTICAST_128x128",
+    "v4_coop_128x256": "COOP_128x256",
 }
 LADDER_SHAPES = {
     "quick": LINEAR_SHAPES["quick"],

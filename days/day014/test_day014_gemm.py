@@ -302,6 +302,8 @@ BRANCHES = [
     ("MULTICAST_128x128", BF16, None, 1000, 1024, 200, "pingpong 128x128 cluster 2"),
     ("MULTICAST_128x128", FP16, 3, 520, 512, 136, "pingpong 128x128 cluster 2"),
     ("MULTICAST_128x128", BF16, 2, 200, 264, 136, "pingpong 128x128"),  # 3 tiles in n: no pairs
+    ("COOP_128x256", BF16, None, 1000, 1032, 200, "coop 128x256"),
+    ("COOP_128x256", FP16, 3, 520, 264, 136, "coop 128x256"),
     ("AUTO", FP32, None, 300, 200, 136, "simt 64 vec"),
     ("AUTO", FP32, None, 1600, 1604, 24, "simt 128 vec"),
     ("AUTO", FP32, 2, 301, 199, 37, "simt 64 novec"),

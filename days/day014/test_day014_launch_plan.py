@@ -45,7 +45,7 @@ def check_launch(launch: direct.Launch, m: int, n: int, batch: int):
     grid, block = direct.dim3(launch.grid), direct.dim3(launch.block)
     assert 0 < grid[0] < 2**31 and 0 < grid[1] <= 65535 and 0 < grid[2] <= 65535
     if kernel.family is gemm_gpu.PINGPONG_KERNEL:  # persistent: one block per SM at most
-        bm, bn, cluster = kernel.params[3], kernel.params[4], kernel.params[-1]
+        bm, bn, cluster = kernel.params[3], kernel.params[4], kernel.params[-2]
         units = -(-m // bm) * -(-n // (bn * cluster)) * batch
         assert grid == (min(units, gemm_gpu.sm_count(None) // cluster) * cluster, 1, 1)
         assert launch.cluster == (cluster if cluster > 1 else None)
@@ -82,7 +82,8 @@ def choice(launch) -> str:
     if family is gemm_gpu.WG_KERNEL:
         return f"wgmma {p[3]}x{p[4]}"
     if family is gemm_gpu.PINGPONG_KERNEL:
-        return f"pingpong {p[3]}x{p[4]}" + (f" cluster {p[-1]}" if p[-1] > 1 else "")
+        kind = "coop" if p[-1] else "pingpong"
+        return f"{kind} {p[3]}x{p[4]}" + (f" cluster {p[-2]}" if p[-2] > 1 else "")
     vec = "vec" if p[3] else "novec"
     return f"{'mma' if family is gemm_gpu.TC_KERNEL else 'simt'} {p[4]} {vec}"
 
@@ -163,6 +164,7 @@ def test_forced_versions_apply_where_their_conditions_hold():
         "PINGPONG_128x128": "pingpong 128x128",
         "PINGPONG_64x256": "pingpong 64x256",
         "MULTICAST_128x128": "pingpong 128x128",  # n = 264: 3 tiles of 128, an odd count: no pairs
+        "COOP_128x256": "coop 128x256",
     }
     assert set(want) == set(gemm_gpu.VERSIONS)
     for version, kind in want.items():
@@ -171,7 +173,7 @@ def test_forced_versions_apply_where_their_conditions_hold():
                 assert choice(plan(200, 264, 136, dtype, ta, tb)) == kind
                 assert choice(plan(200, 260, 136, dtype, ta, tb)) == "mma 64 novec"  # no 16-byte rows
                 assert choice(plan(200, 264, 136, FP32, ta, tb)) == "simt 64 vec"  # fp32 has one kernel
-            if version.startswith(("TMA", "PINGPONG", "MULTICAST")):  # K = 0: wgmma may run, TMA may not
+            if version.startswith(("TMA", "PINGPONG", "MULTICAST", "COOP")):  # K = 0: wgmma may run, TMA may not
                 assert choice(plan(200, 264, 0, BF16)) == "mma 64 vec"
     assert gemm_gpu.current_version() == "AUTO"
 

@@ -93,6 +93,7 @@ def gemm_pingpong_kernel[
     BIAS: Bool,
     GELU: Bool,
     CLUSTER: Int,
+    COOP: Bool,
 ](
     a_map: TMADescriptor,
     b_map: TMADescriptor,
@@ -118,11 +119,18 @@ def gemm_pingpong_kernel[
     `empty` mbarrier per stage, then the two `turn` mbarriers. `aux` (the GELU input,
     laid out like out) is written when GELU and store_aux != 0.
 
+    COOP: the two consumers split every tile by rows instead (BM/2 each), as version 3
+    does, without the turn; the persistent schedule and the early loads stay.
+
     CLUSTER = 2: launch in clusters of 2 along x (grid even). The two CTAs of a cluster
     take the two column halves of a BM x 2BN unit: they share A's tile, and each loads
     half of it (64 rows) and multicasts it to both, so A crosses L2 once for both.
     """
-    comptime ROW_BLOCKS = BM // 64
+    # COOP: both consumers work on every tile, one BM/2-row half each (version 3's
+    # cooperative split, kept persistent); else each consumer owns whole tiles (ping-pong)
+    comptime SHARERS = 2 if COOP else 1
+    comptime WG_ROWS = BM // SHARERS  # rows of one consumer's accumulator
+    comptime ROW_BLOCKS = WG_ROWS // 64
     comptime FRAG = BN // 2  # fp32 accumulators a thread holds per m64 row block
     comptime GROUP_M = PP_GROUP_ROWS // BM
     comptime A_KC = not TA  # A is k-contiguous when stored (M, K)
@@ -130,9 +138,11 @@ def gemm_pingpong_kernel[
     comptime A_ELEMS = BM * TMA_BK
     comptime B_ELEMS = BN * TMA_BK
     comptime STAGE_BYTES = (A_ELEMS + B_ELEMS) * size_of[dtype]()
-    comptime assert BM % 64 == 0 and BN % 64 == 0 and BN <= 256, "tile shape"
     comptime assert (
-        BM * BN <= 64 * 256
+        WG_ROWS % 64 == 0 and BN % 64 == 0 and BN <= 256
+    ), "tile shape"
+    comptime assert (
+        WG_ROWS * BN <= 64 * 256
     ), "a consumer holds at most 128 fp32 accumulators a thread"
     comptime assert STAGES >= 2, "at least two stages"
     comptime assert (
@@ -174,7 +184,7 @@ def gemm_pingpong_kernel[
             mbarrier_init(full.unsafe_offset(s), 1)
             # the 4 warps of one consumer, in every CTA of the cluster: a stage's A
             # half is written into both CTAs, so both must have released it
-            mbarrier_init(empty.unsafe_offset(s), Int32(4 * CLUSTER))
+            mbarrier_init(empty.unsafe_offset(s), Int32(4 * SHARERS * CLUSTER))
         mbarrier_init(turn, 4)
         mbarrier_init(turn.unsafe_offset(1), 4)
         fence_mbarrier_init()
@@ -239,19 +249,23 @@ def gemm_pingpong_kernel[
         set_max_registers[True, TMA_CONSUMER_REGS]()
         var me = wg - 1
         var round = 0  # how many tiles this consumer has done
-        for t in range(first + me * stride, tiles, 2 * stride):
+        # this consumer's first row in a tile
+        var row_off = me * WG_ROWS if COOP else 0
+        var start = first if COOP else first + me * stride
+        for t in range(start, tiles, stride if COOP else 2 * stride):
             var bt = t // per_batch
             var tile = tile_coords[GROUP_M](t % per_batch, num_m, num_n)
             var tn = tile[1] * CLUSTER + rank
             # --8<-- [start:turn]
             # wait for the turn: consumer 1's round r follows consumer 0's round r,
             # consumer 0's round r follows consumer 1's round r - 1
-            if me == 1:
-                mbar_wait(turn.unsafe_offset(1), round % 2)
-            elif round > 0:
-                mbar_wait(turn, (round - 1) % 2)
+            comptime if not COOP:
+                if me == 1:
+                    mbar_wait(turn.unsafe_offset(1), round % 2)
+                elif round > 0:
+                    mbar_wait(turn, (round - 1) % 2)
             # --8<-- [end:turn]
-            var it0 = (2 * round + me) * num_k
+            var it0 = (round if COOP else 2 * round + me) * num_k
             # the row blocks' m64 accumulators side by side: block r at r * FRAG
             var acc = SIMD[DType.float32, ROW_BLOCKS * FRAG](0)
             for kt in range(num_k):
@@ -273,7 +287,9 @@ def gemm_pingpong_kernel[
                                 layout_a="row" if A_KC else "col",
                                 layout_b="col" if B_KC else "row",
                             ](
-                                tma_desc[dtype, A_KC](sa_k, r * 64, ks),
+                                tma_desc[dtype, A_KC](
+                                    sa_k, row_off + r * 64, ks
+                                ),
                                 tma_desc[dtype, B_KC](sb_k, 0, ks),
                                 acc.slice[FRAG, offset=r * FRAG](),
                             )
@@ -283,8 +299,9 @@ def gemm_pingpong_kernel[
                 if kt > 0 and lane_id() == 0:
                     release[CLUSTER](empty.unsafe_offset((it - 1) % STAGES))
             # every wgmma of this tile is issued: the other consumer may start
-            if lane_id() == 0:
-                _ = mbarrier_arrive(turn.unsafe_offset(1 - me))
+            comptime if not COOP:
+                if lane_id() == 0:
+                    _ = mbarrier_arrive(turn.unsafe_offset(1 - me))
             wgmma_wait_group_sync[0]()
             if lane_id() == 0:
                 release[CLUSTER](
@@ -296,7 +313,7 @@ def gemm_pingpong_kernel[
                     dst.unsafe_offset(bt * M * N),
                     c.unsafe_offset(bt * Int(c_bs)),
                     alpha_beta,
-                    tile[0] * BM + r * 64,
+                    tile[0] * BM + row_off + r * 64,
                     tn * BN,
                     M,
                     N,

@@ -19,6 +19,7 @@ RUNG_ORDER = (
     "v4_pingpong_64x256",
     "v4_pingpong_128x128",
     "v4_multicast_128x128",
+    "v4_coop_128x256",
     "mojo_gemm",
 )
 

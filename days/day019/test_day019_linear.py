@@ -146,7 +146,7 @@ def test_cuda_fused_forward_and_backward(bias, activation, residual, dtype, laun
         y = pco.linear(x, w, b, activation, r)
     close(y, reference(x, w, b, activation, r), dtype)
     assert launched and all("gemm_pingpong_kernel" in key for key in launched), launched
-    flags = launched[-1].split(".")[-3:-1]  # (BIAS, GELU) compiled into the kernel, then CLUSTER
+    flags = launched[-1].split(".")[-4:-2]  # (BIAS, GELU) compiled into the kernel, then CLUSTER, COOP
     assert flags == [str(int(bias)), str(int(activation is not None))], launched
 
     leaves = [t.detach().requires_grad_() for t in (x, w, b, r) if t is not None]
@@ -170,7 +170,7 @@ def test_cuda_gpt2_mlp_shapes_and_a_broadcast_residual(launched):
         row = torch.randn(3072, device="cuda", dtype=BF16)  # one row for every token
         close(pco.linear(x, w, None, None, row), reference(x, w, None, None, row), BF16)
     assert len(launched) == 2
-    assert all(key.endswith(".2") for key in launched)  # 24 tiles of 128 in n: clusters of 2
+    assert all(key.endswith(".2.0") for key in launched)  # 24 tiles of 128 in n: clusters of 2
     strided_bias = torch.randn(2 * 3072, device="cuda", dtype=BF16)[::2]  # a view, stride 2
     wt = w.t().contiguous().t()  # a transposed layout: copied, not misread
     with torch.no_grad():

@@ -16,7 +16,15 @@ import torch
 
 from days.day014.time_versions import GPT2, SQUARES, print_row, time_shape
 
-VERSIONS = ("TMA_128x128", "TMA_128x256", "PINGPONG_128x128", "PINGPONG_64x256", "MULTICAST_128x128", "AUTO")
+VERSIONS = (
+    "TMA_128x128",
+    "TMA_128x256",
+    "PINGPONG_128x128",
+    "PINGPONG_64x256",
+    "MULTICAST_128x128",
+    "COOP_128x256",
+    "AUTO",
+)
 
 
 def main() -> None:
