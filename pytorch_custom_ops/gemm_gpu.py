@@ -1,4 +1,5 @@
-"""Day 014's GEMM on CUDA: the kernels it may launch and the plan that picks one per call.
+"""Day 014's GEMM on CUDA (and day 019's version 4): the kernels it may launch and the plan
+that picks one per call.
 
 Since day 016 the host side of the GPU path lives here, not in day014's Mojo files:
 which kernel (SIMT, mma.sync, wgmma or TMA), its tile, grid, block and shared memory, and
@@ -367,8 +368,9 @@ def pingpong_launch(
 
 @direct.plan(SIMT_KERNEL, TC_KERNEL, WG_KERNEL, TMA_KERNEL, PINGPONG_KERNEL)
 def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
-    """One launch, grid (output tiles, 1, batch). Tiles are walked in groups of 8 tile
-    rows inside the kernel (tile_coords), so the grid is flat in x."""
+    """One launch: grid (output tiles, 1, batch) for versions 1-3 (tiles walked in groups
+    of 8 tile rows inside the kernel, tile_coords, so the grid is flat in x), or day 019's
+    persistent grid of at most one block per SM (pingpong_launch)."""
     (out,), (a, b, c, alpha_beta) = outputs, inputs
     ta, tb = params["TRANSPOSE_A"], params["TRANSPOSE_B"]
     batched = a.dim() == 3
