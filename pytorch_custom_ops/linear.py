@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from . import direct, eager
-from .contract import OpSpec, TensorArg, same_device
+from .contract import FLOAT_DTYPES, OpSpec, TensorArg, same_device
 from .gemm import MojoGEMM, _alpha_beta, gemm
 from .gemm_gpu import PINGPONG_KERNEL, TC_DTYPES, VERSIONS, broadcast_stride, current_version, pingpong_launch
 from .mojo_op import MojoOp
@@ -103,6 +103,8 @@ def check_linear_args(x, weight, bias, activation, residual) -> None:
             raise TypeError(f"linear: '{arg}' must be a torch.Tensor or None, got {type(t).__name__}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"linear: unknown activation {activation!r}; known: {ACTIVATIONS}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"linear: 'x' has dtype {x.dtype}; supported: float32, float16, bfloat16, float64")
     if weight.dim() != 2:
         raise ValueError(f"linear: weight must be (out_features, in_features), got shape {tuple(weight.shape)}")
     if x.dim() == 0 or x.shape[-1] != weight.shape[1]:

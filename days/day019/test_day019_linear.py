@@ -115,6 +115,12 @@ def test_bad_inputs_raise_clear_errors():
         pco.linear(x, w[0])
     with pytest.raises(ValueError, match="unknown activation"):
         pco.MojoLinear(8, 16, activation="gelu")
+    with pytest.raises(TypeError, match="'x' has dtype torch.int64"):
+        pco.linear(x.long(), w.long())
+    empty = pco.linear(x[:0], w, b, "gelu_tanh")  # no rows: an empty result, as F.linear
+    assert empty.shape == (0, 16)
+    one = pco.linear(x[0], w, b)  # a 1-D input, as F.linear takes it
+    torch.testing.assert_close(one, F.linear(x[0], w, b), atol=1e-5, rtol=1e-5)
 
 
 # -- CUDA: the fused launch -------------------------------------------------------------
