@@ -77,22 +77,27 @@ def tma_bk(dtype: torch.dtype) -> int:
     return TMA_SWIZZLE_BYTES // dtype.itemsize
 
 
+def tma_stage_bytes(dtype: torch.dtype, bm: int, bn: int) -> int:
+    """One TMA stage of versions 3 and 4: BM x 64 of A and BN x 64 of B (16-bit elements)."""
+    return (bm + bn) * tma_bk(dtype) * dtype.itemsize
+
+
 def tma_stages(dtype: torch.dtype, bm: int, bn: int) -> int:
-    return TMA_SMEM_BUDGET // ((bm + bn) * tma_bk(dtype) * dtype.itemsize)
+    return TMA_SMEM_BUDGET // tma_stage_bytes(dtype, bm, bn)
 
 
 def pp_stages(dtype: torch.dtype, bm: int, bn: int) -> int:
-    return (PP_SMEM_BUDGET - 16) // ((bm + bn) * tma_bk(dtype) * dtype.itemsize + 16)
+    return (PP_SMEM_BUDGET - 16) // (tma_stage_bytes(dtype, bm, bn) + 16)
 
 
 def pp_smem_bytes(dtype: torch.dtype, bm: int, bn: int) -> int:
     """The stage buffers, a `full` and an `empty` mbarrier per stage, two `turn` mbarriers."""
-    return pp_stages(dtype, bm, bn) * ((bm + bn) * tma_bk(dtype) * dtype.itemsize + 16) + 16
+    return pp_stages(dtype, bm, bn) * (tma_stage_bytes(dtype, bm, bn) + 16) + 16
 
 
 def tma_smem_bytes(dtype: torch.dtype, bm: int, bn: int) -> int:
     """The stage buffers, then a `full` and an `empty` mbarrier (8 B each) per stage."""
-    return tma_stages(dtype, bm, bn) * ((bm + bn) * tma_bk(dtype) * dtype.itemsize + 16)
+    return tma_stages(dtype, bm, bn) * (tma_stage_bytes(dtype, bm, bn) + 16)
 
 
 # -- the kernels ------------------------------------------------------------------------
@@ -179,6 +184,7 @@ VERSIONS = {  # name: (kind, BM, BN)
     "MULTICAST_128x128": ("multicast", 128, 128),  # version 4 in clusters of 2 sharing A (TMA multicast)
     "COOP_128x256": ("coop", 128, 256),  # version 4's schedule, both consumers on each tile (as v3)
 }
+V4_KINDS = ("pingpong", "multicast", "coop")  # the kinds of VERSIONS that version 4 runs
 _version = "AUTO"
 
 
@@ -338,15 +344,17 @@ def sm_count(device_index: int | None) -> int:
 
 
 def pingpong_launch(
-    a, b, out, c, alpha_beta, bias, aux, sizes, ta, tb, bm: int, bn: int, gelu=False, multicast=False, coop=False
+    a, b, out, c, alpha_beta, bias, aux, sizes, ta, tb, kind: str, bm: int, bn: int, gelu=False
 ) -> direct.Launch:
     """Version 4's one launch: a persistent grid of at most one block per SM. `sizes` is
     (m, n, k, batch, c_bs, c_rs, c_cs); `bias` and `aux` may be None (not read/written).
-    `multicast` asks for clusters of 2 CTAs sharing A's tile; it applies where the
-    128 x 128 tiles along n pair up (an even count), else one CTA per cluster runs."""
+    `kind` is one of V4_KINDS: "multicast" asks for clusters of 2 CTAs sharing A's tile,
+    where the 128 x 128 tiles along n pair up (an even count; else one CTA per cluster);
+    "coop" has both consumers split every tile."""
     m, n, k, batch = sizes[:4]
     dtype = a.dtype
-    cluster = 2 if multicast and (bm, bn) == (128, 128) and _cdiv(n, bn) % 2 == 0 else 1
+    coop = kind == "coop"
+    cluster = 2 if kind == "multicast" and (bm, bn) == (128, 128) and _cdiv(n, bn) % 2 == 0 else 1
     a_map = operand_tma_map(a, not ta, bm // cluster, batch, m, k)  # a cluster's CTAs load half each
     b_map = operand_tma_map(b, tb, bn, batch, n, k)
     smem = pp_smem_bytes(dtype, bm, bn)
@@ -411,13 +419,9 @@ def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
     tma = vec and k > 0 and (batch == 1 or (a_bs == m * k and b_bs == k * n))
     if kind == "auto" and tma:
         kind, bm, bn = auto_tile(m, n, k, batch, sm_count(out.get_device()))
-    if kind in ("pingpong", "multicast", "coop") and tma:
+    if kind in V4_KINDS and tma:
         sizes = (m, n, k, batch, c_bs, c_rs, c_cs)
-        multicast, coop = kind == "multicast", kind == "coop"
-        launch = pingpong_launch(
-            a, b, out, c, alpha_beta, None, None, sizes, ta, tb, bm, bn, multicast=multicast, coop=coop
-        )
-        return [launch]
+        return [pingpong_launch(a, b, out, c, alpha_beta, None, None, sizes, ta, tb, kind, bm, bn)]
     if kind == "tma" and tma:
         a_map = operand_tma_map(a, not ta, bm, batch, m, k)
         b_map = operand_tma_map(b, tb, bn, batch, n, k)

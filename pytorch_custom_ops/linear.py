@@ -25,7 +25,15 @@ import torch
 from . import direct, eager
 from .contract import FLOAT_DTYPES, OpSpec, TensorArg, same_device
 from .gemm import MojoGEMM, _alpha_beta, gemm
-from .gemm_gpu import PINGPONG_KERNEL, TC_DTYPES, VERSIONS, broadcast_stride, current_version, pingpong_launch
+from .gemm_gpu import (
+    PINGPONG_KERNEL,
+    TC_DTYPES,
+    V4_KINDS,
+    VERSIONS,
+    broadcast_stride,
+    current_version,
+    pingpong_launch,
+)
 from .mojo_op import MojoOp
 
 ACTIVATIONS = (None, "gelu_tanh")
@@ -49,13 +57,11 @@ LINEAR_SAVING = OpSpec(
 
 
 # --8<-- [start:plan]
-def linear_tile() -> tuple[int, int, bool, bool]:
-    """(BM, BN, multicast, coop) of the fused launch: 128 x 128 tiles in clusters of 2, or
-    a forced PINGPONG_*/MULTICAST_*/COOP_* version's (GELU at 64 x 256 spills ~400 bytes)."""
+def linear_tile() -> tuple[str, int, int]:
+    """(kind, BM, BN) of the fused launch: 128 x 128 tiles in clusters of 2, or a forced
+    PINGPONG_*/MULTICAST_*/COOP_* version's (GELU at 64 x 256 spills ~400 bytes)."""
     kind, bm, bn = VERSIONS[current_version()]
-    if kind in ("pingpong", "multicast", "coop"):
-        return bm, bn, kind == "multicast", kind == "coop"
-    return 128, 128, True, False
+    return (kind, bm, bn) if kind in V4_KINDS else ("multicast", 128, 128)
 
 
 @direct.plan(PINGPONG_KERNEL)
@@ -66,7 +72,7 @@ def linear_gpu(outputs, inputs, params) -> list[direct.Launch]:
     c_rs = broadcast_stride("linear", residual.shape[0], m, residual.shape[1])
     c_cs = broadcast_stride("linear", residual.shape[1], n, 1)
     gelu = params["GELU"]
-    bm, bn, multicast, coop = linear_tile()
+    kind, bm, bn = linear_tile()
     # x (M, K) and weight (N, K) are both k-contiguous: op(B) = weight^T, TRANSPOSE_B
     launch = pingpong_launch(
         x,
@@ -79,11 +85,10 @@ def linear_gpu(outputs, inputs, params) -> list[direct.Launch]:
         (m, n, k, 1, 0, c_rs, c_cs),
         False,
         True,
+        kind,
         bm,
         bn,
         gelu,
-        multicast,
-        coop,
     )
     return [launch]
 
@@ -170,31 +175,41 @@ def _fused_forward(x2, weight, bias, activation, residual2, save_pre: bool):
     return y, None
 
 
-class _FusedLinear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x2, weight, bias, residual2, activation):
-        y, pre = _fused_forward(x2, weight, bias, activation, residual2, save_pre=True)
-        ctx.activation = activation
-        ctx.has_bias = bias is not None
-        ctx.residual_shape = None if residual2 is None else residual2.shape
-        ctx.save_for_backward(x2, weight, pre)
-        return y
+def _forward_saving(x2, weight, bias, residual2, activation):
+    return _fused_forward(x2, weight, bias, activation, residual2, save_pre=True)
 
-    @staticmethod
-    def backward(ctx, g):
-        x2, weight, pre = ctx.saved_tensors
-        g = g.contiguous()
-        dh = g if pre is None else torch.ops.aten.gelu_backward(g, pre, approximate="tanh")
-        dx = dw = db = dres = None
-        if ctx.needs_input_grad[0]:
-            dx = gemm(dh, weight)  # (rows, out) @ (out, in)
-        if ctx.needs_input_grad[1]:
-            dw = gemm(dh, x2, transpose_a=True)  # dH^T X: (out, rows) @ (rows, in)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dh.sum(0)
-        if ctx.residual_shape is not None and ctx.needs_input_grad[3]:
-            dres = g.sum_to_size(ctx.residual_shape)
-        return dx, dw, db, dres, None
+
+def _setup_context(ctx, inputs, output):
+    x2, weight, bias, residual2, _activation = inputs
+    _y, pre = output
+    ctx.has_bias = bias is not None
+    ctx.residual_shape = None if residual2 is None else residual2.shape
+    ctx.set_materialize_grads(False)  # no zero-filled gradient for `pre`, which nobody reads
+    if pre is not None:
+        ctx.mark_non_differentiable(pre)
+    ctx.save_for_backward(x2, weight, pre)
+
+
+def _backward(ctx, g, _grad_pre):
+    if g is None:
+        return None, None, None, None, None
+    x2, weight, pre = ctx.saved_tensors
+    g = g.contiguous()
+    dh = g if pre is None else torch.ops.aten.gelu_backward(g, pre, approximate="tanh")
+    dx = dw = db = dres = None
+    if ctx.needs_input_grad[0]:
+        dx = gemm(dh, weight)  # (rows, out) @ (out, in)
+    if ctx.needs_input_grad[1]:
+        dw = gemm(dh, x2, transpose_a=True)  # dH^T X: (out, rows) @ (rows, in)
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        db = dh.sum(0)
+    if ctx.residual_shape is not None and ctx.needs_input_grad[3]:
+        dres = g.sum_to_size(ctx.residual_shape)
+    return dx, dw, db, dres, None
+
+
+# the project's autograd Function helper: the C++ apply, as every other op's grad path
+_fused_autograd = eager.function("FusedLinear", _forward_saving, _setup_context, _backward)
 
 
 # -- public API -------------------------------------------------------------------------
@@ -222,7 +237,7 @@ def linear(
         bias = bias.contiguous()
     res2 = None if residual is None else residual.reshape(-1, n)  # (rows, n), or (1, n) broadcast
     if way is eager.AUTOGRAD:
-        y = _FusedLinear.apply(x2, weight, bias, res2, activation)
+        y, _pre = _fused_autograd(x2, weight, bias, res2, activation)
     else:
         y, _ = _fused_forward(x2, weight, bias, activation, res2, save_pre=False)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], n)

@@ -135,8 +135,7 @@ def launched(monkeypatch):
         return real(launches, device_index)
 
     monkeypatch.setattr(direct, "run", spy)
-    monkeypatch.setenv("GPU_DAYS_RECIPES", "0")  # recipes replay without direct.run
-    monkeypatch.setattr("pytorch_custom_ops.mojo_op.RECIPES", False)
+    monkeypatch.setattr("pytorch_custom_ops.mojo_op.RECIPES", False)  # recipes replay without direct.run
     return seen
 
 
