@@ -9,6 +9,7 @@
     with pco.gemm_version("TMA_128x256"):   # force one of day014's GEMM versions
     y = pco.long_softmax(v)                # day015: a few very long rows (e.g. 2^28)
     o = pco.flash_attention(q, k, v, causal=True)  # day017: Triton FlashAttention, fwd + bwd
+    o = pco.attention(q, k, v, causal=True)        # day018: Mojo FlashAttention for Hopper
     pco.use_mojo("softmax")                # True when the Mojo path is live
 
 The kernels come from `days/` (built on first use, cached in `build/`), or from a
@@ -17,6 +18,7 @@ warn once and fall back to torch; GPU_DAYS_STRICT=1 turns that into an error.
 """
 
 from . import softmax_family
+from .attention import MojoAttention, attention
 from .contract import ContractError, OpSpec, TensorArg
 from .cross_entropy import cross_entropy, cross_entropy_backward_kernel, cross_entropy_kernel
 from .fallback import MojoFallbackWarning, MojoUnavailableError, strict
@@ -62,6 +64,8 @@ def use_mojo(op: str) -> bool:
 
 __all__ = [
     "KERNELS",
+    "MojoAttention",
+    "attention",
     "ContractError",
     "KernelBuildError",
     "MojoFallbackWarning",

@@ -145,6 +145,28 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         # the fused GELU: one exp per element in the epilogue
         "day019.gemm_pingpong_kernel.bfloat16.0.1.128.128.*.1.1.*": (r"ex2\.approx",),
     },
+    "day018": {
+        # version 1: Q, K and V through 4-D TMA boxes (head_dim, seq, heads, batch), the
+        # register hand-over, S = Q K^T from shared memory, O += P V with P in registers
+        # (the register-A form: four .b32 registers where a descriptor would be), exp2
+        "day018.attention_fwd_kernel.*": (
+            r"cp\.async\.bulk\.tensor\.4d\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes",
+            r"mbarrier\.try_wait\.parity\.shared::cta\.b64",
+            r"setmaxnreg\.inc\.sync\.aligned\.u32 232;",
+            r"setmaxnreg\.dec\.sync\.aligned\.u32 40;",
+            r"\.maxntid 384",
+            r"ex2\.approx",
+            r"shfl\.sync\.bfly\.b32",
+        ),
+        "day018.attention_fwd_kernel.bfloat16.128.*": (
+            r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16\s*\{[^}]*\},\s*%rd",
+            r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16\s*\{[^}]*\},"
+            r"\s*\{%r\d+, %r\d+, %r\d+, %r\d+\}",
+        ),
+        "day018.attention_fwd_kernel.float16.64.*": (
+            r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.f16\.f16\s*\{[^}]*\},\s*\{%r\d+, %r\d+, %r\d+, %r\d+\}",
+        ),
+    },
     "day015": {
         "day015.online_partials_kernel.*": (r"shfl\.sync", r"bar\.sync"),
         "day015.normalize_kernel.*": (r"shfl\.sync", r"bar\.sync"),

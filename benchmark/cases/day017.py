@@ -88,6 +88,7 @@ ATTENTION = {
     "naive": _o_n2(_naive),
 }
 CUDA_ONLY = ("sdpa_cudnn", "sdpa_efficient")
+IMPLS_FOR_TIMING = {name: ATTENTION[name] for name in ("triton", "sdpa_flash", "sdpa_cudnn")}  # day 018's rivals
 
 
 def _forward_impl(attn, causal):
@@ -151,14 +152,16 @@ def reference(q, k, v, do=None, causal: bool = False):
 # ----------------------------------------------------------------------------- cases
 
 
-def _case(head_dim: int, causal: bool, backward: bool) -> Case:
+def _case(head_dim: int, causal: bool, backward: bool, day: str = "day017", attention=None) -> Case:
+    """One op's case; day 018 reuses it with its own impls (`attention`: name -> fn(q, k, v, causal))."""
+    attention = ATTENTION if attention is None else attention
     op = f"attention_{'fwd_bwd' if backward else 'fwd'}_d{head_dim}{'_causal' if causal else ''}"
     impl = _fwd_bwd_impl if backward else _forward_impl
     quick = [(1, 2, 48, head_dim)] if head_dim <= 64 else [(1, 1, 40, head_dim)]
     return Case(
-        day="day017",
+        day=day,
         op=op,
-        impls={name: impl(attn, causal) for name, attn in ATTENTION.items()},
+        impls={name: impl(attn, causal) for name, attn in attention.items()},
         make_inputs=_inputs(backward),
         reference=lambda *inputs: reference(*inputs, causal=causal),
         flops=lambda shape: flops(shape, causal, backward),

@@ -1,0 +1,388 @@
+# Day 018: what every version of the Hopper FlashAttention forward shares: the tile
+# loads (4-D TMA boxes), the online softmax on a wgmma accumulator, the P fragments
+# for the register-A wgmma, and the epilogue (O / l and the log-sum-exp).
+#
+# Accumulator layout (wgmma m64nN, fp32; day014's wg_store_acc uses the same): thread
+# (warp w of the warpgroup, lane = 4 g + t) holds element 4 j + e of a 64 x N tile at
+#     row 16 w + g + 8 (e // 2),   col 8 j + 2 t + e % 2.
+# So each thread sees two rows (g and g + 8) and 2 of every 8 columns; a row's other
+# columns sit in the 3 lanes that share g (lane ^ 1, lane ^ 2).
+#
+# The register-A fragment of a 64 x 16 k step (m64k16) is, per thread, the elements
+# (g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..): accumulator elements
+# 8 kk .. 8 kk + 7 of columns 16 kk .. 16 kk + 15, in order. P = softmax(S) turns
+# into the A operand of O += P V by a cast, with no shuffle.
+
+from max.gpu import lane_id, warp_id
+from max.gpu.compute.mma import (
+    wgmma_async,
+    wgmma_commit_group_sync,
+    wgmma_fence_aligned,
+)
+from max.gpu.memory import cp_async_bulk_tensor_shared_cluster_global
+from max.gpu.sync import mbarrier_arrive_expect_tx_shared
+from std.sys import size_of
+from max.gpu.primitives import warp
+from std.math import exp2, log2
+from std.memory import bitcast
+from std.utils import IndexList
+
+from days.day014.gemm_v3_tma import TMA_BK, mbar_wait, tma_desc
+from days.day018.operand_hold import hold_32, hold_64
+from days.day018.pv_wgmma_d64 import pv_wgmma_issue_64x128, pv_wait_64x128
+from days.day018.pv_wgmma_d128 import pv_wgmma_issue_128x128, pv_wait_128x128
+
+comptime NEG_INF = Float32.MIN  # -inf: exp2(-inf) == 0
+
+
+@always_inline
+def load_box[
+    dtype: DType
+](
+    tma_map: OpaquePointer[mut=False, _],
+    dst: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    bar: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+    col: Int,
+    row: Int,
+    head: Int,
+    batch: Int,
+):
+    """One TMA box of a (batch, head, seq, head_dim) tensor viewed 4-D as stored
+    (innermost first: col, row, head, batch); rows past the sequence read as 0.
+    """
+    cp_async_bulk_tensor_shared_cluster_global(
+        dst, tma_map, bar, IndexList[4](col, row, head, batch)
+    )
+
+
+@always_inline
+def quad_max(v: Float32) -> Float32:
+    """Max over the 4 lanes that hold one accumulator row."""
+    var r = max(v, warp.shuffle_xor(v, UInt32(1)))
+    return max(r, warp.shuffle_xor(r, UInt32(2)))
+
+
+@always_inline
+def quad_sum(v: Float32) -> Float32:
+    var r = v + warp.shuffle_xor(v, UInt32(1))
+    return r + warp.shuffle_xor(r, UInt32(2))
+
+
+@always_inline
+def mask_tile[
+    BN: Int, CAUSAL: Bool
+](mut s: SIMD[DType.float32, BN // 2], row0: Int, kv0: Int, Lk: Int):
+    """-inf where a key is past Lk or, causal, after the query (top-left aligned:
+    query i sees keys j <= i, as SDPA's is_causal). row0: this thread's row g.
+    """
+    var t = lane_id() % 4
+    comptime for j in range(BN // 8):
+        comptime for e in range(4):
+            var col = kv0 + 8 * j + 2 * t + e % 2
+            var row = row0 + 8 * (e // 2)
+            var masked = col >= Lk
+            comptime if CAUSAL:
+                masked = masked or col > row
+            if masked:
+                s[4 * j + e] = NEG_INF
+
+
+@always_inline
+def online_softmax[
+    BN: Int
+](
+    mut s: SIMD[DType.float32, BN // 2],
+    mut m: SIMD[DType.float32, 2],
+    mut l: SIMD[DType.float32, 2],
+) -> SIMD[DType.float32, 2]:
+    """One kv tile of the online softmax on scores already in the log2 domain
+    (s * scale * log2 e): s becomes P = exp2(s - m_new), the running max m and the
+    thread's partial row sums l are updated; returns alpha = exp2(m - m_new), by
+    which the caller rescales O (`rescale`) once no wgmma is writing it."""
+    var mx = SIMD[DType.float32, 2](NEG_INF)
+    comptime for j in range(BN // 8):
+        mx[0] = max(mx[0], max(s[4 * j], s[4 * j + 1]))
+        mx[1] = max(mx[1], max(s[4 * j + 2], s[4 * j + 3]))
+    var m_new = SIMD[DType.float32, 2](
+        max(m[0], quad_max(mx[0])), max(m[1], quad_max(mx[1]))
+    )
+    # a row with every key masked so far keeps m = -inf: subtract 0 instead, so
+    # exp2(-inf - -inf) does not make a NaN (its p are 0 either way)
+    var base = SIMD[DType.float32, 2](
+        m_new[0] if m_new[0] != NEG_INF else 0,
+        m_new[1] if m_new[1] != NEG_INF else 0,
+    )
+    var alpha = exp2(m - base)
+    var rs = SIMD[DType.float32, 2](0)
+    comptime for j in range(BN // 8):
+        comptime for e in range(4):
+            var p = exp2(s[4 * j + e] - base[e // 2])
+            s[4 * j + e] = p
+            rs[e // 2] += p
+    l = l * alpha + rs
+    m = m_new
+    return alpha
+
+
+@always_inline
+def rescale[
+    D: Int
+](mut o: SIMD[DType.float32, D // 2], alpha: SIMD[DType.float32, 2]):
+    """O's row g by alpha[0], row g + 8 by alpha[1]."""
+    comptime for j in range(D // 8):
+        comptime for e in range(4):
+            o[4 * j + e] *= alpha[e // 2]
+
+
+@always_inline
+def p_fragments[
+    dtype: DType, BN: Int
+](p: SIMD[DType.float32, BN // 2]) -> SIMD[DType.uint32, BN // 4]:
+    """P as the register-A operand of BN/16 k steps, 16-bit pairs packed in 32 bits.
+    """
+    return bitcast[DType.uint32, BN // 4](p.cast[dtype]())
+
+
+@always_inline
+def store_o_lse[
+    dtype: DType, D: Int
+](
+    o: SIMD[DType.float32, D // 2],
+    l: SIMD[DType.float32, 2],
+    m: SIMD[DType.float32, 2],
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    lse: Pointer[Float32, MutAnyOrigin],
+    row0: Int,
+    Lq: Int,
+    o_rs: Int,
+):
+    """O / l for this thread's two rows (row0 = the warpgroup's first row) and the
+    row log-sum-exp in the log2 domain, m + log2(l) (what day017's backward reads).
+    `out` and `lse` point at this (batch, head)'s first row."""
+    var g = lane_id() // 4
+    var t = lane_id() % 4
+    var lt = SIMD[DType.float32, 2](quad_sum(l[0]), quad_sum(l[1]))
+    var inv = 1.0 / lt
+    comptime for half in range(2):
+        var row = row0 + (warp_id() % 4) * 16 + g + 8 * half
+        if row < Lq:
+            comptime for j in range(D // 8):
+                var v = o.slice[2, offset=4 * j + 2 * half]() * inv[half]
+                dst.unsafe_store[alignment=4](
+                    row * o_rs + 8 * j + 2 * t, v.cast[dtype]()
+                )
+            if t == 0:
+                lse[unsafe_offset=row] = m[half] + log2(lt[half])
+
+
+# -- O += P V through the generated assembly (pv_wgmma_d*.mojo) ---------------------------
+@always_inline
+def pv_issue[
+    dtype: DType, D: Int, BN: Int
+](
+    p: SIMD[DType.uint32, BN // 4],
+    descs: SIMD[DType.int64, BN // 16],
+    o: SIMD[DType.float32, D // 2],
+) -> type_of(o):
+    """Start O += P V (BN/16 k steps, one commit group); `pv_wait` ends it."""
+    comptime assert BN == 128, "the generated assembly covers kv tiles of 128"
+    comptime if D == 64:
+        return rebind[type_of(o)](
+            pv_wgmma_issue_64x128[dtype](
+                rebind[SIMD[DType.uint32, 32]](p),
+                rebind[SIMD[DType.int64, 8]](descs),
+                rebind[SIMD[DType.float32, 32]](o),
+            )
+        )
+    else:
+        comptime assert D == 128, "head dim 64 or 128"
+        return rebind[type_of(o)](
+            pv_wgmma_issue_128x128[dtype](
+                rebind[SIMD[DType.uint32, 32]](p),
+                rebind[SIMD[DType.int64, 8]](descs),
+                rebind[SIMD[DType.float32, 64]](o),
+            )
+        )
+
+
+@always_inline
+def pv_wait[
+    D: Int, BN: Int
+](p: SIMD[DType.uint32, BN // 4], o: SIMD[DType.float32, D // 2]) -> type_of(o):
+    """wait_group 0, holding P's registers and O's until every wgmma is done."""
+    comptime if D == 64:
+        return rebind[type_of(o)](
+            pv_wait_64x128(
+                rebind[SIMD[DType.uint32, 32]](p),
+                rebind[SIMD[DType.float32, 32]](o),
+            )
+        )
+    else:
+        return rebind[type_of(o)](
+            pv_wait_128x128(
+                rebind[SIMD[DType.uint32, 32]](p),
+                rebind[SIMD[DType.float32, 64]](o),
+            )
+        )
+
+
+@always_inline
+def hold[n: Int](v: SIMD[DType.float32, n]) -> type_of(v):
+    """Route accumulator registers through an empty asm after a wait, so no use of
+    them can be scheduled before it."""
+    comptime if n == 32:
+        return rebind[type_of(v)](hold_32(rebind[SIMD[DType.float32, 32]](v)))
+    else:
+        comptime assert n == 64, "32 or 64 registers"
+        return rebind[type_of(v)](hold_64(rebind[SIMD[DType.float32, 64]](v)))
+
+
+@always_inline
+def v_descs[
+    dtype: DType, D: Int, BN: Int
+](
+    sv: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ]
+) -> SIMD[DType.int64, BN // 16]:
+    """The descriptor of each 16-key k step of a V stage (mn-major, 128-byte swizzle):
+    key slice kk // 4 of 64 keys holds D/64 boxes of 64 x 64."""
+    var descs = SIMD[DType.int64, BN // 16](0)
+    comptime for kk in range(BN // 16):
+        descs[kk] = tma_desc[dtype, False](
+            sv.unsafe_offset((kk // 4) * D * TMA_BK), 0, kk % 4
+        ).desc
+    return descs
+
+
+@always_inline
+def s_wgmma[
+    dtype: DType, D: Int, BN: Int
+](
+    sq: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    sk: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+) -> SIMD[DType.float32, BN // 2]:
+    """Issue S = Q K^T (64 x BN, D/16 k steps from shared memory) and commit it; the
+    caller waits (wgmma_wait_group_sync) and then `hold`s the result."""
+    var sc = SIMD[DType.float32, BN // 2](0)
+    wgmma_fence_aligned()
+    comptime for ks in range(D // 16):
+        comptime db = ks // 4
+        sc = wgmma_async[
+            64,
+            BN,
+            16,
+            a_type=dtype,
+            b_type=dtype,
+            layout_a="row",
+            layout_b="col",
+        ](
+            tma_desc[dtype, True](
+                sq.unsafe_offset(db * TMA_BK * TMA_BK), 0, ks % 4
+            ),
+            tma_desc[dtype, True](
+                sk.unsafe_offset(db * BN * TMA_BK), 0, ks % 4
+            ),
+            sc,
+        )
+    wgmma_commit_group_sync()
+    return sc
+
+
+# -- the producer warpgroup (one thread issues every copy) -----------------------------------
+comptime CONSUMERS = 2  # consumer warpgroups per block, 64 query rows each
+comptime BM = 64 * CONSUMERS  # query rows per block
+comptime BOX = TMA_BK * TMA_BK  # elements of one 64 x 64 box
+
+
+@always_inline
+def produce[
+    dtype: DType, D: Int, BN: Int, STAGES: Int
+](
+    q_map: OpaquePointer[mut=False, _],
+    k_map: OpaquePointer[mut=False, _],
+    v_map: OpaquePointer[mut=False, _],
+    sq: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    skv: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    bars: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+    q0: Int,
+    h: Int,
+    hk: Int,
+    b: Int,
+    n_tiles: Int,
+):
+    """Q once (both consumers' rows), then K and V of each kv tile into stage
+    j % STAGES once the consumers have released it. Barriers: q_full, full_k[STAGES],
+    full_v[STAGES], empty[STAGES]; K and V count their bytes separately so that
+    S = Q K^T can start while V is still landing."""
+    comptime DB = D // TMA_BK
+    comptime K_ELEMS = BN * D
+    var q_full = bars
+    var full_k = bars.unsafe_offset(1)
+    var full_v = bars.unsafe_offset(1 + STAGES)
+    var empty = bars.unsafe_offset(1 + 2 * STAGES)
+    mbarrier_arrive_expect_tx_shared(
+        q_full, Int32(CONSUMERS * DB * BOX * size_of[dtype]())
+    )
+    comptime for c in range(CONSUMERS):
+        comptime for db in range(DB):
+            load_box(
+                q_map,
+                sq.unsafe_offset((c * DB + db) * BOX),
+                q_full,
+                db * TMA_BK,
+                q0 + c * 64,
+                h,
+                b,
+            )
+    for j in range(n_tiles):
+        var s = j % STAGES
+        if j >= STAGES:
+            mbar_wait(empty.unsafe_offset(s), (j // STAGES - 1) % 2)
+        var sk = skv.unsafe_offset(s * 2 * K_ELEMS)
+        var sv = sk.unsafe_offset(K_ELEMS)
+        var kv0 = j * BN
+        mbarrier_arrive_expect_tx_shared(
+            full_k.unsafe_offset(s), Int32(K_ELEMS * size_of[dtype]())
+        )
+        comptime for db in range(DB):
+            load_box(
+                k_map,
+                sk.unsafe_offset(db * BN * TMA_BK),
+                full_k.unsafe_offset(s),
+                db * TMA_BK,
+                kv0,
+                hk,
+                b,
+            )
+        mbarrier_arrive_expect_tx_shared(
+            full_v.unsafe_offset(s), Int32(K_ELEMS * size_of[dtype]())
+        )
+        comptime for ks in range(BN // TMA_BK):
+            comptime for db in range(DB):
+                load_box(
+                    v_map,
+                    sv.unsafe_offset((ks * DB + db) * BOX),
+                    full_v.unsafe_offset(s),
+                    db * TMA_BK,
+                    kv0 + ks * TMA_BK,
+                    hk,
+                    b,
+                )
+
+
+@always_inline
+def needs_mask[BN: Int, CAUSAL: Bool](kv0: Int, row0: Int, Lk: Int) -> Bool:
+    """Whether a tile starting at key kv0 has a key past Lk or, causal, after the
+    consumer's first query row0 (its last row is row0 + 63)."""
+    return kv0 + BN > Lk or (CAUSAL and kv0 + BN - 1 > row0)

@@ -1,0 +1,88 @@
+# Day 018, version 2: intra-warpgroup overlap (FlashAttention-3's second trick). While
+# the tensor cores compute O += P_{j-1} V_{j-1} and S_j = Q K_j^T, the warpgroup runs
+# the softmax of S_j: each iteration issues both products, waits only for S_j
+# (wait_group 1: groups retire in order), does the softmax, then waits for the P V
+# product before rescaling O. P_{j-1} and O stay in registers the hardware still reads
+# or writes across the softmax; `pv_wait` and `hold` keep the compiler off them.
+
+from max.gpu.compute.mma import wgmma_wait_group_sync
+from max.gpu.sync import mbarrier_arrive
+from max.gpu import lane_id
+
+from days.day014.gemm_v3_tma import mbar_wait
+from days.day018.attention_common import (
+    hold,
+    mask_tile,
+    needs_mask,
+    online_softmax,
+    p_fragments,
+    pv_issue,
+    pv_wait,
+    rescale,
+    s_wgmma,
+    v_descs,
+)
+
+
+# --8<-- [start:consume]
+@always_inline
+def consume_v2[
+    dtype: DType, D: Int, BN: Int, STAGES: Int, CAUSAL: Bool
+](
+    sq: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    skv: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    bars: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+    n_tiles: Int,
+    row0: Int,
+    my_row: Int,
+    Lk: Int,
+    scale_log2: Float32,
+    mut o: SIMD[DType.float32, D // 2],
+    mut m: SIMD[DType.float32, 2],
+    mut l: SIMD[DType.float32, 2],
+):
+    var full_k = bars.unsafe_offset(1)
+    var full_v = bars.unsafe_offset(1 + STAGES)
+    var empty = bars.unsafe_offset(1 + 2 * STAGES)
+    # tile 0: S alone, softmax (O is 0: nothing to rescale)
+    mbar_wait(full_k, 0)
+    var sc = s_wgmma[dtype, D, BN](sq, skv)
+    wgmma_wait_group_sync[0]()
+    sc = hold(sc) * scale_log2
+    if needs_mask[BN, CAUSAL](0, row0, Lk):
+        mask_tile[BN, CAUSAL](sc, my_row, 0, Lk)
+    _ = online_softmax[BN](sc, m, l)
+    var p = p_fragments[dtype, BN](sc)
+    for j in range(1, n_tiles):
+        var prev = (j - 1) % STAGES
+        var s = j % STAGES
+        var sk = skv.unsafe_offset(s * 2 * BN * D)
+        mbar_wait(full_k.unsafe_offset(s), (j // STAGES) % 2)
+        sc = s_wgmma[dtype, D, BN](sq, sk)
+        mbar_wait(full_v.unsafe_offset(prev), ((j - 1) // STAGES) % 2)
+        var sv_prev = skv.unsafe_offset(prev * 2 * BN * D + BN * D)
+        o = pv_issue[dtype, D, BN](p, v_descs[dtype, D, BN](sv_prev), o)
+        wgmma_wait_group_sync[1]()  # S_j is done; P_{j-1} V_{j-1} may still run
+        sc = hold(sc) * scale_log2
+        if needs_mask[BN, CAUSAL](j * BN, row0, Lk):
+            mask_tile[BN, CAUSAL](sc, my_row, j * BN, Lk)
+        var alpha = online_softmax[BN](sc, m, l)
+        o = pv_wait[D, BN](p, o)
+        rescale[D](o, alpha)
+        if lane_id() == 0:
+            _ = mbarrier_arrive(empty.unsafe_offset(prev))
+        p = p_fragments[dtype, BN](sc)
+    var last = (n_tiles - 1) % STAGES
+    mbar_wait(full_v.unsafe_offset(last), ((n_tiles - 1) // STAGES) % 2)
+    var sv_last = skv.unsafe_offset(last * 2 * BN * D + BN * D)
+    o = pv_issue[dtype, D, BN](p, v_descs[dtype, D, BN](sv_last), o)
+    o = pv_wait[D, BN](p, o)
+    if lane_id() == 0:
+        _ = mbarrier_arrive(empty.unsafe_offset(last))
+
+
+# --8<-- [end:consume]

@@ -1,0 +1,231 @@
+"""Day 018: `pco.attention` (Mojo FlashAttention forward for Hopper) against float64.
+
+CPU (CI): the float32 reference path, its gradients, the lse2 convention the GPU
+backward relies on, bad inputs, torch.compile through the registered op. CUDA (strict
+mode on the GPU machine): the Mojo kernel at ragged lengths, causal and not, GQA, head
+dims 64 and 128, bf16 and fp16, strided layouts, large logits, CUDA-graph capture, side
+streams, and grads through day 017's Triton backward.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pytorch_custom_ops as pco
+from pytorch_custom_ops.attention import check_attention_args
+from pytorch_custom_ops.attention_gpu import attention_version
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+BF16, FP16 = torch.bfloat16, torch.float16
+TOL = {BF16: 2e-2, FP16: 4e-3}  # max |err| / (|ref| + 1): one 16-bit rounding of O and of P
+
+
+def make(b, hq, hkv, lq, lk, d, dtype, device, seed=0, spread=1.0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(b, hq, lq, d, generator=g) * spread
+    k = torch.randn(b, hkv, lk, d, generator=g)
+    v = torch.randn(b, hkv, lk, d, generator=g)
+    return [t.to(device=device, dtype=dtype) for t in (q, k, v)]
+
+
+def reference(q, k, v, causal, scale=None):
+    return F.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), is_causal=causal, scale=scale, enable_gqa=True
+    )
+
+
+def close(y, ref, dtype, factor=1.0):
+    err = ((y.double() - ref).abs() / (ref.abs() + 1)).max().item()
+    assert err < TOL[dtype] * factor, err
+
+
+def lse2_reference(q, k, causal, scale):
+    group = q.shape[1] // k.shape[1]
+    s = (q.double() @ k.double().repeat_interleave(group, 1).transpose(-2, -1)) * scale
+    if causal:
+        keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    return torch.logsumexp(s, -1) / math.log(2)
+
+
+SHAPES = [  # (b, hq, hkv, lq, lk, d)
+    (1, 2, 2, 128, 128, 64),
+    (2, 3, 1, 77, 77, 64),  # GQA, ragged
+    (1, 2, 2, 300, 131, 128),  # Lq > Lk
+    (2, 2, 1, 45, 260, 128),  # Lq < Lk
+    (1, 1, 1, 1, 1, 64),
+]
+
+
+# -- CPU: the reference path ----------------------------------------------------------------------
+@pytest.mark.parametrize("shape", SHAPES[:4])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cpu_forward_backward_match_float64(shape, causal):
+    b, hq, hkv, lq, lk, d = shape
+    q, k, v = (t.requires_grad_() for t in make(b, hq, hkv, lq, lk, d, BF16, "cpu"))
+    out = pco.attention(q, k, v, causal=causal)
+    ref = reference(q, k, v, causal)
+    close(out, ref, BF16)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    want = torch.autograd.grad(ref, (q, k, v), g.double())
+    for a, r in zip(got, want, strict=True):
+        close(a, r, BF16, factor=2)
+
+
+def test_cpu_lse_is_the_log2_logsumexp():
+    q, k, v = make(1, 2, 1, 33, 70, 64, BF16, "cpu")
+    out, lse = torch.ops.gpu_days.attention(q, k, v, True, 0.2)
+    assert lse.dtype == torch.float32 and lse.shape == (1, 2, 33)
+    torch.testing.assert_close(lse.double(), lse2_reference(q, k, True, 0.2), atol=1e-4, rtol=1e-5)
+
+
+def test_module_and_compile():
+    q, k, v = make(1, 2, 2, 40, 40, 64, BF16, "cpu")
+    m = pco.MojoAttention(causal=True)
+    close(m(q, k, v), reference(q, k, v, True), BF16)
+    fn = torch.compile(lambda a, b, c: pco.attention(a, b, c, causal=True), fullgraph=True, backend="eager")
+    close(fn(q, k, v), reference(q, k, v, True), BF16)
+
+
+@pytest.mark.parametrize(
+    "change,error,match",
+    [
+        (lambda q, k, v: (q.float(), k, v), TypeError, "float32"),
+        (lambda q, k, v: (q[..., :32], k[..., :32], v[..., :32]), ValueError, "head_dim 32"),
+        (lambda q, k, v: (q[0], k, v), ValueError, "4-D"),
+        (lambda q, k, v: (q, k[:, :, :5], v), ValueError, "one shape"),
+        (lambda q, k, v: (q, k[:, :1].expand(1, 3, 16, 64), v[:, :1].expand(1, 3, 16, 64)), ValueError, "multiple"),
+        (lambda q, k, v: (q, k[:, :, :0], v[:, :, :0]), ValueError, "length 0"),
+        (lambda q, k, v: (q, k.half(), v), TypeError, "one dtype"),
+        (lambda q, k, v: ("q", k, v), TypeError, "torch.Tensor"),
+    ],
+)
+def test_bad_inputs_are_named(change, error, match):
+    q, k, v = make(1, 2, 2, 16, 16, 64, BF16, "cpu")
+    with pytest.raises(error, match=match):
+        pco.attention(*change(q, k, v))
+
+
+@pytest.mark.parametrize("scale", [0, -1.0, float("nan"), True])
+def test_bad_scale(scale):
+    q, k, v = make(1, 1, 1, 8, 8, 64, BF16, "cpu")
+    with pytest.raises(ValueError, match="scale"):
+        pco.attention(q, k, v, scale=scale)
+
+
+def test_unknown_version():
+    with pytest.raises(ValueError, match="version"), attention_version(3):
+        pass
+
+
+def test_causal_must_be_bool():
+    q, k, v = make(1, 1, 1, 8, 8, 64, BF16, "cpu")
+    with pytest.raises(TypeError, match="causal"):
+        check_attention_args(q, k, v, 1, None)
+
+
+def test_launch_plan_on_cpu():
+    """The plan's grid, shared memory and tensor maps, without a GPU."""
+    from pytorch_custom_ops.attention_gpu import FWD_KERNEL, attention_gpu, smem_bytes
+
+    q, k, v = make(2, 4, 2, 300, 260, 128, BF16, "cpu")
+    out, lse = torch.empty_like(q), torch.empty(2, 4, 300)
+    (launch,) = attention_gpu([out, lse], [q, k, v], {"CAUSAL": True, "SCALE_LOG2": 0.1})
+    assert launch.grid == (3, 4, 2) and launch.block == 384
+    assert launch.kernel.family is FWD_KERNEL and launch.kernel.params[:6] == (BF16, 128, 128, 3, True, 2)
+    assert launch.smem == smem_bytes(128, 128, 3) <= 227 * 1024
+    q_map, k_map = launch.args[0], launch.args[1]
+    assert q_map.dims == (128, 300, 4, 2) and q_map.box == (64, 64, 1, 1)
+    assert k_map.dims == (128, 260, 2, 2) and k_map.box == (64, 128, 1, 1)
+    assert q_map.byte_strides == (256, 300 * 256, 4 * 300 * 256)
+    assert launch.args[5:11] == (300, 260, 2, 4 * 300 * 128, 300 * 128, 128)
+
+
+# -- CUDA: the Mojo kernel ---------------------------------------------------------------------------
+@needs_cuda
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_forward_matches_float64(version, dtype, shape, causal):
+    b, hq, hkv, lq, lk, d = shape
+    q, k, v = make(b, hq, hkv, lq, lk, d, dtype, "cuda")
+    with attention_version(version):
+        out, lse = torch.ops.gpu_days.attention(q, k, v, causal, None)
+    close(out, reference(q, k, v, causal), dtype)
+    torch.testing.assert_close(lse.double(), lse2_reference(q, k, causal, 1 / math.sqrt(d)), atol=2e-3, rtol=1e-4)
+
+
+@needs_cuda
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("d", [64, 128])
+def test_cuda_long_sequences_and_large_logits(version, d):
+    q, k, v = make(1, 2, 2, 1000, 2100, d, BF16, "cuda", spread=8.0)  # scores in the hundreds
+    for causal in (False, True):
+        with attention_version(version):
+            out = pco.attention(q, k, v, causal=causal)
+        close(out, reference(q, k, v, causal), BF16)
+
+
+@needs_cuda
+def test_cuda_causal_does_not_leak_future_keys():
+    q, k, v = make(1, 2, 2, 200, 200, 64, BF16, "cuda")
+    base = pco.attention(q, k, v, causal=True)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, 150:] = 100.0
+    v2[:, :, 150:] = -100.0
+    changed = pco.attention(q, k2, v2, causal=True)
+    assert torch.equal(base[:, :, :150], changed[:, :, :150])
+
+
+@needs_cuda
+def test_cuda_strided_layouts():
+    """(batch, seq, heads, head_dim) tensors viewed as (batch, heads, seq, head_dim): TMA
+    reads them in place; a transposed head_dim is copied."""
+    x = torch.randn(2, 97, 3 * 4, 64, device="cuda", dtype=BF16)
+    q, k, v = x.view(2, 97, 3, 4, 64).permute(2, 0, 3, 1, 4).unbind(0)
+    close(pco.attention(q, k, v), reference(q, k, v, False), BF16)
+    qt = q.contiguous().transpose(-1, -2).contiguous().transpose(-1, -2)  # head_dim not unit-stride
+    close(pco.attention(qt, k, v, causal=True), reference(q, k, v, True), BF16)
+
+
+@needs_cuda
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_grads(causal):
+    q, k, v = (t.requires_grad_() for t in make(2, 4, 2, 190, 190, 128, BF16, "cuda"))
+    out = pco.attention(q, k, v, causal=causal)
+    ref = reference(q, k, v, causal)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    want = torch.autograd.grad(ref, (q, k, v), g.double())
+    for a, r in zip(got, want, strict=True):
+        close(a, r, BF16, factor=2)
+
+
+@needs_cuda
+def test_cuda_graph_and_side_stream():
+    q, k, v = make(2, 2, 2, 256, 256, 64, FP16, "cuda")
+    want = pco.attention(q, k, v, causal=True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        on_side = pco.attention(q, k, v, causal=True)
+    torch.cuda.current_stream().wait_stream(s)
+    assert torch.equal(on_side, want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = pco.attention(q, k, v, causal=True)
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    close(captured, reference(q, k, v, True), FP16)
+
+
+@needs_cuda
+def test_cuda_compile_fullgraph():
+    q, k, v = make(1, 2, 2, 129, 129, 128, BF16, "cuda")
+    fn = torch.compile(lambda a, b, c: pco.attention(a, b, c, causal=True), fullgraph=True)
+    close(fn(q, k, v), reference(q, k, v, True), BF16)

@@ -1,0 +1,226 @@
+"""Day 018: FlashAttention for Hopper in Mojo, as a torch op with autograd.
+
+    o = pco.attention(q, k, v, causal=True)          # like F.scaled_dot_product_attention
+    attn = pco.MojoAttention(causal=True); o = attn(q, k, v)
+
+q is (batch, heads, Lq, head_dim), k and v (batch, kv_heads, Lk, head_dim) with heads a
+multiple of kv_heads (grouped-query attention), as day 017's op takes them. float16 or
+bfloat16, head_dim 64 or 128, any lengths; `causal` masks like SDPA's `is_causal` (query
+i sees keys j <= i), `scale` defaults to 1/sqrt(head_dim).
+
+On CUDA the forward is day 018's Mojo kernel (days/day018/attention_v1_tma.mojo: TMA,
+wgmma, a producer warpgroup), launched on torch's current stream by the direct path. It
+returns the row log-sum-exp in the log2 domain, the same as day 017's Triton forward, so
+the backward is day 017's Triton backward (dq, dk, dv) until day 018 has its own.
+
+On the CPU (CI, no GPU) both directions are plain float32 torch math from the same saved
+tensors (out, lse2): a simple reference path that checks shapes, masks, GQA and the lse2
+convention the GPU backward relies on, not the Mojo kernel.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import torch
+from torch import Tensor
+
+from . import direct, eager, fallback
+from .attention_gpu import DTYPES, HEAD_DIMS, LOG2E, attention_gpu, tma_ready
+
+OP = "attention"
+MAX_GRID_YZ = 65535  # CUDA's limit on grid.y (heads) and grid.z (batch)
+
+
+# -- checks -------------------------------------------------------------------------------------
+def check_attention_args(q, k, v, causal, scale) -> float:
+    """Raise TypeError/ValueError naming the problem; return the scale to use."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{OP}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{OP}: {name} must be 4-D (batch, heads, seq, head_dim), got shape {tuple(t.shape)}")
+        if t.dtype not in DTYPES:
+            hint = " (cast with .to(torch.bfloat16))" if t.is_floating_point() else ""
+            raise TypeError(f"{OP}: {name} has dtype {t.dtype}; supported: bfloat16, float16{hint}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"{OP}: q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"{OP}: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"{OP}: k and v must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    (b, hq, lq, d), (bk, hkv, lk, dk) = q.shape, k.shape
+    if b != bk:
+        raise ValueError(f"{OP}: batch sizes differ: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if d != dk:
+        raise ValueError(f"{OP}: head dims differ: q has {d}, k and v have {dk}")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"{OP}: head_dim {d} is not supported; supported: {', '.join(map(str, HEAD_DIMS))}")
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"{OP}: q heads ({hq}) must be a multiple of k/v heads ({hkv}) (grouped-query attention)")
+    if lk == 0 and b * hq * lq > 0:
+        raise ValueError(f"{OP}: k and v have sequence length 0: softmax over no keys is undefined")
+    if hq > MAX_GRID_YZ or b > MAX_GRID_YZ:
+        raise ValueError(f"{OP}: batch ({b}) and heads ({hq}) must each be <= {MAX_GRID_YZ} (CUDA grid limits)")
+    if not isinstance(causal, bool):
+        raise TypeError(f"{OP}: causal must be a bool, got {type(causal).__name__}")
+    if scale is None:
+        return 1.0 / math.sqrt(d)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"{OP}: scale must be a positive finite number or None, got {scale!r}")
+    return float(scale)
+
+
+# -- the CPU path: float32 math ----------------------------------------------------------------
+def _scores(q, k, causal, scale):
+    """(s in the log2 domain, float32, masked), with k's heads repeated for GQA."""
+    group = q.shape[1] // k.shape[1]
+    kf = k.float().repeat_interleave(group, dim=1)
+    s = (q.float() @ kf.transpose(-2, -1)) * (scale * LOG2E)
+    if causal:
+        lq, lk = q.shape[2], k.shape[2]
+        keep = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    return s
+
+
+def _forward_math(q, k, v, causal, scale):
+    s = _scores(q, k, causal, scale)
+    lse2 = torch.logsumexp(s * math.log(2), dim=-1) * LOG2E
+    p = torch.exp2(s - lse2[..., None])
+    group = q.shape[1] // k.shape[1]
+    out = p @ v.float().repeat_interleave(group, dim=1)
+    return out.to(q.dtype), lse2
+
+
+def _backward_math(do, q, k, v, out, lse2, causal, scale):
+    """dq, dk, dv from P rebuilt with lse2, as the GPU backward does."""
+    b, hkv, lk, d = k.shape
+    group = q.shape[1] // hkv
+    p = torch.exp2(_scores(q, k, causal, scale) - lse2[..., None])
+    dof = do.float()
+    dv = p.transpose(-2, -1) @ dof
+    dp = dof @ v.float().repeat_interleave(group, dim=1).transpose(-2, -1)
+    delta = (dof * out.float()).sum(-1, keepdim=True)
+    ds = p * (dp - delta) * scale
+    dq = ds @ k.float().repeat_interleave(group, dim=1)
+    dk = ds.transpose(-2, -1) @ q.float()
+    fold = lambda t: t.view(b, hkv, group, lk, d).sum(2)  # noqa: E731  (GQA: kv heads sum their q heads)
+    return dq.to(q.dtype), fold(dk).to(k.dtype), fold(dv).to(v.dtype)
+
+
+# -- the CUDA path ------------------------------------------------------------------------------
+def _forward_cuda(q, k, v, causal, scale):
+    q, k, v = (t if tma_ready(t) else t.contiguous() for t in (q, k, v))
+    b, hq, lq, d = q.shape
+    out = torch.empty((b, hq, lq, d), dtype=q.dtype, device=q.device)
+    lse2 = torch.empty((b, hq, lq), dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse2
+    launches = attention_gpu([out, lse2], [q, k, v], {"CAUSAL": causal, "SCALE_LOG2": scale * LOG2E})
+    direct.run(launches, q.get_device())
+    return out, lse2
+
+
+def _forward_eager(q, k, v, causal, scale):
+    s = check_attention_args(q, k, v, causal, scale)
+    if q.is_cuda:
+        try:
+            return _forward_cuda(q, k, v, causal, s)
+        except direct.KernelLoadError as exc:
+            fallback.fall_back(OP, exc)  # raises in strict mode
+    return _forward_math(q, k, v, causal, s)
+
+
+def _backward_eager(do, q, k, v, out, lse2, causal, scale):
+    s = check_attention_args(q, k, v, causal, scale)
+    if q.is_cuda:
+        day017 = importlib.import_module("days.day017.flash_attention")  # imports Triton
+        return day017.attention_backward(do, q, k, v, out, lse2, causal, s)
+    return _backward_math(do.contiguous(), q, k, v, out, lse2, causal, s)
+
+
+# -- registration -------------------------------------------------------------------------------
+@torch.library.custom_op("gpu_days::attention", mutates_args=())
+def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | None) -> tuple[Tensor, Tensor]:
+    return _forward_eager(q, k, v, causal, scale)
+
+
+@_attention.register_fake
+def _(q, k, v, causal, scale):
+    check_attention_args(q, k, v, causal, scale)
+    b, h, lq, d = q.shape
+    return q.new_empty((b, h, lq, d)), q.new_empty((b, h, lq), dtype=torch.float32)
+
+
+@torch.library.custom_op("gpu_days::attention_backward", mutates_args=())
+def _attention_backward(
+    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, causal: bool, scale: float | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    return _backward_eager(grad_out, q, k, v, out, lse, causal, scale)
+
+
+@_attention_backward.register_fake
+def _(grad_out, q, k, v, out, lse, causal, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal, ctx.scale = causal, scale
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, grad_out, _grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.gpu_days.attention_backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None
+
+
+def _backward_direct(ctx, grad_out, _grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = _backward_eager(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None
+
+
+_attention.register_autograd(_backward, setup_context=_setup_context)
+_autograd = eager.function("MojoAttention", _forward_eager, _setup_context, _backward_direct)
+
+
+def _op(*args):
+    return torch.ops.gpu_days.attention(*args)
+
+
+def _check(q, k, v, causal, scale):
+    if not torch.compiler.is_compiling():  # our message before the dispatcher's schema error
+        check_attention_args(q, k, v, causal, scale)
+
+
+# --8<-- [start:api]
+def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: float | None = None) -> Tensor:
+    """softmax(q kᵀ · scale [+ causal mask]) v by day 018's Mojo FlashAttention forward,
+    differentiable. Takes what `F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+    scale=scale, enable_gqa=True)` takes, for head_dim 64 or 128 in bf16/fp16."""
+    args = (q, k, v, causal, scale)
+    return eager.call((q, k, v), args, eager=_forward_eager, autograd=_autograd, op=_op, check=_check)[0]
+
+
+class MojoAttention(torch.nn.Module):
+    """`attention` as a module: `MojoAttention(causal=True)(q, k, v)`, a drop-in for a
+    model's `F.scaled_dot_product_attention(q, k, v, is_causal=True)`."""
+
+    def __init__(self, causal: bool = False, scale: float | None = None):
+        super().__init__()
+        self.causal, self.scale = causal, scale
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return attention(q, k, v, self.causal, self.scale)
+
+    def extra_repr(self) -> str:
+        return f"causal={self.causal}, scale={self.scale}"
+
+
+# --8<-- [end:api]

@@ -1,0 +1,125 @@
+"""Day 018's FlashAttention forward on CUDA: the Mojo kernels it may launch and the plan
+that builds one launch per call (grid, tensor maps, shared memory).
+
+The kernel file (days/day018/attention_v*.mojo) keeps the kernel; the numbers both sides
+need (kv tile, stages, shared-memory bytes) reach it as compile-time parameters, and the
+kernel asserts that SMEM matches its own layout, so a drift fails in `gpu_build`.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from . import direct
+from .gemm_gpu import TensorMapSpec
+from .gpu_kernels import KernelFamily
+
+FWD_MODULE = "days.day018.attention_fwd"
+DTYPES = (torch.bfloat16, torch.float16)
+HEAD_DIMS = (64, 128)
+THREADS = 3 * 128  # a producer warpgroup and two consumer warpgroups
+BLOCK_M = 128  # query rows per block: 64 per consumer
+BOX = 64  # a TMA box row: 64 16-bit elements = one 128-byte swizzle span
+SMEM_LIMIT = 227 * 1024  # the H100's opt-in maximum per block
+LOG2E = 1.4426950408889634
+
+
+def smem_bytes(d: int, bn: int, stages: int, itemsize: int = 2) -> int:
+    """Q (2 x 64 rows x d), `stages` x (K and V: bn x d each), 1 + 3 stages mbarriers."""
+    return (2 * 64 * d + stages * 2 * bn * d) * itemsize + 8 * (1 + 3 * stages)
+
+
+def stages_for(d: int, bn: int) -> int:
+    """As many K/V stages as fit (at most 4)."""
+    s = 4
+    while s > 2 and smem_bytes(d, bn, s) > SMEM_LIMIT:
+        s -= 1
+    return s
+
+
+BN = 128  # keys per K/V tile
+VERSIONS = (1, 2)  # 1: S, softmax, P V in turn; 2: the softmax overlaps the next products
+DEFAULT_VERSION = 1  # measured 4-10% faster than version 2 on the H100 (days/day018/README.md)
+FWD_KERNEL = KernelFamily(
+    FWD_MODULE,
+    "attention_fwd_kernel",
+    # q_map, k_map, v_map, out, lse, Lq, Lk, group, o_bs, o_hs, o_rs, scale_log2
+    args=("tensormap",) * 3 + ("ptr",) * 2 + ("i64",) * 6 + ("f32",),
+    variants=tuple(  # (dtype, D, BN, STAGES, CAUSAL, VERSION, SMEM)
+        (dtype, d, BN, stages_for(d, BN), causal, version, smem_bytes(d, BN, stages_for(d, BN)))
+        for dtype in DTYPES
+        for d in HEAD_DIMS
+        for causal in (False, True)
+        for version in VERSIONS
+    ),
+)
+_version = DEFAULT_VERSION
+
+
+def current_version() -> int:
+    return _version
+
+
+@contextmanager
+def attention_version(version: int):
+    """Run day 018's forward version `version` (1 or 2) inside the block: the ladder's
+    rungs for benchmarks and tests. The default is the fastest measured (DEFAULT_VERSION)."""
+    global _version
+    if version not in VERSIONS:
+        raise ValueError(f"attention_version: unknown version {version!r}; known: {VERSIONS}")
+    before, _version = _version, version
+    try:
+        yield
+    finally:
+        _version = before
+
+
+def tma_map(t: torch.Tensor, box_rows: int) -> TensorMapSpec:
+    """A (batch, heads, seq, head_dim) tensor with a unit last stride as a 4-D TMA view
+    (head_dim, seq, heads, batch): boxes of 64 x box_rows, 128-byte swizzle."""
+    b, h, n, d = t.shape
+    size = t.element_size()
+    strides = (t.stride(2) * size, t.stride(1) * size, t.stride(0) * size)
+    return TensorMapSpec(t.dtype, t.data_ptr(), (d, n, h, b), strides, (BOX, box_rows, 1, 1))
+
+
+def tma_ready(t: torch.Tensor) -> bool:
+    """TMA needs a 16-byte aligned base, 16-byte multiples for every stride but the
+    last, and a unit last stride."""
+    size = t.element_size()
+    return (
+        t.stride(-1) == 1
+        and t.data_ptr() % 16 == 0
+        and all((t.stride(i) * size) % 16 == 0 or t.shape[i] == 1 for i in range(3))
+    )
+
+
+@direct.plan(FWD_KERNEL)
+def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
+    """One launch: grid (ceil(Lq / 128), q heads, batch)."""
+    out, lse = outputs
+    q, k, v = inputs
+    b, hq, lq, d = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    causal = params["CAUSAL"]
+    bn = BN
+    stages = stages_for(d, bn)
+    kernel = FWD_KERNEL[q.dtype, d, bn, stages, causal, _version, smem_bytes(d, bn, stages)]
+    args = (
+        tma_map(q, BOX),
+        tma_map(k, bn),
+        tma_map(v, BOX),
+        out.data_ptr(),
+        lse.data_ptr(),
+        lq,
+        lk,
+        hq // hkv,
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        params["SCALE_LOG2"],
+    )
+    grid = (-(-lq // BLOCK_M), hq, b)
+    return [direct.Launch(kernel, grid, THREADS, args, smem_bytes(d, bn, stages))]
