@@ -27,44 +27,18 @@ import torch
 from torch import Tensor
 
 from . import direct, eager, fallback
-from .attention_gpu import DTYPES, HEAD_DIMS, LOG2E, attention_gpu, tma_ready
+from .attention_checks import check_qkv
+from .attention_gpu import HEAD_DIMS, LOG2E, attention_gpu, tma_ready
+from .flash_attention import setup_attention_context
 
 OP = "attention"
-MAX_GRID_YZ = 65535  # CUDA's limit on grid.y (heads) and grid.z (batch)
 
 
 # -- checks -------------------------------------------------------------------------------------
 def check_attention_args(q, k, v, causal, scale) -> float:
     """Raise TypeError/ValueError naming the problem; return the scale to use."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{OP}: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{OP}: {name} must be 4-D (batch, heads, seq, head_dim), got shape {tuple(t.shape)}")
-        if t.dtype not in DTYPES:
-            hint = " (cast with .to(torch.bfloat16))" if t.is_floating_point() else ""
-            raise TypeError(f"{OP}: {name} has dtype {t.dtype}; supported: bfloat16, float16{hint}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"{OP}: q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"{OP}: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"{OP}: k and v must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    (b, hq, lq, d), (bk, hkv, lk, dk) = q.shape, k.shape
-    if b != bk:
-        raise ValueError(f"{OP}: batch sizes differ: q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if d != dk:
-        raise ValueError(f"{OP}: head dims differ: q has {d}, k and v have {dk}")
-    if d not in HEAD_DIMS:
-        raise ValueError(f"{OP}: head_dim {d} is not supported; supported: {', '.join(map(str, HEAD_DIMS))}")
-    if hkv == 0 or hq % hkv:
-        raise ValueError(f"{OP}: q heads ({hq}) must be a multiple of k/v heads ({hkv}) (grouped-query attention)")
-    if lk == 0 and b * hq * lq > 0:
-        raise ValueError(f"{OP}: k and v have sequence length 0: softmax over no keys is undefined")
-    if hq > MAX_GRID_YZ or b > MAX_GRID_YZ:
-        raise ValueError(f"{OP}: batch ({b}) and heads ({hq}) must each be <= {MAX_GRID_YZ} (CUDA grid limits)")
-    if not isinstance(causal, bool):
-        raise TypeError(f"{OP}: causal must be a bool, got {type(causal).__name__}")
+    check_qkv(OP, q, k, v, causal, HEAD_DIMS)
+    d = q.shape[-1]
     if scale is None:
         return 1.0 / math.sqrt(d)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
@@ -166,14 +140,6 @@ def _(grad_out, q, k, v, out, lse, causal, scale):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.causal, ctx.scale = causal, scale
-    ctx.mark_non_differentiable(lse)
-
-
 def _backward(ctx, grad_out, _grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.gpu_days.attention_backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale)
@@ -186,8 +152,8 @@ def _backward_direct(ctx, grad_out, _grad_lse):
     return dq, dk, dv, None, None
 
 
-_attention.register_autograd(_backward, setup_context=_setup_context)
-_autograd = eager.function("MojoAttention", _forward_eager, _setup_context, _backward_direct)
+_attention.register_autograd(_backward, setup_context=setup_attention_context)
+_autograd = eager.function("MojoAttention", _forward_eager, setup_attention_context, _backward_direct)
 
 
 def _op(*args):

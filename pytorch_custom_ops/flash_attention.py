@@ -60,7 +60,8 @@ def _(grad_out, q, k, v, out, lse, causal, scale):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _setup_context(ctx, inputs, output):
+def setup_attention_context(ctx, inputs, output):
+    """Save what every attention backward reads (day 017's and day 018's ops)."""
     q, k, v, causal, scale = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
@@ -84,8 +85,8 @@ def _backward_eager(ctx, grad_out, _grad_lse):
     return dq, dk, dv, None, None
 
 
-_flash_attention.register_autograd(_backward, setup_context=_setup_context)
-_autograd = eager.function("FlashAttention", _forward_eager, _setup_context, _backward_eager)
+_flash_attention.register_autograd(_backward, setup_context=setup_attention_context)
+_autograd = eager.function("FlashAttention", _forward_eager, setup_attention_context, _backward_eager)
 
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: float | None = None) -> Tensor:

@@ -24,6 +24,8 @@ import os
 
 import torch
 
+from pytorch_custom_ops.attention_checks import check_qkv
+
 # Triton reads TRITON_INTERPRET when @triton.jit decorates a function: set it before the
 # decorators below, and only without CUDA (compiled Triton cannot run here anyway).
 if not torch.cuda.is_available():
@@ -36,7 +38,6 @@ OP = "flash_attention"
 DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = (32, 64, 128, 256)  # tl.arange needs powers of 2; 16 is below tl.dot's minimum K
 LOG2E = 1.4426950408889634  # exp(x) == exp2(x * log2(e)); exp2 is the hardware instruction
-MAX_GRID_YZ = 65535  # CUDA's limit on grid.y (heads) and grid.z (batch)
 
 
 def interpreting() -> bool:
@@ -48,39 +49,13 @@ def interpreting() -> bool:
 
 def check_inputs(q, k, v, causal=False, scale=None) -> None:
     """Raise TypeError/ValueError naming the op and the problem; shapes, dtypes, devices only."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{OP}: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{OP}: {name} must be 4-D (batch, heads, seq, head_dim), got shape {tuple(t.shape)}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dtype not in DTYPES:
-            hint = " (cast float32 inputs with .to(torch.bfloat16))" if t.dtype == torch.float32 else ""
-            raise TypeError(f"{OP}: {name} has dtype {t.dtype}; supported: float16, bfloat16{hint}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"{OP}: q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"{OP}: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if q.device.type != "cuda" and q.device.type != "meta" and not interpreting():
-        raise ValueError(f"{OP}: the Triton kernels need CUDA tensors, got {q.device} (or set TRITON_INTERPRET=1)")
-    if k.shape != v.shape:
-        raise ValueError(f"{OP}: k and v must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    (b, hq, lq, d), (bk, hkv, lk, dk) = q.shape, k.shape
-    if b != bk:
-        raise ValueError(f"{OP}: batch sizes differ: q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if d != dk:
-        raise ValueError(f"{OP}: head dims differ: q has {d}, k and v have {dk}")
-    if d not in HEAD_DIMS:
-        raise ValueError(f"{OP}: head_dim {d} is not supported; supported: {', '.join(map(str, HEAD_DIMS))}")
-    if hkv == 0 or hq % hkv:
-        raise ValueError(f"{OP}: q heads ({hq}) must be a multiple of k/v heads ({hkv}) (grouped-query attention)")
-    if lk == 0 and b * hq * lq > 0:
-        raise ValueError(f"{OP}: k and v have sequence length 0: softmax over no keys is undefined")
-    if hq > MAX_GRID_YZ or b > MAX_GRID_YZ:
-        raise ValueError(f"{OP}: batch ({b}) and heads ({hq}) must each be <= {MAX_GRID_YZ} (CUDA grid limits)")
-    if not isinstance(causal, bool):
-        raise TypeError(f"{OP}: causal must be a bool, got {type(causal).__name__}")
-    resolve_scale(scale, d)
+
+    def on_cuda(t):
+        if t.device.type != "cuda" and t.device.type != "meta" and not interpreting():
+            raise ValueError(f"{OP}: the Triton kernels need CUDA tensors, got {t.device} (or set TRITON_INTERPRET=1)")
+
+    check_qkv(OP, q, k, v, causal, HEAD_DIMS, on_cuda)
+    resolve_scale(scale, q.shape[-1])
 
 
 def resolve_scale(scale, head_dim: int) -> float:

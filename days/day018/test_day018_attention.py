@@ -129,13 +129,13 @@ def test_causal_must_be_bool():
 
 def test_launch_plan_on_cpu():
     """The plan's grid, shared memory and tensor maps, without a GPU."""
-    from pytorch_custom_ops.attention_gpu import FWD_KERNEL, attention_gpu, smem_bytes
+    from pytorch_custom_ops.attention_gpu import DEFAULT_VERSION, FWD_KERNEL, attention_gpu, smem_bytes
 
     q, k, v = make(2, 4, 2, 300, 260, 128, BF16, "cpu")
     out, lse = torch.empty_like(q), torch.empty(2, 4, 300)
     (launch,) = attention_gpu([out, lse], [q, k, v], {"CAUSAL": True, "SCALE_LOG2": 0.1})
     assert launch.grid == (3, 4, 2) and launch.block == 384
-    assert launch.kernel.family is FWD_KERNEL and launch.kernel.params[:6] == (BF16, 128, 128, 3, True, 2)
+    assert launch.kernel.family is FWD_KERNEL and launch.kernel.params[:6] == (BF16, 128, 128, 3, True, DEFAULT_VERSION)
     assert launch.smem == smem_bytes(128, 128, 3) <= 227 * 1024
     q_map, k_map = launch.args[0], launch.args[1]
     assert q_map.dims == (128, 300, 4, 2) and q_map.box == (64, 64, 1, 1)
