@@ -8,10 +8,10 @@ multiple of kv_heads (grouped-query attention), as day 017's op takes them. floa
 bfloat16, head_dim 64 or 128, any lengths; `causal` masks like SDPA's `is_causal` (query
 i sees keys j <= i), `scale` defaults to 1/sqrt(head_dim).
 
-On CUDA the forward is day 018's Mojo kernel (days/day018/attention_v1_tma.mojo: TMA,
-wgmma, a producer warpgroup), launched on torch's current stream by the direct path. It
-returns the row log-sum-exp in the log2 domain, the same as day 017's Triton forward, so
-the backward is day 017's Triton backward (dq, dk, dv) until day 018 has its own.
+On CUDA both directions are day 018's Mojo kernels (days/day018/attention_fwd.mojo and
+attention_bwd.mojo: TMA, wgmma, a producer warpgroup), launched on torch's current stream
+by the direct path. The forward saves the row log-sum-exp in the log2 domain (as day 017's
+Triton forward does); the backward rebuilds P from it in two passes (dK/dV, then dQ).
 
 On the CPU (CI, no GPU) both directions are plain float32 torch math from the same saved
 tensors (out, lse2): a simple reference path that checks shapes, masks, GQA and the lse2
@@ -20,7 +20,6 @@ convention the GPU backward relies on, not the Mojo kernel.
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import torch
@@ -28,7 +27,7 @@ from torch import Tensor
 
 from . import direct, eager, fallback
 from .attention_checks import check_qkv
-from .attention_gpu import HEAD_DIMS, LOG2E, attention_gpu, tma_ready
+from .attention_gpu import HEAD_DIMS, LOG2E, attention_bwd_gpu, attention_gpu, tma_ready
 from .flash_attention import setup_attention_context
 
 OP = "attention"
@@ -107,11 +106,28 @@ def _forward_eager(q, k, v, causal, scale):
     return _forward_math(q, k, v, causal, s)
 
 
+def _backward_cuda(do, q, k, v, out, lse2, causal, scale):
+    q, k, v, do = (t if tma_ready(t) else t.contiguous() for t in (q, k, v, do))
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if dq.numel() == 0:  # no query: no gradient reaches k or v
+        return dq, dk.zero_(), dv.zero_()
+    # delta = rowsum(dO * O): one memory-bound pass, left to torch
+    delta = (do.float() * out.float()).sum(-1)
+    params = {"CAUSAL": causal, "SCALE": scale}
+    launches = attention_bwd_gpu([dq, dk, dv], [q, k, v, do, lse2.contiguous(), delta], params)
+    direct.run(launches, q.get_device())
+    return dq, dk, dv
+
+
 def _backward_eager(do, q, k, v, out, lse2, causal, scale):
     s = check_attention_args(q, k, v, causal, scale)
     if q.is_cuda:
-        day017 = importlib.import_module("days.day017.flash_attention")  # imports Triton
-        return day017.attention_backward(do, q, k, v, out, lse2, causal, s)
+        try:
+            return _backward_cuda(do, q, k, v, out, lse2, causal, s)
+        except direct.KernelLoadError as exc:
+            fallback.fall_back(OP, exc)  # raises in strict mode
     return _backward_math(do.contiguous(), q, k, v, out, lse2, causal, s)
 
 

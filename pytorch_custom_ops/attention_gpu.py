@@ -17,6 +17,7 @@ from .gemm_gpu import TensorMapSpec
 from .gpu_kernels import KernelFamily
 
 FWD_MODULE = "days.day018.attention_fwd"
+BWD_MODULE = "days.day018.attention_bwd"
 DTYPES = (torch.bfloat16, torch.float16)
 HEAD_DIMS = (64, 128)
 THREADS = 3 * 128  # a producer warpgroup and two consumer warpgroups
@@ -123,3 +124,60 @@ def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
     )
     grid = (-(-lq // BLOCK_M), hq, b)
     return [direct.Launch(kernel, grid, THREADS, args, smem_bytes(d, bn, stages))]
+
+
+# -- the backward: two launches of one kernel (days/day018/attention_bwd.mojo) -------------------
+BWD_TILE = 64  # rows of a streamed tile
+BWD_STAGES = 4
+
+
+def bwd_smem_bytes(d: int, itemsize: int = 2) -> int:
+    """Two fixed tensors (2 x 64 rows x d each), BWD_STAGES x two streamed 64 x d tiles,
+    1 + 3 stages mbarriers."""
+    return (2 * 2 * 64 * d + BWD_STAGES * 2 * BWD_TILE * d) * itemsize + 8 * (1 + 3 * BWD_STAGES)
+
+
+BWD_KERNEL = KernelFamily(
+    BWD_MODULE,
+    "attention_bwd_kernel",
+    # f0, f1, s0, s1 maps, dst0, dst1, lse, delta, Lq, Lk, group, d_bs, d_hs, d_rs, scale_log2, scale
+    args=("tensormap",) * 4 + ("ptr",) * 4 + ("i64",) * 6 + ("f32",) * 2,
+    variants=tuple(  # (dtype, D, STAGES, CAUSAL, DQ, SMEM)
+        (dtype, d, BWD_STAGES, causal, dq, bwd_smem_bytes(d))
+        for dtype in DTYPES
+        for d in HEAD_DIMS
+        for causal in (False, True)
+        for dq in (False, True)
+    ),
+)
+
+
+@direct.plan(BWD_KERNEL)
+def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
+    """dK and dV (grid: 128 keys per block, kv heads, batch), then dQ (128 queries per
+    block, q heads, batch). inputs: q, k, v, do, lse2, delta (rowsum(dO * O), float32)."""
+    dq, dk, dv = outputs
+    q, k, v, do, lse, delta = inputs
+    b, hq, lq, d = q.shape
+    hkv, lk = k.shape[1], k.shape[2]
+    causal = params["CAUSAL"]
+    smem = bwd_smem_bytes(d)
+    tail = (lse.data_ptr(), delta.data_ptr(), lq, lk, hq // hkv)
+    scales = (params["SCALE"] * LOG2E, params["SCALE"])
+    maps_kv = (tma_map(k, BOX), tma_map(v, BOX))
+    maps_q = (tma_map(q, BOX), tma_map(do, BOX))
+    dkdv = direct.Launch(
+        BWD_KERNEL[q.dtype, d, BWD_STAGES, causal, False, smem],
+        (-(-lk // BLOCK_M), hkv, b),
+        THREADS,
+        (*maps_kv, *maps_q, dk.data_ptr(), dv.data_ptr(), *tail, dk.stride(0), dk.stride(1), dk.stride(2), *scales),
+        smem,
+    )
+    dqk = direct.Launch(
+        BWD_KERNEL[q.dtype, d, BWD_STAGES, causal, True, smem],
+        (-(-lq // BLOCK_M), hq, b),
+        THREADS,
+        (*maps_q, *maps_kv, dq.data_ptr(), dq.data_ptr(), *tail, dq.stride(0), dq.stride(1), dq.stride(2), *scales),
+        smem,
+    )
+    return [dkdv, dqk]

@@ -29,8 +29,10 @@ from std.utils import IndexList
 
 from days.day014.gemm_v3_tma import TMA_BK, mbar_wait, tma_desc
 from days.day018.operand_hold import hold_32, hold_64
-from days.day018.pv_wgmma_d64 import pv_wgmma_issue_64x128, pv_wait_64x128
-from days.day018.pv_wgmma_d128 import pv_wgmma_issue_128x128, pv_wait_128x128
+from days.day018.pv_wgmma_64x128 import pv_wgmma_issue_64x128, pv_wait_64x128
+from days.day018.pv_wgmma_64x64 import pv_wgmma_issue_64x64, pv_wait_64x64
+from days.day018.pv_wgmma_128x128 import pv_wgmma_issue_128x128, pv_wait_128x128
+from days.day018.pv_wgmma_128x64 import pv_wgmma_issue_128x64, pv_wait_128x64
 
 comptime NEG_INF = Float32.MIN  # -inf: exp2(-inf) == 0
 
@@ -146,6 +148,31 @@ def p_fragments[
 
 
 @always_inline
+def store_rows[
+    dtype: DType, D: Int
+](
+    acc: SIMD[DType.float32, D // 2],
+    scale: SIMD[DType.float32, 2],
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    row0: Int,
+    rows: Int,
+    rs: Int,
+):
+    """acc * scale (per row: g, g + 8) for this thread's rows below `rows`, from the
+    warpgroup's first row row0, into dst (row stride rs, unit column stride)."""
+    var g = lane_id() // 4
+    var t = lane_id() % 4
+    comptime for half in range(2):
+        var row = row0 + (warp_id() % 4) * 16 + g + 8 * half
+        if row < rows:
+            comptime for j in range(D // 8):
+                var v = acc.slice[2, offset=4 * j + 2 * half]() * scale[half]
+                dst.unsafe_store[alignment=4](
+                    row * rs + 8 * j + 2 * t, v.cast[dtype]()
+                )
+
+
+@always_inline
 def store_o_lse[
     dtype: DType, D: Int
 ](
@@ -159,25 +186,18 @@ def store_o_lse[
     o_rs: Int,
 ):
     """O / l for this thread's two rows (row0 = the warpgroup's first row) and the
-    row log-sum-exp in the log2 domain, m + log2(l) (what day017's backward reads).
-    `out` and `lse` point at this (batch, head)'s first row."""
-    var g = lane_id() // 4
-    var t = lane_id() % 4
+    row log-sum-exp in the log2 domain, m + log2(l) (what the backward reads).
+    `dst` and `lse` point at this (batch, head)'s first row."""
     var lt = SIMD[DType.float32, 2](quad_sum(l[0]), quad_sum(l[1]))
-    var inv = 1.0 / lt
-    comptime for half in range(2):
-        var row = row0 + (warp_id() % 4) * 16 + g + 8 * half
-        if row < Lq:
-            comptime for j in range(D // 8):
-                var v = o.slice[2, offset=4 * j + 2 * half]() * inv[half]
-                dst.unsafe_store[alignment=4](
-                    row * o_rs + 8 * j + 2 * t, v.cast[dtype]()
-                )
-            if t == 0:
+    store_rows[dtype, D](o, 1.0 / lt, dst, row0, Lq, o_rs)
+    if lane_id() % 4 == 0:
+        comptime for half in range(2):
+            var row = row0 + (warp_id() % 4) * 16 + lane_id() // 4 + 8 * half
+            if row < Lq:
                 lse[unsafe_offset=row] = m[half] + log2(lt[half])
 
 
-# -- O += P V through the generated assembly (pv_wgmma_d*.mojo) ---------------------------
+# -- O += P V through the generated assembly (pv_wgmma_*.mojo) ---------------------------
 @always_inline
 def pv_issue[
     dtype: DType, D: Int, BN: Int
@@ -187,8 +207,23 @@ def pv_issue[
     o: SIMD[DType.float32, D // 2],
 ) -> type_of(o):
     """Start O += P V (BN/16 k steps, one commit group); `pv_wait` ends it."""
-    comptime assert BN == 128, "the generated assembly covers kv tiles of 128"
-    comptime if D == 64:
+    comptime if D == 64 and BN == 64:
+        return rebind[type_of(o)](
+            pv_wgmma_issue_64x64[dtype](
+                rebind[SIMD[DType.uint32, 16]](p),
+                rebind[SIMD[DType.int64, 4]](descs),
+                rebind[SIMD[DType.float32, 32]](o),
+            )
+        )
+    elif D == 128 and BN == 64:
+        return rebind[type_of(o)](
+            pv_wgmma_issue_128x64[dtype](
+                rebind[SIMD[DType.uint32, 16]](p),
+                rebind[SIMD[DType.int64, 4]](descs),
+                rebind[SIMD[DType.float32, 64]](o),
+            )
+        )
+    elif D == 64:
         return rebind[type_of(o)](
             pv_wgmma_issue_64x128[dtype](
                 rebind[SIMD[DType.uint32, 32]](p),
@@ -212,7 +247,21 @@ def pv_wait[
     D: Int, BN: Int
 ](p: SIMD[DType.uint32, BN // 4], o: SIMD[DType.float32, D // 2]) -> type_of(o):
     """wait_group 0, holding P's registers and O's until every wgmma is done."""
-    comptime if D == 64:
+    comptime if D == 64 and BN == 64:
+        return rebind[type_of(o)](
+            pv_wait_64x64(
+                rebind[SIMD[DType.uint32, 16]](p),
+                rebind[SIMD[DType.float32, 32]](o),
+            )
+        )
+    elif D == 128 and BN == 64:
+        return rebind[type_of(o)](
+            pv_wait_128x64(
+                rebind[SIMD[DType.uint32, 16]](p),
+                rebind[SIMD[DType.float32, 64]](o),
+            )
+        )
+    elif D == 64:
         return rebind[type_of(o)](
             pv_wait_64x128(
                 rebind[SIMD[DType.uint32, 32]](p),
@@ -303,80 +352,93 @@ comptime BOX = TMA_BK * TMA_BK  # elements of one 64 x 64 box
 
 @always_inline
 def produce[
-    dtype: DType, D: Int, BN: Int, STAGES: Int
+    dtype: DType, D: Int, BN: Int, STAGES: Int, N_FIXED: Int
 ](
-    q_map: OpaquePointer[mut=False, _],
-    k_map: OpaquePointer[mut=False, _],
-    v_map: OpaquePointer[mut=False, _],
-    sq: Pointer[
+    f0_map: OpaquePointer[mut=False, _],
+    f1_map: OpaquePointer[mut=False, _],
+    s0_map: OpaquePointer[mut=False, _],
+    s1_map: OpaquePointer[mut=False, _],
+    sfix: Pointer[
         Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
     ],
     skv: Pointer[
         Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
     ],
     bars: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
-    q0: Int,
-    h: Int,
-    hk: Int,
+    f_row: Int,
+    f_head: Int,
     b: Int,
     n_tiles: Int,
+    s_head0: Int,
+    s_row0: Int,
+    per_head: Int,
 ):
-    """Q once (both consumers' rows), then K and V of each kv tile into stage
-    j % STAGES once the consumers have released it. Barriers: q_full, full_k[STAGES],
-    full_v[STAGES], empty[STAGES]; K and V count their bytes separately so that
-    S = Q K^T can start while V is still landing."""
+    """The block's fixed tiles once (N_FIXED tensors, both consumers' 64 rows from
+    f_row: Q in the forward), then the streamed pairs tile by tile into stage
+    j % STAGES once the consumers have released it (K and V in the forward). Tile j
+    starts at row s_row0 + (j % per_head) * BN of head s_head0 + j // per_head: the
+    backward's dK/dV pass walks every query head of a kv head's group that way.
+
+    A stage holds stream 0 as D/64 boxes of BN rows x 64 (k-major) and stream 1 as
+    BN/64 key slices of D/64 boxes of 64 x 64 (mn-major); at BN = 64 the two layouts
+    are the same, so either operand form can read either stream. Barriers: fixed,
+    full_0[STAGES], full_1[STAGES], empty[STAGES]; the streams count their bytes
+    apart so that a product on stream 0 can start while stream 1 lands."""
     comptime DB = D // TMA_BK
-    comptime K_ELEMS = BN * D
-    var q_full = bars
-    var full_k = bars.unsafe_offset(1)
-    var full_v = bars.unsafe_offset(1 + STAGES)
+    comptime T_ELEMS = BN * D
+    comptime F_ELEMS = CONSUMERS * DB * BOX
+    var fixed = bars
+    var full0 = bars.unsafe_offset(1)
+    var full1 = bars.unsafe_offset(1 + STAGES)
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
     mbarrier_arrive_expect_tx_shared(
-        q_full, Int32(CONSUMERS * DB * BOX * size_of[dtype]())
+        fixed, Int32(N_FIXED * F_ELEMS * size_of[dtype]())
     )
-    comptime for c in range(CONSUMERS):
-        comptime for db in range(DB):
-            load_box(
-                q_map,
-                sq.unsafe_offset((c * DB + db) * BOX),
-                q_full,
-                db * TMA_BK,
-                q0 + c * 64,
-                h,
-                b,
-            )
+    comptime for f in range(N_FIXED):
+        comptime for c in range(CONSUMERS):
+            comptime for db in range(DB):
+                load_box(
+                    f0_map if f == 0 else f1_map,
+                    sfix.unsafe_offset(f * F_ELEMS + (c * DB + db) * BOX),
+                    fixed,
+                    db * TMA_BK,
+                    f_row + c * 64,
+                    f_head,
+                    b,
+                )
     for j in range(n_tiles):
         var s = j % STAGES
         if j >= STAGES:
             mbar_wait(empty.unsafe_offset(s), (j // STAGES - 1) % 2)
-        var sk = skv.unsafe_offset(s * 2 * K_ELEMS)
-        var sv = sk.unsafe_offset(K_ELEMS)
-        var kv0 = j * BN
+        var st0 = skv.unsafe_offset(s * 2 * T_ELEMS)
+        var st1 = st0.unsafe_offset(T_ELEMS)
+        var head = s_head0 + j // per_head
+        var row = s_row0 + (j % per_head) * BN
         mbarrier_arrive_expect_tx_shared(
-            full_k.unsafe_offset(s), Int32(K_ELEMS * size_of[dtype]())
+            full0.unsafe_offset(s), Int32(T_ELEMS * size_of[dtype]())
         )
         comptime for db in range(DB):
             load_box(
-                k_map,
-                sk.unsafe_offset(db * BN * TMA_BK),
-                full_k.unsafe_offset(s),
+                s0_map,
+                st0.unsafe_offset(db * BN * TMA_BK),
+                full0.unsafe_offset(s),
                 db * TMA_BK,
-                kv0,
-                hk,
+                row,
+                head,
                 b,
             )
         mbarrier_arrive_expect_tx_shared(
-            full_v.unsafe_offset(s), Int32(K_ELEMS * size_of[dtype]())
+            full1.unsafe_offset(s), Int32(T_ELEMS * size_of[dtype]())
         )
         comptime for ks in range(BN // TMA_BK):
             comptime for db in range(DB):
                 load_box(
-                    v_map,
-                    sv.unsafe_offset((ks * DB + db) * BOX),
-                    full_v.unsafe_offset(s),
+                    s1_map,
+                    st1.unsafe_offset((ks * DB + db) * BOX),
+                    full1.unsafe_offset(s),
                     db * TMA_BK,
-                    kv0 + ks * TMA_BK,
-                    hk,
+                    row + ks * TMA_BK,
+                    head,
                     b,
                 )
 

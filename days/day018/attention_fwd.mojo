@@ -132,8 +132,10 @@ def attention_fwd_kernel[
     if wg == 0:
         set_max_registers[False, TMA_PRODUCER_REGS]()
         if thread_idx.x == 0:
-            produce[dtype, D, BN, STAGES](
-                Pointer(to=q_map).unsafe_bitcast[NoneType](),
+            var qmap = Pointer(to=q_map).unsafe_bitcast[NoneType]()
+            produce[dtype, D, BN, STAGES, 1](
+                qmap,
+                qmap,
                 Pointer(to=k_map).unsafe_bitcast[NoneType](),
                 Pointer(to=v_map).unsafe_bitcast[NoneType](),
                 smem,
@@ -141,9 +143,11 @@ def attention_fwd_kernel[
                 bars,
                 q0,
                 h,
-                h // Int(group),
                 b,
                 n_tiles,
+                h // Int(group),
+                0,
+                max(n_tiles, 1),
             )
     else:
         set_max_registers[True, TMA_CONSUMER_REGS]()

@@ -1,4 +1,4 @@
-"""Writes days/day018/pv_wgmma_d{64,128}.mojo (O += P V) and operand_hold.mojo.
+"""Writes days/day018/pv_wgmma_{D}x{K}.mojo (O += P V) and operand_hold.mojo.
 
     python -m days.day018.gen_pv_wgmma
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-SHAPES = ((64, 128), (128, 128))  # (head dim D, kv tile BN)
+SHAPES = ((64, 128), (128, 128), (64, 64), (128, 64))  # (head dim D, k of the product: 128 forward, 64 backward)
 HERE = Path(__file__).parent
 
 
@@ -116,7 +116,7 @@ def main() -> None:
         "from std.sys._assembly import inlined_assembly\n"
     )
     for d, bn in SHAPES:
-        (HERE / f"pv_wgmma_d{d}.mojo").write_text(head + pv(d, bn, wait=False) + pv_wait(d, bn))
+        (HERE / f"pv_wgmma_{d}x{bn}.mojo").write_text(head + pv(d, bn, wait=False) + pv_wait(d, bn))
     (HERE / "operand_hold.mojo").write_text(head + hold(32) + hold(64))
     subprocess.run(["mojo", "format", "-q", *(str(p) for p in HERE.glob("*.mojo"))], check=False)
 

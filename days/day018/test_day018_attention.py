@@ -144,6 +144,22 @@ def test_launch_plan_on_cpu():
     assert launch.args[5:11] == (300, 260, 2, 4 * 300 * 128, 300 * 128, 128)
 
 
+def test_backward_plan_on_cpu():
+    """dK/dV over 128-key blocks of kv heads, then dQ over 128-query blocks of q heads."""
+    from pytorch_custom_ops.attention_gpu import BWD_KERNEL, attention_bwd_gpu, bwd_smem_bytes
+
+    q, k, v = make(2, 4, 2, 300, 260, 64, FP16, "cpu")
+    do, lse, delta = torch.empty_like(q), torch.empty(2, 4, 300), torch.empty(2, 4, 300)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dkdv, dql = attention_bwd_gpu([dq, dk, dv], [q, k, v, do, lse, delta], {"CAUSAL": False, "SCALE": 0.125})
+    assert dkdv.grid == (3, 2, 2) and dql.grid == (3, 4, 2)
+    assert dkdv.kernel is BWD_KERNEL[FP16, 64, 4, False, False, bwd_smem_bytes(64)]
+    assert dql.kernel.params[4] is True and dkdv.smem == dql.smem == bwd_smem_bytes(64)
+    assert dkdv.args[4:6] == (dk.data_ptr(), dv.data_ptr()) and dql.args[4] == dq.data_ptr()
+    assert dkdv.args[8:11] == (300, 260, 2) and dkdv.args[-1] == 0.125
+    assert dkdv.args[0].dims == (64, 260, 2, 2) and dkdv.args[2].dims == (64, 300, 4, 2)
+
+
 # -- CUDA: the Mojo kernel ---------------------------------------------------------------------------
 @needs_cuda
 @pytest.mark.parametrize("version", [1, 2])
@@ -193,15 +209,43 @@ def test_cuda_strided_layouts():
 
 
 @needs_cuda
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+@pytest.mark.parametrize("shape", SHAPES + [(1, 4, 1, 700, 333, 64), (2, 2, 2, 64, 64, 128)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_cuda_grads(causal):
-    q, k, v = (t.requires_grad_() for t in make(2, 4, 2, 190, 190, 128, BF16, "cuda"))
+def test_cuda_grads(dtype, shape, causal):
+    b, hq, hkv, lq, lk, d = shape
+    q, k, v = (t.requires_grad_() for t in make(b, hq, hkv, lq, lk, d, dtype, "cuda"))
     out = pco.attention(q, k, v, causal=causal)
     ref = reference(q, k, v, causal)
     g = torch.randn_like(out)
     got = torch.autograd.grad(out, (q, k, v), g)
     want = torch.autograd.grad(ref, (q, k, v), g.double())
     for a, r in zip(got, want, strict=True):
+        close(a, r, dtype, factor=2)
+
+
+@needs_cuda
+def test_cuda_grads_strided_and_graph():
+    """Grads of (batch, seq, heads, head_dim) views, and a captured forward + backward."""
+    x = torch.randn(2, 150, 3, 2, 64, device="cuda", dtype=BF16, requires_grad=True)
+    q, k, v = x.permute(2, 0, 3, 1, 4).unbind(0)
+    g = torch.randn(2, 2, 150, 64, device="cuda", dtype=BF16)
+    (got,) = torch.autograd.grad(pco.attention(q, k, v, causal=True), x, g)
+    (want,) = torch.autograd.grad(reference(q, k, v, True), x, g.double())
+    close(got, want, BF16, factor=2)
+    qs, ks, vs = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up off the capture
+        torch.autograd.grad(pco.attention(qs, ks, vs), (qs, ks, vs), g)
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(graph):
+        grads = torch.autograd.grad(pco.attention(qs, ks, vs), (qs, ks, vs), g)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = torch.autograd.grad(reference(qs, ks, vs, False), (qs, ks, vs), g.double())
+    for a, r in zip(grads, want, strict=True):
         close(a, r, BF16, factor=2)
 
 

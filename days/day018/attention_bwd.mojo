@@ -1,0 +1,223 @@
+# Day 018: the FlashAttention backward for Hopper, two passes of one kernel frame (the
+# forward's: a TMA producer warpgroup and two consumer warpgroups of 64 rows):
+#   DQ = False  attention_bwd_dkdv.mojo: a block owns 128 keys (K, V fixed in shared
+#               memory) and streams Q, dO tiles of every query head in the kv head's
+#               group; it writes dK and dV once, so grouped-query heads need no atomics.
+#   DQ = True   attention_bwd_dq.mojo: a block owns 128 queries (Q, dO fixed) and
+#               streams K, V tiles; it writes dQ once.
+# Recomputing S and dP in both passes costs two extra products of the seven, but no
+# float32 atomics or dQ accumulator in global memory (FlashAttention-2/3 use one
+# pass with atomic dQ). delta = rowsum(dO * O) comes in precomputed.
+#
+# Streamed tiles are 64 rows, so a stage's two tiles have the same layout whether a
+# product reads them k-major (as the B of S^T = K Q^T) or mn-major (as the B of
+# dK += dS^T Q): one TMA copy serves both.
+
+from max.gpu import (
+    MAX_THREADS_PER_BLOCK_METADATA,
+    thread_idx,
+    block_idx,
+    grid_dim,
+    barrier,
+    lane_id,
+    warp_id,
+)
+from max.gpu.host.nvidia.tma import TMADescriptor
+from max.gpu.memory import external_memory
+from max.gpu.sync import mbarrier_init
+from std.math import ceildiv
+from std.sys import size_of
+from std.utils import StaticTuple
+
+from days.day014.gemm_v2_wgmma import WG_THREADS
+from days.day014.gemm_v3_tma import (
+    TMA_BK,
+    TMA_CONSUMER_REGS,
+    TMA_PRODUCER_REGS,
+    fence_mbarrier_init,
+    mbar_wait,
+    set_max_registers,
+)
+from days.day018.attention_common import (
+    BM,
+    BOX,
+    CONSUMERS,
+    produce,
+    store_rows,
+)
+from days.day018.attention_bwd_dkdv import consume_dkdv
+from days.day018.attention_bwd_dq import consume_dq
+
+comptime BT = 64  # rows of a streamed tile
+
+
+# --8<-- [start:kernel]
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
+        Int32(WG_THREADS * (1 + CONSUMERS))
+    )
+)
+@__llvm_arg_metadata(f0_map, `nvvm.grid_constant`)
+@__llvm_arg_metadata(f1_map, `nvvm.grid_constant`)
+@__llvm_arg_metadata(s0_map, `nvvm.grid_constant`)
+@__llvm_arg_metadata(s1_map, `nvvm.grid_constant`)
+def attention_bwd_kernel[
+    dtype: DType,
+    D: Int,
+    STAGES: Int,
+    CAUSAL: Bool,
+    DQ: Bool,
+    SMEM: Int,
+](
+    f0_map: TMADescriptor,
+    f1_map: TMADescriptor,
+    s0_map: TMADescriptor,
+    s1_map: TMADescriptor,
+    dst0: Pointer[Scalar[dtype], MutAnyOrigin],
+    dst1: Pointer[Scalar[dtype], MutAnyOrigin],
+    lse: Pointer[Float32, MutAnyOrigin],
+    delta: Pointer[Float32, MutAnyOrigin],
+    lq: Int64,
+    lk: Int64,
+    group: Int64,
+    d_bs: Int64,
+    d_hs: Int64,
+    d_rs: Int64,
+    scale_log2: Float32,
+    scale: Float32,
+):
+    """DQ = False: grid (ceil(Lk / 128), kv heads, batch); f0/f1 = K/V, s0/s1 = Q/dO;
+    dst0 = dK, dst1 = dV, (batch, kv heads, Lk, D) by d_bs/d_hs/d_rs.
+    DQ = True: grid (ceil(Lq / 128), q heads, batch); f0/f1 = Q/dO, s0/s1 = K/V;
+    dst0 = dQ (batch, q heads, Lq, D) by the same strides; dst1 unused.
+    lse (the forward's lse2) and delta: (batch, q heads, Lq) float32, contiguous.
+    Maps: 4-D views (head_dim, seq, heads, batch), boxes of 64 x 64."""
+    comptime DB = D // TMA_BK
+    comptime F_ELEMS = CONSUMERS * DB * BOX
+    comptime T_ELEMS = BT * D
+    comptime assert D == 64 or D == 128, "head dim 64 or 128"
+    comptime assert SMEM == (2 * F_ELEMS + STAGES * 2 * T_ELEMS) * size_of[
+        dtype
+    ]() + 8 * (1 + 3 * STAGES), "fixed tiles, stages, barriers"
+
+    var Lq = Int(lq)
+    var Lk = Int(lk)
+    var G = Int(group)
+    var r0 = block_idx.x * BM  # the block's first fixed row (a key or a query)
+    var h = block_idx.y  # a kv head (DQ = False) or a q head
+    var b = block_idx.z
+    var n_heads = Int(grid_dim.y)
+    var n_tiles: Int
+    var per_head: Int
+    var s_start: Int
+    comptime if DQ:
+        var kv_end = min(Lk, r0 + BM) if CAUSAL else Lk
+        n_tiles = ceildiv(kv_end, BT)
+        per_head = max(n_tiles, 1)
+        s_start = 0
+    else:
+        s_start = r0 if CAUSAL else 0  # earlier queries see none of these keys
+        per_head = ceildiv(max(Lq - s_start, 0), BT)
+        n_tiles = G * per_head
+
+    var smem = external_memory[
+        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=1024
+    ]()
+    var stream = smem.unsafe_offset(2 * F_ELEMS)
+    var bars = stream.unsafe_offset(STAGES * 2 * T_ELEMS).unsafe_bitcast[
+        Int64
+    ]()
+    if thread_idx.x == 0:
+        mbarrier_init(bars, 1)
+        comptime for s in range(STAGES):
+            mbarrier_init(bars.unsafe_offset(1 + s), 1)
+            mbarrier_init(bars.unsafe_offset(1 + STAGES + s), 1)
+            mbarrier_init(
+                bars.unsafe_offset(1 + 2 * STAGES + s), Int32(CONSUMERS * 4)
+            )
+        fence_mbarrier_init()
+    barrier()
+
+    var wg = thread_idx.x // WG_THREADS
+    if wg == 0:
+        set_max_registers[False, TMA_PRODUCER_REGS]()
+        if thread_idx.x == 0:
+            produce[dtype, D, BT, STAGES, 2](
+                Pointer(to=f0_map).unsafe_bitcast[NoneType](),
+                Pointer(to=f1_map).unsafe_bitcast[NoneType](),
+                Pointer(to=s0_map).unsafe_bitcast[NoneType](),
+                Pointer(to=s1_map).unsafe_bitcast[NoneType](),
+                smem,
+                stream,
+                bars,
+                r0,
+                h,
+                b,
+                n_tiles,
+                h // G if DQ else h * G,
+                s_start,
+                per_head,
+            )
+    else:
+        set_max_registers[True, TMA_CONSUMER_REGS]()
+        var cw = wg - 1
+        var row0 = r0 + cw * 64
+        var my_row = row0 + (warp_id() % 4) * 16 + lane_id() // 4
+        var f0 = smem.unsafe_offset(cw * DB * BOX)
+        var f1 = smem.unsafe_offset(F_ELEMS + cw * DB * BOX)
+        var out0 = dst0.unsafe_offset(b * Int(d_bs) + h * Int(d_hs))
+        var ones = SIMD[DType.float32, 2](scale)
+        mbar_wait(bars, 0)
+        comptime if DQ:
+            var base = (b * n_heads + h) * Lq
+            var lse_r = SIMD[DType.float32, 2](Float32.MAX)
+            var delta_r = SIMD[DType.float32, 2](0)
+            comptime for half in range(2):
+                if my_row + 8 * half < Lq:
+                    lse_r[half] = lse[unsafe_offset=base + my_row + 8 * half]
+                    delta_r[half] = delta[
+                        unsafe_offset=base + my_row + 8 * half
+                    ]
+            var dq = SIMD[DType.float32, D // 2](0)
+            consume_dq[dtype, D, STAGES, CAUSAL](
+                f0,
+                f1,
+                stream,
+                bars,
+                n_tiles,
+                my_row,
+                Lk,
+                lse_r,
+                delta_r,
+                scale_log2,
+                dq,
+            )
+            store_rows[dtype, D](dq, ones, out0, row0, Lq, Int(d_rs))
+        else:
+            var base = (b * n_heads * G + h * G) * Lq
+            var dk = SIMD[DType.float32, D // 2](0)
+            var dv = SIMD[DType.float32, D // 2](0)
+            consume_dkdv[dtype, D, STAGES, CAUSAL](
+                f0,
+                f1,
+                stream,
+                bars,
+                n_tiles,
+                per_head,
+                s_start,
+                my_row,
+                Lq,
+                lse.unsafe_offset(base),
+                delta.unsafe_offset(base),
+                scale_log2,
+                dk,
+                dv,
+            )
+            store_rows[dtype, D](dk, ones, out0, row0, Lk, Int(d_rs))
+            var out1 = dst1.unsafe_offset(b * Int(d_bs) + h * Int(d_hs))
+            store_rows[dtype, D](
+                dv, SIMD[DType.float32, 2](1), out1, row0, Lk, Int(d_rs)
+            )
+
+
+# --8<-- [end:kernel]

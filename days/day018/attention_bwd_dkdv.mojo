@@ -1,0 +1,106 @@
+# Day 018, backward pass 1: dK and dV for one block of keys (64 per consumer warpgroup),
+# walking every query tile of every query head of the kv head's group. Per tile:
+#   S^T  = K Q^T                 wgmma, shared x shared (keys are the rows)
+#   P^T  = exp2(S^T * scale log2 e - lse2[query])    rebuilt from the forward's lse2
+#   dV  += P^T dO                wgmma, P^T from registers (the forward's P V form)
+#   dP^T = V dO^T                wgmma, shared x shared
+#   dS^T = P^T (dP^T - delta[query])                 delta = rowsum(dO * O)
+#   dK  += dS^T Q                wgmma, dS^T from registers
+# Everything is computed with keys as rows, so no product needs a transpose of a
+# register tile: the forward's two wgmma forms cover all four. (dQ is pass 2.)
+
+from max.gpu import lane_id, warp_id
+from max.gpu.compute.mma import wgmma_wait_group_sync
+from max.gpu.sync import mbarrier_arrive
+from std.math import exp2
+
+from days.day014.gemm_v3_tma import mbar_wait
+from days.day018.attention_common import (
+    hold,
+    p_fragments,
+    pv_issue,
+    pv_wait,
+    s_wgmma,
+    v_descs,
+)
+
+comptime BQ = 64  # queries per streamed tile
+
+
+# --8<-- [start:consume]
+@always_inline
+def consume_dkdv[
+    dtype: DType, D: Int, STAGES: Int, CAUSAL: Bool
+](
+    sk: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    sv: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    stream: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    bars: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+    n_tiles: Int,
+    per_head: Int,
+    q_start: Int,
+    my_key: Int,
+    Lq: Int,
+    lse: Pointer[Float32, MutAnyOrigin],
+    delta: Pointer[Float32, MutAnyOrigin],
+    scale_log2: Float32,
+    mut dk: SIMD[DType.float32, D // 2],
+    mut dv: SIMD[DType.float32, D // 2],
+):
+    """`lse` and `delta` point at the group's first query head (row 0); my_key is
+    this thread's row g (g + 8 is the other)."""
+    var full0 = bars.unsafe_offset(1)
+    var full1 = bars.unsafe_offset(1 + STAGES)
+    var empty = bars.unsafe_offset(1 + 2 * STAGES)
+    var t = lane_id() % 4
+    for j in range(n_tiles):
+        var s = j % STAGES
+        var phase = (j // STAGES) % 2
+        var sq = stream.unsafe_offset(s * 2 * BQ * D)
+        var sdo = sq.unsafe_offset(BQ * D)
+        var q0 = q_start + (j % per_head) * BQ
+        var head_off = (j // per_head) * Lq
+        mbar_wait(full0.unsafe_offset(s), phase)
+        var st = s_wgmma[dtype, D, BQ](sk, sq)
+        wgmma_wait_group_sync[0]()
+        st = hold(st) * scale_log2
+        # P^T: column c (a query) uses lse2[c]; +inf past Lq makes P^T = 0 there
+        var dl = SIMD[DType.float32, BQ // 4](0)  # delta per column, same order
+        comptime for jj in range(BQ // 8):
+            comptime for e in range(2):
+                var col = q0 + 8 * jj + 2 * t + e
+                var lse_c = Float32.MAX
+                if col < Lq:
+                    lse_c = lse[unsafe_offset=head_off + col]
+                    dl[2 * jj + e] = delta[unsafe_offset=head_off + col]
+                comptime for half in range(2):
+                    var i = 4 * jj + 2 * half + e
+                    var p = exp2(st[i] - lse_c)
+                    comptime if CAUSAL:
+                        if my_key + 8 * half > col:
+                            p = 0
+                    st[i] = p
+        var pf = p_fragments[dtype, BQ](st)
+        mbar_wait(full1.unsafe_offset(s), phase)
+        dv = pv_issue[dtype, D, BQ](pf, v_descs[dtype, D, BQ](sdo), dv)
+        var dpt = s_wgmma[dtype, D, BQ](sv, sdo)
+        dv = pv_wait[D, BQ](pf, dv)  # waits for both products
+        dpt = hold(dpt)
+        comptime for jj in range(BQ // 8):
+            comptime for e in range(4):
+                var i = 4 * jj + e
+                st[i] = st[i] * (dpt[i] - dl[2 * jj + e % 2])
+        var dsf = p_fragments[dtype, BQ](st)
+        dk = pv_issue[dtype, D, BQ](dsf, v_descs[dtype, D, BQ](sq), dk)
+        dk = pv_wait[D, BQ](dsf, dk)
+        if lane_id() == 0:
+            _ = mbarrier_arrive(empty.unsafe_offset(s))
+
+
+# --8<-- [end:consume]

@@ -1,0 +1,84 @@
+# Day 018, backward pass 2: dQ for one block of queries (64 per consumer warpgroup),
+# walking the key tiles as the forward does. Per tile:
+#   S  = Q K^T,  dP = dO V^T     two wgmma from shared memory, waited for together
+#   dS = exp2(S * scale log2 e - lse2[row]) (dP - delta[row])
+#   dQ += dS K                   wgmma, dS from registers (the forward's P V form)
+
+from max.gpu import lane_id
+from max.gpu.compute.mma import wgmma_wait_group_sync
+from max.gpu.sync import mbarrier_arrive
+from std.math import exp2
+
+from days.day014.gemm_v3_tma import mbar_wait
+from days.day018.attention_common import (
+    hold,
+    p_fragments,
+    pv_issue,
+    pv_wait,
+    s_wgmma,
+    v_descs,
+)
+
+comptime BK = 64  # keys per streamed tile
+
+
+# --8<-- [start:consume]
+@always_inline
+def consume_dq[
+    dtype: DType, D: Int, STAGES: Int, CAUSAL: Bool
+](
+    sq: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    sdo: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    stream: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    bars: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+    n_tiles: Int,
+    my_row: Int,
+    Lk: Int,
+    lse_r: SIMD[DType.float32, 2],
+    delta_r: SIMD[DType.float32, 2],
+    scale_log2: Float32,
+    mut dq: SIMD[DType.float32, D // 2],
+):
+    """lse_r / delta_r: this thread's rows (g, g + 8), +inf / 0 past Lq."""
+    var full0 = bars.unsafe_offset(1)
+    var full1 = bars.unsafe_offset(1 + STAGES)
+    var empty = bars.unsafe_offset(1 + 2 * STAGES)
+    var t = lane_id() % 4
+    for j in range(n_tiles):
+        var s = j % STAGES
+        var phase = (j // STAGES) % 2
+        var sk = stream.unsafe_offset(s * 2 * BK * D)
+        var sv = sk.unsafe_offset(BK * D)
+        var k0 = j * BK
+        mbar_wait(full0.unsafe_offset(s), phase)
+        var sc = s_wgmma[dtype, D, BK](sq, sk)
+        mbar_wait(full1.unsafe_offset(s), phase)
+        var dp = s_wgmma[dtype, D, BK](sdo, sv)
+        wgmma_wait_group_sync[0]()
+        sc = hold(sc) * scale_log2
+        dp = hold(dp)
+        comptime for jj in range(BK // 8):
+            comptime for e in range(4):
+                var i = 4 * jj + e
+                var key = k0 + 8 * jj + 2 * t + e % 2
+                var p = exp2(sc[i] - lse_r[e // 2])
+                var out = key >= Lk
+                comptime if CAUSAL:
+                    out = out or key > my_row + 8 * (e // 2)
+                if out:
+                    p = 0
+                sc[i] = p * (dp[i] - delta_r[e // 2])
+        var dsf = p_fragments[dtype, BK](sc)
+        dq = pv_issue[dtype, D, BK](dsf, v_descs[dtype, D, BK](sk), dq)
+        dq = pv_wait[D, BK](dsf, dq)
+        if lane_id() == 0:
+            _ = mbarrier_arrive(empty.unsafe_offset(s))
+
+
+# --8<-- [end:consume]
