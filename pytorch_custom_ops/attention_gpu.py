@@ -41,8 +41,8 @@ def stages_for(d: int, bn: int) -> int:
 
 
 BN = 128  # keys per K/V tile
-VERSIONS = (1, 2)  # 1: S, softmax, P V in turn; 2: the softmax overlaps the next products
-DEFAULT_VERSION = 1  # measured 4-10% faster than version 2 on the H100 (days/day018/README.md)
+VERSIONS = (1, 2, 3)  # 1: S, softmax, P V in turn; 2: the softmax overlaps the next products; 3: 2 + ping-pong
+DEFAULT_VERSION = 3  # the fastest measured on the H100 (days/day018/README.md)
 FWD_KERNEL = KernelFamily(
     FWD_MODULE,
     "attention_fwd_kernel",

@@ -66,19 +66,24 @@ def consume_dkdv[
         var sdo = sq.unsafe_offset(BQ * D)
         var q0 = q_start + (j % per_head) * BQ
         var head_off = (j // per_head) * Lq
-        mbar_wait(full0.unsafe_offset(s), phase)
-        var st = s_wgmma[dtype, D, BQ](sk, sq)
-        wgmma_wait_group_sync[0]()
-        st = hold(st) * scale_log2
-        # P^T: column c (a query) uses lse2[c]; +inf past Lq makes P^T = 0 there
+        # P^T: column c (a query) uses lse2[c]; +inf past Lq makes P^T = 0 there.
+        # Loaded before the barrier wait, so their latency hides behind it and S^T.
+        var lc = SIMD[DType.float32, BQ // 4](Float32.MAX)  # lse2 per column
         var dl = SIMD[DType.float32, BQ // 4](0)  # delta per column, same order
         comptime for jj in range(BQ // 8):
             comptime for e in range(2):
                 var col = q0 + 8 * jj + 2 * t + e
-                var lse_c = Float32.MAX
                 if col < Lq:
-                    lse_c = lse[unsafe_offset=head_off + col]
+                    lc[2 * jj + e] = lse[unsafe_offset=head_off + col]
                     dl[2 * jj + e] = delta[unsafe_offset=head_off + col]
+        mbar_wait(full0.unsafe_offset(s), phase)
+        var st = s_wgmma[dtype, D, BQ](sk, sq)
+        wgmma_wait_group_sync[0]()
+        st = hold(st) * scale_log2
+        comptime for jj in range(BQ // 8):
+            comptime for e in range(2):
+                var col = q0 + 8 * jj + 2 * t + e
+                var lse_c = lc[2 * jj + e]
                 comptime for half in range(2):
                     var i = 4 * jj + 2 * half + e
                     var p = exp2(st[i] - lse_c)

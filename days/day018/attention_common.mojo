@@ -98,17 +98,20 @@ def online_softmax[
     mut s: SIMD[DType.float32, BN // 2],
     mut m: SIMD[DType.float32, 2],
     mut l: SIMD[DType.float32, 2],
+    c: Float32,
 ) -> SIMD[DType.float32, 2]:
-    """One kv tile of the online softmax on scores already in the log2 domain
-    (s * scale * log2 e): s becomes P = exp2(s - m_new), the running max m and the
-    thread's partial row sums l are updated; returns alpha = exp2(m - m_new), by
-    which the caller rescales O (`rescale`) once no wgmma is writing it."""
+    """One kv tile of the online softmax on raw scores s (masked ones -inf) with
+    c = scale * log2(e) > 0: s becomes P = exp2(s c - m_new), one FMA and one exp2 per
+    score (the max is taken on the raw scores: scaling by c > 0 keeps it the max). The
+    running max m (in the log2 domain) and the thread's partial row sums l are
+    updated; returns alpha = exp2(m - m_new), by which the caller rescales O
+    (`rescale`) once no wgmma is writing it."""
     var mx = SIMD[DType.float32, 2](NEG_INF)
     comptime for j in range(BN // 8):
         mx[0] = max(mx[0], max(s[4 * j], s[4 * j + 1]))
         mx[1] = max(mx[1], max(s[4 * j + 2], s[4 * j + 3]))
     var m_new = SIMD[DType.float32, 2](
-        max(m[0], quad_max(mx[0])), max(m[1], quad_max(mx[1]))
+        max(m[0], quad_max(mx[0]) * c), max(m[1], quad_max(mx[1]) * c)
     )
     # a row with every key masked so far keeps m = -inf: subtract 0 instead, so
     # exp2(-inf - -inf) does not make a NaN (its p are 0 either way)
@@ -120,7 +123,7 @@ def online_softmax[
     var rs = SIMD[DType.float32, 2](0)
     comptime for j in range(BN // 8):
         comptime for e in range(4):
-            var p = exp2(s[4 * j + e] - base[e // 2])
+            var p = exp2(s[4 * j + e].fma(c, -base[e // 2]))
             s[4 * j + e] = p
             rs[e // 2] += p
     l = l * alpha + rs

@@ -3,7 +3,8 @@
 # consumer warpgroups of 64 query rows each; the versions differ in the consumers'
 # loop, one file each (the ladder of the day's journal):
 #   attention_v1_serial.mojo   S, softmax, P V one after another
-#   attention_v2_overlap.mojo  the softmax of tile j overlaps P V of tile j-1 and S_j
+#   attention_v2_overlap.mojo  the softmax of tile j overlaps P V of tile j-1 and S_j;
+#                              version 3 adds the ping-pong between the two consumers
 #
 # Builds on day 014's version 3 (TMA into 128-byte swizzled tiles, mbarrier phases,
 # setmaxnreg, the tile descriptors): its helpers are imported, not copied.
@@ -93,7 +94,7 @@ def attention_fwd_kernel[
     comptime assert D == 64 or D == 128, "head dim 64 or 128"
     comptime assert BN == 128, "kv tile 128"
     comptime assert STAGES >= 2, "at least two stages"
-    comptime assert VERSION == 1 or VERSION == 2, "versions 1 and 2"
+    comptime assert VERSION >= 1 and VERSION <= 3, "versions 1 to 3"
     comptime assert SMEM == (Q_ELEMS + STAGES * KV_ELEMS) * size_of[
         dtype
     ]() + 8 * (1 + 3 * STAGES), "Q, stages, barriers"
@@ -164,8 +165,19 @@ def attention_fwd_kernel[
                 sq, skv, bars, n_tiles, row0, my_row, Lk, scale_log2, o, m, l
             )
         else:
-            consume_v2[dtype, D, BN, STAGES, CAUSAL](
-                sq, skv, bars, n_tiles, row0, my_row, Lk, scale_log2, o, m, l
+            consume_v2[dtype, D, BN, STAGES, CAUSAL, VERSION == 3](
+                sq,
+                skv,
+                bars,
+                n_tiles,
+                row0,
+                my_row,
+                Lk,
+                scale_log2,
+                o,
+                m,
+                l,
+                cw,
             )
         store_o_lse[dtype, D](
             o,

@@ -53,10 +53,10 @@ def consume_v1[
         mbar_wait(full_k.unsafe_offset(s), phase)
         var sc = s_wgmma[dtype, D, BN](sq, sk)
         wgmma_wait_group_sync[0]()
-        sc = hold(sc) * scale_log2
+        sc = hold(sc)
         if needs_mask[BN, CAUSAL](j * BN, row0, Lk):
             mask_tile[BN, CAUSAL](sc, my_row, j * BN, Lk)
-        rescale[D](o, online_softmax[BN](sc, m, l))
+        rescale[D](o, online_softmax[BN](sc, m, l, scale_log2))
         var p = p_fragments[dtype, BN](sc)
         mbar_wait(full_v.unsafe_offset(s), phase)
         o = pv_issue[dtype, D, BN](

@@ -4,10 +4,16 @@
 # (wait_group 1: groups retire in order), does the softmax, then waits for the P V
 # product before rescaling O. P_{j-1} and O stay in registers the hardware still reads
 # or writes across the softmax; `pv_wait` and `hold` keep the compiler off them.
+#
+# Version 3 is this loop with PINGPONG (FlashAttention-3's inter-warpgroup schedule):
+# the two consumers take turns to issue their products, through two named barriers, so
+# that one warpgroup's softmax always runs while the other's products keep the tensor
+# cores busy, instead of both softmaxes landing at the same time.
 
 from max.gpu.compute.mma import wgmma_wait_group_sync
 from max.gpu.sync import mbarrier_arrive
 from max.gpu import lane_id
+from std.sys._assembly import inlined_assembly
 
 from days.day014.gemm_v3_tma import mbar_wait
 from days.day018.attention_common import (
@@ -24,10 +30,26 @@ from days.day018.attention_common import (
 )
 
 
+comptime SCHED_BAR = 1  # named barriers 1 and 2 (0 is the block barrier)
+
+
+@always_inline
+def sched_sync(id: Int):
+    """Wait at named barrier `id` for the 256 threads of both consumers."""
+    inlined_assembly["bar.sync $0, 256;", NoneType, constraints="r"](Int32(id))
+
+
+@always_inline
+def sched_arrive(id: Int):
+    inlined_assembly["bar.arrive $0, 256;", NoneType, constraints="r"](
+        Int32(id)
+    )
+
+
 # --8<-- [start:consume]
 @always_inline
 def consume_v2[
-    dtype: DType, D: Int, BN: Int, STAGES: Int, CAUSAL: Bool
+    dtype: DType, D: Int, BN: Int, STAGES: Int, CAUSAL: Bool, PINGPONG: Bool
 ](
     sq: Pointer[
         Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
@@ -44,33 +66,48 @@ def consume_v2[
     mut o: SIMD[DType.float32, D // 2],
     mut m: SIMD[DType.float32, 2],
     mut l: SIMD[DType.float32, 2],
+    cw: Int,
 ):
+    """cw: this consumer (0 or 1); with PINGPONG, consumer 0 issues first."""
+    var mine = SCHED_BAR + cw
+    var other = SCHED_BAR + 1 - cw
+    comptime if PINGPONG:
+        if cw == 1:
+            sched_arrive(other)
     var full_k = bars.unsafe_offset(1)
     var full_v = bars.unsafe_offset(1 + STAGES)
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
     # tile 0: S alone, softmax (O is 0: nothing to rescale)
     mbar_wait(full_k, 0)
+    comptime if PINGPONG:
+        sched_sync(mine)
     var sc = s_wgmma[dtype, D, BN](sq, skv)
+    comptime if PINGPONG:
+        sched_arrive(other)
     wgmma_wait_group_sync[0]()
-    sc = hold(sc) * scale_log2
+    sc = hold(sc)
     if needs_mask[BN, CAUSAL](0, row0, Lk):
         mask_tile[BN, CAUSAL](sc, my_row, 0, Lk)
-    _ = online_softmax[BN](sc, m, l)
+    _ = online_softmax[BN](sc, m, l, scale_log2)
     var p = p_fragments[dtype, BN](sc)
     for j in range(1, n_tiles):
         var prev = (j - 1) % STAGES
         var s = j % STAGES
         var sk = skv.unsafe_offset(s * 2 * BN * D)
         mbar_wait(full_k.unsafe_offset(s), (j // STAGES) % 2)
-        sc = s_wgmma[dtype, D, BN](sq, sk)
         mbar_wait(full_v.unsafe_offset(prev), ((j - 1) // STAGES) % 2)
+        comptime if PINGPONG:
+            sched_sync(mine)
+        sc = s_wgmma[dtype, D, BN](sq, sk)
         var sv_prev = skv.unsafe_offset(prev * 2 * BN * D + BN * D)
         o = pv_issue[dtype, D, BN](p, v_descs[dtype, D, BN](sv_prev), o)
+        comptime if PINGPONG:
+            sched_arrive(other)
         wgmma_wait_group_sync[1]()  # S_j is done; P_{j-1} V_{j-1} may still run
-        sc = hold(sc) * scale_log2
+        sc = hold(sc)
         if needs_mask[BN, CAUSAL](j * BN, row0, Lk):
             mask_tile[BN, CAUSAL](sc, my_row, j * BN, Lk)
-        var alpha = online_softmax[BN](sc, m, l)
+        var alpha = online_softmax[BN](sc, m, l, scale_log2)
         o = pv_wait[D, BN](p, o)
         rescale[D](o, alpha)
         if lane_id() == 0:

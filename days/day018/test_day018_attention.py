@@ -117,7 +117,7 @@ def test_bad_scale(scale):
 
 
 def test_unknown_version():
-    with pytest.raises(ValueError, match="version"), attention_version(3):
+    with pytest.raises(ValueError, match="version"), attention_version(4):
         pass
 
 
@@ -162,7 +162,7 @@ def test_backward_plan_on_cpu():
 
 # -- CUDA: the Mojo kernel ---------------------------------------------------------------------------
 @needs_cuda
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 @pytest.mark.parametrize("dtype", [BF16, FP16])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("causal", [False, True])
@@ -176,7 +176,7 @@ def test_cuda_forward_matches_float64(version, dtype, shape, causal):
 
 
 @needs_cuda
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 @pytest.mark.parametrize("d", [64, 128])
 def test_cuda_long_sequences_and_large_logits(version, d):
     q, k, v = make(1, 2, 2, 1000, 2100, d, BF16, "cuda", spread=8.0)  # scores in the hundreds

@@ -31,7 +31,7 @@ def _mojo(version):
     return run
 
 
-IMPLS = {"mojo_v1": _mojo(1), "mojo_v2": _mojo(2), **IMPLS_FOR_TIMING}
+IMPLS = {"mojo_v1": _mojo(1), "mojo_v2": _mojo(2), "mojo_v3": _mojo(3), **IMPLS_FOR_TIMING}
 
 
 def check(fn, q, k, v, causal) -> float:
@@ -64,7 +64,7 @@ def main() -> None:
 
 
 def time_backward(quick: bool) -> None:
-    impls = {"mojo": IMPLS["mojo_v1"], **IMPLS_FOR_TIMING}
+    impls = {"mojo": IMPLS["mojo_v3"], **IMPLS_FOR_TIMING}
     print(f"{torch.cuda.get_device_name()}; bf16 forward + backward; TFLOP/s by kernel time (max |dq err| vs fp32)")
     print(f"{'d':>4} {'causal':>6} {'seq':>6} " + " ".join(f"{n:>18}" for n in impls))
     for d in (128, 64):
