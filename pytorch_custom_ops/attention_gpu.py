@@ -20,27 +20,40 @@ FWD_MODULE = "days.day018.attention_fwd"
 BWD_MODULE = "days.day018.attention_bwd"
 DTYPES = (torch.bfloat16, torch.float16)
 HEAD_DIMS = (64, 128)
-THREADS = 3 * 128  # a producer warpgroup and two consumer warpgroups
-BLOCK_M = 128  # query rows per block: 64 per consumer
+THREADS = 3 * 128  # the backward's blocks: a producer warpgroup and two consumer warpgroups
+BLOCK_M = 128  # the backward's fixed rows per block: 64 per consumer
 BOX = 64  # a TMA box row: 64 16-bit elements = one 128-byte swizzle span
 SMEM_LIMIT = 227 * 1024  # the H100's opt-in maximum per block
 LOG2E = 1.4426950408889634
+BN = 128  # keys per K/V tile of the forward
 
 
-def smem_bytes(d: int, bn: int, stages: int, itemsize: int = 2) -> int:
-    """Q (2 x 64 rows x d), `stages` x (K and V: bn x d each), 1 + 3 stages mbarriers."""
-    return (2 * 64 * d + stages * 2 * bn * d) * itemsize + 8 * (1 + 3 * stages)
+def consumers_for(d: int) -> int:
+    """Consumer warpgroups of the forward (64 query rows each): 3 at head_dim 64, where a
+    tile's products are half as long against the same softmax work, else 2."""
+    return 3 if d == 64 else 2
 
 
-def stages_for(d: int, bn: int) -> int:
+def smem_bytes(d: int, bn: int, stages: int, itemsize: int = 2, nc: int = 2) -> int:
+    """Q (nc x 64 rows x d), `stages` x (K and V: bn x d each), 1 + 3 stages mbarriers."""
+    return (nc * 64 * d + stages * 2 * bn * d) * itemsize + 8 * (1 + 3 * stages)
+
+
+def stages_for(d: int, bn: int, nc: int = 2) -> int:
     """As many K/V stages as fit (at most 4)."""
     s = 4
-    while s > 2 and smem_bytes(d, bn, s) > SMEM_LIMIT:
+    while s > 2 and smem_bytes(d, bn, s, nc=nc) > SMEM_LIMIT:
         s -= 1
     return s
 
 
-BN = 128  # keys per K/V tile
+def fwd_config(d: int) -> tuple[int, int, int]:
+    """(consumers, stages, shared-memory bytes) of the forward at head_dim d."""
+    nc = consumers_for(d)
+    stages = stages_for(d, BN, nc)
+    return nc, stages, smem_bytes(d, BN, stages, nc=nc)
+
+
 VERSIONS = (1, 2, 3)  # 1: S, softmax, P V in turn; 2: the softmax overlaps the next products; 3: 2 + ping-pong
 DEFAULT_VERSION = 3  # the fastest measured on the H100 (days/day018/README.md)
 FWD_KERNEL = KernelFamily(
@@ -48,8 +61,8 @@ FWD_KERNEL = KernelFamily(
     "attention_fwd_kernel",
     # q_map, k_map, v_map, out, lse, Lq, Lk, group, o_bs, o_hs, o_rs, scale_log2
     args=("tensormap",) * 3 + ("ptr",) * 2 + ("i64",) * 6 + ("f32",),
-    variants=tuple(  # (dtype, D, BN, STAGES, CAUSAL, VERSION, SMEM)
-        (dtype, d, BN, stages_for(d, BN), causal, version, smem_bytes(d, BN, stages_for(d, BN)))
+    variants=tuple(  # (dtype, D, BN, STAGES, CAUSAL, VERSION, NC, SMEM)
+        (dtype, d, BN, fwd_config(d)[1], causal, version, fwd_config(d)[0], fwd_config(d)[2])
         for dtype in DTYPES
         for d in HEAD_DIMS
         for causal in (False, True)
@@ -65,7 +78,7 @@ def current_version() -> int:
 
 @contextmanager
 def attention_version(version: int):
-    """Run day 018's forward version `version` (1 or 2) inside the block: the ladder's
+    """Run day 018's forward version `version` (1, 2 or 3) inside the block: the ladder's
     rungs for benchmarks and tests. The default is the fastest measured (DEFAULT_VERSION)."""
     global _version
     if version not in VERSIONS:
@@ -99,18 +112,17 @@ def tma_ready(t: torch.Tensor) -> bool:
 
 @direct.plan(FWD_KERNEL)
 def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
-    """One launch: grid (ceil(Lq / 128), q heads, batch)."""
+    """One launch: grid (ceil(Lq / (64 consumers)), q heads, batch)."""
     out, lse = outputs
     q, k, v = inputs
     b, hq, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     causal = params["CAUSAL"]
-    bn = BN
-    stages = stages_for(d, bn)
-    kernel = FWD_KERNEL[q.dtype, d, bn, stages, causal, _version, smem_bytes(d, bn, stages)]
+    nc, stages, smem = fwd_config(d)
+    kernel = FWD_KERNEL[q.dtype, d, BN, stages, causal, _version, nc, smem]
     args = (
         tma_map(q, BOX),
-        tma_map(k, bn),
+        tma_map(k, BN),
         tma_map(v, BOX),
         out.data_ptr(),
         lse.data_ptr(),
@@ -122,8 +134,8 @@ def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
         out.stride(2),
         params["SCALE_LOG2"],
     )
-    grid = (-(-lq // BLOCK_M), hq, b)
-    return [direct.Launch(kernel, grid, THREADS, args, smem_bytes(d, bn, stages))]
+    grid = (-(-lq // (64 * nc)), hq, b)
+    return [direct.Launch(kernel, grid, 128 * (1 + nc), args, smem)]
 
 
 # -- the backward: two launches of one kernel (days/day018/attention_bwd.mojo) -------------------

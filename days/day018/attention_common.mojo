@@ -355,7 +355,12 @@ comptime BOX = TMA_BK * TMA_BK  # elements of one 64 x 64 box
 
 @always_inline
 def produce[
-    dtype: DType, D: Int, BN: Int, STAGES: Int, N_FIXED: Int
+    dtype: DType,
+    D: Int,
+    BN: Int,
+    STAGES: Int,
+    N_FIXED: Int,
+    NC: Int = CONSUMERS,
 ](
     f0_map: OpaquePointer[mut=False, _],
     f1_map: OpaquePointer[mut=False, _],
@@ -376,7 +381,7 @@ def produce[
     s_row0: Int,
     per_head: Int,
 ):
-    """The block's fixed tiles once (N_FIXED tensors, both consumers' 64 rows from
+    """The block's fixed tiles once (N_FIXED tensors, the NC consumers' 64 rows from
     f_row: Q in the forward), then the streamed pairs tile by tile into stage
     j % STAGES once the consumers have released it (K and V in the forward). Tile j
     starts at row s_row0 + (j % per_head) * BN of head s_head0 + j // per_head: the
@@ -389,7 +394,7 @@ def produce[
     apart so that a product on stream 0 can start while stream 1 lands."""
     comptime DB = D // TMA_BK
     comptime T_ELEMS = BN * D
-    comptime F_ELEMS = CONSUMERS * DB * BOX
+    comptime F_ELEMS = NC * DB * BOX
     var fixed = bars
     var full0 = bars.unsafe_offset(1)
     var full1 = bars.unsafe_offset(1 + STAGES)
@@ -398,7 +403,7 @@ def produce[
         fixed, Int32(N_FIXED * F_ELEMS * size_of[dtype]())
     )
     comptime for f in range(N_FIXED):
-        comptime for c in range(CONSUMERS):
+        comptime for c in range(NC):
             comptime for db in range(DB):
                 load_box(
                     f0_map if f == 0 else f1_map,

@@ -42,9 +42,7 @@ from days.day014.gemm_v3_tma import (
     set_max_registers,
 )
 from days.day018.attention_common import (
-    BM,
     BOX,
-    CONSUMERS,
     NEG_INF,
     produce,
     store_o_lse,
@@ -56,7 +54,7 @@ from days.day018.attention_v2_overlap import consume_v2
 # --8<-- [start:kernel]
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
-        Int32(WG_THREADS * (1 + CONSUMERS))
+        Int32(WG_THREADS * (1 + NC))
     )
 )
 @__llvm_arg_metadata(q_map, `nvvm.grid_constant`)
@@ -69,6 +67,7 @@ def attention_fwd_kernel[
     STAGES: Int,
     CAUSAL: Bool,
     VERSION: Int,
+    NC: Int,
     SMEM: Int,
 ](
     q_map: TMADescriptor,
@@ -84,12 +83,14 @@ def attention_fwd_kernel[
     o_rs: Int64,
     scale_log2: Float32,
 ):
-    """Grid (ceil(Lq / 128), q heads, batch), 384 threads, SMEM bytes of dynamic
+    """Grid (ceil(Lq / (64 NC)), q heads, batch), 128 (1 + NC) threads (NC consumer
+    warpgroups of 64 query rows: 2 at head_dim 128, 3 at 64), SMEM bytes of dynamic
     shared memory. q/k/v maps: 4-D views (head_dim, seq, heads, batch) with boxes of
     64 x 64 (q, v) and 64 x BN (k). dst: (batch, q heads, Lq, D) by the strides given
     (last one 1); lse: (batch, q heads, Lq) float32, contiguous."""
     comptime DB = D // TMA_BK  # 64-wide boxes per row of head_dim
-    comptime Q_ELEMS = CONSUMERS * DB * BOX
+    comptime BM = 64 * NC  # query rows per block
+    comptime Q_ELEMS = NC * DB * BOX
     comptime KV_ELEMS = 2 * BN * D
     comptime assert D == 64 or D == 128, "head dim 64 or 128"
     comptime assert BN == 128, "kv tile 128"
@@ -123,18 +124,20 @@ def attention_fwd_kernel[
         comptime for s in range(STAGES):
             mbarrier_init(bars.unsafe_offset(1 + s), 1)
             mbarrier_init(bars.unsafe_offset(1 + STAGES + s), 1)
-            mbarrier_init(
-                bars.unsafe_offset(1 + 2 * STAGES + s), Int32(CONSUMERS * 4)
-            )
+            mbarrier_init(bars.unsafe_offset(1 + 2 * STAGES + s), Int32(NC * 4))
         fence_mbarrier_init()
     barrier()
 
     var wg = thread_idx.x // WG_THREADS
+    # 2 consumers: day 014's split (40 / 232); 3: what 512 threads x 128 registers allow
+    comptime PRODUCER_REGS = TMA_PRODUCER_REGS if NC == 2 else 24
+    comptime CONSUMER_REGS = TMA_CONSUMER_REGS if NC == 2 else 160
+    comptime assert WG_THREADS * (PRODUCER_REGS + NC * CONSUMER_REGS) <= 65536
     if wg == 0:
-        set_max_registers[False, TMA_PRODUCER_REGS]()
+        set_max_registers[False, PRODUCER_REGS]()
         if thread_idx.x == 0:
             var qmap = Pointer(to=q_map).unsafe_bitcast[NoneType]()
-            produce[dtype, D, BN, STAGES, 1](
+            produce[dtype, D, BN, STAGES, 1, NC](
                 qmap,
                 qmap,
                 Pointer(to=k_map).unsafe_bitcast[NoneType](),
@@ -151,7 +154,7 @@ def attention_fwd_kernel[
                 max(n_tiles, 1),
             )
     else:
-        set_max_registers[True, TMA_CONSUMER_REGS]()
+        set_max_registers[True, CONSUMER_REGS]()
         var cw = wg - 1
         var row0 = q0 + cw * 64  # this consumer's first query row
         var my_row = row0 + (warp_id() % 4) * 16 + lane_id() // 4
@@ -165,7 +168,7 @@ def attention_fwd_kernel[
                 sq, skv, bars, n_tiles, row0, my_row, Lk, scale_log2, o, m, l
             )
         else:
-            consume_v2[dtype, D, BN, STAGES, CAUSAL, VERSION == 3](
+            consume_v2[dtype, D, BN, STAGES, CAUSAL, VERSION == 3, NC](
                 sq,
                 skv,
                 bars,

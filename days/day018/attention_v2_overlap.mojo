@@ -30,12 +30,13 @@ from days.day018.attention_common import (
 )
 
 
-comptime SCHED_BAR = 1  # named barriers 1 and 2 (0 is the block barrier)
+comptime SCHED_BAR = 1  # named barriers 1 .. NC (0 is the block barrier)
 
 
 @always_inline
 def sched_sync(id: Int):
-    """Wait at named barrier `id` for the 256 threads of both consumers."""
+    """Wait at named barrier `id` for 256 threads: this consumer and the one before it.
+    """
     inlined_assembly["bar.sync $0, 256;", NoneType, constraints="r"](Int32(id))
 
 
@@ -49,7 +50,13 @@ def sched_arrive(id: Int):
 # --8<-- [start:consume]
 @always_inline
 def consume_v2[
-    dtype: DType, D: Int, BN: Int, STAGES: Int, CAUSAL: Bool, PINGPONG: Bool
+    dtype: DType,
+    D: Int,
+    BN: Int,
+    STAGES: Int,
+    CAUSAL: Bool,
+    PINGPONG: Bool,
+    NC: Int,
 ](
     sq: Pointer[
         Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
@@ -68,11 +75,12 @@ def consume_v2[
     mut l: SIMD[DType.float32, 2],
     cw: Int,
 ):
-    """cw: this consumer (0 or 1); with PINGPONG, consumer 0 issues first."""
+    """cw: this consumer (of NC); with PINGPONG the consumers issue in turn, 0 first:
+    each waits at its own barrier and then opens the next one's."""
     var mine = SCHED_BAR + cw
-    var other = SCHED_BAR + 1 - cw
+    var other = SCHED_BAR + (cw + 1) % NC
     comptime if PINGPONG:
-        if cw == 1:
+        if cw == NC - 1:
             sched_arrive(other)
     var full_k = bars.unsafe_offset(1)
     var full_v = bars.unsafe_offset(1 + STAGES)

@@ -135,13 +135,22 @@ def test_launch_plan_on_cpu():
     out, lse = torch.empty_like(q), torch.empty(2, 4, 300)
     (launch,) = attention_gpu([out, lse], [q, k, v], {"CAUSAL": True, "SCALE_LOG2": 0.1})
     assert launch.grid == (3, 4, 2) and launch.block == 384
-    assert launch.kernel.family is FWD_KERNEL and launch.kernel.params[:6] == (BF16, 128, 128, 3, True, DEFAULT_VERSION)
+    assert launch.kernel.family is FWD_KERNEL
+    assert launch.kernel.params[:7] == (BF16, 128, 128, 3, True, DEFAULT_VERSION, 2)
     assert launch.smem == smem_bytes(128, 128, 3) <= 227 * 1024
     q_map, k_map = launch.args[0], launch.args[1]
     assert q_map.dims == (128, 300, 4, 2) and q_map.box == (64, 64, 1, 1)
     assert k_map.dims == (128, 260, 2, 2) and k_map.box == (64, 128, 1, 1)
     assert q_map.byte_strides == (256, 300 * 256, 4 * 300 * 256)
     assert launch.args[5:11] == (300, 260, 2, 4 * 300 * 128, 300 * 128, 128)
+    q64 = q[..., :64].contiguous()  # head_dim 64: three consumers, 192 query rows per block
+    (launch,) = attention_gpu(
+        [q64.clone(), lse],
+        [q64, k[..., :64].contiguous(), v[..., :64].contiguous()],
+        {"CAUSAL": False, "SCALE_LOG2": 0.1},
+    )
+    assert launch.grid == (2, 4, 2) and launch.block == 512 and launch.kernel.params[6] == 3
+    assert launch.smem == smem_bytes(64, 128, 4, nc=3)
 
 
 def test_backward_plan_on_cpu():
