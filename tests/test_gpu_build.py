@@ -146,17 +146,26 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         "day019.gemm_pingpong_kernel.bfloat16.0.1.128.128.*.1.1.*": (r"ex2\.approx",),
     },
     "day018": {
-        # version 1: Q, K and V through 4-D TMA boxes (head_dim, seq, heads, batch), the
-        # register hand-over, S = Q K^T from shared memory, O += P V with P in registers
-        # (the register-A form: four .b32 registers where a descriptor would be), exp2
+        # the forward: Q, K and V through 4-D TMA boxes (head_dim, seq, heads, batch), S = Q K^T
+        # from shared memory, O += P V with P in registers (the register-A form: four .b32
+        # registers where a descriptor would be), exp2, row maxima by butterfly shuffles
         "day018.attention_fwd_kernel.*": (
             r"cp\.async\.bulk\.tensor\.4d\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes",
             r"mbarrier\.try_wait\.parity\.shared::cta\.b64",
+            r"ex2\.approx",
+            r"shfl\.sync\.bfly\.b32",
+        ),
+        # head_dim 128: two consumers (384 threads, registers 40 / 232)
+        "day018.attention_fwd_kernel.*.128.128.*": (
             r"setmaxnreg\.inc\.sync\.aligned\.u32 232;",
             r"setmaxnreg\.dec\.sync\.aligned\.u32 40;",
             r"\.maxntid 384",
-            r"ex2\.approx",
-            r"shfl\.sync\.bfly\.b32",
+        ),
+        # head_dim 64: three consumers (512 threads, registers 24 / 160)
+        "day018.attention_fwd_kernel.*.64.128.*": (
+            r"setmaxnreg\.inc\.sync\.aligned\.u32 160;",
+            r"setmaxnreg\.dec\.sync\.aligned\.u32 24;",
+            r"\.maxntid 512",
         ),
         "day018.attention_fwd_kernel.bfloat16.128.*": (
             r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16\s*\{[^}]*\},\s*%rd",
@@ -165,6 +174,20 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         ),
         "day018.attention_fwd_kernel.float16.64.*": (
             r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.f16\.f16\s*\{[^}]*\},\s*\{%r\d+, %r\d+, %r\d+, %r\d+\}",
+        ),
+        # version 3: the consumers' turns through named barriers
+        "day018.attention_fwd_kernel.*.3.[23].*": (r"bar\.sync\s+%r\d+, 256;", r"bar\.arrive\s+%r\d+, 256;"),
+        # the backward: the same frame, 64-row streamed tiles (n64 products), P and dS from
+        # registers (m64nDk16 register-A), two consumers
+        "day018.attention_bwd_kernel.*": (
+            r"cp\.async\.bulk\.tensor\.4d\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes",
+            r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.(bf16\.bf16|f16\.f16)\s*\{[^}]*\},\s*%rd",
+            r"\.maxntid 384",
+            r"ex2\.approx",
+        ),
+        "day018.attention_bwd_kernel.bfloat16.128.*": (
+            r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16\s*\{[^}]*\},"
+            r"\s*\{%r\d+, %r\d+, %r\d+, %r\d+\}",
         ),
     },
     "day015": {
