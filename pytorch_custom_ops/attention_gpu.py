@@ -100,13 +100,13 @@ def tma_map(t: torch.Tensor, box_rows: int) -> TensorMapSpec:
 
 
 def tma_ready(t: torch.Tensor) -> bool:
-    """TMA needs a 16-byte aligned base, 16-byte multiples for every stride but the
-    last, and a unit last stride."""
+    """TMA needs a 16-byte aligned base, positive 16-byte multiples for every stride but
+    the last (an expanded, stride-0 dim is copied), and a unit last stride."""
     size = t.element_size()
     return (
         t.stride(-1) == 1
         and t.data_ptr() % 16 == 0
-        and all((t.stride(i) * size) % 16 == 0 or t.shape[i] == 1 for i in range(3))
+        and all((t.stride(i) > 0 and (t.stride(i) * size) % 16 == 0) or t.shape[i] == 1 for i in range(3))
     )
 
 

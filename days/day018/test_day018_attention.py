@@ -153,6 +153,18 @@ def test_launch_plan_on_cpu():
     assert launch.smem == smem_bytes(64, 128, 4, nc=3)
 
 
+def test_tma_ready_layouts():
+    """Views TMA reads in place, and the ones that are copied first."""
+    from pytorch_custom_ops.attention_gpu import tma_ready
+
+    x = torch.randn(2, 50, 3 * 4, 64, dtype=BF16)
+    q, k, v = x.view(2, 50, 3, 4, 64).permute(2, 0, 3, 1, 4).unbind(0)  # (B, S, H, D) as (B, H, S, D)
+    assert tma_ready(q) and tma_ready(k.contiguous())
+    assert not tma_ready(q.transpose(-1, -2))  # head_dim not unit-stride
+    assert not tma_ready(k[:, :1].expand(2, 4, 50, 64))  # a broadcast head (stride 0)
+    assert not tma_ready(torch.randn(1, 1, 9, 72, dtype=BF16)[..., 4:68])  # rows of 144 B, base off by 8 B
+
+
 def test_backward_plan_on_cpu():
     """dK/dV over 128-key blocks of kv heads, then dQ over 128-query blocks of q heads."""
     from pytorch_custom_ops.attention_gpu import BWD_KERNEL, attention_bwd_gpu, bwd_smem_bytes
@@ -193,6 +205,14 @@ def test_cuda_long_sequences_and_large_logits(version, d):
         with attention_version(version):
             out = pco.attention(q, k, v, causal=causal)
         close(out, reference(q, k, v, causal), BF16)
+
+
+@needs_cuda
+def test_cuda_broadcast_kv_heads():
+    """k and v expanded over heads (stride 0) are copied before TMA reads them."""
+    q, k, v = make(1, 4, 1, 130, 130, 64, BF16, "cuda")
+    ke, ve = k.expand(1, 4, 130, 64), v.expand(1, 4, 130, 64)
+    close(pco.attention(q, ke, ve, causal=True), reference(q, k, v, True), BF16)
 
 
 @needs_cuda
