@@ -5,8 +5,9 @@
 Why generated: P comes from registers (wgmma's register-A form), and wgmma reads those
 registers asynchronously. Issued one instruction per Mojo call, the compiler may reuse a
 P register for the next k step (or move the accumulator) before the hardware has read it.
-One asm block that fences, issues all BN/16 k steps, commits and waits leaves nothing in
-flight when it returns. Its operand list (D/2 accumulators, BN/4 P registers, BN/16
+So one asm block fences, issues all BN/16 k steps and commits, and a second one waits
+with O tied in and out and P as inputs: nothing the hardware still owns is touched in
+between. The operand list (D/2 accumulators, BN/4 P registers, BN/16
 descriptors) and result type must be spelled out per shape, hence this script.
 """
 
@@ -27,8 +28,8 @@ def _vals(name: str, n: int) -> str:
     return ", ".join(f"{name}[{i}]" for i in range(n))
 
 
-def pv(d: int, bn: int, wait: bool) -> str:
-    """O += P V: fence, BN/16 wgmma k steps, commit and (wait=True) wait for them."""
+def pv(d: int, bn: int) -> str:
+    """O += P V: fence, BN/16 wgmma k steps, commit; `pv_wait` ends them."""
     nacc, nreg, ndesc = d // 2, bn // 4, bn // 16
     first_reg, first_desc = nacc, nacc + nreg
     one_at = first_desc + ndesc
@@ -40,13 +41,9 @@ def pv(d: int, bn: int, wait: bool) -> str:
         lines.append(f'            "wgmma.mma_async.sync.aligned.m64n{d}k16.f32." + ab + " {operands};\\n"')
     constraints = "=f," * nacc + "r," * nreg + "l," * ndesc + "r," + ",".join(str(i) for i in range(nacc))
     body = "\n".join(lines)
-    tail = (
-        "wgmma.commit_group.sync.aligned;\\nwgmma.wait_group.sync.aligned 0;\\n}"
-        if wait
-        else "wgmma.commit_group.sync.aligned;\\n}"
-    )
-    name = f"pv_wgmma_{d}x{bn}" if wait else f"pv_wgmma_issue_{d}x{bn}"
-    what = "and waits for them" if wait else "and returns with them in flight: `pv_wait` ends them"
+    tail = "wgmma.commit_group.sync.aligned;\\n}"
+    name = f"pv_wgmma_issue_{d}x{bn}"
+    what = "and returns with them in flight: `pv_wait` ends them"
     return f'''
 
 @always_inline
@@ -116,7 +113,7 @@ def main() -> None:
         "from std.sys._assembly import inlined_assembly\n"
     )
     for d, bn in SHAPES:
-        (HERE / f"pv_wgmma_{d}x{bn}.mojo").write_text(head + pv(d, bn, wait=False) + pv_wait(d, bn))
+        (HERE / f"pv_wgmma_{d}x{bn}.mojo").write_text(head + pv(d, bn) + pv_wait(d, bn))
     (HERE / "operand_hold.mojo").write_text(head + hold(32) + hold(64))
     subprocess.run(["mojo", "format", "-q", *(str(p) for p in HERE.glob("*.mojo"))], check=False)
 
