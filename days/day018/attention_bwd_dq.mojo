@@ -68,10 +68,10 @@ def consume_dq[
                 var i = 4 * jj + e
                 var key = k0 + 8 * jj + 2 * t + e % 2
                 var p = exp2(sc[i] - lse_r[e // 2])
-                var out = key >= Lk
+                var masked = key >= Lk
                 comptime if CAUSAL:
-                    out = out or key > my_row + 8 * (e // 2)
-                if out:
+                    masked = masked or key > my_row + 8 * (e // 2)
+                if masked:
                     p = 0
                 sc[i] = p * (dp[i] - delta_r[e // 2])
         var dsf = p_fragments[dtype, BK](sc)
