@@ -72,10 +72,6 @@ FWD_KERNEL = KernelFamily(
 _version = DEFAULT_VERSION
 
 
-def current_version() -> int:
-    return _version
-
-
 @contextmanager
 def attention_version(version: int):
     """Run day 018's forward version `version` (1, 2 or 3) inside the block: the ladder's
@@ -178,18 +174,10 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     scales = (params["SCALE"] * LOG2E, params["SCALE"])
     maps_kv = (tma_map(k, BOX), tma_map(v, BOX))
     maps_q = (tma_map(q, BOX), tma_map(do, BOX))
-    dkdv = direct.Launch(
-        BWD_KERNEL[q.dtype, d, BWD_STAGES, causal, False, smem],
-        (-(-lk // BLOCK_M), hkv, b),
-        THREADS,
-        (*maps_kv, *maps_q, dk.data_ptr(), dv.data_ptr(), *tail, dk.stride(0), dk.stride(1), dk.stride(2), *scales),
-        smem,
-    )
-    dqk = direct.Launch(
-        BWD_KERNEL[q.dtype, d, BWD_STAGES, causal, True, smem],
-        (-(-lq // BLOCK_M), hq, b),
-        THREADS,
-        (*maps_q, *maps_kv, dq.data_ptr(), dq.data_ptr(), *tail, dq.stride(0), dq.stride(1), dq.stride(2), *scales),
-        smem,
-    )
-    return [dkdv, dqk]
+
+    def one_pass(dq_pass: bool, fixed, streamed, dst0, dst1, rows: int, heads: int) -> direct.Launch:
+        args = (*fixed, *streamed, dst0.data_ptr(), dst1.data_ptr(), *tail, *dst0.stride()[:3], *scales)
+        kernel = BWD_KERNEL[q.dtype, d, BWD_STAGES, causal, dq_pass, smem]
+        return direct.Launch(kernel, (-(-rows // BLOCK_M), heads, b), THREADS, args, smem)
+
+    return [one_pass(False, maps_kv, maps_q, dk, dv, lk, hkv), one_pass(True, maps_q, maps_kv, dq, dq, lq, hq)]
