@@ -157,12 +157,16 @@ def _(grad_out, q, k, v, out, lse, causal, scale):
 
 
 def _backward(ctx, grad_out, _grad_lse):
+    if grad_out is None:
+        return None, None, None, None, None
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.gpu_days.attention_backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale)
     return dq, dk, dv, None, None
 
 
 def _backward_direct(ctx, grad_out, _grad_lse):
+    if grad_out is None:
+        return None, None, None, None, None
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = _backward_eager(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale)
     return dq, dk, dv, None, None

@@ -241,11 +241,14 @@ def _setup_context(ctx, inputs, output):
     logits, targets, ignore_index, reduction, _ = inputs
     _loss, lse, scale = output
     ctx.ignore_index, ctx.reduction = ignore_index, reduction
+    ctx.set_materialize_grads(False)  # no zero-filled gradients for lse and scale
     ctx.mark_non_differentiable(lse, scale)
     ctx.save_for_backward(logits, targets, lse, scale)
 
 
 def _grad_logits(ctx, grad_loss, run):
+    if grad_loss is None:
+        return None, None, None, None, None
     logits, targets, lse, scale = ctx.saved_tensors
     # the kernel multiplies by this: grad_loss (per row for "none") times 1/counted for a mean
     factor = grad_loss.to(torch.float64).reshape(-1)

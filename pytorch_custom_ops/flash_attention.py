@@ -66,10 +66,13 @@ def setup_attention_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.causal, ctx.scale = causal, scale
+    ctx.set_materialize_grads(False)  # no zero-filled gradient for lse (backwards take grad_out None)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, grad_out, _grad_lse):
+    if grad_out is None:
+        return None, None, None, None, None
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = torch.ops.gpu_days.flash_attention_backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale)
     return dq, dk, dv, None, None
@@ -80,6 +83,8 @@ def _forward_eager(q, k, v, causal, scale):
 
 
 def _backward_eager(ctx, grad_out, _grad_lse):
+    if grad_out is None:
+        return None, None, None, None, None
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = _day().attention_backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale)
     return dq, dk, dv, None, None

@@ -433,11 +433,16 @@ def _setup_context(ctx, inputs, output):
     ctx.normalized_shape = normalized_shape
     ctx.has_weight = weight is not None
     ctx.has_bias = bias is not None
+    # no zero-filled gradients for mean and rstd, which nobody differentiates: materialised,
+    # they cost two allocations and two fill kernels per backward (day 016 found them)
+    ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(mean, rstd)
     ctx.save_for_backward(x, weight, mean, rstd)
 
 
 def _backward(ctx, grad_y, _grad_mean, _grad_rstd):
+    if grad_y is None:
+        return None, None, None, None, None
     x, weight, mean, rstd = ctx.saved_tensors
     grad_x, grad_w, grad_b = layer_norm_backward(grad_y, x, ctx.normalized_shape, weight, mean, rstd)
     return grad_x, None, grad_w if ctx.has_weight else None, grad_b if ctx.has_bias else None, None

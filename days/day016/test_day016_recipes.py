@@ -21,19 +21,31 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 class FakeKernel:
-    """What `direct.loaded` returns, recording what the recipe enqueues into `log`."""
+    """What `direct.loaded` returns; its `function` stands for the driver's handle."""
 
     def __init__(self, kernel, log):
         self.kernel, self.log = kernel, log
+        self.function, self.letters = self, direct.kind_letters(kernel.family.args)
+
+    def ensure_smem(self, smem):
+        pass
 
     def enqueue(self, grid, block, smem, stream, cluster, args):
-        self.log.append((str(self.kernel), grid, block, smem, cluster, args))
+        raise AssertionError("a replay launches through the launcher; enqueue is its error path")
 
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
+    """Every launch a recipe makes, recorded into the returned list (no driver)."""
     log: list = []
+
+    def launch(function, grid, block, smem, stream, cluster, letters, args):
+        assert letters == function.letters
+        log.append((str(function.kernel), grid, block, smem, cluster or None, args))
+        return 0
+
     monkeypatch.setattr(direct, "loaded", lambda k, i: FakeKernel(k, log))
+    monkeypatch.setattr(direct, "launcher", lambda: launch)
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: 0, raising=False)
     # a tensor map's bytes, as a function of what the driver would be told
@@ -103,6 +115,36 @@ def test_a_recipe_gives_the_launches_the_plan_gives(fake_gpu, case):
     recipe = direct.recipe(out1, in1, scratch, first, 0, op.spec.returned)
     assert recipe is not None
     assert replayed(fake_gpu, recipe, out2, in2) == expected(op.gpu(out2, in2, op.spec.params))
+
+
+def test_a_failed_replay_launch_goes_through_the_checked_enqueue(fake_gpu, monkeypatch):
+    """The replay calls the launcher itself; a non-zero CUresult must reach `enqueue`
+    (which retries with the primary context, or raises naming the kernel), never be lost."""
+    op, make = CASES["softmax 8x128 fp32"]
+    (out1, in1), (out2, in2) = make(), make()
+    recipe = direct.recipe(out1, in1, [], op.gpu(out1, in1, op.spec.params), 0, op.spec.returned)
+    monkeypatch.setattr(direct, "launcher", lambda: lambda *a: cuda_driver.CUDA_ERROR_INVALID_CONTEXT)
+    checked = []
+    for step in recipe.steps:
+        step.kernel.enqueue = lambda *a: checked.append(a)
+    recipe.run(out2, in2)
+    assert len(checked) == len(recipe.steps) == 1
+    assert out2[0].data_ptr() in checked[0][-1] and in2[0].data_ptr() in checked[0][-1]
+
+
+def test_a_recipe_allocates_every_output_shape_and_keeps_given_destinations(monkeypatch):
+    """Sizes go to torch.empty as positional arguments (faster to parse): a 0-dim and an
+    empty output must still come out with their shapes, and destinations as given."""
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **{**k, "device": "cpu"}))
+    dest = torch.zeros(4)
+    shapes = [((), torch.float32), (None, None), ((0, 3), torch.bfloat16), ((2, 5, 7), torch.float64)]
+    recipe = direct.Recipe(shapes, [((), torch.float32)], [], 0)
+    made = recipe.allocate([dest])
+    assert [t.shape for t in made] == [(), (4,), (0, 3), (2, 5, 7)]
+    assert [t.dtype for t in made] == [torch.float32, torch.float32, torch.bfloat16, torch.float64]
+    assert made[1] is dest
+    assert [t.shape for t in recipe.allocate([dest])] == [t.shape for t in made]
 
 
 def test_layer_norm_backward_recipe_allocates_its_workspace_per_call(fake_gpu, monkeypatch):
