@@ -28,7 +28,7 @@ from torch import Tensor
 from . import direct, eager, fallback
 from .attention_checks import check_qkv
 from .attention_gpu import HEAD_DIMS, LOG2E, attention_bwd_gpu, attention_gpu, tma_ready
-from .flash_attention import setup_attention_context
+from .flash_attention import attention_backward_with, attention_outputs_like, setup_attention_context
 
 OP = "attention"
 
@@ -140,8 +140,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float | Non
 @_attention.register_fake
 def _(q, k, v, causal, scale):
     check_attention_args(q, k, v, causal, scale)
-    b, h, lq, d = q.shape
-    return q.new_empty((b, h, lq, d)), q.new_empty((b, h, lq), dtype=torch.float32)
+    return attention_outputs_like(q)
 
 
 @torch.library.custom_op("gpu_days::attention_backward", mutates_args=())
@@ -156,20 +155,8 @@ def _(grad_out, q, k, v, out, lse, causal, scale):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _backward(ctx, grad_out, _grad_lse):
-    if grad_out is None:
-        return None, None, None, None, None
-    q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.gpu_days.attention_backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None
-
-
-def _backward_direct(ctx, grad_out, _grad_lse):
-    if grad_out is None:
-        return None, None, None, None, None
-    q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = _backward_eager(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None
+_backward = attention_backward_with(torch.ops.gpu_days.attention_backward)
+_backward_direct = attention_backward_with(_backward_eager)
 
 
 _attention.register_autograd(_backward, setup_context=setup_attention_context)

@@ -240,10 +240,7 @@ class Recipe:
 
     def allocate(self, given=()) -> list[torch.Tensor]:
         """The outputs: new tensors, and the caller's destinations where it gives them."""
-        device = self.device
-        if not given:
-            return [torch.empty(*sizes, dtype=dtype, device=device) for sizes, dtype in self.outputs]
-        given = iter(given)
+        device, given = self.device, iter(given)
         return [
             next(given) if sizes is None else torch.empty(*sizes, dtype=dtype, device=device)
             for sizes, dtype in self.outputs

@@ -40,11 +40,17 @@ def _flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float
     return _day().attention_forward(q, k, v, causal, scale)
 
 
+def attention_outputs_like(q: Tensor) -> tuple[Tensor, Tensor]:
+    """Empty (out, lse) of an attention forward, for the fake implementations (day 017's
+    and day 018's ops): out like q, lse float32 (batch, heads, Lq)."""
+    b, h, lq, d = q.shape
+    return q.new_empty((b, h, lq, d)), q.new_empty((b, h, lq), dtype=torch.float32)
+
+
 @_flash_attention.register_fake
 def _(q, k, v, causal, scale):
     _day().check_inputs(q, k, v, causal, scale)
-    b, h, lq, d = q.shape
-    return q.new_empty((b, h, lq, d)), q.new_empty((b, h, lq), dtype=torch.float32)
+    return attention_outputs_like(q)
 
 
 @torch.library.custom_op("gpu_days::flash_attention_backward", mutates_args=())
@@ -70,24 +76,26 @@ def setup_attention_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def _backward(ctx, grad_out, _grad_lse):
-    if grad_out is None:
-        return None, None, None, None, None
-    q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.gpu_days.flash_attention_backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None
+def attention_backward_with(run):
+    """The autograd backward of an op saved by `setup_attention_context`:
+    `run(grad_out, q, k, v, out, lse, causal, scale) -> (dq, dk, dv)` computes the gradients."""
+
+    def backward(ctx, grad_out, _grad_lse):
+        if grad_out is None:  # only lse got a gradient, and lse is not differentiable
+            return None, None, None, None, None
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = run(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale)
+        return dq, dk, dv, None, None
+
+    return backward
 
 
 def _forward_eager(q, k, v, causal, scale):
     return _day().attention_forward(q, k, v, causal, scale)
 
 
-def _backward_eager(ctx, grad_out, _grad_lse):
-    if grad_out is None:
-        return None, None, None, None, None
-    q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = _day().attention_backward(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None
+_backward = attention_backward_with(torch.ops.gpu_days.flash_attention_backward)
+_backward_eager = attention_backward_with(lambda *args: _day().attention_backward(*args))
 
 
 _flash_attention.register_autograd(_backward, setup_context=setup_attention_context)
