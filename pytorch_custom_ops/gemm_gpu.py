@@ -154,7 +154,14 @@ TMA_KERNEL = KernelFamily(
 )
 # (BM, BN, CLUSTER, COOP): a block's tile, the CTAs of a cluster sharing A's tile, and
 # whether both consumers split each tile (COOP) or take turns with whole tiles (ping-pong)
-PP_CONFIGS = ((64, 256, 1, False), (128, 128, 1, False), (128, 128, 2, False), (128, 256, 1, True))
+PP_CONFIGS = (
+    (64, 256, 1, False),
+    (128, 128, 1, False),
+    (128, 128, 2, False),
+    (128, 256, 1, True),
+    (256, 128, 1, True),
+    (256, 128, 2, True),
+)
 PP_EPILOGUES = ((True, False), (True, True), (False, True))  # (BIAS, GELU) of the fused linear layer
 PINGPONG_KERNEL = KernelFamily(
     PINGPONG_MODULE,
@@ -183,8 +190,10 @@ VERSIONS = {  # name: (kind, BM, BN)
     "PINGPONG_128x128": ("pingpong", 128, 128),
     "MULTICAST_128x128": ("multicast", 128, 128),  # version 4 in clusters of 2 sharing A (TMA multicast)
     "COOP_128x256": ("coop", 128, 256),  # version 4's schedule, both consumers on each tile (as v3)
+    "COOP_256x128": ("coop", 256, 128),  # each consumer 128 x 128: cuBLAS's tile on the H100
+    "COOP_MULTICAST_256x128": ("coop_multicast", 256, 128),  # ... in clusters of 2 sharing A
 }
-V4_KINDS = ("pingpong", "multicast", "coop")  # the kinds of VERSIONS that version 4 runs
+V4_KINDS = ("pingpong", "multicast", "coop", "coop_multicast")  # the kinds of VERSIONS that version 4 runs
 _version = "AUTO"
 
 
@@ -308,29 +317,25 @@ def vector_friendly(out, a, b, m: int, n: int, k: int, ta: bool, tb: bool) -> bo
 
 # --8<-- [start:auto]
 # AUTO's choice among the TMA kernels, from day 019's kernel-time ladder on the H100 (bf16,
-# % of cuBLAS; days/day019/README.md):
-#   * K <= 1024 with at least two tiles per SM: version 4 (persistent ping-pong, 128 x 128).
-#     A block of version 3 spends a large share of a short K loop on its prologue and its
-#     epilogue; version 4 overlaps them (GPT-2's forward at 8192 tokens: 57-63% -> 64-73%).
-#   * otherwise version 3, with the tile that finishes first in whole waves: a 128 x 256
-#     tile does twice the work of a 128 x 128 one at ~1.35x its speed (86-90% of cuBLAS at
-#     4096^3 and 8192^3 against 62-64%), so it takes WIDE_TILE_TIME = 2 / 1.35 of its time.
-#     A dW of GPT-2 (768 x 2304, K = 8192) has 54 wide tiles on 132 SMs (one wave, 1.48)
-#     or 108 square ones (one wave, 1.0): 128 x 128 (measured 70% against 50%); 3072 x 768
-#     has 72 wide (1.48) or 144 square (two waves, 2.0): 128 x 256 (62% against 44%).
-PINGPONG_MAX_K = 1024
+# % of cuBLAS; days/day019/README.md, "Part 2"):
+#   * version 4's cooperative 256 x 128 tile (persistent; both consumers on every tile,
+#     128 x 128 each): 83-84% at GPT-2's forward (K = 768), 73-75% at its dX, 88-92% on the
+#     squares, once the epilogue stored whole 16-byte blocks (quad_transpose).
+#   * version 3's 128 x 128 where it finishes first in whole waves: a 256 x 128 tile does
+#     twice the work of a 128 x 128 one at ~1.35x its speed, so it takes WIDE_TILE_TIME =
+#     2 / 1.35 of its time. A dW of GPT-2 (768 x 2304, K = 8192) has 54 wide tiles on 132
+#     SMs (one wave, 1.48) or 108 square ones (one wave, 1.0): 128 x 128 (72% against
+#     54%); 3072 x 768 has 72 wide (1.48) or 144 square (two waves, 2.0): 256 x 128.
 WIDE_TILE_TIME = 2 / 1.35
 
 
 def auto_tile(m: int, n: int, k: int, batch: int, sms: int) -> tuple[str, int, int]:
     """(kind, BM, BN) of the TMA kernel AUTO runs for this problem."""
     square = _cdiv(m, 128) * _cdiv(n, 128) * batch
-    if k <= PINGPONG_MAX_K and square >= 2 * sms:
-        return "pingpong", 128, 128
-    wide = _cdiv(m, 128) * _cdiv(n, 256) * batch
+    wide = _cdiv(m, 256) * _cdiv(n, 128) * batch
     if _cdiv(square, sms) < _cdiv(wide, sms) * WIDE_TILE_TIME:
         return "tma", 128, 128
-    return "tma", 128, 256
+    return "coop", 256, 128
 
 
 # --8<-- [end:auto]
@@ -348,14 +353,15 @@ def pingpong_launch(
 ) -> direct.Launch:
     """Version 4's one launch: a persistent grid of at most one block per SM. `sizes` is
     (m, n, k, batch, c_bs, c_rs, c_cs); `bias` and `aux` may be None (not read/written).
-    `kind` is one of V4_KINDS: "multicast" asks for clusters of 2 CTAs sharing A's tile,
-    where the 128 x 128 tiles along n pair up (an even count; else one CTA per cluster);
-    "coop" has both consumers split every tile."""
+    `kind` is one of V4_KINDS: "multicast" and "coop_multicast" ask for clusters of 2 CTAs
+    sharing A's tile, where the tiles along n pair up (an even count; else one CTA per
+    cluster); "coop" and "coop_multicast" have both consumers split every tile."""
     m, n, k, batch = sizes[:4]
     dtype = a.dtype
-    coop = kind == "coop"
-    cluster = 2 if kind == "multicast" and (bm, bn) == (128, 128) and _cdiv(n, bn) % 2 == 0 else 1
-    a_map = operand_tma_map(a, not ta, bm // cluster, batch, m, k)  # a cluster's CTAs load half each
+    coop = kind.startswith("coop")
+    cluster = 2 if kind.endswith("multicast") and _cdiv(n, bn) % 2 == 0 else 1
+    # a cluster's CTAs load half of A's tile each, in 64-row boxes
+    a_map = operand_tma_map(a, not ta, 64 if cluster > 1 else bm, batch, m, k)
     b_map = operand_tma_map(b, tb, bn, batch, n, k)
     smem = pp_smem_bytes(dtype, bm, bn)
     stages = pp_stages(dtype, bm, bn)

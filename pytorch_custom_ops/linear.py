@@ -6,7 +6,7 @@
 `residual` (broadcasting to y) are optional; x may have any leading dims.
 
 On CUDA in bfloat16/float16 (rows 16-byte aligned) the whole layer is one launch of
-day 019's persistent ping-pong GEMM (days/day019/gemm_v4_pingpong.mojo): the bias, the
+day 019's persistent GEMM (days/day019/gemm_v4_pingpong.mojo): the bias, the
 GELU and the residual are applied to the accumulator in registers, and the output is
 written once. In grad mode with GELU, the same launch also writes the pre-activation
 (x W^T + b) that GELU's backward needs. The backward is two GEMM calls through `gemm`
@@ -30,9 +30,11 @@ from .gemm_gpu import (
     TC_DTYPES,
     V4_KINDS,
     VERSIONS,
+    auto_tile,
     broadcast_stride,
     current_version,
     pingpong_launch,
+    sm_count,
 )
 from .mojo_op import MojoOp
 
@@ -57,11 +59,16 @@ LINEAR_SAVING = OpSpec(
 
 
 # --8<-- [start:plan]
-def linear_tile() -> tuple[str, int, int]:
-    """(kind, BM, BN) of the fused launch: 128 x 128 tiles in clusters of 2, or a forced
-    PINGPONG_*/MULTICAST_*/COOP_* version's (GELU at 64 x 256 spills ~400 bytes)."""
+def linear_tile(m: int, n: int, k: int, device_index: int | None) -> tuple[str, int, int]:
+    """(kind, BM, BN) of the fused launch: a forced PINGPONG_*/MULTICAST_*/COOP_* version's;
+    else AUTO's cooperative 256 x 128 tile, or where AUTO picks version 3's 128 x 128 (too
+    few wide tiles to fill the SMs), version 4's ping-pong with that tile (the fused
+    epilogue is version 4's). GELU at 64 x 256 spills ~400 bytes."""
     kind, bm, bn = VERSIONS[current_version()]
-    return (kind, bm, bn) if kind in V4_KINDS else ("multicast", 128, 128)
+    if kind in V4_KINDS:
+        return kind, bm, bn
+    kind, bm, bn = auto_tile(m, n, k, 1, sm_count(device_index))
+    return ("coop", bm, bn) if kind == "coop" else ("pingpong", 128, 128)
 
 
 @direct.plan(PINGPONG_KERNEL)
@@ -72,7 +79,7 @@ def linear_gpu(outputs, inputs, params) -> list[direct.Launch]:
     c_rs = broadcast_stride("linear", residual.shape[0], m, residual.shape[1])
     c_cs = broadcast_stride("linear", residual.shape[1], n, 1)
     gelu = params["GELU"]
-    kind, bm, bn = linear_tile()
+    kind, bm, bn = linear_tile(m, n, k, out.get_device())
     # x (M, K) and weight (N, K) are both k-contiguous: op(B) = weight^T, TRANSPOSE_B
     launch = pingpong_launch(
         x,

@@ -29,6 +29,8 @@ RUNGS = {
     "v4_pingpong_128x128": "PINGPONG_128x128",
     "v4_multicast_128x128": "MULTICAST_128x128",
     "v4_coop_128x256": "COOP_128x256",
+    "v4_coop_256x128": "COOP_256x128",
+    "v4_coop_multicast_256x128": "COOP_MULTICAST_256x128",
 }
 LADDER_SHAPES = {
     "quick": LINEAR_SHAPES["quick"],

@@ -10,7 +10,10 @@
 # and gemm.mojo, the op: its CPU branch and the MAX registration.
 
 from max.gpu import lane_id, warp_id
+from max.gpu.primitives import warp
 from std.math import exp
+from std.memory import bitcast
+from std.sys import size_of
 
 
 def accum_dtype[dtype: DType]() -> DType:
@@ -116,13 +119,39 @@ def gelu_tanh(x: SIMD[DType.float32, _]) -> type_of(x):
 
 
 @always_inline
+def quad_transpose(mut p: SIMD[DType.uint32, 4], t: Int):
+    """Transpose a 4 x 4 block held by the 4 lanes of a quad (t = lane % 4): lane t's
+    element e moves to lane e's element t. One xor-shuffle stage per index bit: where
+    bit b of the lane and of the element differ, the pair of lanes t, t ^ 2^b swap.
+    Every lane of the warp must take part (no divergent branch around a call).
+    """
+    comptime for b in range(2):
+        comptime m = 1 << b
+        var hi = (t >> b) & 1 == 1
+        comptime for e0 in range(4):
+            comptime if e0 & m == 0:
+                comptime e1 = e0 | m
+                var got = warp.shuffle_xor(p[e0] if hi else p[e1], UInt32(m))
+                if hi:
+                    p[e0] = got
+                else:
+                    p[e1] = got
+
+
+@always_inline
+def _packed[dtype: DType](v: SIMD[DType.float32, 2]) -> UInt32:
+    return bitcast[DType.uint32, 1](v.cast[dtype]())[0]
+
+
+@always_inline
 def wg_store_acc[
     dtype: DType, BN: Int, BIAS: Bool = False, GELU: Bool = False
 ](
     acc: SIMD[DType.float32, BN // 2],
     o_t: Pointer[Scalar[dtype], MutAnyOrigin],
     c_t: Pointer[Scalar[dtype], MutAnyOrigin],
-    alpha_beta: Pointer[Float32, MutAnyOrigin],
+    alpha: Float32,
+    beta: Float32,
     row0: Int,
     n0: Int,
     M: Int,
@@ -134,20 +163,28 @@ def wg_store_acc[
     store_aux: Bool,
 ):
     """Epilogue of one warpgroup's 64 x BN wgmma accumulator whose first row is
-    `row0`, straight from registers (N % 8 == 0):
+    `row0`, straight from registers (N % 8 == 0; o_t and aux_t 16-byte aligned):
 
         out = act(alpha * acc + bias) + beta * c      act = GELU or none
 
     BIAS adds bias[col]; GELU applies gelu_tanh and, with `store_aux`, first writes
     its input (the pre-activation a backward needs) to aux_t, laid out like out.
     Day 014's kernels use neither (they pass o_t for both pointers, never touched);
-    day 019's fused linear layers do.
+    day 019's fused linear layers do. Call it from every lane of the warpgroup: the
+    stores go through warp shuffles.
 
     Accumulator element 4*j + e sits at row 16*warp + g + 8*(e//2), col
     8*j + 2*t + e%2 (g = lane // 4, t = lane % 4): the mma.sync C layout per n8.
+    A lane holds 2 adjacent values of each 8-column block, so a direct store is 4
+    bytes and a warp's store touches 8 rows: the epilogue of a 128 x 256 tile took
+    ~20% of the kernel at K = 4096 (Nsight Compute, day 019). Instead the quad's 4
+    lanes transpose their pairs of 4 blocks (quad_transpose), and each lane stores
+    one whole block: 16 bytes, a quarter of the store instructions.
     """
-    var alpha = alpha_beta[unsafe_offset=0]
-    var beta = alpha_beta[unsafe_offset=1]
+    comptime assert (
+        size_of[dtype]() == 2
+    ), "16-bit outputs (a pair packs in 32 bits)"
+    comptime assert BN % 32 == 0, "whole groups of 4 column blocks"
     var g = lane_id() // 4
     var t = lane_id() % 4
     var wrow = row0 + (warp_id() % 4) * 16 + g
@@ -160,41 +197,40 @@ def wg_store_acc[
                     var b = bias[unsafe_offset=col + e].cast[DType.float32]()
                     out[4 * j + e] += b
                     out[4 * j + 2 + e] += b
-    # Each pass works in place on the accumulator's registers. GELU goes pair by pair
-    # in the store loop: applied to all 128 values at once it needed three times their
-    # registers and spilled.
-    comptime if not GELU:
-        if beta != 0:
-            comptime for half in range(2):
-                var row = wrow + half * 8
-                comptime for j in range(BN // 8):
-                    var col = n0 + j * 8 + 2 * t
-                    if row < M and col < N:
-                        out[4 * j + 2 * half] += beta * _c_at(
-                            c_t, row, col, c_rs, c_cs
-                        )
-                        out[4 * j + 2 * half + 1] += beta * _c_at(
-                            c_t, row, col + 1, c_rs, c_cs
-                        )
+    var with_c = beta != 0
+    # GELU goes pair by pair: applied to all 128 values at once it needed three times
+    # their registers and spilled.
     comptime for half in range(2):
         var row = wrow + half * 8
-        if row < M:
-            comptime for j in range(BN // 8):
+        var row_in = row < M
+        comptime for jq in range(BN // 32):
+            var res = SIMD[DType.uint32, 4]()
+            var pre = SIMD[DType.uint32, 4]()  # GELU's input, for aux
+            comptime for jj in range(4):
+                comptime j = 4 * jq + jj
                 var col = n0 + j * 8 + 2 * t
-                if col < N:  # N % 8 == 0: the pair is all in or all out
-                    var v = out.slice[2, offset=4 * j + 2 * half]()
-                    comptime if GELU:
-                        if store_aux:
-                            aux_t.unsafe_store[alignment=4](
-                                row * N + col, v.cast[dtype]()
-                            )
-                        v = gelu_tanh(v)
-                        if beta != 0:
-                            v[0] += beta * _c_at(c_t, row, col, c_rs, c_cs)
-                            v[1] += beta * _c_at(c_t, row, col + 1, c_rs, c_cs)
-                    o_t.unsafe_store[alignment=4](
-                        row * N + col, v.cast[dtype]()
-                    )
+                var v = out.slice[2, offset=4 * j + 2 * half]()
+                comptime if GELU:
+                    pre[jj] = _packed[dtype](v)
+                    v = gelu_tanh(v)
+                if with_c and row_in and col < N:
+                    v[0] += beta * _c_at(c_t, row, col, c_rs, c_cs)
+                    v[1] += beta * _c_at(c_t, row, col + 1, c_rs, c_cs)
+                res[jj] = _packed[dtype](v)
+            quad_transpose(res, t)
+            comptime if GELU:
+                if store_aux:  # a kernel argument: the same in every lane
+                    quad_transpose(pre, t)
+            var col = n0 + (4 * jq + t) * 8  # this lane's whole block
+            if row_in and col < N:  # N % 8 == 0: a block is all in or all out
+                o_t.unsafe_store[alignment=16](
+                    row * N + col, bitcast[dtype, 8](res)
+                )
+                comptime if GELU:
+                    if store_aux:
+                        aux_t.unsafe_store[alignment=16](
+                            row * N + col, bitcast[dtype, 8](pre)
+                        )
 
 
 @always_inline

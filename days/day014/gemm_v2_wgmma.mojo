@@ -187,6 +187,8 @@ def gemm_wgmma_kernel[
     var sa = smem
     var sb = smem.unsafe_offset(WG_STAGES * A_ELEMS)
     var wg = thread_idx.x // WG_THREADS
+    var alpha = alpha_beta[unsafe_offset=0]  # loaded while the k-loop runs
+    var beta = alpha_beta[unsafe_offset=1]
     var acc = SIMD[DType.float32, BN // 2](0)
     var num_k = ceildiv(K, WG_BK)
 
@@ -248,7 +250,8 @@ def gemm_wgmma_kernel[
         acc,
         o_t,
         c_t,
-        alpha_beta,
+        alpha,
+        beta,
         m0 + wg * 64,
         n0,
         M,

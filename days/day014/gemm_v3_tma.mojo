@@ -282,6 +282,8 @@ def gemm_tma_kernel[
                 )
     else:
         set_max_registers[True, TMA_CONSUMER_REGS]()
+        var alpha = alpha_beta[unsafe_offset=0]  # loaded while the k-loop runs
+        var beta = alpha_beta[unsafe_offset=1]
         var cw = wg - 1  # this consumer's 64 rows of the block tile
         var acc = SIMD[DType.float32, BN // 2](0)
         for kt in range(num_k):
@@ -315,7 +317,8 @@ def gemm_tma_kernel[
             acc,
             dst.unsafe_offset(bt * M * N),
             c.unsafe_offset(bt * Int(c_bs)),
-            alpha_beta,
+            alpha,
+            beta,
             m0 + cw * 64,
             n0,
             M,

@@ -282,8 +282,8 @@ BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.flo
 # in every dim (k too) unless a grid size is the point.
 BRANCHES = [
     ("AUTO", BF16, None, 200, 264, 136, "tma 128x128"),
-    ("AUTO", FP16, None, 1536, 2816, 72, "pingpong 128x128"),  # 12 x 22 = 264 tiles, K = 72: version 4
-    ("AUTO", BF16, 33, 200, 264, 72, "tma 128x256"),  # the batch fills the grid
+    ("AUTO", FP16, None, 1536, 2816, 72, "coop 256x128"),  # 6 x 22 = 132 wide tiles: version 4
+    ("AUTO", BF16, 33, 200, 264, 72, "coop 256x128"),  # the batch fills the grid
     ("AUTO", BF16, None, 201, 135, 77, "mma 64 novec"),
     ("AUTO", FP16, None, 1601, 1601, 33, "mma 128 novec"),
     ("MMA_SYNC", BF16, None, 200, 264, 136, "mma 64 vec"),
@@ -304,6 +304,11 @@ BRANCHES = [
     ("MULTICAST_128x128", BF16, 2, 200, 264, 136, "pingpong 128x128"),  # 3 tiles in n: no pairs
     ("COOP_128x256", BF16, None, 1000, 1032, 200, "coop 128x256"),
     ("COOP_128x256", FP16, 3, 520, 264, 136, "coop 128x256"),
+    ("COOP_256x128", BF16, None, 1000, 1032, 200, "coop 256x128"),
+    ("COOP_256x128", FP16, 3, 520, 264, 136, "coop 256x128"),
+    ("COOP_MULTICAST_256x128", BF16, None, 1000, 1024, 200, "coop 256x128 cluster 2"),
+    ("COOP_MULTICAST_256x128", FP16, 3, 520, 512, 136, "coop 256x128 cluster 2"),
+    ("COOP_MULTICAST_256x128", BF16, 2, 200, 264, 136, "coop 256x128"),  # 3 tiles in n: no pairs
     ("AUTO", FP32, None, 300, 200, 136, "simt 64 vec"),
     ("AUTO", FP32, None, 1600, 1604, 24, "simt 128 vec"),
     ("AUTO", FP32, 2, 301, 199, 37, "simt 64 novec"),

@@ -90,17 +90,18 @@ def choice(launch) -> str:
 
 # (m, n, k, dtype, batch) -> the AUTO choice
 AUTO = [
-    ((4096, 4096, 4096, BF16, None), "tma 128x256"),  # 32 x 16 tiles of 128x256 fill the SMs
-    ((1024, 1024, 1024, BF16, None), "tma 128x128"),  # 32 tiles of 128x256: too few
-    # day 019: K <= 1024 with two tiles of 128x128 per SM: version 4
-    ((1536, 2816, 64, FP16, None), "pingpong 128x128"),  # 12 x 22 = 264 tiles of 128x128
-    ((8192, 2304, 768, BF16, None), "pingpong 128x128"),  # GPT-2's QKV projection
-    ((1536, 2560, 64, FP16, None), "tma 128x256"),  # 240 tiles: 120 wide ones, one wave each way
-    ((256, 512, 72, BF16, 33), "pingpong 128x128"),  # 2 x 4 x 33 = 264: the batch counts
-    ((256, 512, 72, BF16, 32), "tma 128x256"),  # 256 square tiles: two waves; 128 wide: one
-    ((8192, 3072, 3072, BF16, None), "tma 128x256"),  # K > 1024: version 3
+    # day 019, part 2: version 4's cooperative 256 x 128 tile wherever it fills the SMs
+    ((4096, 4096, 4096, BF16, None), "coop 256x128"),  # 16 x 32 wide tiles: 4 waves (8 of 128x128)
+    ((1024, 1024, 1024, BF16, None), "tma 128x128"),  # 32 tiles of 256x128: too few
+    ((1536, 2816, 64, FP16, None), "coop 256x128"),  # 132 wide tiles: one wave; 264 square: two
+    ((8192, 2304, 768, BF16, None), "coop 256x128"),  # GPT-2's QKV projection
+    ((1536, 2560, 64, FP16, None), "coop 256x128"),  # 120 wide tiles against 240 square
+    ((256, 512, 72, BF16, 33), "coop 256x128"),  # 1 x 4 x 33 = 132: the batch counts
+    ((256, 512, 72, BF16, 32), "coop 256x128"),
+    ((8192, 3072, 3072, BF16, None), "coop 256x128"),
     ((768, 2304, 8192, BF16, None), "tma 128x128"),  # a dW: 54 wide tiles or 108 square, one wave
-    ((3072, 768, 8192, BF16, None), "tma 128x256"),  # a dW: 72 wide tiles, or 144 square in two waves
+    ((3072, 768, 8192, BF16, None), "coop 256x128"),  # a dW: 72 wide tiles, or 144 square in two waves
+    ((64, 2304, 768, BF16, None), "tma 128x128"),  # 64 tokens: a 256-row tile would be 3/4 empty
     ((1000, 1000, 1000, BF16, None), "tma 128x128"),
     ((1, 8, 8, BF16, None), "tma 128x128"),
     ((4097, 8, 8, BF16, None), "tma 128x128"),
@@ -137,14 +138,14 @@ def test_every_shape_transpose_and_alignment_gives_a_valid_launch(dtype):
         kind = choice(launch)
         assert ("novec" not in kind) == vec, (m, n, k, ta, tb, kind)
         if dtype in (BF16, FP16):
-            assert kind.startswith(("tma", "pingpong")) == (vec and k > 0)
+            assert kind.startswith(("tma", "pingpong", "coop")) == (vec and k > 0)
         # an unaligned a (one element into its storage) never takes the vector paths
         assert "novec" in choice(plan(m, n, k, dtype, ta, tb, a_offset=1))
 
 
 def test_huge_and_batched_shapes():
-    assert choice(plan(2**20, 8, 8, BF16)) == "pingpong 128x128"  # K = 8, 8192 tiles
-    assert choice(plan(2**20, 8, 2048, BF16, ta=True, tb=True)) == "tma 128x128"  # 8192 tiles either way
+    assert choice(plan(2**20, 8, 8, BF16)) == "coop 256x128"  # K = 8, 4096 wide tiles
+    assert choice(plan(2**20, 8, 2048, BF16, ta=True, tb=True)) == "coop 256x128"  # 4096 wide tiles, 8192 square
     launch = plan(2**22, 1, 1, FP32)  # 32768 blocks in x
     assert direct.dim3(launch.grid) == (32768, 1, 1)
     for ta, tb in PAIRS:
@@ -165,6 +166,8 @@ def test_forced_versions_apply_where_their_conditions_hold():
         "PINGPONG_64x256": "pingpong 64x256",
         "MULTICAST_128x128": "pingpong 128x128",  # n = 264: 3 tiles of 128, an odd count: no pairs
         "COOP_128x256": "coop 128x256",
+        "COOP_256x128": "coop 256x128",
+        "COOP_MULTICAST_256x128": "coop 256x128",  # 3 tiles of 128 in n: no pairs
     }
     assert set(want) == set(gemm_gpu.VERSIONS)
     for version, kind in want.items():
@@ -186,6 +189,11 @@ def test_multicast_pairs_tiles_along_n_in_clusters_of_two():
             assert launch.args[0].box[1 if not ta else 0] == 64  # each CTA loads half of A's 128 rows
         assert choice(plan(300, 512, 64, FP16, batch=5)) == "pingpong 128x128 cluster 2"
         assert choice(plan(8192, 2400, 768, BF16)) == "pingpong 128x128"  # 19 tiles: no pairs
+    with gemm_version("COOP_MULTICAST_256x128"):
+        for ta, tb in PAIRS:
+            launch = plan(4096, 4096, 4096, BF16, ta, tb)
+            assert choice(launch) == "coop 256x128 cluster 2" and launch.cluster == 2
+            assert launch.args[0].box[1 if not ta else 0] == 64  # 128 rows each, in 64-row boxes
 
 
 def test_gemm_version_rejects_unknown_names_and_restores():
@@ -210,9 +218,9 @@ def test_gpt2_linear_layers_take_tensor_cores_in_bf16():
             (d_out, d_in, tokens, True, False),
         ):
             kind = choice(plan(m, n, k, BF16, ta, tb))
-            assert kind.startswith(("tma", "pingpong")), (tokens, d_in, d_out, ta, tb)
+            assert kind.startswith(("tma", "coop")), (tokens, d_in, d_out, ta, tb)
             if tokens >= 8192 and k <= 1024:  # short K, many tiles: day 019's version 4
-                assert kind == "pingpong 128x128", (tokens, d_in, d_out, ta, tb)
+                assert kind == "coop 256x128", (tokens, d_in, d_out, ta, tb)
             assert choice(plan(m, n, k, FP32, ta, tb)).startswith("simt")
             assert "novec" not in choice(plan(m, n, k, FP32, ta, tb))
 

@@ -124,7 +124,8 @@ def gemm_pingpong_kernel[
 
     CLUSTER = 2: launch in clusters of 2 along x (grid even). The two CTAs of a cluster
     take the two column halves of a BM x 2BN unit: they share A's tile, and each loads
-    half of it (64 rows) and multicasts it to both, so A crosses L2 once for both.
+    half of it (BM/2 rows, in 64-row boxes) and multicasts it to both, so A crosses L2
+    once for both.
     """
     # COOP: both consumers work on every tile, one BM/2-row half each (version 3's
     # cooperative split, kept persistent); else each consumer owns whole tiles (ping-pong)
@@ -151,9 +152,10 @@ def gemm_pingpong_kernel[
     comptime assert (
         TMA_BK * size_of[dtype]() == 128
     ), "one 128-byte swizzle span"
+    comptime A_PART = BM // CLUSTER  # rows of A's tile this CTA loads for the cluster
     comptime assert CLUSTER == 1 or (
-        CLUSTER == 2 and BM == 128
-    ), "clusters of 2 split a 128-row A tile"
+        CLUSTER == 2 and A_PART % 64 == 0
+    ), "clusters of 2 split A's tile into halves of whole 64-row boxes"
 
     var M = Int(m)
     var N = Int(n)
@@ -223,19 +225,23 @@ def gemm_pingpong_kernel[
                             bt,
                         )
                     else:
-                        # rows [64 rank, 64 rank + 64) of A's tile, to both CTAs: one
-                        # 64 x 64 box at the same place in either layout
-                        var row = tile[0] * BM + rank * 64
+                        # rows [A_PART rank, A_PART (rank + 1)) of A's tile, to both
+                        # CTAs, in 64 x 64 boxes at the same place in either layout
                         var k0 = kt * TMA_BK
-                        tma_multicast_box[dtype](
-                            a_ptr,
-                            sa.unsafe_offset(s * A_ELEMS + rank * 64 * TMA_BK),
-                            full.unsafe_offset(s),
-                            k0 if A_KC else row,
-                            row if A_KC else k0,
-                            bt,
-                            UInt16((1 << CLUSTER) - 1),
-                        )
+                        comptime for j in range(A_PART // 64):
+                            var row = tile[0] * BM + rank * A_PART + j * 64
+                            tma_multicast_box[dtype](
+                                a_ptr,
+                                sa.unsafe_offset(
+                                    s * A_ELEMS
+                                    + (rank * A_PART + j * 64) * TMA_BK
+                                ),
+                                full.unsafe_offset(s),
+                                k0 if A_KC else row,
+                                row if A_KC else k0,
+                                bt,
+                                UInt16((1 << CLUSTER) - 1),
+                            )
                     tma_load_operand[dtype, B_KC, BN](
                         b_ptr,
                         sb.unsafe_offset(s * B_ELEMS),
@@ -247,6 +253,9 @@ def gemm_pingpong_kernel[
                     it += 1
     else:
         set_max_registers[True, TMA_CONSUMER_REGS]()
+        # read once, long before the first epilogue needs them
+        var alpha = alpha_beta[unsafe_offset=0]
+        var beta = alpha_beta[unsafe_offset=1]
         var me = wg - 1
         var round = 0  # how many tiles this consumer has done
         # this consumer's first row in a tile
@@ -312,7 +321,8 @@ def gemm_pingpong_kernel[
                     acc.slice[FRAG, offset=r * FRAG](),
                     dst.unsafe_offset(bt * M * N),
                     c.unsafe_offset(bt * Int(c_bs)),
-                    alpha_beta,
+                    alpha,
+                    beta,
                     tile[0] * BM + row_off + r * 64,
                     tn * BN,
                     M,

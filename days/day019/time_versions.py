@@ -23,6 +23,8 @@ VERSIONS = (
     "PINGPONG_64x256",
     "MULTICAST_128x128",
     "COOP_128x256",
+    "COOP_256x128",
+    "COOP_MULTICAST_256x128",
     "AUTO",
 )
 
