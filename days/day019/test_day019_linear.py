@@ -123,6 +123,22 @@ def test_bad_inputs_raise_clear_errors():
     torch.testing.assert_close(one, F.linear(x[0], w, b), atol=1e-5, rtol=1e-5)
 
 
+def test_fused_tile_follows_auto_and_forced_versions():
+    """The fused launch takes AUTO's wide cooperative tile where it fills the SMs, version
+    4's ping-pong 128 x 128 where AUTO would pick version 3's square tile (the fused
+    epilogue is version 4's), and a forced version 4 kind as it is (H100: 132 SMs)."""
+    from pytorch_custom_ops.linear import linear_tile
+
+    assert linear_tile(8192, 3072, 768, None) == ("coop", 256, 128)  # 768 wide tiles
+    assert linear_tile(1024, 3072, 768, None) == ("coop", 256, 128)  # 96 wide: one wave
+    assert linear_tile(64, 2304, 768, None) == ("pingpong", 128, 128)  # a 256-row tile: 3/4 empty
+    for version, kind in (("MULTICAST_128x128", ("multicast", 128, 128)), ("COOP_128x256", ("coop", 128, 256))):
+        with pco.gemm_version(version):
+            assert linear_tile(8192, 3072, 768, None) == kind
+    with pco.gemm_version("TMA_128x256"):  # not a version 4 kind: AUTO's choice stands
+        assert linear_tile(8192, 3072, 768, None) == ("coop", 256, 128)
+
+
 # -- CUDA: the fused launch -------------------------------------------------------------
 @pytest.fixture
 def launched(monkeypatch):
@@ -175,7 +191,9 @@ def test_cuda_gpt2_mlp_shapes_and_a_broadcast_residual(launched):
         row = torch.randn(3072, device="cuda", dtype=BF16)  # one row for every token
         close(pco.linear(x, w, None, None, row), reference(x, w, None, None, row), BF16)
     assert len(launched) == 2
-    assert all(key.endswith(".2.0") for key in launched)  # 24 tiles of 128 in n: clusters of 2
+    # 1024 x 3072: 96 tiles of 256 x 128 (one wave) against 192 of 128 x 128 (two): AUTO's
+    # cooperative wide tile, no cluster (keys end in CLUSTER, COOP)
+    assert all(".256.128." in key and key.endswith(".1.1") for key in launched)
     strided_bias = torch.randn(2 * 3072, device="cuda", dtype=BF16)[::2]  # a view, stride 2
     wt = w.t().contiguous().t()  # a transposed layout: copied, not misread
     with torch.no_grad():
