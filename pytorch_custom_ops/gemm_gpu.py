@@ -48,7 +48,7 @@ WG_BK, WG_STAGES = 64, 4
 TMA_SMEM_BUDGET = 192 * 1024  # stage buffers; the H100 allows 227 KiB
 TMA_SWIZZLE_BYTES = 128  # CU_TENSOR_MAP_SWIZZLE_128B: a box row is one 128-byte span
 PP_THREADS = 3 * WG_THREADS  # a producer and two consumer warpgroups
-PP_SMEM_BUDGET = 220 * 1024  # stage buffers + barriers; the H100 allows 227 KiB per block
+PP_SMEM_BUDGET = 227 * 1024  # stage buffers + barriers: all the H100 allows one block (232448 B)
 
 TC_DTYPES = (torch.bfloat16, torch.float16)
 PAIRS = ((False, False), (False, True), (True, False), (True, True))
@@ -161,6 +161,7 @@ PP_CONFIGS = (
     (128, 256, 1, True),
     (256, 128, 1, True),
     (256, 128, 2, True),
+    (256, 192, 1, True),
 )
 PP_EPILOGUES = ((True, False), (True, True), (False, True))  # (BIAS, GELU) of the fused linear layer
 PINGPONG_KERNEL = KernelFamily(
@@ -192,6 +193,7 @@ VERSIONS = {  # name: (kind, BM, BN)
     "COOP_128x256": ("coop", 128, 256),  # version 4's schedule, both consumers on each tile (as v3)
     "COOP_256x128": ("coop", 256, 128),  # each consumer 128 x 128: cuBLAS's tile on the H100
     "COOP_MULTICAST_256x128": ("coop_multicast", 256, 128),  # ... in clusters of 2 sharing A
+    "COOP_256x192": ("coop", 256, 192),  # each consumer 128 x 192: 8192 x 768 is 128 tiles, one wave
 }
 V4_KINDS = ("pingpong", "multicast", "coop", "coop_multicast")  # the kinds of VERSIONS that version 4 runs
 _version = "AUTO"
@@ -317,25 +319,28 @@ def vector_friendly(out, a, b, m: int, n: int, k: int, ta: bool, tb: bool) -> bo
 
 # --8<-- [start:auto]
 # AUTO's choice among the TMA kernels, from day 019's kernel-time ladder on the H100 (bf16,
-# % of cuBLAS; days/day019/README.md, "Part 2"):
-#   * version 4's cooperative 256 x 128 tile (persistent; both consumers on every tile,
-#     128 x 128 each): 83-84% at GPT-2's forward (K = 768), 73-75% at its dX, 88-92% on the
-#     squares, once the epilogue stored whole 16-byte blocks (quad_transpose).
-#   * version 3's 128 x 128 where it finishes first in whole waves: a 256 x 128 tile does
-#     twice the work of a 128 x 128 one at ~1.35x its speed, so it takes WIDE_TILE_TIME =
-#     2 / 1.35 of its time. A dW of GPT-2 (768 x 2304, K = 8192) has 54 wide tiles on 132
-#     SMs (one wave, 1.48) or 108 square ones (one wave, 1.0): 128 x 128 (72% against
-#     54%); 3072 x 768 has 72 wide (1.48) or 144 square (two waves, 2.0): 256 x 128.
-WIDE_TILE_TIME = 2 / 1.35
+# % of cuBLAS; days/day019/README.md, "Part 2"). A persistent grid (or a grid of
+# one-shot blocks) takes the tiles in rounds of one tile per SM, so a problem costs
+# about rounds x (the time of one tile), and the tile that wins is the one whose last
+# round is full. Candidates, with a tile's time in units of a 128 x 128 tile's:
+#   * version 3's 128 x 128 (1.0): the many-tile choice where few tiles exist.
+#   * version 4's cooperative 256 x 128 (both consumers on every tile, 128 x 128 each):
+#     twice the work at ~1.35x the rate, once the epilogue stored whole 16-byte blocks.
+#   * version 4's cooperative 256 x 192 (each consumer 128 x 192, 192 accumulators a
+#     thread): three times the work. 8192 x 768 outputs (GPT-2's projections and dX)
+#     are 192 tiles of 256 x 128 (1.45 rounds on 132 SMs: the second round 45% full)
+#     but 128 of 256 x 192 (one round).
+# Near-ties (within 2%) go to the earlier, smaller tile. Examples: a dW of GPT-2
+# (768 x 2304, K = 8192) has 108 square tiles (one round) and 54 wide ones: 128 x 128.
+AUTO_TILES = (("tma", 128, 128, 1.0), ("coop", 256, 128, 2 / 1.35), ("coop", 256, 192, 3 / 1.35))
 
 
 def auto_tile(m: int, n: int, k: int, batch: int, sms: int) -> tuple[str, int, int]:
     """(kind, BM, BN) of the TMA kernel AUTO runs for this problem."""
-    square = _cdiv(m, 128) * _cdiv(n, 128) * batch
-    wide = _cdiv(m, 256) * _cdiv(n, 128) * batch
-    if _cdiv(square, sms) < _cdiv(wide, sms) * WIDE_TILE_TIME:
-        return "tma", 128, 128
-    return "coop", 256, 128
+    cost = [_cdiv(_cdiv(m, bm) * _cdiv(n, bn) * batch, sms) * t for _, bm, bn, t in AUTO_TILES]
+    best = min(cost)
+    kind, bm, bn, _ = AUTO_TILES[next(i for i, c in enumerate(cost) if c <= 1.02 * best)]
+    return kind, bm, bn
 
 
 # --8<-- [end:auto]

@@ -31,6 +31,7 @@ RUNGS = {
     "v4_coop_128x256": "COOP_128x256",
     "v4_coop_256x128": "COOP_256x128",
     "v4_coop_multicast_256x128": "COOP_MULTICAST_256x128",
+    "v4_coop_256x192": "COOP_256x192",
 }
 LADDER_SHAPES = {
     "quick": LINEAR_SHAPES["quick"],

@@ -309,6 +309,9 @@ BRANCHES = [
     ("COOP_MULTICAST_256x128", BF16, None, 1000, 1024, 200, "coop 256x128 cluster 2"),
     ("COOP_MULTICAST_256x128", FP16, 3, 520, 512, 136, "coop 256x128 cluster 2"),
     ("COOP_MULTICAST_256x128", BF16, 2, 200, 264, 136, "coop 256x128"),  # 3 tiles in n: no pairs
+    ("COOP_256x192", BF16, None, 1000, 1032, 200, "coop 256x192"),  # 1032 = 5 x 192 + 72
+    ("COOP_256x192", FP16, 3, 520, 264, 136, "coop 256x192"),
+    ("AUTO", FP16, None, 8000, 768, 72, "coop 256x192"),  # 128 tiles of 256x192: one round
     ("AUTO", FP32, None, 300, 200, 136, "simt 64 vec"),
     ("AUTO", FP32, None, 1600, 1604, 24, "simt 128 vec"),
     ("AUTO", FP32, 2, 301, 199, 37, "simt 64 novec"),

@@ -132,7 +132,11 @@ def gemm_pingpong_kernel[
     comptime SHARERS = 2 if COOP else 1
     comptime WG_ROWS = BM // SHARERS  # rows of one consumer's accumulator
     comptime ROW_BLOCKS = WG_ROWS // 64
-    comptime FRAG = BN // 2  # fp32 accumulators a thread holds per m64 row block
+    # BN in column parts of power-of-two widths (SIMD widths): 192 = 128 + 64
+    comptime BN0 = 256 if BN >= 256 else (128 if BN >= 128 else 64)
+    comptime BN1 = BN - BN0  # 0 when BN is a power of two
+    comptime FRAG0 = BN0 // 2  # fp32 accumulators a thread holds per m64 row block
+    comptime FRAG1 = BN1 // 2 if BN1 > 0 else 1  # (a 1-wide placeholder when unused)
     comptime GROUP_M = PP_GROUP_ROWS // BM
     comptime A_KC = not TA  # A is k-contiguous when stored (M, K)
     comptime B_KC = TB  # B is k-contiguous when stored (N, K)
@@ -142,9 +146,10 @@ def gemm_pingpong_kernel[
     comptime assert (
         WG_ROWS % 64 == 0 and BN % 64 == 0 and BN <= 256
     ), "tile shape"
+    comptime assert BN1 == 0 or BN1 == 64, "column parts of 128 + 64"
     comptime assert (
-        WG_ROWS * BN <= 64 * 256
-    ), "a consumer holds at most 128 fp32 accumulators a thread"
+        WG_ROWS * BN <= 64 * 384
+    ), "a consumer holds at most 192 fp32 accumulators a thread"
     comptime assert STAGES >= 2, "at least two stages"
     comptime assert (
         SMEM == STAGES * (STAGE_BYTES + 16) + 16
@@ -275,8 +280,11 @@ def gemm_pingpong_kernel[
                     mbar_wait(turn, (round - 1) % 2)
             # --8<-- [end:turn]
             var it0 = (round if COOP else 2 * round + me) * num_k
-            # the row blocks' m64 accumulators side by side: block r at r * FRAG
-            var acc = SIMD[DType.float32, ROW_BLOCKS * FRAG](0)
+            # Mojo's SIMD widths are powers of two, so a BN of 192 is two column parts
+            # (BN0 = 128, then BN1 = 64), each its own wgmma and accumulator; in each,
+            # the row blocks' m64 accumulators sit side by side (block r at r * FRAG0)
+            var acc0 = SIMD[DType.float32, ROW_BLOCKS * FRAG0](0)
+            var acc1 = SIMD[DType.float32, ROW_BLOCKS * FRAG1](0)
             for kt in range(num_k):
                 var it = it0 + kt
                 var s = it % STAGES
@@ -285,23 +293,12 @@ def gemm_pingpong_kernel[
                 var sb_k = sb.unsafe_offset(s * B_ELEMS)
                 wgmma_fence_aligned()
                 comptime for ks in range(TMA_BK // 16):
-                    comptime for r in range(ROW_BLOCKS):
-                        acc = acc.insert[offset=r * FRAG](
-                            wgmma_async[
-                                64,
-                                BN,
-                                16,
-                                a_type=dtype,
-                                b_type=dtype,
-                                layout_a="row" if A_KC else "col",
-                                layout_b="col" if B_KC else "row",
-                            ](
-                                tma_desc[dtype, A_KC](
-                                    sa_k, row_off + r * 64, ks
-                                ),
-                                tma_desc[dtype, B_KC](sb_k, 0, ks),
-                                acc.slice[FRAG, offset=r * FRAG](),
-                            )
+                    acc0 = mma_rows[dtype, A_KC, B_KC, ROW_BLOCKS, BN0](
+                        acc0, sa_k, sb_k, row_off, 0, ks
+                    )
+                    comptime if BN1 > 0:
+                        acc1 = mma_rows[dtype, A_KC, B_KC, ROW_BLOCKS, BN1](
+                            acc1, sa_k, sb_k, row_off, BN0, ks
                         )
                 wgmma_commit_group_sync()
                 wgmma_wait_group_sync[1]()
@@ -317,8 +314,8 @@ def gemm_pingpong_kernel[
                     empty.unsafe_offset((it0 + num_k - 1) % STAGES)
                 )
             comptime for r in range(ROW_BLOCKS):
-                wg_store_acc[dtype, BN, BIAS, GELU](
-                    acc.slice[FRAG, offset=r * FRAG](),
+                wg_store_acc[dtype, BN0, BIAS, GELU](
+                    acc0.slice[FRAG0, offset=r * FRAG0](),
                     dst.unsafe_offset(bt * M * N),
                     c.unsafe_offset(bt * Int(c_bs)),
                     alpha,
@@ -333,9 +330,67 @@ def gemm_pingpong_kernel[
                     aux.unsafe_offset(bt * M * N),
                     store_aux != 0,
                 )
+                comptime if BN1 > 0:
+                    wg_store_acc[dtype, BN1, BIAS, GELU](
+                        rebind[SIMD[DType.float32, BN1 // 2]](
+                            acc1.slice[FRAG1, offset=r * FRAG1]()
+                        ),
+                        dst.unsafe_offset(bt * M * N),
+                        c.unsafe_offset(bt * Int(c_bs)),
+                        alpha,
+                        beta,
+                        tile[0] * BM + row_off + r * 64,
+                        tn * BN + BN0,
+                        M,
+                        N,
+                        Int(c_rs),
+                        Int(c_cs),
+                        bias,
+                        aux.unsafe_offset(bt * M * N),
+                        store_aux != 0,
+                    )
             round += 1
     comptime if CLUSTER > 1:
         cluster_sync()  # no CTA leaves while its peer may still write into it
+
+
+@always_inline
+def mma_rows[
+    dtype: DType, A_KC: Bool, B_KC: Bool, ROW_BLOCKS: Int, BNP: Int, N: Int
+](
+    acc: SIMD[DType.float32, N],
+    sa_k: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    sb_k: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    row_off: Int,
+    col0: Int,
+    ks: Int,
+) -> type_of(acc):
+    """One k16 step of a consumer's ROW_BLOCKS m64 row blocks against columns
+    [col0, col0 + BNP) of the stage's B tile: m64nBNPk16 wgmma each, issued async."""
+    comptime FRAGP = BNP // 2
+    comptime assert N == ROW_BLOCKS * FRAGP, "one m64 x BNP accumulator per row block"
+    var out = acc
+    comptime for r in range(ROW_BLOCKS):
+        out = out.insert[offset=r * FRAGP](
+            wgmma_async[
+                64,
+                BNP,
+                16,
+                a_type=dtype,
+                b_type=dtype,
+                layout_a="row" if A_KC else "col",
+                layout_b="col" if B_KC else "row",
+            ](
+                tma_desc[dtype, A_KC](sa_k, row_off + r * 64, ks),
+                tma_desc[dtype, B_KC](sb_k, col0, ks),
+                out.slice[FRAGP, offset=r * FRAGP](),
+            )
+        )
+    return out
 
 
 @always_inline

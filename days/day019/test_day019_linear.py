@@ -132,6 +132,7 @@ def test_fused_tile_follows_auto_and_forced_versions():
     assert linear_tile(8192, 3072, 768, None) == ("coop", 256, 128)  # 768 wide tiles
     assert linear_tile(1024, 3072, 768, None) == ("coop", 256, 128)  # 96 wide: one wave
     assert linear_tile(64, 2304, 768, None) == ("pingpong", 128, 128)  # a 256-row tile: 3/4 empty
+    assert linear_tile(8192, 768, 3072, None) == ("coop", 256, 192)  # 128 tiles: one round
     for version, kind in (("MULTICAST_128x128", ("multicast", 128, 128)), ("COOP_128x256", ("coop", 128, 256))):
         with pco.gemm_version(version):
             assert linear_tile(8192, 3072, 768, None) == kind
@@ -199,6 +200,27 @@ def test_cuda_gpt2_mlp_shapes_and_a_broadcast_residual(launched):
     with torch.no_grad():
         got = pco.linear(x, wt, strided_bias, "gelu_tanh")
     close(got, reference(x, w, strided_bias, "gelu_tanh", None), BF16)
+
+
+@needs_cuda
+@pytest.mark.parametrize("activation,residual", [("gelu_tanh", False), (None, True)])
+def test_cuda_projection_shape_takes_the_256x192_tile(activation, residual, launched):
+    """8000 x 768 outputs: 128 tiles of 256 x 192 (two column parts, 128 + 64, in one
+    consumer; the last row of tiles is a tail), forward and backward against float64."""
+    x, w, b, r = inputs((8000,), 320, 768, BF16, "cuda", seed=3)
+    r = r if residual else None
+    leaves = [t.requires_grad_() for t in (x, w, b) + ((r,) if residual else ())]
+    y = pco.linear(x, w, b, activation, r)
+    assert any(".256.192." in key for key in launched[:1]), launched
+    close(y, reference(x, w, b, activation, r), BF16)
+    g = torch.randn_like(y)
+    y.backward(g)
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    rx, rw, rb, rr = _rebuild(ref_leaves, True, residual)
+    reference(rx, rw, rb, activation, rr).backward(g.double())
+    for ours, ref in zip(leaves, ref_leaves, strict=True):
+        scale = ref.grad.abs().max().item() + 1
+        assert (ours.grad.double() - ref.grad).abs().max().item() < 4 * tolerance(BF16) * scale
 
 
 @needs_cuda

@@ -25,6 +25,7 @@ VERSIONS = (
     "COOP_128x256",
     "COOP_256x128",
     "COOP_MULTICAST_256x128",
+    "COOP_256x192",
     "AUTO",
 )
 
