@@ -327,12 +327,15 @@ def vector_friendly(out, a, b, m: int, n: int, k: int, ta: bool, tb: bool) -> bo
 #   * version 4's cooperative 256 x 128 (both consumers on every tile, 128 x 128 each):
 #     twice the work at ~1.35x the rate, once the epilogue stored whole 16-byte blocks.
 #   * version 4's cooperative 256 x 192 (each consumer 128 x 192, 192 accumulators a
-#     thread): three times the work. 8192 x 768 outputs (GPT-2's projections and dX)
-#     are 192 tiles of 256 x 128 (1.45 rounds on 132 SMs: the second round 45% full)
-#     but 128 of 256 x 192 (one round).
+#     thread): three times the work at ~1.09x the rate (measured: its two wgmma column
+#     parts read A twice, and its epilogue spills). Worth it where it saves a round:
+#     8192 x 768 outputs (GPT-2's projections and dX) are 192 tiles of 256 x 128 (two
+#     rounds on 132 SMs, the second 45% full) but 128 of 256 x 192 (one): 82-86% of
+#     cuBLAS against 72-73% at K = 2304 and 3072, level at K = 768. At 8192 x 2304 it
+#     would save two rounds of five and lose (64% against 76%).
 # Near-ties (within 2%) go to the earlier, smaller tile. Examples: a dW of GPT-2
 # (768 x 2304, K = 8192) has 108 square tiles (one round) and 54 wide ones: 128 x 128.
-AUTO_TILES = (("tma", 128, 128, 1.0), ("coop", 256, 128, 2 / 1.35), ("coop", 256, 192, 3 / 1.35))
+AUTO_TILES = (("tma", 128, 128, 1.0), ("coop", 256, 128, 2 / 1.35), ("coop", 256, 192, 3 / 1.09))
 
 
 def auto_tile(m: int, n: int, k: int, batch: int, sms: int) -> tuple[str, int, int]:

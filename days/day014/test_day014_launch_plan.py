@@ -94,7 +94,7 @@ AUTO = [
     ((4096, 4096, 4096, BF16, None), "coop 256x128"),  # 16 x 32 wide tiles: 4 waves (8 of 128x128)
     ((1024, 1024, 1024, BF16, None), "tma 128x128"),  # 32 tiles of 256x128: too few
     ((1536, 2816, 64, FP16, None), "coop 256x128"),  # 132 wide tiles: one wave; 264 square: two
-    ((8192, 2304, 768, BF16, None), "coop 256x192"),  # GPT-2's QKV: 384 tiles of 256x192 (3 rounds), 576 wide (5)
+    ((8192, 2304, 768, BF16, None), "coop 256x128"),  # GPT-2's QKV: 576 wide tiles (5 rounds); 384 of 256x192 (3)
     ((8192, 768, 768, BF16, None), "coop 256x192"),  # 128 tiles: one round; 192 wide: 2, 384 square: 3
     ((1536, 2560, 64, FP16, None), "coop 256x128"),  # 120 wide tiles against 240 square
     ((256, 512, 72, BF16, 33), "coop 256x128"),  # 1 x 4 x 33 = 132: the batch counts
