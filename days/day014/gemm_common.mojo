@@ -198,10 +198,6 @@ def wg_store_acc[
                     out[4 * j + e] += b
                     out[4 * j + 2 + e] += b
     var with_c = beta != 0
-    # c with unit column stride, rows of whole 16-byte blocks (a residual, or a bias row
-    # broadcast by c_rs = 0) is read the way out is written: one 16-byte block per lane,
-    # then quad_transpose hands each lane its pairs. Anything else: 2-byte loads.
-    var c_vec = with_c and c_cs == 1 and c_rs % 8 == 0 and Int(c_t) % 16 == 0
     # GELU goes pair by pair: applied to all 128 values at once it needed three times
     # their registers and spilled.
     comptime for half in range(2):
@@ -210,14 +206,6 @@ def wg_store_acc[
         comptime for jq in range(BN // 32):
             var res = SIMD[DType.uint32, 4]()
             var pre = SIMD[DType.uint32, 4]()  # GELU's input, for aux
-            var cq = SIMD[DType.uint32, 4]()  # c's pairs, in the accumulator's layout
-            if c_vec:  # the same in every lane: the shuffles below see all 32
-                var mine = n0 + (4 * jq + t) * 8
-                if row_in and mine < N:
-                    cq = bitcast[DType.uint32, 4](
-                        c_t.unsafe_load[width=8, alignment=16](row * c_rs + mine)
-                    )
-                quad_transpose(cq, t)
             comptime for jj in range(4):
                 comptime j = 4 * jq + jj
                 var col = n0 + j * 8 + 2 * t
@@ -225,9 +213,7 @@ def wg_store_acc[
                 comptime if GELU:
                     pre[jj] = _packed[dtype](v)
                     v = gelu_tanh(v)
-                if c_vec:
-                    v += beta * bitcast[dtype, 2](cq[jj]).cast[DType.float32]()
-                elif with_c and row_in and col < N:
+                if with_c and row_in and col < N:
                     v[0] += beta * _c_at(c_t, row, col, c_rs, c_cs)
                     v[1] += beta * _c_at(c_t, row, col + 1, c_rs, c_cs)
                 res[jj] = _packed[dtype](v)
