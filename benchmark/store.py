@@ -216,9 +216,10 @@ def load(day: str | None = None, device: str | None = None, results_dir: Path = 
     records, skipped = [], []
     for f in files:
         rows, bad = read_rows(f)
-        records += [{**r, "device_dir": f.parent.name} for r in rows]
+        gone = superseded_runs(f.parent)
+        records += [{**r, "device_dir": f.parent.name, "superseded": r.get("run_id") in gone} for r in rows]
         skipped += bad
-    df = pd.DataFrame.from_records(records, columns=COLUMNS + ["device_dir"])
+    df = pd.DataFrame.from_records(records, columns=COLUMNS + ["device_dir", "superseded"])
     df = df.replace("", float("nan"))
     for c in NUMERIC_COLUMNS:
         df[c] = pd.to_numeric(df[c])
@@ -226,13 +227,40 @@ def load(day: str | None = None, device: str | None = None, results_dir: Path = 
     return df
 
 
+SUPERSEDED_FILE = "superseded.txt"
+
+
+def superseded_runs(device_dir: Path) -> dict[str, str]:
+    """Run ids listed in `<device>/superseded.txt`, with the reason given for each.
+
+    A run whose code was reverted stays in the append-only store, but it no longer
+    describes what landed: listing it there (one run id a line, then the reason; `#`
+    starts a comment) keeps the site and the plots on the newest run that does."""
+    path = device_dir / SUPERSEDED_FILE
+    if not path.exists():
+        return {}
+    runs = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            run_id, _, why = line.partition(" ")
+            runs[run_id] = why.strip()
+    return runs
+
+
 def latest_run(df):
-    """Rows of the newest run in `df`, per device folder, day and op.
+    """Rows of the newest run in `df`, per device folder, day and op, not counting
+    superseded runs (see `superseded_runs`) while the op has any other.
 
     Per op, not per day: a GPU session may time a day's ops in separate runs
     (`--op`), and each op's newest run is the one to show.
     """
     if df.empty:
         return df
+    if "superseded" in df.columns:
+        keys = ["device_dir", "day", "op"]
+        kept = df["superseded"] != True  # noqa: E712 (NaN: a row without the flag counts)
+        has_kept = kept.groupby([df[k] for k in keys]).transform("any")
+        df = df[kept | ~has_kept]
     newest = df.groupby(["device_dir", "day", "op"])["run_id"].transform("max")
     return df[df["run_id"] == newest]

@@ -127,6 +127,20 @@ def test_malformed_rows_are_skipped_and_reported_and_appends_after_a_torn_line_p
     assert "fields, the header has" in skipped[0] and "not a number in ['ms_median']" in skipped[1]
 
 
+def test_superseded_runs_stay_stored_but_the_newest_other_run_is_shown(results):
+    # a run whose code was reverted is listed in <device>/superseded.txt: its rows are
+    # still loaded, but latest_run skips it while the op has another run
+    store.append_rows([{"op": "gemm", "ms_median": 2.0}], "day999", "a", results)
+    path = store.append_rows([{"op": "gemm", "ms_median": 3.0}, {"op": "alone", "ms_median": 1.0}], "day999", "b", results)
+    (path.parent / store.SUPERSEDED_FILE).write_text("# reverted\nb  a kernel that did not land # why\n")
+    assert store.superseded_runs(path.parent) == {"b": "a kernel that did not land"}
+    df = store.load(results_dir=results)
+    assert sorted(df["run_id"]) == ["a", "b", "b"] and df["superseded"].tolist().count(True) == 2
+    shown = store.latest_run(df)
+    # gemm: the older run a; alone: only the superseded run exists, so it is still shown
+    assert sorted(zip(shown["op"], shown["run_id"], strict=True)) == [("alone", "b"), ("gemm", "a")]
+
+
 def test_the_site_reports_and_skips_a_malformed_row(results, monkeypatch, caplog):
     import importlib.util
     import logging
