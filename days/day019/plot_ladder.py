@@ -12,6 +12,8 @@ import argparse
 import csv
 from pathlib import Path
 
+from benchmark.store import superseded_runs
+
 PASSES = ("ladder_forward", "ladder_dx", "ladder_dw")
 RUNG_ORDER = (
     "v3_tma_128x128",
@@ -20,15 +22,20 @@ RUNG_ORDER = (
     "v4_pingpong_128x128",
     "v4_multicast_128x128",
     "v4_coop_128x256",
+    "v4_coop_256x128",
+    "v4_coop_multicast_256x128",
+    "v4_coop_256x192",
     "mojo_gemm",
 )
 
 
 def read_ladder(path: Path, dtype: str = "bfloat16") -> dict[str, dict[str, dict[str, float]]]:
-    """{pass: {shape: {impl: % of cuBLAS by kernel time}}} of the newest ladder run."""
+    """{pass: {shape: {impl: % of cuBLAS by kernel time}}} of the newest ladder run that
+    is not listed as superseded beside the CSV (benchmark.store.superseded_runs)."""
+    gone = superseded_runs(path.parent)
     with open(path, newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["op"] in PASSES and r["dtype"] == dtype and r["status"] == "ok"]
-    newest = max(r["run_id"] for r in rows)
+    newest = max(r["run_id"] for r in rows if r["run_id"] not in gone)
     kernel: dict[tuple[str, str], dict[str, float]] = {}
     for r in rows:
         if r["run_id"] == newest and r["kernel_ms"]:
@@ -43,7 +50,7 @@ def read_ladder(path: Path, dtype: str = "bfloat16") -> dict[str, dict[str, dict
 def plot(ladder: dict, out: Path, title: str) -> None:
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(16, 5.0), layout="constrained")
+    fig = Figure(figsize=(18, 5.5), layout="constrained")
     axes = fig.subplots(1, len(PASSES), sharey=True)
     for ax, op in zip(axes, PASSES, strict=True):
         shapes = list(ladder.get(op, {}))
@@ -58,7 +65,7 @@ def plot(ladder: dict, out: Path, title: str) -> None:
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("% of cuBLAS (kernel time)")
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize=9)
+    fig.legend(handles, labels, loc="outside lower center", ncol=(len(labels) + 1) // 2, fontsize=9)
     fig.suptitle(title)
     fig.savefig(out, dpi=110)
 
