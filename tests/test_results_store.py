@@ -131,7 +131,8 @@ def test_superseded_runs_stay_stored_but_the_newest_other_run_is_shown(results):
     # a run whose code was reverted is listed in <device>/superseded.txt: its rows are
     # still loaded, but latest_run skips it while the op has another run
     store.append_rows([{"op": "gemm", "ms_median": 2.0}], "day999", "a", results)
-    path = store.append_rows([{"op": "gemm", "ms_median": 3.0}, {"op": "alone", "ms_median": 1.0}], "day999", "b", results)
+    rows = [{"op": "gemm", "ms_median": 3.0}, {"op": "alone", "ms_median": 1.0}]
+    path = store.append_rows(rows, "day999", "b", results)
     (path.parent / store.SUPERSEDED_FILE).write_text("# reverted\nb  a kernel that did not land # why\n")
     assert store.superseded_runs(path.parent) == {"b": "a kernel that did not land"}
     df = store.load(results_dir=results)

@@ -370,9 +370,12 @@ def mma_rows[
     ks: Int,
 ) -> type_of(acc):
     """One k16 step of a consumer's ROW_BLOCKS m64 row blocks against columns
-    [col0, col0 + BNP) of the stage's B tile: m64nBNPk16 wgmma each, issued async."""
+    [col0, col0 + BNP) of the stage's B tile: m64nBNPk16 wgmma each, issued async.
+    """
     comptime FRAGP = BNP // 2
-    comptime assert N == ROW_BLOCKS * FRAGP, "one m64 x BNP accumulator per row block"
+    comptime assert (
+        N == ROW_BLOCKS * FRAGP
+    ), "one m64 x BNP accumulator per row block"
     var out = acc
     comptime for r in range(ROW_BLOCKS):
         out = out.insert[offset=r * FRAGP](

@@ -72,6 +72,19 @@ def test_cpu_matches_float64_with_grads(bias, activation, residual):
     assert torch.autograd.gradcheck(lambda *ts: _call(_rebuild(ts, bias, residual), activation), leaves)
 
 
+def check_grads(y, leaves, bias, activation, residual, dtype):
+    """Backpropagate random grads through y and through the float64 reference built from
+    the same leaves (x, w, then b and r where present): every leaf's grad must agree."""
+    g = torch.randn_like(y)
+    y.backward(g)
+    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
+    rx, rw, rb, rr = _rebuild(ref_leaves, bias, residual)
+    reference(rx, rw, rb, activation, rr).backward(g.double())
+    for ours, ref in zip(leaves, ref_leaves, strict=True):
+        scale = ref.grad.abs().max().item() + 1
+        assert (ours.grad.double() - ref.grad).abs().max().item() < 4 * tolerance(dtype) * scale
+
+
 def _call(xwbr, activation):
     x, w, b, r = xwbr
     return pco.linear(x, w, b, activation, r)
@@ -175,14 +188,7 @@ def test_cuda_fused_forward_and_backward(bias, activation, residual, dtype, laun
     leaves = [t.detach().requires_grad_() for t in (x, w, b, r) if t is not None]
     xs, ws, bs, rs = _rebuild(leaves, bias, residual)
     y = pco.linear(xs, ws, bs, activation, rs)
-    g = torch.randn_like(y)
-    y.backward(g)
-    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
-    rx, rw, rb, rr = _rebuild(ref_leaves, bias, residual)
-    reference(rx, rw, rb, activation, rr).backward(g.double())
-    for ours, ref in zip(leaves, ref_leaves, strict=True):
-        scale = ref.grad.abs().max().item() + 1
-        assert (ours.grad.double() - ref.grad).abs().max().item() < 4 * tolerance(dtype) * scale
+    check_grads(y, leaves, bias, activation, residual, dtype)
 
 
 @needs_cuda
@@ -216,14 +222,7 @@ def test_cuda_projection_shape_takes_the_256x192_tile(activation, residual, laun
         y = pco.linear(x, w, b, activation, r)
     assert ".256.192." in launched[0], launched
     close(y, reference(x, w, b, activation, r), BF16)
-    g = torch.randn_like(y)
-    y.backward(g)
-    ref_leaves = [t.detach().double().requires_grad_() for t in leaves]
-    rx, rw, rb, rr = _rebuild(ref_leaves, True, residual)
-    reference(rx, rw, rb, activation, rr).backward(g.double())
-    for ours, ref in zip(leaves, ref_leaves, strict=True):
-        scale = ref.grad.abs().max().item() + 1
-        assert (ours.grad.double() - ref.grad).abs().max().item() < 4 * tolerance(BF16) * scale
+    check_grads(y, leaves, True, activation, residual, BF16)
 
 
 @needs_cuda
