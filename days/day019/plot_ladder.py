@@ -4,15 +4,14 @@
 
 writes days/day019/ladder.png: for each pass of a linear layer (forward, dX, dW) and each
 shape, every kernel version's share of cuBLAS by kernel time (100 = cuBLAS), bf16, from
-the newest run that has the ladder."""
+the newest run of each pass that the site shows (superseded runs skipped)."""
 
 from __future__ import annotations
 
 import argparse
-import csv
 from pathlib import Path
 
-from benchmark.store import superseded_runs
+from benchmark.store import latest_run, load
 
 PASSES = ("ladder_forward", "ladder_dx", "ladder_dw")
 RUNG_ORDER = (
@@ -30,16 +29,13 @@ RUNG_ORDER = (
 
 
 def read_ladder(path: Path, dtype: str = "bfloat16") -> dict[str, dict[str, dict[str, float]]]:
-    """{pass: {shape: {impl: % of cuBLAS by kernel time}}} of the newest ladder run that
-    is not listed as superseded beside the CSV (benchmark.store.superseded_runs)."""
-    gone = superseded_runs(path.parent)
-    with open(path, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["op"] in PASSES and r["dtype"] == dtype and r["status"] == "ok"]
-    newest = max(r["run_id"] for r in rows if r["run_id"] not in gone)
+    """{pass: {shape: {impl: % of cuBLAS by kernel time}}} of each pass's newest run, as
+    the site picks it (benchmark.store.latest_run: runs listed as superseded skipped)."""
+    df = latest_run(load(day=path.stem, device=path.parent.name, results_dir=path.parent.parent))
+    rows = df[df["op"].isin(PASSES) & (df["dtype"] == dtype) & (df["status"] == "ok") & df["kernel_ms"].notna()]
     kernel: dict[tuple[str, str], dict[str, float]] = {}
-    for r in rows:
-        if r["run_id"] == newest and r["kernel_ms"]:
-            kernel.setdefault((r["op"], r["shape"]), {})[r["impl"]] = float(r["kernel_ms"])
+    for op, shape, impl, ms in rows[["op", "shape", "impl", "kernel_ms"]].itertuples(index=False):
+        kernel.setdefault((op, shape), {})[impl] = float(ms)
     ladder: dict[str, dict[str, dict[str, float]]] = {}
     for (op, shape), times in kernel.items():
         base = times.pop("torch")
