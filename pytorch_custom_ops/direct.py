@@ -234,7 +234,7 @@ class Recipe:
         # argument parser is slower on a size tuple), and a torch.device is cheaper than an
         # int device. A 0-dim output is torch.empty((), ...).
         self.outputs = [(None if shape is None else (shape or ((),)), dtype) for shape, dtype in outputs]
-        self.scratch = [(shape or ((),), dtype) for shape, dtype in scratch]
+        self.scratch = [(shape or ((),), dtype, zeroed) for shape, dtype, zeroed in scratch]
         self.steps, self.device_index = steps, device_index
         self.device = torch.device("cuda", device_index)
 
@@ -255,7 +255,11 @@ class Recipe:
                 return self.run(outputs, inputs)
         tensors = (*outputs, *inputs)
         if self.scratch:  # freed after the launches: the allocator reuses them in stream order
-            tensors += tuple(torch.empty(*sizes, dtype=dtype, device=self.device) for sizes, dtype in self.scratch)
+            # zeroed: the plan asked for zeros (direct.scratch(zeroed=True)), e.g. counters
+            tensors += tuple(
+                (torch.zeros if zeroed else torch.empty)(*sizes, dtype=dtype, device=self.device)
+                for sizes, dtype, zeroed in self.scratch
+            )
         stream = torch._C._cuda_getCurrentRawStream(index)
         launch = launcher()
         for step in self.steps:
@@ -305,7 +309,8 @@ def recipe(outputs, inputs, scratch, launches: list[Launch], device_index: int, 
                 template[pos] = None
         steps.append(_Step(kernel, launch, tuple(template), tuple(pointers), tuple(maps)))
     shapes = [(tuple(t.shape), t.dtype) if r else (None, None) for t, r in zip(outputs, returned, strict=True)]
-    return Recipe(shapes, [(tuple(t.shape), t.dtype) for t in scratch], steps, device_index)
+    made = [(tuple(t.shape), t.dtype, getattr(t, "gpu_days_zeroed", False)) for t in scratch]
+    return Recipe(shapes, made, steps, device_index)
 
 
 # -- scratch tensors of a plan ------------------------------------------------------------------
@@ -324,14 +329,17 @@ def planning():
         _planning.scratch = previous
 
 
-def scratch(shape, dtype: torch.dtype, device) -> torch.Tensor:
-    """A workspace for a plan's launches, made per call. Keep it referenced until the
-    launches are enqueued; after that, freeing it is safe: torch's caching allocator
-    hands the memory out again only in stream order."""
-    t = torch.empty(shape, dtype=dtype, device=device)
+def scratch(shape, dtype: torch.dtype, device, zeroed: bool = False) -> torch.Tensor:
+    """A workspace for a plan's launches, made per call (`zeroed`: filled with zeros,
+    on the current stream, before the launches). Keep it referenced until the launches
+    are enqueued; after that, freeing it is safe: torch's caching allocator hands the
+    memory out again only in stream order."""
+    t = (torch.zeros if zeroed else torch.empty)(shape, dtype=dtype, device=device)
     made = getattr(_planning, "scratch", None)
     if made is not None:
         made.append(t)
+    if zeroed:
+        t.gpu_days_zeroed = True  # the recipe makes its next ones with torch.zeros too
     return t
 
 

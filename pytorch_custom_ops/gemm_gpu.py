@@ -152,29 +152,33 @@ TMA_KERNEL = KernelFamily(
         for bm, bn in TMA_TILES
     ),
 )
-# (BM, BN, CLUSTER, COOP): a block's tile, the CTAs of a cluster sharing A's tile, and
-# whether both consumers split each tile (COOP) or take turns with whole tiles (ping-pong)
+# (BM, BN, CLUSTER, COOP, STREAM_K): a block's tile, the CTAs of a cluster sharing A's
+# tile, whether both consumers split each tile (COOP) or take turns with whole tiles
+# (ping-pong), and whether the blocks share the k-steps of all tiles evenly (stream-K)
 PP_CONFIGS = (
-    (64, 256, 1, False),
-    (128, 128, 1, False),
-    (128, 128, 2, False),
-    (128, 256, 1, True),
-    (256, 128, 1, True),
-    (256, 128, 2, True),
-    (256, 192, 1, True),
+    (64, 256, 1, False, False),
+    (128, 128, 1, False, False),
+    (128, 128, 2, False, False),
+    (128, 256, 1, True, False),
+    (256, 128, 1, True, False),
+    (256, 128, 2, True, False),
+    (256, 192, 1, True, False),
+    (256, 128, 1, True, True),
 )
 PP_EPILOGUES = ((True, False), (True, True), (False, True))  # (BIAS, GELU) of the fused linear layer
 PINGPONG_KERNEL = KernelFamily(
     PINGPONG_MODULE,
     "gemm_pingpong_kernel",
-    # a_map, b_map, dst, c, alpha_beta, bias, aux, m, n, k, batch, c_bs, c_rs, c_cs, store_aux
-    args=("tensormap", "tensormap") + ("ptr",) * 5 + ("i64",) * 8,
-    variants=tuple(  # (dtype, TA, TB, BM, BN, STAGES, SMEM, BIAS, GELU, CLUSTER, COOP)
-        (dtype, ta, tb, bm, bn, pp_stages(dtype, bm, bn), pp_smem_bytes(dtype, bm, bn), bias, gelu, cluster, coop)
+    # a_map, b_map, dst, c, alpha_beta, bias, aux, partials, counters,
+    # m, n, k, batch, c_bs, c_rs, c_cs, store_aux
+    args=("tensormap", "tensormap") + ("ptr",) * 7 + ("i64",) * 8,
+    variants=tuple(  # (dtype, TA, TB, BM, BN, STAGES, SMEM, BIAS, GELU, CLUSTER, COOP, STREAM_K)
+        (dtype, ta, tb, bm, bn, pp_stages(dtype, bm, bn), pp_smem_bytes(dtype, bm, bn), bias, gelu, cluster, coop, sk)
         for dtype in TC_DTYPES
-        for bm, bn, cluster, coop in PP_CONFIGS
+        for bm, bn, cluster, coop, sk in PP_CONFIGS
         for (ta, tb), (bias, gelu) in [(pair, (False, False)) for pair in PAIRS]
-        + [((False, True), epi) for epi in PP_EPILOGUES]  # x @ W^T, W stored like nn.Linear's
+        # x @ W^T, W stored like nn.Linear's; stream-K serves the long-K backward only
+        + [((False, True), epi) for epi in PP_EPILOGUES if not sk]
     ),
 )
 
@@ -194,8 +198,9 @@ VERSIONS = {  # name: (kind, BM, BN)
     "COOP_256x128": ("coop", 256, 128),  # each consumer 128 x 128: cuBLAS's tile on the H100
     "COOP_MULTICAST_256x128": ("coop_multicast", 256, 128),  # ... in clusters of 2 sharing A
     "COOP_256x192": ("coop", 256, 192),  # each consumer 128 x 192: 8192 x 768 is 128 tiles, one wave
+    "STREAMK_256x128": ("coop_streamk", 256, 128),  # COOP_256x128 with the k-steps shared evenly (stream-K)
 }
-V4_KINDS = ("pingpong", "multicast", "coop", "coop_multicast")  # the kinds of VERSIONS that version 4 runs
+V4_KINDS = ("pingpong", "multicast", "coop", "coop_multicast", "coop_streamk")  # the kinds version 4 runs
 _version = "AUTO"
 
 
@@ -336,12 +341,29 @@ def vector_friendly(out, a, b, m: int, n: int, k: int, ta: bool, tb: bool) -> bo
 # Near-ties (within 2%) go to the earlier, smaller tile. Examples: a dW of GPT-2
 # (768 x 2304, K = 8192) has 108 square tiles (one round) and 54 wide ones: 128 x 128.
 AUTO_TILES = (("tma", 128, 128, 1.0), ("coop", 256, 128, 2 / 1.35), ("coop", 256, 192, 3 / 1.09))
+# Stream-K (part 3) shares the k-steps of all 256 x 128 tiles evenly, so it pays no
+# half-empty round, but every tile split among blocks costs a fix-up: its pieces go to a
+# float32 workspace and the last one sums them. Counted here as STREAM_K_FIXUP k-steps
+# of a 128 x 128 tile per piece, and taken only where it clearly wins (STREAM_K_MARGIN).
+STREAM_K_FIXUP = 2.0
+STREAM_K_MARGIN = 0.9
 
 
-def auto_tile(m: int, n: int, k: int, batch: int, sms: int) -> tuple[str, int, int]:
-    """(kind, BM, BN) of the TMA kernel AUTO runs for this problem."""
+def stream_k_cost(m: int, n: int, k: int, batch: int, sms: int) -> float:
+    """Stream-K's time in AUTO_TILES's unit (a 128 x 128 tile over the whole K)."""
+    num_k = _cdiv(k, 64)
+    per_block = _cdiv(_cdiv(m, 256) * _cdiv(n, 128) * batch * num_k, sms)  # k-steps a block runs
+    pieces = _cdiv(num_k, per_block) + 1  # blocks a split tile's k-steps fall to, at most
+    return (per_block * 2 / 1.35 + STREAM_K_FIXUP * pieces) / num_k
+
+
+def auto_tile(m: int, n: int, k: int, batch: int, sms: int, stream_k: bool = True) -> tuple[str, int, int]:
+    """(kind, BM, BN) of the TMA kernel AUTO runs for this problem (`stream_k`: may
+    it choose stream-K; the fused linear layer's epilogues have none)."""
     cost = [_cdiv(_cdiv(m, bm) * _cdiv(n, bn) * batch, sms) * t for _, bm, bn, t in AUTO_TILES]
     best = min(cost)
+    if stream_k and stream_k_cost(m, n, k, batch, sms) < STREAM_K_MARGIN * best:
+        return "coop_streamk", 256, 128
     kind, bm, bn, _ = AUTO_TILES[next(i for i, c in enumerate(cost) if c <= 1.02 * best)]
     return kind, bm, bn
 
@@ -363,26 +385,38 @@ def pingpong_launch(
     (m, n, k, batch, c_bs, c_rs, c_cs); `bias` and `aux` may be None (not read/written).
     `kind` is one of V4_KINDS: "multicast" and "coop_multicast" ask for clusters of 2 CTAs
     sharing A's tile, where the tiles along n pair up (an even count; else one CTA per
-    cluster); "coop" and "coop_multicast" have both consumers split every tile."""
+    cluster); "coop" and "coop_multicast" have both consumers split every tile, and
+    "coop_streamk" shares the k-steps of all tiles evenly among the blocks (stream-K:
+    a float32 workspace for the pieces of split tiles and a zeroed counter per warp)."""
     m, n, k, batch = sizes[:4]
     dtype = a.dtype
     coop = kind.startswith("coop")
+    stream_k = kind == "coop_streamk"
     cluster = 2 if kind.endswith("multicast") and _cdiv(n, bn) % 2 == 0 else 1
     # a cluster's CTAs load half of A's tile each, in 64-row boxes
     a_map = operand_tma_map(a, not ta, 64 if cluster > 1 else bm, batch, m, k)
     b_map = operand_tma_map(b, tb, bn, batch, n, k)
     smem = pp_smem_bytes(dtype, bm, bn)
     stages = pp_stages(dtype, bm, bn)
-    kernel = PINGPONG_KERNEL[dtype, ta, tb, bm, bn, stages, smem, bias is not None, gelu, cluster, coop]
+    kernel = PINGPONG_KERNEL[dtype, ta, tb, bm, bn, stages, smem, bias is not None, gelu, cluster, coop, stream_k]
     units = _cdiv(m, bm) * _cdiv(n, bn * cluster) * batch  # what one cluster takes at a time
+    if stream_k:  # every SM, each with at least one k-step
+        units *= _cdiv(k, tma_bk(dtype))
     grid = min(units, sm_count(out.get_device()) // cluster) * cluster
     dummy = out.data_ptr()  # a pointer the kernel's compile-time flags say it never touches
+    partials = counters = dummy
+    if stream_k:
+        tiles = _cdiv(m, bm) * _cdiv(n, bn) * batch
+        partials = direct.scratch((grid, 2, bm * bn), torch.float32, out.device).data_ptr()
+        counters = direct.scratch((tiles, 8), torch.int32, out.device, zeroed=True).data_ptr()
     ptrs = (
         out.data_ptr(),
         c.data_ptr(),
         alpha_beta.data_ptr(),
         dummy if bias is None else bias.data_ptr(),
         dummy if aux is None else aux.data_ptr(),
+        partials,
+        counters,
     )
     args = (a_map, b_map, *ptrs, *sizes, int(aux is not None))
     return direct.Launch(kernel, grid, PP_THREADS, args, smem, cluster if cluster > 1 else None)

@@ -45,8 +45,10 @@ def check_launch(launch: direct.Launch, m: int, n: int, batch: int):
     grid, block = direct.dim3(launch.grid), direct.dim3(launch.block)
     assert 0 < grid[0] < 2**31 and 0 < grid[1] <= 65535 and 0 < grid[2] <= 65535
     if kernel.family is gemm_gpu.PINGPONG_KERNEL:  # persistent: one block per SM at most
-        bm, bn, cluster = kernel.params[3], kernel.params[4], kernel.params[-2]
+        bm, bn, cluster, stream_k = kernel.params[3], kernel.params[4], kernel.params[-3], kernel.params[-1]
         units = -(-m // bm) * -(-n // (bn * cluster)) * batch
+        if stream_k:  # the blocks share the tiles' k-steps: at most one block per k-step
+            units *= -(-launch.args[11] // 64)
         assert grid == (min(units, gemm_gpu.sm_count(None) // cluster) * cluster, 1, 1)
         assert launch.cluster == (cluster if cluster > 1 else None)
         assert launch.smem == kernel.params[6] and block == (gemm_gpu.PP_THREADS, 1, 1)
@@ -82,8 +84,8 @@ def choice(launch) -> str:
     if family is gemm_gpu.WG_KERNEL:
         return f"wgmma {p[3]}x{p[4]}"
     if family is gemm_gpu.PINGPONG_KERNEL:
-        kind = "coop" if p[-1] else "pingpong"
-        return f"{kind} {p[3]}x{p[4]}" + (f" cluster {p[-2]}" if p[-2] > 1 else "")
+        kind = "streamk" if p[-1] else "coop" if p[-2] else "pingpong"
+        return f"{kind} {p[3]}x{p[4]}" + (f" cluster {p[-3]}" if p[-3] > 1 else "")
     vec = "vec" if p[3] else "novec"
     return f"{'mma' if family is gemm_gpu.TC_KERNEL else 'simt'} {p[4]} {vec}"
 
@@ -100,8 +102,10 @@ AUTO = [
     ((256, 512, 72, BF16, 33), "coop 256x128"),  # 1 x 4 x 33 = 132: the batch counts
     ((256, 512, 72, BF16, 32), "coop 256x128"),
     ((8192, 3072, 3072, BF16, None), "coop 256x128"),
-    ((768, 2304, 8192, BF16, None), "tma 128x128"),  # a dW: 54 wide tiles or 108 square, one wave
-    ((3072, 768, 8192, BF16, None), "coop 256x128"),  # a dW: 72 wide tiles, or 144 square in two waves
+    # GPT-2's dW (part 3): few tiles and a long K: stream-K shares the k-steps over all SMs
+    ((768, 2304, 8192, BF16, None), "streamk 256x128"),  # 54 wide tiles or 108 square: one partial wave
+    ((3072, 768, 8192, BF16, None), "streamk 256x128"),  # 72 wide tiles, or 144 square in two waves
+    ((768, 768, 8192, BF16, None), "streamk 256x128"),  # 18 wide tiles: 14% of the SMs
     ((64, 2304, 768, BF16, None), "tma 128x128"),  # 64 tokens: a 256-row tile would be 3/4 empty
     ((1000, 1000, 1000, BF16, None), "tma 128x128"),
     ((1, 8, 8, BF16, None), "tma 128x128"),
@@ -139,7 +143,7 @@ def test_every_shape_transpose_and_alignment_gives_a_valid_launch(dtype):
         kind = choice(launch)
         assert ("novec" not in kind) == vec, (m, n, k, ta, tb, kind)
         if dtype in (BF16, FP16):
-            assert kind.startswith(("tma", "pingpong", "coop")) == (vec and k > 0)
+            assert kind.startswith(("tma", "pingpong", "coop", "streamk")) == (vec and k > 0)
         # an unaligned a (one element into its storage) never takes the vector paths
         assert "novec" in choice(plan(m, n, k, dtype, ta, tb, a_offset=1))
 
@@ -170,6 +174,7 @@ def test_forced_versions_apply_where_their_conditions_hold():
         "COOP_256x128": "coop 256x128",
         "COOP_MULTICAST_256x128": "coop 256x128",  # 3 tiles of 128 in n: no pairs
         "COOP_256x192": "coop 256x192",
+        "STREAMK_256x128": "streamk 256x128",
     }
     assert set(want) == set(gemm_gpu.VERSIONS)
     for version, kind in want.items():
@@ -220,7 +225,7 @@ def test_gpt2_linear_layers_take_tensor_cores_in_bf16():
             (d_out, d_in, tokens, True, False),
         ):
             kind = choice(plan(m, n, k, BF16, ta, tb))
-            assert kind.startswith(("tma", "coop")), (tokens, d_in, d_out, ta, tb)
+            assert kind.startswith(("tma", "coop", "streamk")), (tokens, d_in, d_out, ta, tb)
             if tokens >= 8192 and k <= 1024:  # short K, many tiles: day 019's version 4
                 assert kind.startswith("coop 256x"), (tokens, d_in, d_out, ta, tb)
             assert choice(plan(m, n, k, FP32, ta, tb)).startswith("simt")

@@ -139,7 +139,7 @@ def test_a_recipe_allocates_every_output_shape_and_keeps_given_destinations(monk
     monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **{**k, "device": "cpu"}))
     dest = torch.zeros(4)
     shapes = [((), torch.float32), (None, None), ((0, 3), torch.bfloat16), ((2, 5, 7), torch.float64)]
-    recipe = direct.Recipe(shapes, [((), torch.float32)], [], 0)
+    recipe = direct.Recipe(shapes, [((), torch.float32, False)], [], 0)
     made = recipe.allocate([dest])
     assert [t.shape for t in made] == [(), (4,), (0, 3), (2, 5, 7)]
     assert [t.dtype for t in made] == [torch.float32, torch.float32, torch.bfloat16, torch.float64]
@@ -244,3 +244,38 @@ def test_recipes_replay_under_cuda_graph_capture():
     static_in.copy_(torch.randn_like(static_in))
     graph.replay()
     torch.testing.assert_close(static_out, torch.nn.functional.layer_norm(static_in, (4096,), w, b))
+
+
+def test_stream_k_recipe_remakes_its_workspace_and_zeroed_counters_per_call(fake_gpu, monkeypatch):
+    """Day 019's stream-K GEMM counts the pieces of each tile in int32 counters that must
+    start at zero on every call: the recipe makes them with torch.zeros, per call, and its
+    float32 workspace with torch.empty."""
+    op = GEMM_OPS[(False, True, False)]  # dW = X^T dY
+
+    def make():
+        x, dy = torch.randn(4096, 768, dtype=torch.bfloat16), torch.randn(4096, 768, dtype=torch.bfloat16)
+        return [torch.empty(768, 768, dtype=torch.bfloat16)], [
+            x,
+            dy,
+            torch.zeros(1, 1, dtype=torch.bfloat16),
+            torch.tensor([1.0, 0.0]),
+        ]
+
+    (out1, in1), (out2, in2) = make(), make()
+    with direct.planning() as scratch:
+        first = op.gpu(out1, in1, op.spec.params)
+    assert first[0].kernel.params[-1] is True  # AUTO chose stream-K
+    assert [t.dtype for t in scratch] == [torch.float32, torch.int32]
+    recipe = direct.recipe(out1, in1, scratch, first, 0, op.spec.returned)
+    made = {"empty": [], "zeros": []}
+    for name in made:
+        real = getattr(torch, name)
+        monkeypatch.setattr(
+            torch,
+            name,
+            lambda *a, _r=real, _n=name, **k: made[_n].append(_r(*a, **{**k, "device": "cpu"})) or made[_n][-1],
+        )
+    (launch,) = replayed(fake_gpu, recipe, out2, in2)
+    (workspace,), (counters,) = made["empty"], made["zeros"]
+    assert workspace.shape == scratch[0].shape and counters.shape == scratch[1].shape
+    assert workspace.data_ptr() in launch[-1] and counters.data_ptr() in launch[-1]

@@ -31,6 +31,7 @@ from std.utils import StaticTuple
 
 from days.day014.gemm_common import tile_coords, wg_store_acc
 from days.day019.cluster_tma import mbar_arrive_cta, tma_multicast_box
+from days.day019.stream_k import Units, finish_piece, iter_start
 from days.day014.gemm_v2_wgmma import WG_THREADS
 from days.day014.gemm_v3_tma import (
     TMA_BK,
@@ -68,9 +69,11 @@ from days.day014.gemm_v3_tma import (
 # other consumer's data) for its own. With the turn, every wait is at most one phase
 # ahead.
 #
-# Stage bookkeeping: every tile has the same number of k-steps (num_k), so the block's
-# i-th tile uses stage iterations i*num_k ... i*num_k + num_k - 1: stage it % STAGES,
-# round it // STAGES. Producer and consumers derive both without talking.
+# Stage bookkeeping: the producer numbers the stage iterations it fills (it = 0, 1,
+# ...): stage it % STAGES, round it // STAGES. In ping-pong every tile has num_k
+# k-steps, so a consumer's i-th tile of the block starts at i * num_k; the cooperative
+# consumers see every unit (and stream-K's units differ in length), so they count the
+# iterations they consumed. Producer and consumers agree without talking.
 
 comptime PP_GROUP_ROWS = 1024  # output rows walked together (tile_coords), as version 3's 8 x 128
 
@@ -94,6 +97,7 @@ def gemm_pingpong_kernel[
     GELU: Bool,
     CLUSTER: Int,
     COOP: Bool,
+    STREAM_K: Bool,
 ](
     a_map: TMADescriptor,
     b_map: TMADescriptor,
@@ -102,6 +106,8 @@ def gemm_pingpong_kernel[
     alpha_beta: Pointer[Float32, MutAnyOrigin],
     bias: Pointer[Scalar[dtype], MutAnyOrigin],
     aux: Pointer[Scalar[dtype], MutAnyOrigin],
+    partials: Pointer[Float32, MutAnyOrigin],
+    counters: Pointer[Int32, MutAnyOrigin],
     m: Int64,
     n: Int64,
     k: Int64,
@@ -126,6 +132,11 @@ def gemm_pingpong_kernel[
     take the two column halves of a BM x 2BN unit: they share A's tile, and each loads
     half of it (BM/2 rows, in 64-row boxes) and multicasts it to both, so A crosses L2
     once for both.
+
+    STREAM_K (with COOP, CLUSTER = 1): the blocks share the tiles' k-steps evenly
+    instead of whole tiles (days/day019/stream_k.mojo); `partials` is a float32
+    workspace of grid x 2 x BM x BN and `counters` tiles x 8 int32 zeros. Otherwise
+    neither is touched.
     """
     # COOP: both consumers work on every tile, one BM/2-row half each (version 3's
     # cooperative split, kept persistent); else each consumer owns whole tiles (ping-pong)
@@ -161,6 +172,9 @@ def gemm_pingpong_kernel[
     comptime assert CLUSTER == 1 or (
         CLUSTER == 2 and A_PART % 64 == 0
     ), "clusters of 2 split A's tile into halves of whole 64-row boxes"
+    comptime assert not STREAM_K or (
+        COOP and CLUSTER == 1 and BN1 == 0
+    ), "stream-K: the cooperative schedule, no cluster, one column part"
 
     var M = Int(m)
     var N = Int(n)
@@ -175,6 +189,14 @@ def gemm_pingpong_kernel[
         rank = Int(block_rank_in_cluster())
     var first = block_idx.x // CLUSTER  # this cluster's first unit
     var stride = grid_dim.x // CLUSTER  # clusters in the grid
+    # what the block walks: whole tiles first, first + stride, ... or, stream-K, an
+    # even share of all tiles' k-steps (Units)
+    var total = tiles * num_k
+    var begin = first
+    var end = tiles
+    comptime if STREAM_K:
+        begin = iter_start(block_idx.x, total, grid_dim.x)
+        end = iter_start(block_idx.x + 1, total, grid_dim.x)
 
     var smem = external_memory[
         Scalar[dtype], address_space=AddressSpace.SHARED, alignment=1024
@@ -207,11 +229,13 @@ def gemm_pingpong_kernel[
             var a_ptr = Pointer(to=a_map).unsafe_bitcast[NoneType]()
             var b_ptr = Pointer(to=b_map).unsafe_bitcast[NoneType]()
             var it = 0
-            for t in range(first, tiles, stride):
+            var units = Units[STREAM_K](begin, end, stride, num_k)
+            while units.next():  # k-steps [kb, ke) of tile t
+                var t = units.t
                 var bt = t // per_batch
                 var tile = tile_coords[GROUP_M](t % per_batch, num_m, num_n)
                 var tn = tile[1] * CLUSTER + rank
-                for kt in range(num_k):
+                for kt in range(units.kb, units.ke):
                     var s = it % STAGES
                     if it >= STAGES:  # the consumers released round r-1
                         mbar_wait(
@@ -263,10 +287,20 @@ def gemm_pingpong_kernel[
         var beta = alpha_beta[unsafe_offset=1]
         var me = wg - 1
         var round = 0  # how many tiles this consumer has done
+        var done = 0  # stream-K: the stage iterations it has consumed
         # this consumer's first row in a tile
         var row_off = me * WG_ROWS if COOP else 0
-        var start = first if COOP else first + me * stride
-        for t in range(start, tiles, stride if COOP else 2 * stride):
+        # ping-pong: every other tile of the block's
+        var units = Units[STREAM_K](
+            begin if COOP else begin + me * stride,
+            end,
+            stride if COOP else 2 * stride,
+            num_k,
+        )
+        while units.next():
+            var t = units.t
+            var kb = units.kb
+            var ke = units.ke
             var bt = t // per_batch
             var tile = tile_coords[GROUP_M](t % per_batch, num_m, num_n)
             var tn = tile[1] * CLUSTER + rank
@@ -280,13 +314,15 @@ def gemm_pingpong_kernel[
                     mbar_wait(turn, (round - 1) % 2)
             # --8<-- [end:turn]
             var it0 = (round if COOP else 2 * round + me) * num_k
+            comptime if STREAM_K:
+                it0 = done
             # Mojo's SIMD widths are powers of two, so a BN of 192 is two column parts
             # (BN0 = 128, then BN1 = 64), each its own wgmma and accumulator; in each,
             # the row blocks' m64 accumulators sit side by side (block r at r * FRAG0)
             var acc0 = SIMD[DType.float32, ROW_BLOCKS * FRAG0](0)
             var acc1 = SIMD[DType.float32, ROW_BLOCKS * FRAG1](0)
-            for kt in range(num_k):
-                var it = it0 + kt
+            for kt in range(kb, ke):
+                var it = it0 + kt - kb
                 var s = it % STAGES
                 mbar_wait(full.unsafe_offset(s), (it // STAGES) % 2)
                 var sa_k = sa.unsafe_offset(s * A_ELEMS)
@@ -302,7 +338,7 @@ def gemm_pingpong_kernel[
                         )
                 wgmma_commit_group_sync()
                 wgmma_wait_group_sync[1]()
-                if kt > 0 and lane_id() == 0:
+                if kt > kb and lane_id() == 0:
                     release[CLUSTER](empty.unsafe_offset((it - 1) % STAGES))
             # every wgmma of this tile is issued: the other consumer may start
             comptime if not COOP:
@@ -311,8 +347,15 @@ def gemm_pingpong_kernel[
             wgmma_wait_group_sync[0]()
             if lane_id() == 0:
                 release[CLUSTER](
-                    empty.unsafe_offset((it0 + num_k - 1) % STAGES)
+                    empty.unsafe_offset((it0 + ke - kb - 1) % STAGES)
                 )
+            round += 1
+            comptime if STREAM_K:
+                done += ke - kb
+                if not units.whole() and not finish_piece[SHARERS](
+                    acc0, partials, counters, t, me, num_k, total, grid_dim.x
+                ):
+                    continue  # another warp finishes this tile
             comptime for r in range(ROW_BLOCKS):
                 wg_store_acc[dtype, BN0, BIAS, GELU](
                     acc0.slice[FRAG0, offset=r * FRAG0](),
@@ -349,7 +392,6 @@ def gemm_pingpong_kernel[
                         aux.unsafe_offset(bt * M * N),
                         store_aux != 0,
                     )
-            round += 1
     comptime if CLUSTER > 1:
         cluster_sync()  # no CTA leaves while its peer may still write into it
 

@@ -26,6 +26,7 @@ VERSIONS = (
     "COOP_256x128",
     "COOP_MULTICAST_256x128",
     "COOP_256x192",
+    "STREAMK_256x128",
     "AUTO",
 )
 

@@ -1,0 +1,166 @@
+"""Day 019, part 3: stream-K (version 4's cooperative 256 x 128 tile with the k-steps of
+all tiles shared evenly among the blocks).
+
+CPU: the split of the iterations and the fix-up's bookkeeping, emulated with the
+kernel's own formulas (days/day019/stream_k.mojo), for many grids and problem sizes: every
+k-step of every tile runs exactly once, the pieces of a split tile are found where they
+were written, and no two pieces share a workspace slot. CUDA (strict): results against
+float64 at GPT-2's weight-gradient shapes, bitwise-repeatable sums, the launch recipe
+(its zeroed counters), CUDA-graph capture and side streams.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+import pytorch_custom_ops as pco
+from days.day014.test_day014_gemm import check, rand, stored
+from pytorch_custom_ops import gemm_gpu
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+BF16, FP16 = torch.bfloat16, torch.float16
+
+
+# -- the kernel's bookkeeping, in Python (the same formulas as stream_k.mojo) ----------------
+def iter_start(b, total, grid):
+    return b * total // grid
+
+
+def iter_owner(i, total, grid):
+    return ((i + 1) * grid - 1) // total
+
+
+def units(b, total, grid, num_k):
+    """(tile, kb, ke) of block b, as `Units[True].next()` walks them."""
+    cur, end = iter_start(b, total, grid), iter_start(b + 1, total, grid)
+    while cur < end:
+        t = cur // num_k
+        kb, ke = cur - t * num_k, min(num_k, end - t * num_k)
+        cur = t * num_k + ke
+        yield t, kb, ke
+
+
+def slot(b, t, total, grid, num_k):
+    return 0 if iter_start(b, total, grid) // num_k == t else 1
+
+
+@pytest.mark.parametrize("tiles,num_k", [(1, 1), (1, 200), (18, 128), (54, 128), (72, 128), (3, 5), (576, 12), (7, 1)])
+def test_stream_k_split_covers_every_k_step_once_and_finds_every_piece(tiles, num_k):
+    total = tiles * num_k
+    for grid in sorted({1, 2, 7, 131, 132, min(total, 132), total} - {0}):
+        if grid > total:  # the plan never launches more blocks than k-steps
+            continue
+        seen = [[0] * num_k for _ in range(tiles)]
+        written = {}  # (block, slot) -> tile of the piece written there
+        pieces = {t: [] for t in range(tiles)}
+        for b in range(grid):
+            mine = list(units(b, total, grid, num_k))
+            assert mine, "every block gets at least one k-step"
+            partial = [u for u in mine if u[2] - u[1] < num_k]
+            assert len(partial) <= 2  # only the ends of a block's range can be pieces
+            for t, kb, ke in mine:
+                for kt in range(kb, ke):
+                    seen[t][kt] += 1
+                if ke - kb < num_k:
+                    key = (b, slot(b, t, total, grid, num_k))
+                    assert key not in written, "two pieces in one workspace slot"
+                    written[key] = t
+                    pieces[t].append(b)
+        assert all(c == 1 for row in seen for c in row)
+        for t, blocks in pieces.items():
+            if not blocks:
+                continue
+            first, last = iter_owner(t * num_k, total, grid), iter_owner(t * num_k + num_k - 1, total, grid)
+            # the last piece to arrive counts last - first earlier ones and sums these slots
+            assert blocks == list(range(first, last + 1))
+            assert all(written[(b, slot(b, t, total, grid, num_k))] == t for b in blocks)
+
+
+def test_plan_sizes_the_workspace_and_zeroes_the_counters():
+    from days.day014.test_day014_launch_plan import plan
+
+    with pco.gemm_version("STREAMK_256x128"):
+        launch = plan(768, 768, 8192, BF16, True, False)  # a dW: 18 tiles x 128 k-steps
+    assert launch.grid == 132 and launch.kernel.params[-1] is True
+    launch = plan(256, 128, 128, BF16)  # AUTO: one tile, 2 k-steps: too small for stream-K
+    assert launch.kernel.family is not gemm_gpu.PINGPONG_KERNEL or launch.kernel.params[-1] is False
+    with pco.gemm_version("STREAMK_256x128"):
+        launch = plan(256, 128, 128, BF16)  # forced: at most one block per k-step
+    assert launch.grid == 2
+
+
+# -- on the GPU -----------------------------------------------------------------------------
+DW_SHAPES = [(768, 768, 8192), (768, 2304, 8192), (3072, 768, 8192), (768, 3072, 4097)]
+
+
+@needs_cuda
+@pytest.mark.parametrize("m,n,k", DW_SHAPES, ids=lambda s: str(s))
+def test_cuda_weight_gradient_shapes_take_stream_k_and_match_float64(m, n, k):
+    from days.day014.test_day014_gemm import _planned
+
+    torch.manual_seed(m + n + k)
+    # dW = X^T dY: op(A) = X^T with X stored (tokens, in)
+    x, dy = rand(k, m, device="cuda", dtype=BF16), rand(k, n, device="cuda", dtype=BF16)
+    c = rand(n, device="cuda", dtype=BF16)
+    assert _planned(x, dy, c.reshape(1, n), True, False) == "streamk 256x128"
+    check(pco.gemm(x, dy, transpose_a=True), x, dy, ta=True)
+    check(pco.gemm(x, dy, c, alpha=0.5, beta=2.0, transpose_a=True), x, dy, c, 0.5, 2.0, ta=True)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_cuda_stream_k_is_repeatable_and_its_recipe_zeroes_the_counters(dtype):
+    # The sum of a tile's pieces goes in block order whoever arrives last, so equal inputs
+    # give equal bits. The second and later calls replay the recipe, whose counters must
+    # be zero again: stale counts would leave tiles unwritten.
+    a = rand(4096, 520, device="cuda", dtype=dtype)
+    b = rand(4096, 264, device="cuda", dtype=dtype)
+    first = pco.gemm(a, b, transpose_a=True)
+    for _ in range(3):
+        assert torch.equal(pco.gemm(a, b, transpose_a=True), first)
+    check(first, a, b, ta=True)
+    a2 = rand(4096, 520, device="cuda", dtype=dtype)
+    check(pco.gemm(a2, b, transpose_a=True), a2, b, ta=True)
+
+
+@needs_cuda
+def test_cuda_stream_k_under_graph_capture_and_on_a_side_stream():
+    a, b = rand(4096, 520, device="cuda", dtype=BF16), rand(4096, 264, device="cuda", dtype=BF16)
+    pco.gemm(a, b, transpose_a=True)  # warm-up: load the kernel, make the recipe
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = pco.gemm(a, b, transpose_a=True)
+    for _ in range(2):  # each replay zeroes its counters again
+        a.copy_(rand(4096, 520, device="cuda", dtype=BF16))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(y, a, b, ta=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y2 = pco.gemm(a, b, transpose_a=True)
+    torch.cuda.current_stream().wait_stream(side)
+    check(y2, a, b, ta=True)
+
+
+@needs_cuda
+@pytest.mark.parametrize("ta,tb", list(itertools.product((False, True), repeat=2)))
+def test_cuda_stream_k_batched_with_a_broadcast_c(ta, tb):
+    torch.manual_seed(3)
+    a, b = rand(3, 200, 2100, device="cuda", dtype=BF16), rand(3, 2100, 136, device="cuda", dtype=BF16)
+    c = rand(1, 1, 136, device="cuda", dtype=BF16)
+    with pco.gemm_version("STREAMK_256x128"):
+        y = pco.gemm_batched(stored(a, ta), stored(b, tb), c, alpha=1.5, beta=-1.0, transpose_a=ta, transpose_b=tb)
+    check(y, a, b, c, 1.5, -1.0)
+
+
+@needs_cuda
+def test_cuda_linear_weight_gradient_through_stream_k():
+    torch.manual_seed(5)
+    layer = pco.MojoGEMM(768, 768, device="cuda", dtype=BF16)
+    x = rand(4, 1024, 768, device="cuda", dtype=BF16).requires_grad_()
+    y = layer(x)
+    g = rand(*y.shape, device="cuda", dtype=BF16)
+    y.backward(g)
+    check(layer.weight.grad, g.reshape(-1, 768), x.detach().reshape(-1, 768), ta=True)
