@@ -182,7 +182,7 @@ def test_cuda_fused_forward_and_backward(bias, activation, residual, dtype, laun
         y = pco.linear(x, w, b, activation, r)
     close(y, reference(x, w, b, activation, r), dtype)
     assert launched and all("gemm_pingpong_kernel" in key for key in launched), launched
-    flags = launched[-1].split(".")[-4:-2]  # (BIAS, GELU) compiled into the kernel, then CLUSTER, COOP
+    flags = launched[-1].split(".")[-5:-3]  # (BIAS, GELU) compiled into the kernel, then CLUSTER, COOP, STREAM_K
     assert flags == [str(int(bias)), str(int(activation is not None))], launched
 
     leaves = [t.detach().requires_grad_() for t in (x, w, b, r) if t is not None]
@@ -200,8 +200,8 @@ def test_cuda_gpt2_mlp_shapes_and_a_broadcast_residual(launched):
         close(pco.linear(x, w, None, None, row), reference(x, w, None, None, row), BF16)
     assert len(launched) == 2
     # 1024 x 3072: 96 tiles of 256 x 128 (one wave) against 192 of 128 x 128 (two): AUTO's
-    # cooperative wide tile, no cluster (keys end in CLUSTER, COOP)
-    assert all(".256.128." in key and key.endswith(".1.1") for key in launched)
+    # cooperative wide tile, no cluster, no stream-K (keys end in CLUSTER, COOP, STREAM_K)
+    assert all(".256.128." in key and key.endswith(".1.1.0") for key in launched)
     strided_bias = torch.randn(2 * 3072, device="cuda", dtype=BF16)[::2]  # a view, stride 2
     wt = w.t().contiguous().t()  # a transposed layout: copied, not misread
     with torch.no_grad():
