@@ -199,8 +199,9 @@ VERSIONS = {  # name: (kind, BM, BN)
     "COOP_MULTICAST_256x128": ("coop_multicast", 256, 128),  # ... in clusters of 2 sharing A
     "COOP_256x192": ("coop", 256, 192),  # each consumer 128 x 192: 8192 x 768 is 128 tiles, one wave
     "STREAMK_256x128": ("coop_streamk", 256, 128),  # COOP_256x128 with the k-steps shared evenly (stream-K)
+    "SPLITK_256x128": ("coop_splitk", 256, 128),  # ... cut into equal pieces per tile, one wave (split-K)
 }
-V4_KINDS = ("pingpong", "multicast", "coop", "coop_multicast", "coop_streamk")  # the kinds version 4 runs
+V4_KINDS = ("pingpong", "multicast", "coop", "coop_multicast", "coop_streamk", "coop_splitk")  # version 4's kinds
 _version = "AUTO"
 
 
@@ -341,29 +342,35 @@ def vector_friendly(out, a, b, m: int, n: int, k: int, ta: bool, tb: bool) -> bo
 # Near-ties (within 2%) go to the earlier, smaller tile. Examples: a dW of GPT-2
 # (768 x 2304, K = 8192) has 108 square tiles (one round) and 54 wide ones: 128 x 128.
 AUTO_TILES = (("tma", 128, 128, 1.0), ("coop", 256, 128, 2 / 1.35), ("coop", 256, 192, 3 / 1.09))
-# Stream-K (part 3) shares the k-steps of all 256 x 128 tiles evenly, so it pays no
-# half-empty round, but every tile split among blocks costs a fix-up: its pieces go to a
-# float32 workspace and the last one sums them. Counted here as STREAM_K_FIXUP k-steps
-# of a 128 x 128 tile per piece, and taken only where it clearly wins (STREAM_K_MARGIN).
-STREAM_K_FIXUP = 2.0
-STREAM_K_MARGIN = 0.9
+# Split-K (part 3), for few output tiles and a long K (GPT-2's weight gradients): each
+# 256 x 128 tile's k-steps are cut into S aligned pieces, one block each, all in one
+# wave; the last piece of a tile to finish sums the others from a float32 workspace.
+# That fix-up costs about SPLIT_K_FIXUP k-steps of a 128 x 128 tile per piece, and AUTO
+# takes a split only where it clearly wins (SPLIT_K_MARGIN). It runs stream-K's kernel
+# on a grid of tiles x S, where stream-K's even shares fall on the split points.
+SPLIT_K_FIXUP = 3.0
+SPLIT_K_MARGIN = 0.9
 
 
-def stream_k_cost(m: int, n: int, k: int, batch: int, sms: int) -> float:
-    """Stream-K's time in AUTO_TILES's unit (a 128 x 128 tile over the whole K)."""
-    num_k = _cdiv(k, 64)
-    per_block = _cdiv(_cdiv(m, 256) * _cdiv(n, 128) * batch * num_k, sms)  # k-steps a block runs
-    pieces = _cdiv(num_k, per_block) + 1  # blocks a split tile's k-steps fall to, at most
-    return (per_block * 2 / 1.35 + STREAM_K_FIXUP * pieces) / num_k
+def split_k(m: int, n: int, k: int, batch: int, sms: int) -> tuple[int, float]:
+    """(S, cost): the best split of each 256 x 128 tile's K that still runs in one wave
+    (S = 1: none), and its time in AUTO_TILES's unit (a 128 x 128 tile over the whole K)."""
+    tiles, num_k = _cdiv(m, 256) * _cdiv(n, 128) * batch, _cdiv(k, 64)
+    options = range(1, max(1, min(sms // tiles, num_k)) + 1)
+    cost = {s: (_cdiv(num_k, s) * 2 / 1.35 + (SPLIT_K_FIXUP * s if s > 1 else 0)) / num_k for s in options}
+    best = min(cost, key=cost.get)
+    return best, cost[best]
 
 
-def auto_tile(m: int, n: int, k: int, batch: int, sms: int, stream_k: bool = True) -> tuple[str, int, int]:
-    """(kind, BM, BN) of the TMA kernel AUTO runs for this problem (`stream_k`: may
-    it choose stream-K; the fused linear layer's epilogues have none)."""
+def auto_tile(m: int, n: int, k: int, batch: int, sms: int, splits: bool = True) -> tuple[str, int, int]:
+    """(kind, BM, BN) of the TMA kernel AUTO runs for this problem (`splits`: may it
+    split K; the fused linear layer's epilogues cannot)."""
     cost = [_cdiv(_cdiv(m, bm) * _cdiv(n, bn) * batch, sms) * t for _, bm, bn, t in AUTO_TILES]
     best = min(cost)
-    if stream_k and stream_k_cost(m, n, k, batch, sms) < STREAM_K_MARGIN * best:
-        return "coop_streamk", 256, 128
+    if splits:
+        s, split_cost = split_k(m, n, k, batch, sms)
+        if s > 1 and split_cost < SPLIT_K_MARGIN * best:
+            return "coop_splitk", 256, 128
     kind, bm, bn, _ = AUTO_TILES[next(i for i, c in enumerate(cost) if c <= 1.02 * best)]
     return kind, bm, bn
 
@@ -385,13 +392,15 @@ def pingpong_launch(
     (m, n, k, batch, c_bs, c_rs, c_cs); `bias` and `aux` may be None (not read/written).
     `kind` is one of V4_KINDS: "multicast" and "coop_multicast" ask for clusters of 2 CTAs
     sharing A's tile, where the tiles along n pair up (an even count; else one CTA per
-    cluster); "coop" and "coop_multicast" have both consumers split every tile, and
-    "coop_streamk" shares the k-steps of all tiles evenly among the blocks (stream-K:
-    a float32 workspace for the pieces of split tiles and a zeroed counter per warp)."""
+    cluster); "coop" and "coop_multicast" have both consumers split every tile;
+    "coop_streamk" shares the k-steps of all tiles evenly among one block per SM
+    (stream-K), "coop_splitk" cuts each tile's into `split_k`'s S pieces on a grid of
+    tiles x S. Both need a float32 workspace for the pieces of split tiles and a zeroed
+    counter per tile and warp."""
     m, n, k, batch = sizes[:4]
     dtype = a.dtype
     coop = kind.startswith("coop")
-    stream_k = kind == "coop_streamk"
+    stream_k = kind in ("coop_streamk", "coop_splitk")
     cluster = 2 if kind.endswith("multicast") and _cdiv(n, bn) % 2 == 0 else 1
     # a cluster's CTAs load half of A's tile each, in 64-row boxes
     a_map = operand_tma_map(a, not ta, 64 if cluster > 1 else bm, batch, m, k)
@@ -400,9 +409,13 @@ def pingpong_launch(
     stages = pp_stages(dtype, bm, bn)
     kernel = PINGPONG_KERNEL[dtype, ta, tb, bm, bn, stages, smem, bias is not None, gelu, cluster, coop, stream_k]
     units = _cdiv(m, bm) * _cdiv(n, bn * cluster) * batch  # what one cluster takes at a time
-    if stream_k:  # every SM, each with at least one k-step
+    sms = sm_count(out.get_device())
+    if kind == "coop_splitk":  # tiles x S blocks: the even shares fall on the split points
+        units *= split_k(m, n, k, batch, sms)[0]
+        sms = units
+    elif stream_k:  # every SM, each with at least one k-step
         units *= _cdiv(k, tma_bk(dtype))
-    grid = min(units, sm_count(out.get_device()) // cluster) * cluster
+    grid = min(units, sms // cluster) * cluster
     dummy = out.data_ptr()  # a pointer the kernel's compile-time flags say it never touches
     partials = counters = dummy
     if stream_k:

@@ -67,11 +67,11 @@ def linear_tile(m: int, n: int, k: int, device_index: int | None, gelu: bool = F
     GELU epilogue over 192 accumulators a thread spills ~1 KB (8192 x 768 x 768 took
     0.063 ms against 0.040 with 256 x 128). GELU at 64 x 256 spills ~400 bytes."""
     kind, bm, bn = VERSIONS[current_version()]
-    if kind == "coop_streamk":  # stream-K has no fused epilogue: its tile, whole
+    if kind in ("coop_streamk", "coop_splitk"):  # no fused epilogue with split tiles: the tile, whole
         return "coop", bm, bn
     if kind in V4_KINDS:
         return kind, bm, bn
-    kind, bm, bn = auto_tile(m, n, k, 1, sm_count(device_index), stream_k=False)
+    kind, bm, bn = auto_tile(m, n, k, 1, sm_count(device_index), splits=False)
     if kind != "coop":
         return "pingpong", 128, 128
     return ("coop", 256, 128) if gelu and bn == 192 else ("coop", bm, bn)

@@ -33,6 +33,7 @@ RUNGS = {
     "v4_coop_multicast_256x128": "COOP_MULTICAST_256x128",
     "v4_coop_256x192": "COOP_256x192",
     "v4_streamk_256x128": "STREAMK_256x128",  # part 3
+    "v4_splitk_256x128": "SPLITK_256x128",
 }
 LADDER_SHAPES = {
     "quick": LINEAR_SHAPES["quick"],

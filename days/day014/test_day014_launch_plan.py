@@ -47,9 +47,13 @@ def check_launch(launch: direct.Launch, m: int, n: int, batch: int):
     if kernel.family is gemm_gpu.PINGPONG_KERNEL:  # persistent: one block per SM at most
         bm, bn, cluster, stream_k = kernel.params[3], kernel.params[4], kernel.params[-3], kernel.params[-1]
         units = -(-m // bm) * -(-n // (bn * cluster)) * batch
-        if stream_k:  # the blocks share the tiles' k-steps: at most one block per k-step
-            units *= -(-launch.args[11] // 64)
-        assert grid == (min(units, gemm_gpu.sm_count(None) // cluster) * cluster, 1, 1)
+        if stream_k:  # stream-K: one block per SM or per k-step; split-K: tiles x S blocks, one wave
+            k_steps = -(-launch.args[11] // 64)
+            assert grid[0] in (min(units * k_steps, gemm_gpu.sm_count(None)), units) or (
+                grid[0] % units == 0 and grid[0] <= min(units * k_steps, gemm_gpu.sm_count(None))
+            )
+        else:
+            assert grid == (min(units, gemm_gpu.sm_count(None) // cluster) * cluster, 1, 1)
         assert launch.cluster == (cluster if cluster > 1 else None)
         assert launch.smem == kernel.params[6] and block == (gemm_gpu.PP_THREADS, 1, 1)
         assert len(launch.args) == len(kernel.family.args)
@@ -102,10 +106,10 @@ AUTO = [
     ((256, 512, 72, BF16, 33), "coop 256x128"),  # 1 x 4 x 33 = 132: the batch counts
     ((256, 512, 72, BF16, 32), "coop 256x128"),
     ((8192, 3072, 3072, BF16, None), "coop 256x128"),
-    # GPT-2's dW (part 3): few tiles and a long K: stream-K shares the k-steps over all SMs
-    ((768, 2304, 8192, BF16, None), "streamk 256x128"),  # 54 wide tiles or 108 square: one partial wave
-    ((3072, 768, 8192, BF16, None), "streamk 256x128"),  # 72 wide tiles, or 144 square in two waves
-    ((768, 768, 8192, BF16, None), "streamk 256x128"),  # 18 wide tiles: 14% of the SMs
+    # GPT-2's dW (part 3): few tiles and a long K: split-K (stream-K's kernel, tiles x S blocks)
+    ((768, 2304, 8192, BF16, None), "streamk 256x128"),  # 54 wide tiles x 2 pieces: 108 blocks
+    ((768, 768, 8192, BF16, None), "streamk 256x128"),  # 18 wide tiles x 7 pieces: 126 blocks
+    ((3072, 768, 8192, BF16, None), "coop 256x128"),  # 72 wide tiles: 2 pieces each would take two waves
     ((64, 2304, 768, BF16, None), "tma 128x128"),  # 64 tokens: a 256-row tile would be 3/4 empty
     ((1000, 1000, 1000, BF16, None), "tma 128x128"),
     ((1, 8, 8, BF16, None), "tma 128x128"),
@@ -175,6 +179,7 @@ def test_forced_versions_apply_where_their_conditions_hold():
         "COOP_MULTICAST_256x128": "coop 256x128",  # 3 tiles of 128 in n: no pairs
         "COOP_256x192": "coop 256x192",
         "STREAMK_256x128": "streamk 256x128",
+        "SPLITK_256x128": "streamk 256x128",  # stream-K's kernel on a grid of tiles x S
     }
     assert set(want) == set(gemm_gpu.VERSIONS)
     for version, kind in want.items():

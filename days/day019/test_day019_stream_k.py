@@ -77,12 +77,27 @@ def test_stream_k_split_covers_every_k_step_once_and_finds_every_piece(tiles, nu
             assert all(written[(b, slot(b, t, total, grid, num_k))] == t for b in blocks)
 
 
+def test_a_grid_of_tiles_times_s_cuts_every_tile_in_s_aligned_pieces():
+    """Split-K runs the stream-K kernel on tiles x S blocks: the even shares then fall on
+    the split points, block t * S + s taking k-steps [s num_k / S, (s + 1) num_k / S) of
+    tile t, so the blocks working at once on tiles of one row read the same k-steps of A
+    (L2 reuse that stream-K's uneven shares lose)."""
+    for tiles, num_k, splits in [(18, 128, 7), (54, 128, 2), (9, 64, 5), (3, 5, 5)]:
+        total, grid = tiles * num_k, tiles * splits
+        for b in range(grid):
+            t, s = divmod(b, splits)
+            assert list(units(b, total, grid, num_k)) == [(t, s * num_k // splits, (s + 1) * num_k // splits)]
+
+
 def test_plan_sizes_the_workspace_and_zeroes_the_counters():
     from days.day014.test_day014_launch_plan import plan
 
     with pco.gemm_version("STREAMK_256x128"):
         launch = plan(768, 768, 8192, BF16, True, False)  # a dW: 18 tiles x 128 k-steps
     assert launch.grid == 132 and launch.kernel.params[-1] is True
+    launch = plan(768, 768, 8192, BF16, True, False)  # AUTO: split-K, 7 pieces a tile
+    assert launch.grid == 18 * 7 and launch.kernel.params[-1] is True
+    assert gemm_gpu.split_k(768, 2304, 8192, 1, 132)[0] == 2  # 54 tiles: 2 pieces, 108 blocks
     launch = plan(256, 128, 128, BF16)  # AUTO: one tile, 2 k-steps: too small for stream-K
     assert launch.kernel.family is not gemm_gpu.PINGPONG_KERNEL or launch.kernel.params[-1] is False
     with pco.gemm_version("STREAMK_256x128"):
@@ -91,7 +106,7 @@ def test_plan_sizes_the_workspace_and_zeroes_the_counters():
 
 
 # -- on the GPU -----------------------------------------------------------------------------
-DW_SHAPES = [(768, 768, 8192), (768, 2304, 8192), (3072, 768, 8192), (768, 3072, 4097)]
+DW_SHAPES = [(768, 768, 8192), (768, 2304, 8192), (768, 768, 4104)]  # AUTO: split-K
 
 
 @needs_cuda

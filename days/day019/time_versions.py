@@ -27,6 +27,7 @@ VERSIONS = (
     "COOP_MULTICAST_256x128",
     "COOP_256x192",
     "STREAMK_256x128",
+    "SPLITK_256x128",
     "AUTO",
 )
 
