@@ -345,10 +345,12 @@ AUTO_TILES = (("tma", 128, 128, 1.0), ("coop", 256, 128, 2 / 1.35), ("coop", 256
 # Split-K (part 3), for few output tiles and a long K (GPT-2's weight gradients): each
 # 256 x 128 tile's k-steps are cut into S aligned pieces, one block each, all in one
 # wave; the last piece of a tile to finish sums the others from a float32 workspace.
-# That fix-up costs about SPLIT_K_FIXUP k-steps of a 128 x 128 tile per piece, and AUTO
-# takes a split only where it clearly wins (SPLIT_K_MARGIN). It runs stream-K's kernel
-# on a grid of tiles x S, where stream-K's even shares fall on the split points.
-SPLIT_K_FIXUP = 3.0
+# It runs stream-K's kernel on a grid of tiles x S, where stream-K's even shares fall on
+# the split points. The fix-up costs SPLIT_K_FIXUP = (fixed, per piece) in k-steps of a
+# 128 x 128 tile (0.46 us each on the H100), fitted to two H100 measurements at K = 8192
+# (58c3fa1): 768 x 768 in 7 pieces took 40 us (the unsplit 128 x 128 tiles: 58), 768 x
+# 2304 in 2 pieces 61 us (unsplit: 59). AUTO takes a split only where it clearly wins.
+SPLIT_K_FIXUP = (27.0, 4.4)
 SPLIT_K_MARGIN = 0.9
 
 
@@ -357,7 +359,8 @@ def split_k(m: int, n: int, k: int, batch: int, sms: int) -> tuple[int, float]:
     (S = 1: none), and its time in AUTO_TILES's unit (a 128 x 128 tile over the whole K)."""
     tiles, num_k = _cdiv(m, 256) * _cdiv(n, 128) * batch, _cdiv(k, 64)
     options = range(1, max(1, min(sms // tiles, num_k)) + 1)
-    cost = {s: (_cdiv(num_k, s) * 2 / 1.35 + (SPLIT_K_FIXUP * s if s > 1 else 0)) / num_k for s in options}
+    fixed, per_piece = SPLIT_K_FIXUP
+    cost = {s: (_cdiv(num_k, s) * 2 / 1.35 + ((fixed + per_piece * s) if s > 1 else 0)) / num_k for s in options}
     best = min(cost, key=cost.get)
     return best, cost[best]
 

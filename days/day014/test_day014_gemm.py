@@ -315,8 +315,9 @@ BRANCHES = [
     # day 019, part 3: stream-K; tiles split among blocks in 1 to 22 pieces, tails in m, n, k
     ("STREAMK_256x128", BF16, None, 1000, 1032, 200, "streamk 256x128"),  # 36 tiles x 4 k-steps
     ("STREAMK_256x128", FP16, 3, 520, 264, 136, "streamk 256x128"),  # 27 tiles x 3: a block each
-    ("STREAMK_256x128", BF16, None, 300, 264, 4104, "streamk 256x128"),  # 6 tiles x 65 k-steps
-    ("AUTO", BF16, None, 520, 264, 4096, "streamk 256x128"),  # a dW's shape: few tiles, long K
+    ("STREAMK_256x128", BF16, None, 296, 264, 4104, "streamk 256x128"),  # 6 tiles x 65 k-steps
+    ("SPLITK_256x128", FP16, None, 296, 264, 4104, "streamk 256x128"),  # 6 tiles x 22 pieces
+    ("AUTO", BF16, None, 776, 520, 16392, "streamk 256x128"),  # a dW's shape: 12 tiles x 6 pieces
     ("AUTO", FP32, None, 300, 200, 136, "simt 64 vec"),
     ("AUTO", FP32, None, 1600, 1604, 24, "simt 128 vec"),
     ("AUTO", FP32, 2, 301, 199, 37, "simt 64 novec"),

@@ -107,8 +107,9 @@ AUTO = [
     ((256, 512, 72, BF16, 32), "coop 256x128"),
     ((8192, 3072, 3072, BF16, None), "coop 256x128"),
     # GPT-2's dW (part 3): few tiles and a long K: split-K (stream-K's kernel, tiles x S blocks)
-    ((768, 2304, 8192, BF16, None), "streamk 256x128"),  # 54 wide tiles x 2 pieces: 108 blocks
     ((768, 768, 8192, BF16, None), "streamk 256x128"),  # 18 wide tiles x 7 pieces: 126 blocks
+    ((768, 2304, 8192, BF16, None), "tma 128x128"),  # 108 square tiles, one wave: 2 pieces do not pay
+    ((768, 2304, 16384, BF16, None), "streamk 256x128"),  # ... but do at twice the K (the 124M step)
     ((3072, 768, 8192, BF16, None), "coop 256x128"),  # 72 wide tiles: 2 pieces each would take two waves
     ((64, 2304, 768, BF16, None), "tma 128x128"),  # 64 tokens: a 256-row tile would be 3/4 empty
     ((1000, 1000, 1000, BF16, None), "tma 128x128"),

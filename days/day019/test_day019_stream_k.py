@@ -97,7 +97,7 @@ def test_plan_sizes_the_workspace_and_zeroes_the_counters():
     assert launch.grid == 132 and launch.kernel.params[-1] is True
     launch = plan(768, 768, 8192, BF16, True, False)  # AUTO: split-K, 7 pieces a tile
     assert launch.grid == 18 * 7 and launch.kernel.params[-1] is True
-    assert gemm_gpu.split_k(768, 2304, 8192, 1, 132)[0] == 2  # 54 tiles: 2 pieces, 108 blocks
+    assert gemm_gpu.split_k(768, 2304, 16384, 1, 132)[0] == 2  # 54 tiles: 2 pieces, 108 blocks
     launch = plan(256, 128, 128, BF16)  # AUTO: one tile, 2 k-steps: too small for stream-K
     assert launch.kernel.family is not gemm_gpu.PINGPONG_KERNEL or launch.kernel.params[-1] is False
     with pco.gemm_version("STREAMK_256x128"):
@@ -106,7 +106,7 @@ def test_plan_sizes_the_workspace_and_zeroes_the_counters():
 
 
 # -- on the GPU -----------------------------------------------------------------------------
-DW_SHAPES = [(768, 768, 8192), (768, 2304, 8192), (768, 768, 4104)]  # AUTO: split-K
+DW_SHAPES = [(768, 768, 8192), (768, 2304, 16384), (600, 392, 12296)]  # AUTO: split-K (tails in m, n, k)
 
 
 @needs_cuda
@@ -129,25 +129,25 @@ def test_cuda_stream_k_is_repeatable_and_its_recipe_zeroes_the_counters(dtype):
     # The sum of a tile's pieces goes in block order whoever arrives last, so equal inputs
     # give equal bits. The second and later calls replay the recipe, whose counters must
     # be zero again: stale counts would leave tiles unwritten.
-    a = rand(4096, 520, device="cuda", dtype=dtype)
-    b = rand(4096, 264, device="cuda", dtype=dtype)
+    a = rand(16392, 520, device="cuda", dtype=dtype)  # AUTO: 6 tiles x 10 pieces
+    b = rand(16392, 264, device="cuda", dtype=dtype)
     first = pco.gemm(a, b, transpose_a=True)
     for _ in range(3):
         assert torch.equal(pco.gemm(a, b, transpose_a=True), first)
     check(first, a, b, ta=True)
-    a2 = rand(4096, 520, device="cuda", dtype=dtype)
+    a2 = rand(16392, 520, device="cuda", dtype=dtype)
     check(pco.gemm(a2, b, transpose_a=True), a2, b, ta=True)
 
 
 @needs_cuda
 def test_cuda_stream_k_under_graph_capture_and_on_a_side_stream():
-    a, b = rand(4096, 520, device="cuda", dtype=BF16), rand(4096, 264, device="cuda", dtype=BF16)
+    a, b = rand(16392, 520, device="cuda", dtype=BF16), rand(16392, 264, device="cuda", dtype=BF16)
     pco.gemm(a, b, transpose_a=True)  # warm-up: load the kernel, make the recipe
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y = pco.gemm(a, b, transpose_a=True)
     for _ in range(2):  # each replay zeroes its counters again
-        a.copy_(rand(4096, 520, device="cuda", dtype=BF16))
+        a.copy_(rand(16392, 520, device="cuda", dtype=BF16))
         graph.replay()
         torch.cuda.synchronize()
         check(y, a, b, ta=True)
@@ -174,7 +174,7 @@ def test_cuda_stream_k_batched_with_a_broadcast_c(ta, tb):
 def test_cuda_linear_weight_gradient_through_stream_k():
     torch.manual_seed(5)
     layer = pco.MojoGEMM(768, 768, device="cuda", dtype=BF16)
-    x = rand(4, 1024, 768, device="cuda", dtype=BF16).requires_grad_()
+    x = rand(8, 1024, 768, device="cuda", dtype=BF16).requires_grad_()  # dW: K = 8192, 7 pieces
     y = layer(x)
     g = rand(*y.shape, device="cuda", dtype=BF16)
     y.backward(g)
