@@ -46,6 +46,7 @@ def read_ladder(path: Path, dtype: str = "bfloat16") -> dict[str, dict[str, dict
 
 
 def plot(ladder: dict, out: Path, title: str) -> None:
+    from matplotlib import colormaps
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(18, 5.5), layout="constrained")
@@ -56,7 +57,9 @@ def plot(ladder: dict, out: Path, title: str) -> None:
         width = 0.8 / max(len(rungs), 1)
         for i, rung in enumerate(rungs):
             xs = [j + (i - (len(rungs) - 1) / 2) * width for j in range(len(shapes))]
-            ax.bar(xs, [ladder[op][s].get(rung, 0) for s in shapes], width, label=rung, color=f"C{i}")
+            # the op's own choice in black; 12 rungs outrun matplotlib's 10 default colours
+            colour = "black" if rung == "mojo_gemm" else colormaps["tab20"](RUNG_ORDER.index(rung))
+            ax.bar(xs, [ladder[op][s].get(rung, 0) for s in shapes], width, label=rung, color=colour)
         ax.axhline(100, color="k", linestyle="--", linewidth=1)
         ax.set_xticks(range(len(shapes)), shapes, rotation=35, ha="right", fontsize=8)
         ax.set_title(op.removeprefix("ladder_") + " (tokens x in x out)")
