@@ -152,18 +152,21 @@ TMA_KERNEL = KernelFamily(
         for bm, bn in TMA_TILES
     ),
 )
-# (BM, BN, CLUSTER, COOP, STREAM_K): a block's tile, the CTAs of a cluster sharing A's
+# (BM, BN, CLUSTER, COOP, SPLIT): a block's tile, the CTAs of a cluster sharing A's
 # tile, whether both consumers split each tile (COOP) or take turns with whole tiles
-# (ping-pong), and whether the blocks share the k-steps of all tiles evenly (stream-K)
+# (ping-pong), and how tiles split along K: 0 not, 1 stream-K (the k-steps of all tiles
+# shared evenly, the last piece of a tile sums it), 2 split-K (S aligned pieces per tile,
+# summed by SPLIT_K_SUM_KERNEL)
 PP_CONFIGS = (
-    (64, 256, 1, False, False),
-    (128, 128, 1, False, False),
-    (128, 128, 2, False, False),
-    (128, 256, 1, True, False),
-    (256, 128, 1, True, False),
-    (256, 128, 2, True, False),
-    (256, 192, 1, True, False),
-    (256, 128, 1, True, True),
+    (64, 256, 1, False, 0),
+    (128, 128, 1, False, 0),
+    (128, 128, 2, False, 0),
+    (128, 256, 1, True, 0),
+    (256, 128, 1, True, 0),
+    (256, 128, 2, True, 0),
+    (256, 192, 1, True, 0),
+    (256, 128, 1, True, 1),
+    (256, 128, 1, True, 2),
 )
 PP_EPILOGUES = ((True, False), (True, True), (False, True))  # (BIAS, GELU) of the fused linear layer
 PINGPONG_KERNEL = KernelFamily(
@@ -172,14 +175,34 @@ PINGPONG_KERNEL = KernelFamily(
     # a_map, b_map, dst, c, alpha_beta, bias, aux, partials, counters,
     # m, n, k, batch, c_bs, c_rs, c_cs, store_aux
     args=("tensormap", "tensormap") + ("ptr",) * 7 + ("i64",) * 8,
-    variants=tuple(  # (dtype, TA, TB, BM, BN, STAGES, SMEM, BIAS, GELU, CLUSTER, COOP, STREAM_K)
-        (dtype, ta, tb, bm, bn, pp_stages(dtype, bm, bn), pp_smem_bytes(dtype, bm, bn), bias, gelu, cluster, coop, sk)
+    variants=tuple(  # (dtype, TA, TB, BM, BN, STAGES, SMEM, BIAS, GELU, CLUSTER, COOP, SPLIT)
+        (
+            dtype,
+            ta,
+            tb,
+            bm,
+            bn,
+            pp_stages(dtype, bm, bn),
+            pp_smem_bytes(dtype, bm, bn),
+            bias,
+            gelu,
+            cluster,
+            coop,
+            split,
+        )
         for dtype in TC_DTYPES
-        for bm, bn, cluster, coop, sk in PP_CONFIGS
+        for bm, bn, cluster, coop, split in PP_CONFIGS
         for (ta, tb), (bias, gelu) in [(pair, (False, False)) for pair in PAIRS]
-        # x @ W^T, W stored like nn.Linear's; stream-K serves the long-K backward only
-        + [((False, True), epi) for epi in PP_EPILOGUES if not sk]
+        # x @ W^T, W stored like nn.Linear's; split tiles serve the long-K backward only
+        + [((False, True), epi) for epi in PP_EPILOGUES if not split]
     ),
+)
+SPLIT_K_SUM_THREADS = 256
+SPLIT_K_SUM_KERNEL = KernelFamily(
+    "days.day019.stream_k",
+    "split_k_sum_kernel",
+    args=("ptr",) * 4 + ("i64",) * 7,  # dst, ws, c, alpha_beta, m, n, batch, splits, c_bs, c_rs, c_cs
+    variants=tuple((dtype,) for dtype in TC_DTYPES),
 )
 
 # -- which bf16/fp16 kernel: AUTO, or one forced for benchmarks -----------------------------
@@ -344,13 +367,14 @@ def vector_friendly(out, a, b, m: int, n: int, k: int, ta: bool, tb: bool) -> bo
 AUTO_TILES = (("tma", 128, 128, 1.0), ("coop", 256, 128, 2 / 1.35), ("coop", 256, 192, 3 / 1.09))
 # Split-K (part 3), for few output tiles and a long K (GPT-2's weight gradients): each
 # 256 x 128 tile's k-steps are cut into S aligned pieces, one block each, all in one
-# wave; the last piece of a tile to finish sums the others from a float32 workspace.
-# It runs stream-K's kernel on a grid of tiles x S, where stream-K's even shares fall on
-# the split points. The fix-up costs SPLIT_K_FIXUP = (fixed, per piece) in k-steps of a
-# 128 x 128 tile (0.46 us each on the H100), fitted to two H100 measurements at K = 8192
-# (58c3fa1): 768 x 768 in 7 pieces took 40 us (the unsplit 128 x 128 tiles: 58), 768 x
-# 2304 in 2 pieces 61 us (unsplit: 59). AUTO takes a split only where it clearly wins.
-SPLIT_K_FIXUP = (27.0, 4.4)
+# wave (stream-K's walk on a grid of tiles x S: its even shares fall on the split
+# points). Each piece is stored as float32 in slice s of a (S, batch, M, N) workspace,
+# and a second kernel on every SM sums the slices: about SPLIT_K_SUM_US plus their
+# bytes at SPLIT_K_SUM_GBPS (H100). In AUTO_TILES's unit a k-step of a 128 x 128 tile
+# takes K_STEP_US. AUTO takes a split only where it clearly wins (SPLIT_K_MARGIN).
+K_STEP_US = 0.46
+SPLIT_K_SUM_US = 4.0
+SPLIT_K_SUM_GBPS = 2500.0
 SPLIT_K_MARGIN = 0.9
 
 
@@ -359,8 +383,14 @@ def split_k(m: int, n: int, k: int, batch: int, sms: int) -> tuple[int, float]:
     (S = 1: none), and its time in AUTO_TILES's unit (a 128 x 128 tile over the whole K)."""
     tiles, num_k = _cdiv(m, 256) * _cdiv(n, 128) * batch, _cdiv(k, 64)
     options = range(1, max(1, min(sms // tiles, num_k)) + 1)
-    fixed, per_piece = SPLIT_K_FIXUP
-    cost = {s: (_cdiv(num_k, s) * 2 / 1.35 + ((fixed + per_piece * s) if s > 1 else 0)) / num_k for s in options}
+
+    def sum_steps(s: int) -> float:  # the second kernel, in k-steps
+        if s == 1:
+            return 0.0
+        moved = batch * m * n * (4 * s + 2)  # read the slices, write the output
+        return (SPLIT_K_SUM_US + moved / (SPLIT_K_SUM_GBPS * 1e3)) / K_STEP_US
+
+    cost = {s: (_cdiv(num_k, s) * 2 / 1.35 + sum_steps(s)) / num_k for s in options}
     best = min(cost, key=cost.get)
     return best, cost[best]
 
@@ -390,41 +420,45 @@ def sm_count(device_index: int | None) -> int:
 
 def pingpong_launch(
     a, b, out, c, alpha_beta, bias, aux, sizes, ta, tb, kind: str, bm: int, bn: int, gelu=False
-) -> direct.Launch:
-    """Version 4's one launch: a persistent grid of at most one block per SM. `sizes` is
+) -> list[direct.Launch]:
+    """Version 4's launch: a persistent grid of at most one block per SM. `sizes` is
     (m, n, k, batch, c_bs, c_rs, c_cs); `bias` and `aux` may be None (not read/written).
     `kind` is one of V4_KINDS: "multicast" and "coop_multicast" ask for clusters of 2 CTAs
     sharing A's tile, where the tiles along n pair up (an even count; else one CTA per
     cluster); "coop" and "coop_multicast" have both consumers split every tile;
     "coop_streamk" shares the k-steps of all tiles evenly among one block per SM
-    (stream-K), "coop_splitk" cuts each tile's into `split_k`'s S pieces on a grid of
-    tiles x S. Both need a float32 workspace for the pieces of split tiles and a zeroed
-    counter per tile and warp."""
+    (stream-K: a float32 workspace for the pieces of split tiles, a zeroed counter per
+    tile and warp), "coop_splitk" cuts each tile's into `split_k`'s S pieces on a grid
+    of tiles x S and adds the launch that sums them."""
     m, n, k, batch = sizes[:4]
     dtype = a.dtype
     coop = kind.startswith("coop")
-    stream_k = kind in ("coop_streamk", "coop_splitk")
+    split = {"coop_streamk": 1, "coop_splitk": 2}.get(kind, 0)
     cluster = 2 if kind.endswith("multicast") and _cdiv(n, bn) % 2 == 0 else 1
     # a cluster's CTAs load half of A's tile each, in 64-row boxes
     a_map = operand_tma_map(a, not ta, 64 if cluster > 1 else bm, batch, m, k)
     b_map = operand_tma_map(b, tb, bn, batch, n, k)
     smem = pp_smem_bytes(dtype, bm, bn)
     stages = pp_stages(dtype, bm, bn)
-    kernel = PINGPONG_KERNEL[dtype, ta, tb, bm, bn, stages, smem, bias is not None, gelu, cluster, coop, stream_k]
+    kernel = PINGPONG_KERNEL[dtype, ta, tb, bm, bn, stages, smem, bias is not None, gelu, cluster, coop, split]
     units = _cdiv(m, bm) * _cdiv(n, bn * cluster) * batch  # what one cluster takes at a time
     sms = sm_count(out.get_device())
-    if kind == "coop_splitk":  # tiles x S blocks: the even shares fall on the split points
-        units *= split_k(m, n, k, batch, sms)[0]
+    pieces = 1
+    if split == 2:  # tiles x S blocks: the even shares fall on the split points
+        pieces = split_k(m, n, k, batch, sms)[0]
+        units *= pieces
         sms = units
-    elif stream_k:  # every SM, each with at least one k-step
+    elif split == 1:  # every SM, each with at least one k-step
         units *= _cdiv(k, tma_bk(dtype))
     grid = min(units, sms // cluster) * cluster
     dummy = out.data_ptr()  # a pointer the kernel's compile-time flags say it never touches
     partials = counters = dummy
-    if stream_k:
+    if split == 1:
         tiles = _cdiv(m, bm) * _cdiv(n, bn) * batch
         partials = direct.scratch((grid, 2, bm * bn), torch.float32, out.device).data_ptr()
         counters = direct.scratch((tiles, 8), torch.int32, out.device, zeroed=True).data_ptr()
+    elif split == 2:
+        partials = direct.scratch((pieces, batch, m, n), torch.float32, out.device).data_ptr()
     ptrs = (
         out.data_ptr(),
         c.data_ptr(),
@@ -435,10 +469,15 @@ def pingpong_launch(
         counters,
     )
     args = (a_map, b_map, *ptrs, *sizes, int(aux is not None))
-    return direct.Launch(kernel, grid, PP_THREADS, args, smem, cluster if cluster > 1 else None)
+    launches = [direct.Launch(kernel, grid, PP_THREADS, args, smem, cluster if cluster > 1 else None)]
+    if split == 2:  # the second kernel: 4 outputs a thread, a few blocks per SM
+        sum_grid = max(1, min(_cdiv(batch * m * n // 4, SPLIT_K_SUM_THREADS), 8 * sm_count(out.get_device())))
+        sum_args = (out.data_ptr(), partials, c.data_ptr(), alpha_beta.data_ptr(), m, n, batch, pieces, *sizes[4:])
+        launches.append(direct.Launch(SPLIT_K_SUM_KERNEL[dtype], sum_grid, SPLIT_K_SUM_THREADS, sum_args))
+    return launches
 
 
-@direct.plan(SIMT_KERNEL, TC_KERNEL, WG_KERNEL, TMA_KERNEL, PINGPONG_KERNEL)
+@direct.plan(SIMT_KERNEL, TC_KERNEL, WG_KERNEL, TMA_KERNEL, PINGPONG_KERNEL, SPLIT_K_SUM_KERNEL)
 def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
     """One launch: grid (output tiles, 1, batch) for versions 1-3 (tiles walked in groups
     of 8 tile rows inside the kernel, tile_coords, so the grid is flat in x), or day 019's
@@ -485,7 +524,7 @@ def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
         kind, bm, bn = auto_tile(m, n, k, batch, sm_count(out.get_device()))
     if kind in V4_KINDS and tma:
         sizes = (m, n, k, batch, c_bs, c_rs, c_cs)
-        return [pingpong_launch(a, b, out, c, alpha_beta, None, None, sizes, ta, tb, kind, bm, bn)]
+        return pingpong_launch(a, b, out, c, alpha_beta, None, None, sizes, ta, tb, kind, bm, bn)
     if kind == "tma" and tma:
         a_map = operand_tma_map(a, not ta, bm, batch, m, k)
         b_map = operand_tma_map(b, tb, bn, batch, n, k)

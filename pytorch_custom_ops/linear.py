@@ -87,7 +87,7 @@ def linear_gpu(outputs, inputs, params) -> list[direct.Launch]:
     gelu = params["GELU"]
     kind, bm, bn = linear_tile(m, n, k, out.get_device(), gelu)
     # x (M, K) and weight (N, K) are both k-contiguous: op(B) = weight^T, TRANSPOSE_B
-    launch = pingpong_launch(
+    return pingpong_launch(
         x,
         weight,
         out,
@@ -103,7 +103,6 @@ def linear_gpu(outputs, inputs, params) -> list[direct.Launch]:
         bn,
         gelu,
     )
-    return [launch]
 
 
 # --8<-- [end:plan]

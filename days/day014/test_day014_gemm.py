@@ -316,8 +316,8 @@ BRANCHES = [
     ("STREAMK_256x128", BF16, None, 1000, 1032, 200, "streamk 256x128"),  # 36 tiles x 4 k-steps
     ("STREAMK_256x128", FP16, 3, 520, 264, 136, "streamk 256x128"),  # 27 tiles x 3: a block each
     ("STREAMK_256x128", BF16, None, 296, 264, 4104, "streamk 256x128"),  # 6 tiles x 65 k-steps
-    ("SPLITK_256x128", FP16, None, 296, 264, 4104, "streamk 256x128"),  # 6 tiles x 22 pieces
-    ("AUTO", BF16, None, 776, 520, 16392, "streamk 256x128"),  # a dW's shape: 12 tiles x 6 pieces
+    ("SPLITK_256x128", FP16, None, 296, 264, 4104, "splitk 256x128"),  # 6 tiles x 22 pieces
+    ("AUTO", BF16, None, 776, 520, 16392, "splitk 256x128"),  # a dW's shape: 12 tiles, split in pieces
     ("AUTO", FP32, None, 300, 200, 136, "simt 64 vec"),
     ("AUTO", FP32, None, 1600, 1604, 24, "simt 128 vec"),
     ("AUTO", FP32, 2, 301, 199, 37, "simt 64 novec"),

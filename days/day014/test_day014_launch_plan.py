@@ -34,7 +34,13 @@ def plan(m, n, k, dtype, ta=False, tb=False, batch=None, c_shape=None, a_offset=
     c = tensor(c_shape or (1,) * (2 + len(lead)), dtype)
     out = tensor((*lead, m, n), dtype)
     launches = gemm_gpu.gemm_gpu([out], [a, b, c, torch.empty(2)], {"TRANSPOSE_A": ta, "TRANSPOSE_B": tb})
-    assert len(launches) == 1
+    if len(launches) == 2:  # split-K: the GEMM, then the kernel that sums its pieces
+        gemm, total = launches
+        assert gemm.kernel.params[-1] == 2 and total.kernel.family is gemm_gpu.SPLIT_K_SUM_KERNEL
+        assert total.args[0] == out.data_ptr() and total.args[1] == gemm.args[7]  # out, the workspace
+        assert total.args[7] == gemm.grid // (-(-m // 256) * -(-n // 128) * (batch or 1))  # S
+    else:
+        assert len(launches) == 1
     check_launch(launches[0], m, n, batch or 1)
     return launches[0]
 
@@ -45,9 +51,9 @@ def check_launch(launch: direct.Launch, m: int, n: int, batch: int):
     grid, block = direct.dim3(launch.grid), direct.dim3(launch.block)
     assert 0 < grid[0] < 2**31 and 0 < grid[1] <= 65535 and 0 < grid[2] <= 65535
     if kernel.family is gemm_gpu.PINGPONG_KERNEL:  # persistent: one block per SM at most
-        bm, bn, cluster, stream_k = kernel.params[3], kernel.params[4], kernel.params[-3], kernel.params[-1]
+        bm, bn, cluster, split = kernel.params[3], kernel.params[4], kernel.params[-3], kernel.params[-1]
         units = -(-m // bm) * -(-n // (bn * cluster)) * batch
-        if stream_k:  # stream-K: one block per SM or per k-step; split-K: tiles x S blocks, one wave
+        if split:  # stream-K: one block per SM or per k-step; split-K: tiles x S blocks, one wave
             k_steps = -(-launch.args[11] // 64)
             assert grid[0] in (min(units * k_steps, gemm_gpu.sm_count(None)), units) or (
                 grid[0] % units == 0 and grid[0] <= min(units * k_steps, gemm_gpu.sm_count(None))
@@ -88,7 +94,7 @@ def choice(launch) -> str:
     if family is gemm_gpu.WG_KERNEL:
         return f"wgmma {p[3]}x{p[4]}"
     if family is gemm_gpu.PINGPONG_KERNEL:
-        kind = "streamk" if p[-1] else "coop" if p[-2] else "pingpong"
+        kind = {1: "streamk", 2: "splitk"}.get(p[-1]) or ("coop" if p[-2] else "pingpong")
         return f"{kind} {p[3]}x{p[4]}" + (f" cluster {p[-3]}" if p[-3] > 1 else "")
     vec = "vec" if p[3] else "novec"
     return f"{'mma' if family is gemm_gpu.TC_KERNEL else 'simt'} {p[4]} {vec}"
@@ -107,9 +113,9 @@ AUTO = [
     ((256, 512, 72, BF16, 32), "coop 256x128"),
     ((8192, 3072, 3072, BF16, None), "coop 256x128"),
     # GPT-2's dW (part 3): few tiles and a long K: split-K (stream-K's kernel, tiles x S blocks)
-    ((768, 768, 8192, BF16, None), "streamk 256x128"),  # 18 wide tiles x 7 pieces: 126 blocks
+    ((768, 768, 8192, BF16, None), "splitk 256x128"),  # 18 wide tiles x 7 pieces: 126 blocks
     ((768, 2304, 8192, BF16, None), "tma 128x128"),  # 108 square tiles, one wave: 2 pieces do not pay
-    ((768, 2304, 16384, BF16, None), "streamk 256x128"),  # ... but do at twice the K (the 124M step)
+    ((768, 2304, 16384, BF16, None), "splitk 256x128"),  # ... but do at twice the K (the 124M step)
     ((3072, 768, 8192, BF16, None), "coop 256x128"),  # 72 wide tiles: 2 pieces each would take two waves
     ((64, 2304, 768, BF16, None), "tma 128x128"),  # 64 tokens: a 256-row tile would be 3/4 empty
     ((1000, 1000, 1000, BF16, None), "tma 128x128"),
@@ -148,7 +154,7 @@ def test_every_shape_transpose_and_alignment_gives_a_valid_launch(dtype):
         kind = choice(launch)
         assert ("novec" not in kind) == vec, (m, n, k, ta, tb, kind)
         if dtype in (BF16, FP16):
-            assert kind.startswith(("tma", "pingpong", "coop", "streamk")) == (vec and k > 0)
+            assert kind.startswith(("tma", "pingpong", "coop", "streamk", "splitk")) == (vec and k > 0)
         # an unaligned a (one element into its storage) never takes the vector paths
         assert "novec" in choice(plan(m, n, k, dtype, ta, tb, a_offset=1))
 
@@ -180,7 +186,7 @@ def test_forced_versions_apply_where_their_conditions_hold():
         "COOP_MULTICAST_256x128": "coop 256x128",  # 3 tiles of 128 in n: no pairs
         "COOP_256x192": "coop 256x192",
         "STREAMK_256x128": "streamk 256x128",
-        "SPLITK_256x128": "streamk 256x128",  # stream-K's kernel on a grid of tiles x S
+        "SPLITK_256x128": "splitk 256x128",
     }
     assert set(want) == set(gemm_gpu.VERSIONS)
     for version, kind in want.items():
@@ -231,7 +237,7 @@ def test_gpt2_linear_layers_take_tensor_cores_in_bf16():
             (d_out, d_in, tokens, True, False),
         ):
             kind = choice(plan(m, n, k, BF16, ta, tb))
-            assert kind.startswith(("tma", "coop", "streamk")), (tokens, d_in, d_out, ta, tb)
+            assert kind.startswith(("tma", "coop", "splitk")), (tokens, d_in, d_out, ta, tb)
             if tokens >= 8192 and k <= 1024:  # short K, many tiles: day 019's version 4
                 assert kind.startswith("coop 256x"), (tokens, d_in, d_out, ta, tb)
             assert choice(plan(m, n, k, FP32, ta, tb)).startswith("simt")

@@ -246,26 +246,25 @@ def test_recipes_replay_under_cuda_graph_capture():
     torch.testing.assert_close(static_out, torch.nn.functional.layer_norm(static_in, (4096,), w, b))
 
 
-def test_stream_k_recipe_remakes_its_workspace_and_zeroed_counters_per_call(fake_gpu, monkeypatch):
+@pytest.mark.parametrize("version", ["STREAMK_256x128", "SPLITK_256x128"])
+def test_split_tile_recipes_remake_their_workspace_and_zeroed_counters_per_call(fake_gpu, monkeypatch, version):
     """Day 019's stream-K GEMM counts the pieces of each tile in int32 counters that must
     start at zero on every call: the recipe makes them with torch.zeros, per call, and its
-    float32 workspace with torch.empty."""
+    float32 workspace with torch.empty. Split-K has only the workspace (and a second
+    launch that sums it)."""
     op = GEMM_OPS[(False, True, False)]  # dW = X^T dY
 
     def make():
         x, dy = torch.randn(4096, 768, dtype=torch.bfloat16), torch.randn(4096, 768, dtype=torch.bfloat16)
-        return [torch.empty(768, 768, dtype=torch.bfloat16)], [
-            x,
-            dy,
-            torch.zeros(1, 1, dtype=torch.bfloat16),
-            torch.tensor([1.0, 0.0]),
-        ]
+        ab = torch.tensor([1.0, 0.0])
+        return [torch.empty(768, 768, dtype=torch.bfloat16)], [x, dy, torch.zeros(1, 1, dtype=torch.bfloat16), ab]
 
     (out1, in1), (out2, in2) = make(), make()
-    with direct.planning() as scratch:
+    with pco.gemm_version(version), direct.planning() as scratch:
         first = op.gpu(out1, in1, op.spec.params)
-    assert first[0].kernel.params[-1] is True  # AUTO chose stream-K
-    assert [t.dtype for t in scratch] == [torch.float32, torch.int32]
+    streamk = version.startswith("STREAMK")
+    assert first[0].kernel.params[-1] == (1 if streamk else 2) and len(first) == (1 if streamk else 2)
+    assert [t.dtype for t in scratch] == ([torch.float32, torch.int32] if streamk else [torch.float32])
     recipe = direct.recipe(out1, in1, scratch, first, 0, op.spec.returned)
     made = {"empty": [], "zeros": []}
     for name in made:
@@ -275,7 +274,12 @@ def test_stream_k_recipe_remakes_its_workspace_and_zeroed_counters_per_call(fake
             name,
             lambda *a, _r=real, _n=name, **k: made[_n].append(_r(*a, **{**k, "device": "cpu"})) or made[_n][-1],
         )
-    (launch,) = replayed(fake_gpu, recipe, out2, in2)
-    (workspace,), (counters,) = made["empty"], made["zeros"]
-    assert workspace.shape == scratch[0].shape and counters.shape == scratch[1].shape
-    assert workspace.data_ptr() in launch[-1] and counters.data_ptr() in launch[-1]
+    launches = replayed(fake_gpu, recipe, out2, in2)
+    assert len(launches) == len(first)
+    (workspace,) = made["empty"]
+    assert workspace.shape == scratch[0].shape and all(workspace.data_ptr() in launch[-1] for launch in launches)
+    if streamk:
+        (counters,) = made["zeros"]
+        assert counters.shape == scratch[1].shape and counters.data_ptr() in launches[0][-1]
+    else:
+        assert made["zeros"] == [] and out2[0].data_ptr() in launches[1][-1]

@@ -31,7 +31,7 @@ from std.utils import StaticTuple
 
 from days.day014.gemm_common import tile_coords, wg_store_acc
 from days.day019.cluster_tma import mbar_arrive_cta, tma_multicast_box
-from days.day019.stream_k import Units, finish_piece, iter_start
+from days.day019.stream_k import Units, finish_piece, iter_start, store_piece
 from days.day014.gemm_v2_wgmma import WG_THREADS
 from days.day014.gemm_v3_tma import (
     TMA_BK,
@@ -97,7 +97,7 @@ def gemm_pingpong_kernel[
     GELU: Bool,
     CLUSTER: Int,
     COOP: Bool,
-    STREAM_K: Bool,
+    SPLIT: Int,
 ](
     a_map: TMADescriptor,
     b_map: TMADescriptor,
@@ -133,10 +133,12 @@ def gemm_pingpong_kernel[
     half of it (BM/2 rows, in 64-row boxes) and multicasts it to both, so A crosses L2
     once for both.
 
-    STREAM_K (with COOP, CLUSTER = 1): the blocks share the tiles' k-steps evenly
-    instead of whole tiles (days/day019/stream_k.mojo); `partials` is a float32
-    workspace of grid x 2 x BM x BN and `counters` tiles x 8 int32 zeros. Otherwise
-    neither is touched.
+    SPLIT (with COOP, CLUSTER = 1; days/day019/stream_k.mojo): 1, stream-K: the blocks
+    share the tiles' k-steps evenly instead of whole tiles, and the last piece of a
+    split tile sums them (`partials`: a float32 workspace of grid x 2 x BM x BN,
+    `counters`: tiles x 8 int32 zeros). 2, split-K: launched on tiles x S blocks, each
+    stores its piece as float32 in slice s of `partials`, (S, batch, M, N), for
+    split_k_sum_kernel; `counters` unused. 0: neither is touched.
     """
     # COOP: both consumers work on every tile, one BM/2-row half each (version 3's
     # cooperative split, kept persistent); else each consumer owns whole tiles (ping-pong)
@@ -172,9 +174,13 @@ def gemm_pingpong_kernel[
     comptime assert CLUSTER == 1 or (
         CLUSTER == 2 and A_PART % 64 == 0
     ), "clusters of 2 split A's tile into halves of whole 64-row boxes"
-    comptime assert not STREAM_K or (
-        COOP and CLUSTER == 1 and BN1 == 0
-    ), "stream-K: the cooperative schedule, no cluster, one column part"
+    comptime STREAM_K = SPLIT != 0  # the Units walk k-step ranges
+    comptime assert SPLIT == 0 or (
+        COOP and CLUSTER == 1 and BN1 == 0 and not BIAS and not GELU
+    ), (
+        "split tiles: the cooperative schedule, no cluster, one column part,"
+        " plain epilogue"
+    )
 
     var M = Int(m)
     var N = Int(n)
@@ -352,6 +358,18 @@ def gemm_pingpong_kernel[
             round += 1
             comptime if STREAM_K:
                 done += ke - kb
+            comptime if SPLIT == 2:  # block t S + s holds piece s of tile t
+                var piece = block_idx.x % (grid_dim.x // tiles)
+                store_piece[BN0](
+                    acc0,
+                    partials.unsafe_offset((piece * Int(batch) + bt) * M * N),
+                    tile[0] * BM + row_off,
+                    tn * BN,
+                    M,
+                    N,
+                )
+                continue
+            comptime if SPLIT == 1:
                 if not units.whole() and not finish_piece[SHARERS](
                     acc0, partials, counters, t, me, num_k, total, grid_dim.x
                 ):

@@ -18,7 +18,7 @@
 #      order (so the result does not depend on who came last) and runs the normal
 #      epilogue. Nobody waits for anybody: no order of blocks can deadlock.
 
-from max.gpu import block_idx, lane_id, warp_id
+from max.gpu import block_dim, block_idx, grid_dim, lane_id, thread_idx, warp_id
 from max.gpu.primitives import warp
 from std.sys import _RegisterPackType
 from std.sys._assembly import inlined_assembly
@@ -184,3 +184,100 @@ def finish_piece[
 
 
 # --8<-- [end:fixup]
+
+
+# ---------------------------------------------------------------------------
+# Split-K with a second kernel (SPLIT = 2 in version 4). The fix-up above puts a whole
+# tile's sum on one SM: the last warp of 7 pieces reads 7 x 16 KB alone, and on the H100
+# that cost 10 + 2.5 us per piece. Instead each piece stores its float32 accumulator
+# where its outputs go, in slice s of a (S, batch, M, N) workspace, and a second kernel
+# on every SM sums the S slices and runs the epilogue (alpha, beta c, the cast).
+
+
+# --8<-- [start:store_piece]
+@always_inline
+def store_piece[
+    BN: Int, N: Int
+](
+    acc: SIMD[DType.float32, N],
+    ws: Pointer[Float32, MutAnyOrigin],
+    row0: Int,
+    n0: Int,
+    M: Int,
+    Ncols: Int,
+):
+    """Store a consumer's accumulator (N / (BN / 2) m64 row blocks from row0) as float32
+    at its outputs' places in one (M, Ncols) slice: element 4 j + e of a row block sits
+    at row 16 warp + g + 8 (e // 2), col 8 j + 2 t + e % 2 (g = lane // 4, t = lane % 4),
+    so each lane writes 8-byte pairs and a warp's store fills whole 32-byte sectors.
+    """
+    comptime FRAG = BN // 2
+    var g = lane_id() // 4
+    var t = lane_id() % 4
+    var w = warp_id() % 4
+    comptime for r in range(N // FRAG):
+        comptime for half in range(2):
+            var row = row0 + r * 64 + 16 * w + g + 8 * half
+            if row < M:
+                comptime for j in range(BN // 8):
+                    var col = n0 + 8 * j + 2 * t
+                    if (
+                        col < Ncols
+                    ):  # Ncols % 8 == 0: a pair is all in or all out
+                        ws.unsafe_store[alignment=8](
+                            row * Ncols + col,
+                            acc.slice[2, offset=r * FRAG + 4 * j + 2 * half](),
+                        )
+
+
+# --8<-- [end:store_piece]
+
+
+# --8<-- [start:sum_pieces]
+def split_k_sum_kernel[
+    dtype: DType
+](
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    ws: Pointer[Float32, MutAnyOrigin],
+    c: Pointer[Scalar[dtype], MutAnyOrigin],
+    alpha_beta: Pointer[Float32, MutAnyOrigin],
+    m: Int64,
+    n: Int64,
+    batch: Int64,
+    splits: Int64,
+    c_bs: Int64,
+    c_rs: Int64,
+    c_cs: Int64,
+):
+    """dst = alpha * (sum of the S slices of ws) + beta * c, 4 outputs a thread in a
+    grid-stride loop (n % 8 == 0: 4 never straddle a row). The slices are added in
+    order s = 0, 1, ..., so equal inputs give equal bits."""
+    var M = Int(m)
+    var N = Int(n)
+    var total = Int(batch) * M * N
+    var alpha = alpha_beta[unsafe_offset=0]
+    var beta = alpha_beta[unsafe_offset=1]
+    var i = (block_idx.x * block_dim.x + thread_idx.x) * 4
+    var step = grid_dim.x * block_dim.x * 4
+    while i < total:
+        var acc = ws.unsafe_load[width=4, alignment=16](i)
+        for s in range(1, Int(splits)):
+            acc += ws.unsafe_load[width=4, alignment=16](s * total + i)
+        acc *= alpha
+        if beta != 0:
+            var bt = i // (M * N)
+            var row = (i - bt * M * N) // N
+            var col = i - bt * M * N - row * N
+            var base = bt * Int(c_bs) + row * Int(c_rs)
+            comptime for e in range(4):
+                acc[e] += (
+                    beta
+                    * c[unsafe_offset=base + (col + e) * Int(c_cs)].cast[
+                        DType.float32
+                    ]()
+                )
+        dst.unsafe_store[alignment=8](i, acc.cast[dtype]())
+        i += step
+
+
+# --8<-- [end:sum_pieces]

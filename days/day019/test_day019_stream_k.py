@@ -1,5 +1,7 @@
 """Day 019, part 3: stream-K (version 4's cooperative 256 x 128 tile with the k-steps of
-all tiles shared evenly among the blocks).
+all tiles shared evenly among the blocks, the last piece of a tile summing it) and
+split-K (S aligned pieces per tile, summed by a second kernel; AUTO's choice for GPT-2's
+weight gradients).
 
 CPU: the split of the iterations and the fix-up's bookkeeping, emulated with the
 kernel's own formulas (days/day019/stream_k.mojo), for many grids and problem sizes: every
@@ -15,7 +17,7 @@ import pytest
 import torch
 
 import pytorch_custom_ops as pco
-from days.day014.test_day014_gemm import check, rand, stored
+from days.day014.test_day014_gemm import _planned, check, rand, stored
 from pytorch_custom_ops import gemm_gpu
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -94,12 +96,12 @@ def test_plan_sizes_the_workspace_and_zeroes_the_counters():
 
     with pco.gemm_version("STREAMK_256x128"):
         launch = plan(768, 768, 8192, BF16, True, False)  # a dW: 18 tiles x 128 k-steps
-    assert launch.grid == 132 and launch.kernel.params[-1] is True
-    launch = plan(768, 768, 8192, BF16, True, False)  # AUTO: split-K, 7 pieces a tile
-    assert launch.grid == 18 * 7 and launch.kernel.params[-1] is True
+    assert launch.grid == 132 and launch.kernel.params[-1] == 1
+    launch = plan(768, 768, 8192, BF16, True, False)  # AUTO: split-K, then its sum (checked in `plan`)
+    assert launch.grid == 18 * gemm_gpu.split_k(768, 768, 8192, 1, 132)[0] and launch.kernel.params[-1] == 2
     assert gemm_gpu.split_k(768, 2304, 16384, 1, 132)[0] == 2  # 54 tiles: 2 pieces, 108 blocks
     launch = plan(256, 128, 128, BF16)  # AUTO: one tile, 2 k-steps: too small for stream-K
-    assert launch.kernel.family is not gemm_gpu.PINGPONG_KERNEL or launch.kernel.params[-1] is False
+    assert launch.kernel.family is not gemm_gpu.PINGPONG_KERNEL or launch.kernel.params[-1] == 0
     with pco.gemm_version("STREAMK_256x128"):
         launch = plan(256, 128, 128, BF16)  # forced: at most one block per k-step
     assert launch.grid == 2
@@ -112,66 +114,75 @@ DW_SHAPES = [(768, 768, 8192), (768, 2304, 16384), (600, 392, 12296)]  # AUTO: s
 @needs_cuda
 @pytest.mark.parametrize("m,n,k", DW_SHAPES, ids=lambda s: str(s))
 def test_cuda_weight_gradient_shapes_take_stream_k_and_match_float64(m, n, k):
-    from days.day014.test_day014_gemm import _planned
-
     torch.manual_seed(m + n + k)
     # dW = X^T dY: op(A) = X^T with X stored (tokens, in)
     x, dy = rand(k, m, device="cuda", dtype=BF16), rand(k, n, device="cuda", dtype=BF16)
     c = rand(n, device="cuda", dtype=BF16)
-    assert _planned(x, dy, c.reshape(1, n), True, False) == "streamk 256x128"
+    assert _planned(x, dy, c.reshape(1, n), True, False) == "splitk 256x128"
     check(pco.gemm(x, dy, transpose_a=True), x, dy, ta=True)
     check(pco.gemm(x, dy, c, alpha=0.5, beta=2.0, transpose_a=True), x, dy, c, 0.5, 2.0, ta=True)
 
 
+SPLITS = ["STREAMK_256x128", "SPLITK_256x128"]
+
+
 @needs_cuda
+@pytest.mark.parametrize("version", SPLITS)
 @pytest.mark.parametrize("dtype", [BF16, FP16])
-def test_cuda_stream_k_is_repeatable_and_its_recipe_zeroes_the_counters(dtype):
-    # The sum of a tile's pieces goes in block order whoever arrives last, so equal inputs
-    # give equal bits. The second and later calls replay the recipe, whose counters must
-    # be zero again: stale counts would leave tiles unwritten.
-    a = rand(16392, 520, device="cuda", dtype=dtype)  # AUTO: 6 tiles x 10 pieces
+def test_cuda_split_tiles_are_repeatable_and_recipes_stay_right(version, dtype):
+    # Stream-K sums a tile's pieces in block order whoever arrives last, split-K's second
+    # kernel in slice order, so equal inputs give equal bits. The second and later calls
+    # replay the recipe: stream-K's counters must be zero again (stale counts would leave
+    # tiles unwritten), and split-K's workspace is a new one each time.
+    a = rand(16392, 520, device="cuda", dtype=dtype)  # 6 tiles x 257 k-steps
     b = rand(16392, 264, device="cuda", dtype=dtype)
-    first = pco.gemm(a, b, transpose_a=True)
-    for _ in range(3):
-        assert torch.equal(pco.gemm(a, b, transpose_a=True), first)
-    check(first, a, b, ta=True)
-    a2 = rand(16392, 520, device="cuda", dtype=dtype)
-    check(pco.gemm(a2, b, transpose_a=True), a2, b, ta=True)
+    with pco.gemm_version(version):
+        first = pco.gemm(a, b, transpose_a=True)
+        for _ in range(3):
+            assert torch.equal(pco.gemm(a, b, transpose_a=True), first)
+        check(first, a, b, ta=True)
+        a2 = rand(16392, 520, device="cuda", dtype=dtype)
+        check(pco.gemm(a2, b, transpose_a=True), a2, b, ta=True)
 
 
 @needs_cuda
-def test_cuda_stream_k_under_graph_capture_and_on_a_side_stream():
+@pytest.mark.parametrize("version", SPLITS)
+def test_cuda_split_tiles_under_graph_capture_and_on_a_side_stream(version):
     a, b = rand(16392, 520, device="cuda", dtype=BF16), rand(16392, 264, device="cuda", dtype=BF16)
-    pco.gemm(a, b, transpose_a=True)  # warm-up: load the kernel, make the recipe
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = pco.gemm(a, b, transpose_a=True)
-    for _ in range(2):  # each replay zeroes its counters again
-        a.copy_(rand(16392, 520, device="cuda", dtype=BF16))
-        graph.replay()
-        torch.cuda.synchronize()
-        check(y, a, b, ta=True)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        y2 = pco.gemm(a, b, transpose_a=True)
-    torch.cuda.current_stream().wait_stream(side)
-    check(y2, a, b, ta=True)
+    c = rand(520, 264, device="cuda", dtype=BF16)
+    with pco.gemm_version(version):
+        pco.gemm(a, b, c, beta=0.5, transpose_a=True)  # warm-up: load the kernels, make the recipe
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = pco.gemm(a, b, c, beta=0.5, transpose_a=True)
+        for _ in range(2):  # each replay zeroes stream-K's counters again
+            a.copy_(rand(16392, 520, device="cuda", dtype=BF16))
+            graph.replay()
+            torch.cuda.synchronize()
+            check(y, a, b, c, beta=0.5, ta=True)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y2 = pco.gemm(a, b, transpose_a=True)
+        torch.cuda.current_stream().wait_stream(side)
+        check(y2, a, b, ta=True)
 
 
 @needs_cuda
+@pytest.mark.parametrize("version", SPLITS)
 @pytest.mark.parametrize("ta,tb", list(itertools.product((False, True), repeat=2)))
-def test_cuda_stream_k_batched_with_a_broadcast_c(ta, tb):
+def test_cuda_split_tiles_batched_with_a_broadcast_c(version, ta, tb):
     torch.manual_seed(3)
-    a, b = rand(3, 200, 2100, device="cuda", dtype=BF16), rand(3, 2100, 136, device="cuda", dtype=BF16)
+    a, b = rand(3, 200, 2104, device="cuda", dtype=BF16), rand(3, 2104, 136, device="cuda", dtype=BF16)
     c = rand(1, 1, 136, device="cuda", dtype=BF16)
-    with pco.gemm_version("STREAMK_256x128"):
+    with pco.gemm_version(version):
+        assert _planned(stored(a, ta), stored(b, tb), c, ta, tb).split()[0] == version[:6].lower()
         y = pco.gemm_batched(stored(a, ta), stored(b, tb), c, alpha=1.5, beta=-1.0, transpose_a=ta, transpose_b=tb)
     check(y, a, b, c, 1.5, -1.0)
 
 
 @needs_cuda
-def test_cuda_linear_weight_gradient_through_stream_k():
+def test_cuda_linear_weight_gradient_through_split_k():
     torch.manual_seed(5)
     layer = pco.MojoGEMM(768, 768, device="cuda", dtype=BF16)
     x = rand(8, 1024, 768, device="cuda", dtype=BF16).requires_grad_()  # dW: K = 8192, 7 pieces
