@@ -369,12 +369,15 @@ AUTO_TILES = (("tma", 128, 128, 1.0), ("coop", 256, 128, 2 / 1.35), ("coop", 256
 # 256 x 128 tile's k-steps are cut into S aligned pieces, one block each, all in one
 # wave (stream-K's walk on a grid of tiles x S: its even shares fall on the split
 # points). Each piece is stored as float32 in slice s of a (S, batch, M, N) workspace,
-# and a second kernel on every SM sums the slices: about SPLIT_K_SUM_US plus their
-# bytes at SPLIT_K_SUM_GBPS (H100). In AUTO_TILES's unit a k-step of a 128 x 128 tile
-# takes K_STEP_US. AUTO takes a split only where it clearly wins (SPLIT_K_MARGIN).
+# and a second kernel on every SM sums the slices. Fitted to the H100 (e4e6373, dW
+# 768 x 768 at S = 1...7): the split GEMM costs SPLIT_K_FIXED k-steps more than its
+# pieces' k-steps (its pipeline fill and float32 stores: ~12 us), the sum SPLIT_K_SUM_US
+# plus its bytes at SPLIT_K_SUM_GBPS (the slices are still in L2). In AUTO_TILES's unit a
+# k-step of a 128 x 128 tile takes K_STEP_US. AUTO splits only where it clearly wins.
 K_STEP_US = 0.46
-SPLIT_K_SUM_US = 4.0
-SPLIT_K_SUM_GBPS = 2500.0
+SPLIT_K_FIXED = 25.0
+SPLIT_K_SUM_US = 1.7
+SPLIT_K_SUM_GBPS = 7500.0
 SPLIT_K_MARGIN = 0.9
 
 
@@ -390,7 +393,7 @@ def split_k(m: int, n: int, k: int, batch: int, sms: int) -> tuple[int, float]:
         moved = batch * m * n * (4 * s + 2)  # read the slices, write the output
         return (SPLIT_K_SUM_US + moved / (SPLIT_K_SUM_GBPS * 1e3)) / K_STEP_US
 
-    cost = {s: (_cdiv(num_k, s) * 2 / 1.35 + sum_steps(s)) / num_k for s in options}
+    cost = {s: (_cdiv(num_k, s) * 2 / 1.35 + (SPLIT_K_FIXED if s > 1 else 0) + sum_steps(s)) / num_k for s in options}
     best = min(cost, key=cost.get)
     return best, cost[best]
 
