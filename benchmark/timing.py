@@ -74,9 +74,9 @@ def time_cpu(fns: dict[str, Callable[[], object]], min_reps: int = 5, budget_s: 
     return {name: _summary(v) for name, v in samples.items()}
 
 
-def kernel_time_ms(fn: Callable[[], object], reps: int = 20) -> float | None:
-    """Device time per call, summed over every kernel the call launched (CUPTI through
-    torch.profiler): what the GPU spends, without host overhead or idle gaps."""
+def kernel_times_us(fn: Callable[[], object], reps: int = 20) -> dict[str, float]:
+    """Device time per call of each kernel the call launched, by kernel name (CUPTI through
+    torch.profiler; self time: no double count)."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -85,8 +85,14 @@ def kernel_time_ms(fn: Callable[[], object], reps: int = 20) -> float | None:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
-    total_us = sum(e.self_device_time_total for e in prof.key_averages())  # self: no double count
-    return total_us / reps / 1e3 if total_us > 0 else None
+    return {e.key: e.self_device_time_total / reps for e in prof.key_averages() if e.self_device_time_total > 0}
+
+
+def kernel_time_ms(fn: Callable[[], object], reps: int = 20) -> float | None:
+    """Device time per call, summed over every kernel the call launched: what the GPU
+    spends, without host overhead or idle gaps."""
+    total_us = sum(kernel_times_us(fn, reps).values())
+    return total_us / 1e3 if total_us > 0 else None
 
 
 def host_overhead_us(fn: Callable[[], object], reps: int = 200) -> float:

@@ -8,23 +8,16 @@ Prints one line per variant: {kernel: microseconds per call}.
 """
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import pytorch_custom_ops as pco
+from benchmark.timing import kernel_times_us
 from pytorch_custom_ops import gemm_gpu
 
 SHAPES = [(768, 768, 8192), (768, 768, 16384), (768, 2304, 8192), (768, 3072, 8192)]  # dW: out x in, K
 
 
-def kernel_us(fn, reps: int = 30) -> dict[str, float]:
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    events = [e for e in prof.key_averages() if e.self_device_time_total]
-    return {e.key[:60]: round(e.self_device_time_total / reps, 2) for e in events}
+def kernel_us(fn) -> dict[str, float]:
+    return {name[:60]: round(us, 2) for name, us in kernel_times_us(fn, reps=30).items()}
 
 
 def forced_split(pieces: int):
