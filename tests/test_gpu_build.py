@@ -135,7 +135,7 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         ),
         # clusters of 2: the cluster shape compiled in, A multicast to both CTAs, stages
         # released to both producers through mapa'd remote mbarriers, cluster barriers
-        "day019.gemm_pingpong_kernel.*.2.0": (
+        "day019.gemm_pingpong_kernel.*.2.0.0": (  # ... CLUSTER, COOP, SPLIT
             r"\.reqnctapercluster 2, 1, 1",
             r"cp\.async\.bulk\.tensor\.3d\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes\.multicast::cluster",
             r"mapa\.shared::cluster\.u32",
@@ -144,6 +144,15 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         ),
         # the fused GELU: one exp per element in the epilogue
         "day019.gemm_pingpong_kernel.bfloat16.0.1.128.128.*.1.1.*": (r"ex2\.approx",),
+        # stream-K's fix-up: stores, a GPU-scope fence, the piece count, reads through L2
+        "day019.gemm_pingpong_kernel.*.1.1.1": (
+            r"fence\.acq_rel\.gpu",
+            r"atom\.global\.add\.u32",
+            r"ld\.global\.cg\.v4\.f32",
+        ),
+        # split-K: float32 pairs into the workspace; the second kernel reads 16-byte blocks
+        "day019.gemm_pingpong_kernel.*.1.1.2": (r"st\.global\.v2\.b32",),
+        "day019.split_k_sum_kernel.*": (r"ld\.global\.v4\.b32",),
     },
     "day018": {
         # the forward: Q, K and V through 4-D TMA boxes (head_dim, seq, heads, batch), S = Q K^T
@@ -224,7 +233,11 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
 PTX_ABSENT: dict[str, dict[str, tuple[str, ...]]] = {  # a warp per row needs no block barrier
     "day012": {"day012.softmax_rows_kernel.float32.0.4.8.32.128": (r"bar\.sync",)},
     "day013": {"day013.layer_norm_fwd_kernel.float32.4.32.8.8": (r"bar\.sync",)},
-    "day019": {"day019.gemm_pingpong_kernel.bfloat16.0.0.64.256.*.0.0.1.0": (r"ex2\.approx",)},  # no GELU compiled in
+    "day019": {
+        "day019.gemm_pingpong_kernel.bfloat16.0.0.64.256.*.0.0.1.0.0": (r"ex2\.approx",),  # no GELU compiled in
+        "day019.gemm_pingpong_kernel.*.1.1.0": (r"atom\.global",),  # whole tiles: no fix-up compiled in
+        "day019.gemm_pingpong_kernel.*.1.1.2": (r"atom\.global", r"fence\.acq_rel"),  # split-K: none needed
+    },
     # the forward writes no gradient (no 16-byte global stores), the backward merges nothing
     "day020": {
         "day020.cross_entropy_kernel.float32.4.256": (r"st\.global\.v4",),
