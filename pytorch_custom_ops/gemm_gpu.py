@@ -484,7 +484,8 @@ def pingpong_launch(
 def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
     """One launch: grid (output tiles, 1, batch) for versions 1-3 (tiles walked in groups
     of 8 tile rows inside the kernel, tile_coords, so the grid is flat in x), or day 019's
-    persistent grid of at most one block per SM (pingpong_launch)."""
+    persistent grid of at most one block per SM (pingpong_launch; split-K adds a second
+    launch that sums the pieces)."""
     (out,), (a, b, c, alpha_beta) = outputs, inputs
     ta, tb = params["TRANSPOSE_A"], params["TRANSPOSE_B"]
     batched = a.dim() == 3
