@@ -20,6 +20,7 @@ import torch
 from days.day020 import data as D
 from days.day020 import train as T
 from days.day020.model import CONFIGS, GPT, GPTConfig, twins
+from days.day020.step import FlatGrads, Stepper
 
 TINY = CONFIGS["tiny"]
 
@@ -184,13 +185,14 @@ def test_a_resumed_run_computes_the_same_losses(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("impl", ["torch", "gpu_days"])
-def test_two_ranks_compute_the_one_process_losses(tmp_path, impl):
-    """torchrun with 2 CPU ranks (gloo), DistributedDataParallel: each rank takes half of
-    the same global batch, the gradients are averaged, so the losses are one process's."""
+@pytest.mark.parametrize("impl, grad_sync", [("torch", "ddp"), ("gpu_days", "ddp"), ("gpu_days", "flat")])
+def test_two_ranks_compute_the_one_process_losses(tmp_path, impl, grad_sync):
+    """torchrun with 2 CPU ranks (gloo): each rank takes half of the same global batch, the
+    gradients are averaged (DistributedDataParallel, or one all-reduce of the flat gradient
+    buffer that --graph uses), so the losses are one process's."""
     steps = 4
     one = T.train(_args(tmp_path, impl, steps, out="one", device="cpu"))
-    argv = [str(a) for a in _argv(tmp_path, impl, steps, out="two", device="cpu")]
+    argv = [str(a) for a in _argv(tmp_path, impl, steps, out="two", device="cpu", grad_sync=grad_sync)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
@@ -204,6 +206,50 @@ def test_two_ranks_compute_the_one_process_losses(tmp_path, impl):
     for a, b in zip(two, one, strict=True):
         assert abs(float(a["train_loss"]) - b["train_loss"]) <= 1e-4 * b["train_loss"], (a, b)
     assert abs(float(two[-1]["val_loss"]) - one[-1]["val_loss"]) <= 1e-4 * one[-1]["val_loss"]
+
+
+def test_flat_gradients_are_views_that_backward_fills():
+    model = GPT(TINY, "torch").init_weights(0)
+    flat = FlatGrads(list(model.parameters()))
+    assert flat.buffer.numel() == sum(p.numel() for p in model.parameters())
+    idx = torch.randint(0, TINY.vocab_size, (2, 9), generator=torch.Generator().manual_seed(4))
+    twin = GPT(TINY, "torch").init_weights(0)
+    for m in (model, twin):
+        m(idx, idx.roll(1, 1))[1].backward()
+    for (name, p), q in zip(model.named_parameters(), twin.parameters(), strict=True):
+        assert p.grad.data_ptr() >= flat.buffer.data_ptr(), name  # still a view into the buffer
+        assert torch.equal(p.grad, q.grad), name
+    assert flat.buffer.abs().sum() > 0
+    with pytest.raises(ValueError, match="one dtype and device"):
+        FlatGrads([torch.zeros(2), torch.zeros(2, dtype=torch.float64)])
+
+
+def test_a_captured_step_is_refused_without_cuda(tmp_path):
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        T.train(_args(tmp_path, "torch", 2, device="cpu", graph=True))
+    model = GPT(TINY, "torch")
+    opt = T.make_optimizer(model, 1e-3, 0.0, "cpu")
+    with pytest.raises(ValueError, match="CUDA device"):
+        Stepper(model, opt, torch.autocast("cpu", enabled=False), 1, "flat", graph=True, batch_shape=(2, 8))
+    with pytest.raises(ValueError, match="grad_sync='flat'"):
+        Stepper(model, opt, torch.autocast("cpu", enabled=False), 1, "ddp", graph=True, batch_shape=(2, 8))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("impl", ["torch", "gpu_days"])
+def test_a_captured_step_computes_the_eager_losses(tmp_path, impl):
+    """--graph replays one captured step: same losses as eager (its warm-up steps are undone),
+    and a resumed captured run continues with the eager run's losses."""
+    steps = 6
+    eager = T.train(_args(tmp_path, impl, steps, out="eager"))
+    graph = T.train(_args(tmp_path, impl, steps, out="graph", graph=True))
+    for a, b in zip(graph, eager, strict=True):
+        assert abs(a["train_loss"] - b["train_loss"]) <= 1e-4 * b["train_loss"], (a, b)
+    T.train(_args(tmp_path, impl, steps, out="parts", graph=True, stop_after="3"))
+    rest = T.train(_args(tmp_path, impl, steps, out="parts", graph=True, resume=True))
+    for a, b in zip(rest, eager[3:], strict=True):
+        assert abs(a["train_loss"] - b["train_loss"]) <= 1e-4 * b["train_loss"], (a, b)
 
 
 def test_resume_without_a_checkpoint_is_an_error(tmp_path):

@@ -16,6 +16,11 @@ Several GPUs (DistributedDataParallel; NCCL on CUDA, gloo on the CPU):
 --batch stays the global batch: each of the W ranks takes its own batch/W rows of the same
 (seed, step) batch, DDP averages the gradients, so the run computes the one-process run's
 losses (up to the order of float additions). Rank 0 alone writes files and shows progress.
+
+On CUDA, --graph captures the whole step once (forward, backward, the gradient all-reduce
+and AdamW) and replays it: no host work per kernel. Its ranks average the gradients with
+one all-reduce of a flat buffer after backward (--grad-sync flat; see step.py), which
+eager runs can use as well.
 """
 
 from __future__ import annotations
@@ -31,12 +36,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from benchmark.store import write_atomically
 
 from . import data as D
 from .model import CONFIGS, GPT, IMPLS
+from .step import Stepper
 
 
 def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
@@ -107,13 +112,14 @@ def evaluate(model: GPT, batches: D.Batches, n: int, device, amp, ranks: Ranks) 
     return sum(losses) / len(losses)
 
 
-def make_optimizer(model: GPT, lr: float, weight_decay: float, device) -> torch.optim.AdamW:
-    """AdamW; matrices decay, biases, norms and embeddings' position table do not."""
+def make_optimizer(model: GPT, lr: float, weight_decay: float, device, capturable: bool = False) -> torch.optim.AdamW:
+    """AdamW; matrices decay, biases, norms and embeddings' position table do not.
+    `capturable`: its step may be captured by a CUDA graph (state and lr on the device)."""
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and not n.startswith("wpe")]
     rest = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and not n.startswith("wpe"))]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
     fused = torch.device(device).type == "cuda"
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=fused)
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=fused, capturable=capturable)
 
 
 def train(args) -> list[dict]:
@@ -148,19 +154,29 @@ def _train(args, ranks: Ranks) -> list[dict]:
     train_batches = D.Batches(D.load(data_dir, "train"), args.batch, args.seq, args.seed)
     val_batches = D.Batches(D.load(data_dir, "val"), args.batch, args.seq, args.seed + 1)
 
+    if args.graph and torch.device(device).type != "cuda":
+        raise ValueError(f"--graph captures the step with torch.cuda.graph: it needs a CUDA device, not {device}")
+    grad_sync = args.grad_sync or ("flat" if args.graph else "ddp")
     # float32 parameters and optimizer; --dtype bfloat16 computes under torch.autocast
-    # (mixed precision: gpu-days' ops follow torch's policy, see pytorch_custom_ops.eager)
+    # (mixed precision: gpu-days' ops follow torch's policy, see pytorch_custom_ops.eager).
+    # Autocast's weight cache cannot outlive a graph capture: off with --graph.
     model = GPT(config, args.impl).init_weights(args.seed).to(device=device)
-    amp = torch.autocast(torch.device(device).type, dtype=dtype, enabled=dtype != torch.float32)
-    opt = make_optimizer(model, args.lr, args.weight_decay, device)
+    amp = torch.autocast(
+        torch.device(device).type, dtype=dtype, enabled=dtype != torch.float32, cache_enabled=not args.graph
+    )
+    opt = make_optimizer(model, args.lr, args.weight_decay, device, capturable=args.graph)
     start = 0
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         start = state["step"]
-    # DDP averages the gradients over the ranks during backward; `model` stays the plain
-    # module (checkpoints, evaluation, sampling)
-    step_model = DistributedDataParallel(model) if ranks.world > 1 else model
+    # the gradients are averaged over the ranks (DDP during backward, or one flat all-reduce
+    # after it); `model` stays the plain module (checkpoints, evaluation, sampling)
+    if args.batch % ranks.world:
+        raise ValueError(f"--batch {args.batch} is not a multiple of the {ranks.world} ranks")
+    stepper = Stepper(
+        model, opt, amp, ranks.world, grad_sync, graph=args.graph, batch_shape=(args.batch // ranks.world, args.seq)
+    )
     rows = []
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "loss.csv"
@@ -173,14 +189,8 @@ def _train(args, ranks: Ranks) -> list[dict]:
     t_last, last_step = time.perf_counter(), start
     stop = args.steps if args.stop_after is None else min(args.steps, args.stop_after)
     for step in range(start, stop):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
         x, y = map(ranks.shard, train_batches.get(step, device))
-        with amp:
-            _, loss = step_model(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        loss = stepper(x, y, lr_at(step, args.steps, args.lr, args.warmup))
         done = step + 1
         if done % args.log_every == 0 or done == args.steps:
             loss_value = ranks.mean(loss)  # synchronises: the time below is the steps' real time
@@ -260,6 +270,13 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--device", default=None)
+    p.add_argument("--graph", action="store_true", help="CUDA: capture the step once, replay it every step")
+    p.add_argument(
+        "--grad-sync",
+        choices=["ddp", "flat"],
+        default=None,
+        help="several ranks: DDP (default) or one all-reduce of a flat gradient buffer (--graph's way)",
+    )
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--eval-batches", type=int, default=10)
