@@ -80,6 +80,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, required=True, help="CSV to append the rows to")
     p.add_argument("--impl", action="append", choices=["gpu_days", "torch"])
     p.add_argument("--mode", action="append", choices=["eager", "graph"])
+    p.add_argument("--gpus", type=int, nargs="+", default=[1, 2], help="process counts to run (1 and 2 to compare)")
     p.add_argument("--config", default="gpt2")
     p.add_argument("--batch", type=int, default=32, help="global batch")
     p.add_argument("--seq", type=int, default=1024)
@@ -102,7 +103,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         for impl in args.impl or ["gpu_days", "torch"]:
             for mode in args.mode or ["eager", "graph"]:
-                runs = {gpus: run_one(impl, mode, gpus, args, Path(scratch)) for gpus in (1, 2)}
+                runs = {gpus: run_one(impl, mode, gpus, args, Path(scratch)) for gpus in args.gpus}
                 with open(args.out, "a", newline="") as f:
                     writer = csv.DictWriter(f, FIELDS)
                     if new:
@@ -127,6 +128,12 @@ def main(argv=None) -> int:
                                     "note": note,
                                 }
                             )
+                if sorted(runs) != [1, 2]:
+                    for gpus, rows in runs.items():
+                        print(
+                            f"{impl:9} {mode:6} {gpus} GPU(s): {rate(rows):12,.0f} tokens/s, val {rows[-1]['val_loss']}"
+                        )
+                    continue
                 gap = max(
                     abs(float(a["train_loss"]) - float(b["train_loss"])) / float(a["train_loss"])
                     for a, b in zip(runs[1], runs[2], strict=True)
