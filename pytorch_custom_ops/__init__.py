@@ -9,6 +9,7 @@
     with pco.gemm_version("TMA_128x256"):   # force one of day014's GEMM versions
     y = pco.long_softmax(v)                # day015: a few very long rows (e.g. 2^28)
     o = pco.flash_attention(q, k, v, causal=True)  # day017: Triton FlashAttention, fwd + bwd
+    o = pco.flash_attention_qkvpacked(qkv, causal=True)  # the same from (B, L, 3, H, D), no copies
     o = pco.attention(q, k, v, causal=True)        # day018: Mojo FlashAttention for Hopper
     pco.use_mojo("softmax")                # True when the Mojo path is live
 
@@ -22,7 +23,7 @@ from .attention import MojoAttention, attention
 from .contract import ContractError, OpSpec, TensorArg
 from .cross_entropy import cross_entropy, cross_entropy_backward_kernel, cross_entropy_kernel
 from .fallback import MojoFallbackWarning, MojoUnavailableError, strict
-from .flash_attention import flash_attention
+from .flash_attention import flash_attention, flash_attention_qkvpacked
 from .gemm import MojoGEMM, gemm, gemm_batched, gemm_batched_kernel, gemm_kernel, gemm_version
 from .layer_norm import MojoLayerNorm, layer_norm, layer_norm_backward, layer_norm_backward_kernel, layer_norm_kernel
 from .library import KernelBuildError, build_library
@@ -83,6 +84,7 @@ __all__ = [
     "cross_entropy_kernel",
     "cross_entropy_backward_kernel",
     "flash_attention",
+    "flash_attention_qkvpacked",
     "gemm",
     "gemm_batched",
     "gemm_batched_kernel",

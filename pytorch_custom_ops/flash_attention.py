@@ -12,6 +12,16 @@ use (they import Triton); they launch on torch's current stream, so CUDA graphs 
 Two ops are registered: `gpu_days::flash_attention` returns (out, lse) and saves what the backward
 needs; `gpu_days::flash_attention_backward` computes (dq, dk, dv). Both have fake (meta)
 implementations, so `torch.compile(fullgraph=True)` traces them without running Triton.
+Outputs and gradients are laid out as their inputs are, as SDPA's: q made by
+`x.view(B, L, H, D).transpose(1, 2)` gives an out whose `transpose(1, 2).reshape(B, L, H * D)`
+is a view.
+
+    o = pco.flash_attention_qkvpacked(qkv, causal=True)   # qkv (B, L, 3, H, D) -> o (B, L, H, D)
+
+takes a transformer's fused QKV projection as it comes, `qkv_proj(x).view(B, L, 3, H, D)`:
+the kernels read q, k and v in place through strides and write the gradient as one
+(B, L, 3, H, D) tensor, so neither direction copies (the three-tensor op's autograd has to
+stack dq, dk, dv and lay them out again: two copies of the activations per layer).
 Eager calls skip the dispatcher, as every gpu-days op does (pytorch_custom_ops/eager.py).
 (cProfile of a training step on the H100 put ~0.7 ms a call inside torch.library's
 custom-op frame; the step time did not change measurably without it, so that time was
@@ -50,7 +60,8 @@ def attention_outputs_like(q: Tensor) -> tuple[Tensor, Tensor]:
 @_flash_attention.register_fake
 def _(q, k, v, causal, scale):
     _day().check_inputs(q, k, v, causal, scale)
-    return attention_outputs_like(q)
+    _, lse = attention_outputs_like(q)
+    return _day().empty_in_layout_of(q), lse  # the real op's strides: compiled code reads through them
 
 
 @torch.library.custom_op("gpu_days::flash_attention_backward", mutates_args=())
@@ -63,7 +74,7 @@ def _flash_attention_backward(
 @_flash_attention_backward.register_fake
 def _(grad_out, q, k, v, out, lse, causal, scale):
     _day().check_inputs(q, k, v, causal, scale)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    return tuple(_day().empty_in_layout_of(t) for t in (q, k, v))
 
 
 def setup_attention_context(ctx, inputs, output):
@@ -118,3 +129,119 @@ def _op(*args):
 def _check(q, k, v, causal, scale):
     if not torch.compiler.is_compiling():  # our message before the dispatcher's schema error
         _day().check_inputs(q, k, v, causal, scale)
+
+
+# -- packed q, k, v -------------------------------------------------------------------------
+# --8<-- [start:qkvpacked]
+def unpack_qkv(qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k, v as (B, H, L, D) views of a (B, L, 3, H, D) tensor: no copy."""
+    return tuple(qkv.select(2, i).transpose(1, 2) for i in range(3))
+
+
+def check_qkvpacked(qkv, causal, scale) -> None:
+    """Raise TypeError/ValueError naming the problem (the packing, then day 017's checks)."""
+    _check_packing(qkv)
+    _day().check_inputs(*unpack_qkv(qkv), causal, scale)
+
+
+def _check_packing(qkv) -> None:
+    if not isinstance(qkv, torch.Tensor):
+        raise TypeError(f"flash_attention_qkvpacked: qkv must be a torch.Tensor, got {type(qkv).__name__}")
+    if qkv.dim() != 5 or qkv.shape[2] != 3:
+        raise ValueError(
+            f"flash_attention_qkvpacked: qkv must be (batch, seq, 3, heads, head_dim), got shape {tuple(qkv.shape)}"
+        )
+
+
+@torch.library.custom_op("gpu_days::flash_attention_qkvpacked", mutates_args=())
+def _qkvpacked(qkv: Tensor, causal: bool, scale: float | None) -> tuple[Tensor, Tensor]:
+    return _packed_forward(qkv, causal, scale)
+
+
+def _packed_forward(qkv, causal, scale):
+    """(out (B, L, H, D), lse (B, H, L) float32). attention_forward checks q, k and v."""
+    _check_packing(qkv)
+    if qkv.stride(-1) != 1:
+        qkv = qkv.contiguous()
+    o, lse = _day().attention_forward(*unpack_qkv(qkv), causal, scale)
+    return o.transpose(1, 2), lse  # o follows q's (B, L, H, D) layout: this is contiguous
+
+
+@_qkvpacked.register_fake
+def _(qkv, causal, scale):
+    check_qkvpacked(qkv, causal, scale)
+    b, length, _, h, d = qkv.shape
+    return qkv.new_empty((b, length, h, d)), qkv.new_empty((b, h, length), dtype=torch.float32)
+
+
+@torch.library.custom_op("gpu_days::flash_attention_qkvpacked_backward", mutates_args=())
+def _qkvpacked_backward(
+    grad_out: Tensor, qkv: Tensor, out: Tensor, lse: Tensor, causal: bool, scale: float | None
+) -> Tensor:
+    return _packed_backward(grad_out, qkv, out, lse, causal, scale)
+
+
+def _packed_backward(grad_out, qkv, out, lse, causal, scale):
+    """d(qkv), (B, L, 3, H, D) contiguous: the three gradients written in place."""
+    if qkv.stride(-1) != 1:
+        qkv = qkv.contiguous()
+    dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+    grads = unpack_qkv(dqkv)
+    _day().attention_backward(
+        grad_out.transpose(1, 2), *unpack_qkv(qkv), out.transpose(1, 2), lse, causal, scale, grads=grads
+    )
+    return dqkv
+
+
+@_qkvpacked_backward.register_fake
+def _(grad_out, qkv, out, lse, causal, scale):
+    check_qkvpacked(qkv, causal, scale)
+    return qkv.new_empty(qkv.shape)
+
+
+def _setup_packed(ctx, inputs, output):
+    qkv, causal, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(qkv, out, lse)
+    ctx.causal, ctx.scale = causal, scale
+    ctx.set_materialize_grads(False)
+    ctx.mark_non_differentiable(lse)
+
+
+def _packed_backward_with(run):
+    def backward(ctx, grad_out, _grad_lse):
+        if grad_out is None:
+            return None, None, None
+        qkv, out, lse = ctx.saved_tensors
+        return run(grad_out, qkv, out, lse, ctx.causal, ctx.scale), None, None
+
+    return backward
+
+
+_qkvpacked.register_autograd(
+    _packed_backward_with(torch.ops.gpu_days.flash_attention_qkvpacked_backward), setup_context=_setup_packed
+)
+_packed_autograd = eager.function(
+    "FlashAttentionQKVPacked", _packed_forward, _setup_packed, _packed_backward_with(_packed_backward)
+)
+
+
+def flash_attention_qkvpacked(qkv: Tensor, causal: bool = False, scale: float | None = None) -> Tensor:
+    """`flash_attention` of q, k, v packed as qkv (batch, seq, 3, heads, head_dim), the layout of
+    a fused QKV projection's output viewed as `.view(batch, seq, 3, heads, head_dim)`. Returns
+    (batch, seq, heads, head_dim), contiguous; its gradient reaches qkv as one tensor."""
+    args = (qkv, causal, scale)
+    way = dict(eager=_packed_forward, autograd=_packed_autograd, op=_packed_op, check=_packed_check)
+    return eager.call((qkv,), args, **way)[0]
+
+
+def _packed_op(*args):
+    return torch.ops.gpu_days.flash_attention_qkvpacked(*args)
+
+
+def _packed_check(qkv, causal, scale):
+    if not torch.compiler.is_compiling():
+        check_qkvpacked(qkv, causal, scale)
+
+
+# --8<-- [end:qkvpacked]

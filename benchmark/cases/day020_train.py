@@ -99,7 +99,9 @@ class Trainer:
             return self.forward(self.x, self.y)[1]
 
     def _step(self) -> list[torch.Tensor]:
-        self.opt.zero_grad(set_to_none=False)  # in place: a replayed graph keeps its gradient buffers
+        # gradients as None: backward's results become the .grad (no add into zeroed buffers);
+        # under capture they come from the graph's pool, at the addresses every replay rewrites
+        self.opt.zero_grad(set_to_none=True)
         loss = self.loss()
         loss.backward()
         self.opt.step()

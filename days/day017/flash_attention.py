@@ -68,6 +68,17 @@ def resolve_scale(scale, head_dim: int) -> float:
     return float(scale)
 
 
+def empty_in_layout_of(t: torch.Tensor) -> torch.Tensor:
+    """An empty (B, H, L, D) tensor laid out as `t` is: (B, L, H, D) in memory when t's seq
+    stride is the larger (t is a transposed view, as q is in `x.view(B, L, H, D).transpose(1, 2)`),
+    else (B, H, L, D). SDPA's outputs follow q's layout the same way, so a caller's
+    `o.transpose(1, 2).reshape(B, L, H * D)` is a view, not a copy."""
+    b, h, length, d = t.shape
+    if t.stride(1) < t.stride(2):
+        return torch.empty((b, length, h, d), dtype=t.dtype, device=t.device).transpose(1, 2)
+    return torch.empty((b, h, length, d), dtype=t.dtype, device=t.device)
+
+
 def _unit_last_stride(t: torch.Tensor) -> torch.Tensor:
     # The kernels index (batch, head, seq) through strides but read head_dim as contiguous, which
     # lets every load be a wide vector load. Other layouts are copied (once per call).
@@ -517,12 +528,13 @@ def _check_offsets(*tensors: torch.Tensor) -> None:
 # --8<-- [start:forward]
 def attention_forward(q, k, v, causal: bool = False, scale: float | None = None, config=None):
     """(o, lse2): softmax(q k^T * scale [+ causal mask]) v, and the row log-sum-exp in the log2
-    domain (float32, (B, Hq, Lq)), which the backward uses to rebuild P tile by tile."""
+    domain (float32, (B, Hq, Lq)), which the backward uses to rebuild P tile by tile. o is laid
+    out as q is (`empty_in_layout_of`)."""
     check_inputs(q, k, v, causal, scale)
     qk_scale = resolve_scale(scale, q.shape[-1]) * LOG2E
     q, k, v = (_unit_last_stride(t) for t in (q, k, v))
     (b, hq, lq, d), hkv, lk = q.shape, k.shape[1], k.shape[2]
-    o = torch.empty((b, hq, lq, d), dtype=q.dtype, device=q.device)
+    o = empty_in_layout_of(q)
     lse = torch.empty((b, hq, lq), dtype=torch.float32, device=q.device)
     if o.numel() == 0:
         return o, lse
@@ -538,8 +550,10 @@ def attention_forward(q, k, v, causal: bool = False, scale: float | None = None,
 
 
 # --8<-- [start:backward]
-def attention_backward(do, q, k, v, o, lse, causal: bool = False, scale: float | None = None, configs=None):
-    """(dq, dk, dv) from the forward's inputs, output o and lse2. `configs`: optional
+def attention_backward(do, q, k, v, o, lse, causal: bool = False, scale: float | None = None, configs=None, grads=None):
+    """(dq, dk, dv) from the forward's inputs, output o and lse2, each laid out as its input
+    (`empty_in_layout_of`), or written into `grads`, three tensors of q's, k's and v's shapes
+    with unit last stride (e.g. views into one packed gradient). `configs`: optional
     {"dkdv": (BLOCK_M, BLOCK_N, warps, stages), "dq": (...)} overriding the automatic choice."""
     check_inputs(q, k, v, causal, scale)
     for name, t, dtype in (("o", o, q.dtype), ("grad_output", do, q.dtype), ("lse", lse, torch.float32)):
@@ -551,9 +565,16 @@ def attention_backward(do, q, k, v, o, lse, causal: bool = False, scale: float |
     q, k, v, o, do = (_unit_last_stride(t) for t in (q, k, v, o, do))
     lse = lse.contiguous()
     (b, hq, lq, d), hkv, lk = q.shape, k.shape[1], k.shape[2]
-    dq = torch.empty((b, hq, lq, d), dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if grads is None:
+        dq, dk, dv = (empty_in_layout_of(t) for t in (q, k, v))
+    else:
+        dq, dk, dv = grads
+        for name, g, t in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+            if g.shape != t.shape or g.dtype != t.dtype or g.device != t.device or g.stride(-1) != 1:
+                raise ValueError(
+                    f"{OP} backward: {name} must be {tuple(t.shape)} {t.dtype} on {t.device} with unit last "
+                    f"stride, got {tuple(g.shape)} {g.dtype} on {g.device} strides {g.stride()}"
+                )
     if dq.numel() == 0:  # no query: no gradient reaches k or v
         return dq, dk.zero_(), dv.zero_()
     _check_offsets(q, k, v, o, do, dq, dk, dv)

@@ -147,6 +147,63 @@ def test_non_contiguous_and_expanded_inputs():
     torch.testing.assert_close(out, pco.flash_attention(q, k[:, :1], v[:, :1]), rtol=0, atol=0)
 
 
+def test_outputs_and_gradients_follow_the_input_layout():
+    """As SDPA's: q of (B, L, H, D) storage gives an out of that storage, so merging the heads
+    back is a view; each gradient is laid out as its input."""
+    q, k, v, do = qkvo(2, 3, 3, 21, 21, 32, seed=13)
+    seq_major = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    leaves = [t.detach().clone().requires_grad_() for t in seq_major]
+    out = pco.flash_attention(*leaves, causal=True)
+    assert out.stride() == seq_major[0].stride()
+    assert out.transpose(1, 2).is_contiguous()  # reshape(B, L, H * D) is free
+    out.backward(do)
+    for leaf, t in zip(leaves, seq_major, strict=True):
+        assert leaf.grad.stride() == t.stride()
+    head_major = pco.flash_attention(q, k, v, causal=True)
+    assert head_major.is_contiguous()
+    torch.testing.assert_close(out, head_major, rtol=0, atol=0)
+
+
+def _packed(b, length, h, d, dtype=torch.float16, seed=0):
+    return randn(b, length, 3, h, d, dtype=dtype, seed=seed), randn(b, length, h, d, dtype=dtype, seed=seed + 1)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_qkvpacked_matches_the_three_tensor_op_and_float64(causal, dtype):
+    qkv, do = _packed(2, 37, 3, 32, dtype=dtype, seed=14)
+    leaf = qkv.clone().requires_grad_()
+    out = pco.flash_attention_qkvpacked(leaf, causal=causal)
+    assert out.shape == (2, 37, 3, 32) and out.is_contiguous()
+    out.backward(do)
+    assert leaf.grad.shape == qkv.shape and leaf.grad.is_contiguous()
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    do_h = do.transpose(1, 2)
+    got = (out.transpose(1, 2), *(leaf.grad[:, :, i].transpose(1, 2) for i in range(3)))
+    for g, w in zip(got, ours(q, k, v, do_h, causal), strict=True):  # the same kernels: the same bits
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    assert_close(got, reference(q, k, v, do_h, causal), TOL[dtype], "qkvpacked")
+
+
+def test_qkvpacked_bad_inputs_and_a_strided_qkv():
+    qkv, do = _packed(1, 9, 2, 32, seed=15)
+    for bad in (qkv[0], qkv[:, :, :2], qkv.reshape(1, 9, 6, 32)):
+        with pytest.raises(ValueError, match=r"qkv must be \(batch, seq, 3, heads, head_dim\)"):
+            pco.flash_attention_qkvpacked(bad)
+    with pytest.raises(TypeError, match="qkv must be a torch.Tensor"):
+        pco.flash_attention_qkvpacked(qkv.tolist())
+    with pytest.raises(TypeError, match="flash_attention: q has dtype torch.float32"):
+        pco.flash_attention_qkvpacked(qkv.float())
+    with pytest.raises(ValueError, match="head_dim 48 is not supported"):
+        pco.flash_attention_qkvpacked(randn(1, 9, 3, 2, 48))
+    # a qkv whose head_dim is not contiguous is copied, then computed the same
+    strided = qkv.transpose(-1, -2).contiguous().transpose(-1, -2)
+    assert strided.stride(-1) != 1
+    torch.testing.assert_close(
+        pco.flash_attention_qkvpacked(strided, causal=True), pco.flash_attention_qkvpacked(qkv, causal=True)
+    )
+
+
 @pytest.mark.parametrize("configs", [((16, 16, 4, 1), (16, 16, 4, 1)), ((64, 16, 4, 1), (32, 64, 4, 1))])
 def test_other_tile_sizes(configs):
     # The tiling must not change the answer: square tiles, and tiles taller than the problem.
@@ -247,6 +304,29 @@ def test_opcheck():
     q, k, v, _ = qkvo(1, 2, 1, 17, 19, 32, seed=6)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     torch.library.opcheck(torch.ops.gpu_days.flash_attention.default, (q, k, v, True, None))
+    # seq-major inputs: the fake outputs must have the real ones' strides
+    q_t, k_t, v_t = (t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    torch.library.opcheck(torch.ops.gpu_days.flash_attention.default, (q_t, k_t, v_t, False, None))
+    qkv = randn(1, 17, 3, 2, 32, seed=7).requires_grad_()
+    torch.library.opcheck(torch.ops.gpu_days.flash_attention_qkvpacked.default, (qkv, True, None))
+
+
+@pytest.mark.slow
+def test_qkvpacked_under_torch_compile_fullgraph():
+    qkv, do = _packed(1, 20, 2, 32, seed=16)
+
+    def f(qkv):
+        return pco.flash_attention_qkvpacked(qkv, causal=True).reshape(1, 20, 64) * 2.0
+
+    compiled = torch.compile(f, fullgraph=True, backend="inductor" if CUDA else "aot_eager")
+    runs = []
+    for fn in (compiled, f):
+        leaf = qkv.clone().requires_grad_()
+        out = fn(leaf)
+        out.backward(do.reshape(1, 20, 64))
+        runs.append((out.detach(), leaf.grad))
+    for got, want in zip(*runs, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")

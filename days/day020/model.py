@@ -11,11 +11,14 @@ so one state_dict loads into either. What each impl uses:
 |---|---|---|
 | LayerNorm | `MojoLayerNorm` (day 013) | `nn.LayerNorm` |
 | linear layers, output head | `MojoGEMM` / `gemm` (day 014) | `nn.Linear` / `F.linear` |
-| attention, CUDA, bf16/fp16 | `flash_attention` (day 017) | SDPA |
+| attention, CUDA, bf16/fp16 | `flash_attention_qkvpacked` (day 017) | SDPA |
 | attention, otherwise | `gemm_batched` + `softmax` (days 014, 012) | SDPA |
 | loss | `cross_entropy` (day 020: one pass per row, fused gradient) | `F.cross_entropy` |
 
-Embeddings, GELU and the residual adds are torch in both.
+Embeddings, GELU and the residual adds are torch in both. Neither build copies q, k or v
+out of the QKV projection's output: SDPA and day 017's kernels read them through strides,
+and both write the attention output as (batch, seq, heads, head_dim), so merging the
+heads is a view.
 """
 
 from __future__ import annotations
@@ -73,12 +76,14 @@ def _linear(impl: str, d_in: int, d_out: int) -> nn.Module:
     return pco.MojoGEMM(d_in, d_out) if impl == "gpu_days" else nn.Linear(d_in, d_out)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str) -> torch.Tensor:
-    """Causal attention over (batch, heads, seq, head_dim)."""
+def causal_attention(qkv: torch.Tensor, impl: str) -> torch.Tensor:
+    """Causal attention of q, k, v packed as (batch, seq, 3, heads, head_dim), the QKV
+    projection's output; returns (batch, seq, heads, head_dim)."""
+    if impl == "gpu_days" and qkv.is_cuda and qkv.dtype in (torch.bfloat16, torch.float16):
+        return pco.flash_attention_qkvpacked(qkv, causal=True)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (batch, heads, seq, head_dim) views
     if impl == "torch":
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
-        return pco.flash_attention(q, k, v, causal=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
     # the composition a user writes without a fused kernel: masked scores, softmax, P V
     b, h, s, hd = q.shape
     mask = _causal_mask(s, q.dtype, q.device)
@@ -86,7 +91,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: st
         q.reshape(b * h, s, hd), k.reshape(b * h, s, hd), mask, 1.0 / math.sqrt(hd), 1.0, False, True
     )
     p = pco.softmax(scores, -1)
-    return pco.gemm_batched(p, v.reshape(b * h, s, hd)).view(b, h, s, hd)
+    return pco.gemm_batched(p, v.reshape(b * h, s, hd)).view(b, h, s, hd).transpose(1, 2)
 
 
 _masks: dict = {}
@@ -123,9 +128,8 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, d = x.shape
         h = self.n_head
-        q, k, v = self.c_attn(self.ln_1(x)).view(b, s, 3, h, d // h).permute(2, 0, 3, 1, 4).unbind(0)
-        y = causal_attention(q.contiguous(), k.contiguous(), v.contiguous(), self.impl)
-        x = x + self.c_proj(y.transpose(1, 2).reshape(b, s, d))
+        y = causal_attention(self.c_attn(self.ln_1(x)).view(b, s, 3, h, d // h), self.impl)
+        x = x + self.c_proj(y.reshape(b, s, d))
         return x + self.c_mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
 

@@ -3,7 +3,8 @@ all-reduce, and captured once by a CUDA graph and replayed.
 
     grad_sync="ddp"  : DistributedDataParallel (buckets all-reduced while backward runs)
     grad_sync="flat" : every .grad is a view into one float32 buffer; after backward, one
-                       all-reduce of that buffer, divided by the ranks
+                       all-reduce of that buffer, divided by the ranks (one rank: plain
+                       gradients, which backward hands over without adding into zeros)
     graph=True       : the whole step (forward, backward, the flat all-reduce, AdamW) is
                        one CUDA graph; a step copies the batch and the learning rate into
                        the graph's input tensors and replays it
@@ -63,14 +64,14 @@ class Stepper:
         """`batch_shape`: (rows, seq) of this rank's batches; a captured step needs it."""
         if grad_sync not in ("ddp", "flat"):
             raise ValueError(f"grad_sync must be 'ddp' or 'flat', got {grad_sync!r}")
-        if graph and grad_sync != "flat":
+        if graph and world > 1 and grad_sync != "flat":
             raise ValueError("a captured step averages gradients with one flat all-reduce: use grad_sync='flat'")
         if graph and not all(p.is_cuda for p in model.parameters()):
             raise ValueError("--graph captures the step with torch.cuda.graph: it needs the model on a CUDA device")
         if graph and batch_shape is None:
             raise ValueError("a captured step needs the shape of its batches (batch_shape)")
         self.model, self.opt, self.amp, self.world = model, opt, amp, world
-        self.flat = FlatGrads(list(model.parameters())) if grad_sync == "flat" else None
+        self.flat = FlatGrads(list(model.parameters())) if grad_sync == "flat" and world > 1 else None
         if world > 1:
             for p in model.parameters():  # every rank starts from rank 0's parameters, as DDP does
                 dist.broadcast(p.data, src=0)

@@ -232,7 +232,7 @@ def test_a_captured_step_is_refused_without_cuda(tmp_path):
     with pytest.raises(ValueError, match="CUDA device"):
         Stepper(model, opt, torch.autocast("cpu", enabled=False), 1, "flat", graph=True, batch_shape=(2, 8))
     with pytest.raises(ValueError, match="grad_sync='flat'"):
-        Stepper(model, opt, torch.autocast("cpu", enabled=False), 1, "ddp", graph=True, batch_shape=(2, 8))
+        Stepper(model, opt, torch.autocast("cpu", enabled=False), 2, "ddp", graph=True, batch_shape=(2, 8))
 
 
 @pytest.mark.slow
