@@ -295,6 +295,20 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(a, b)
 
 
+# --8<-- [start:column_sum]
+def column_sum(g: torch.Tensor) -> torch.Tensor:
+    """g.sum(0) of a 2-D g: a linear layer's bias gradient. On CUDA in 16-bit floats it is
+    cuBLAS's matrix-vector product gᵀ 1 (float32 accumulation, as sum's), which read
+    16384 x 768-3072 bf16 gradients 1.2-1.8x faster than torch's column reduction on the H100
+    (day 020): 20 against 36 us at 768 wide, 50 against 61 at 3072."""
+    if g.is_cuda and g.dtype in (torch.bfloat16, torch.float16) and g.shape[0] > 0:
+        return torch.mv(g.t(), g.new_ones(g.shape[0]))
+    return g.sum(0)
+
+
+# --8<-- [end:column_sum]
+
+
 def _backward_with(batched: bool):
     def backward(ctx, g):
         op = gemm_batched if batched else gemm  # routed like any call (eager.call)
@@ -315,7 +329,9 @@ def _backward_with(batched: bool):
             else:
                 grad_b = op(a, g, None, alpha, 0.0, not ta, False)
         if ctx.c_shape is not None and ctx.needs_input_grad[2]:
-            grad_c = (g if ctx.beta == 1 else g * ctx.beta).sum_to_size(ctx.c_shape)  # a bias: no multiply
+            gc = g if ctx.beta == 1 else g * ctx.beta  # a bias: no multiply
+            is_row = g.dim() == 2 and tuple(ctx.c_shape) in ((g.shape[1],), (1, g.shape[1]))
+            grad_c = column_sum(gc).view(ctx.c_shape) if is_row else gc.sum_to_size(ctx.c_shape)
         return grad_a, grad_b, grad_c, None, None, None, None
 
     return backward

@@ -24,7 +24,7 @@ import torch
 
 from . import direct, eager
 from .contract import FLOAT_DTYPES, OpSpec, TensorArg, same_device
-from .gemm import MojoGEMM, _alpha_beta, gemm
+from .gemm import MojoGEMM, _alpha_beta, column_sum, gemm
 from .gemm_gpu import (
     PINGPONG_KERNEL,
     TC_DTYPES,
@@ -214,7 +214,7 @@ def _backward(ctx, g, _grad_pre):
     if ctx.needs_input_grad[1]:
         dw = gemm(dh, x2, transpose_a=True)  # dH^T X: (out, rows) @ (rows, in)
     if ctx.has_bias and ctx.needs_input_grad[2]:
-        db = dh.sum(0)
+        db = column_sum(dh)
     if ctx.residual_shape is not None and ctx.needs_input_grad[3]:
         dres = g.sum_to_size(ctx.residual_shape)
     return dx, dw, db, dres, None

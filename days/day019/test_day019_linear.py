@@ -98,6 +98,21 @@ def _rebuild(ts, bias, residual):
     return x, w, b, r
 
 
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_bias_gradient_column_sum(device, dtype):
+    """column_sum (cuBLAS's gemv on CUDA in 16-bit floats) is sum(0) to float rounding."""
+    from pytorch_custom_ops.gemm import column_sum
+
+    g = torch.randn(1037, 77, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    got = column_sum(g.to(device=device, dtype=dtype))
+    assert got.shape == (77,) and got.dtype == dtype and got.device.type == device
+    want = g.to(dtype).double().sum(0)
+    tol = 1e-5 if dtype == torch.float32 else 8e-3
+    assert (got.double().cpu() - want).abs().max() <= tol * want.abs().max()
+    assert column_sum(g[:0].to(device=device, dtype=dtype)).abs().sum() == 0
+
+
 def test_mojo_linear_loads_an_nn_linear_state_dict():
     torch.manual_seed(0)
     ref = torch.nn.Linear(24, 40)
