@@ -1,8 +1,11 @@
 """Day 019's ladder on a GPU: version 3 (day 014) against version 4, and cuBLAS, in bf16.
 
     PYTHONPATH=$PWD python days/day019/time_versions.py [--quick]
+    PYTHONPATH=$PWD python days/day019/time_versions.py --tokens 16384 --versions AUTO COOP_256x128
 
 The issue's squares and GPT-2 small's linear layers at 8192 tokens (forward, dX, dW);
+`--tokens` times instead every linear layer of a GPT-2 124M step at that many tokens (the
+four layers and the tied head, each forward, dX and dW) and prints what they add up to;
 each version is checked on sampled entries against float64, then timed by kernel time
 (CUPTI), as day 014's script does. The stored rows come from
 `python -m benchmark --day day019`; this is the quick look while a kernel changes.
@@ -35,12 +38,41 @@ VERSIONS = (
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer shapes, shorter timing")
+    parser.add_argument("--tokens", type=int, default=None, help="a 124M step's layers at this many tokens")
+    parser.add_argument("--versions", nargs="+", default=list(VERSIONS), choices=VERSIONS)
     args = parser.parse_args()
+    if args.tokens:
+        step_layers(args.tokens, args.versions)
+        return
     gpt2 = [s for s in GPT2 if 8192 in s[:3]]
     shapes = SQUARES[1:2] + gpt2[:3] if args.quick else SQUARES[1:] + gpt2
     print(f"{torch.cuda.get_device_name()}; bf16; TFLOP/s (% of torch.matmul)")
     for m, n, k, ta, tb in shapes:
         print_row(m, n, k, ta, tb, time_shape(m, n, k, ta, tb, VERSIONS, args.quick))
+
+
+# (d_in, d_out, calls per step): GPT-2 124M's linear layers, 12 blocks, and the tied head
+STEP_LAYERS = ((768, 2304, 12), (768, 768, 12), (768, 3072, 12), (3072, 768, 12), (768, 50304, 1))
+
+
+def step_layers(tokens: int, versions: list[str]) -> None:
+    """Every GEMM of a 124M training step at `tokens` tokens: per shape and pass the % of
+    cuBLAS, and the step's total GEMM time per version (the versions' sum of calls)."""
+    print(f"{torch.cuda.get_device_name()}; bf16; {tokens} tokens; TFLOP/s (% of torch.matmul)")
+    totals: dict[str, float] = {"best version per shape": 0.0}
+    for d_in, d_out, calls in STEP_LAYERS:
+        passes = (
+            (tokens, d_out, d_in, False, True),  # forward: x W^T
+            (tokens, d_in, d_out, False, False),  # dX = dY W
+            (d_out, d_in, tokens, True, False),  # dW = dY^T X
+        )
+        for m, n, k, ta, tb in passes:
+            times = time_shape(m, n, k, ta, tb, versions, quick=True)
+            print_row(m, n, k, ta, tb, times)
+            for name, ms in times.items():
+                totals[name] = totals.get(name, 0.0) + calls * ms
+            totals["best version per shape"] += calls * min(ms for name, ms in times.items() if name != "cuBLAS")
+    print("step total (ms): " + " | ".join(f"{name} {ms:.2f}" for name, ms in totals.items()))
 
 
 if __name__ == "__main__":
