@@ -367,8 +367,8 @@ def vector_friendly(out, a, b, m: int, n: int, k: int, ta: bool, tb: bool) -> bo
 AUTO_TILES = (("tma", 128, 128, 1.0), ("coop", 256, 128, 2 / 1.35), ("coop", 256, 192, 3 / 1.09))
 # Split-K (part 3), for few output tiles and a long K (GPT-2's weight gradients): each
 # 256 x 128 tile's k-steps are cut into S aligned pieces, one block each, all in one
-# wave, or in as few rounds as the pieces need (stream-K's walk on a grid of tiles x S: its
-# even shares fall on the split points). Each piece is stored as float32 in slice s of a (S, batch, M, N) workspace,
+# wave (stream-K's walk on a grid of tiles x S: its even shares fall on the split
+# points). Each piece is stored as float32 in slice s of a (S, batch, M, N) workspace,
 # and a second kernel on every SM sums the slices. Fitted to the H100 (e4e6373, dW
 # 768 x 768 at S = 1...7): the split GEMM costs SPLIT_K_FIXED k-steps more than its
 # pieces' k-steps (its pipeline fill and float32 stores: ~12 us), the sum SPLIT_K_SUM_US
@@ -379,16 +379,13 @@ SPLIT_K_FIXED = 25.0
 SPLIT_K_SUM_US = 1.7
 SPLIT_K_SUM_GBPS = 7500.0
 SPLIT_K_MARGIN = 0.9
-SPLIT_K_MAX = 16  # pieces per tile
 
 
 def split_k(m: int, n: int, k: int, batch: int, sms: int) -> tuple[int, float]:
-    """(S, cost): the best split of each 256 x 128 tile's K (S = 1: none), and its time in
-    AUTO_TILES's unit (a 128 x 128 tile over the whole K). The tiles x S pieces take
-    rounds of one per SM: 72 tiles (a 3072 x 768 dW) cannot split in one round of 132, but
-    in 7 pieces they take 4 rounds of 37 k-steps instead of one of 256."""
+    """(S, cost): the best split of each 256 x 128 tile's K that still runs in one wave
+    (S = 1: none), and its time in AUTO_TILES's unit (a 128 x 128 tile over the whole K)."""
     tiles, num_k = _cdiv(m, 256) * _cdiv(n, 128) * batch, _cdiv(k, 64)
-    options = range(1, min(num_k, SPLIT_K_MAX) + 1)
+    options = range(1, max(1, min(sms // tiles, num_k)) + 1)
 
     def sum_steps(s: int) -> float:  # the second kernel, in k-steps
         if s == 1:
@@ -396,10 +393,7 @@ def split_k(m: int, n: int, k: int, batch: int, sms: int) -> tuple[int, float]:
         moved = batch * m * n * (4 * s + 2)  # read the slices, write the output
         return (SPLIT_K_SUM_US + moved / (SPLIT_K_SUM_GBPS * 1e3)) / K_STEP_US
 
-    def steps(s: int) -> float:  # the split GEMM: its rounds of pieces, in k-steps
-        return _cdiv(tiles * s, sms) * _cdiv(num_k, s) * 2 / 1.35 + (SPLIT_K_FIXED if s > 1 else 0)
-
-    cost = {s: (steps(s) + sum_steps(s)) / num_k for s in options}
+    cost = {s: (_cdiv(num_k, s) * 2 / 1.35 + (SPLIT_K_FIXED if s > 1 else 0) + sum_steps(s)) / num_k for s in options}
     best = min(cost, key=cost.get)
     return best, cost[best]
 
