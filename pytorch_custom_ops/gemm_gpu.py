@@ -165,6 +165,7 @@ PP_CONFIGS = (
     (256, 128, 1, True, 0),
     (256, 128, 2, True, 0),
     (256, 192, 1, True, 0),
+    (128, 192, 1, True, 0),
     (256, 128, 1, True, 1),
     (256, 128, 1, True, 2),
 )
@@ -221,6 +222,7 @@ VERSIONS = {  # name: (kind, BM, BN)
     "COOP_256x128": ("coop", 256, 128),  # each consumer 128 x 128: cuBLAS's tile on the H100
     "COOP_MULTICAST_256x128": ("coop_multicast", 256, 128),  # ... in clusters of 2 sharing A
     "COOP_256x192": ("coop", 256, 192),  # each consumer 128 x 192: 8192 x 768 is 128 tiles, one wave
+    "COOP_128x192": ("coop", 128, 192),  # each consumer 64 x 192: a 3072 x 768 dW is 96 tiles, not 72
     "STREAMK_256x128": ("coop_streamk", 256, 128),  # COOP_256x128 with the k-steps shared evenly (stream-K)
     "SPLITK_256x128": ("coop_splitk", 256, 128),  # ... cut into equal pieces per tile, one wave (split-K)
 }

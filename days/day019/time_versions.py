@@ -29,6 +29,7 @@ VERSIONS = (
     "COOP_256x128",
     "COOP_MULTICAST_256x128",
     "COOP_256x192",
+    "COOP_128x192",
     "STREAMK_256x128",
     "SPLITK_256x128",
     "AUTO",
