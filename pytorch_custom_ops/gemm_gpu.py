@@ -364,9 +364,18 @@ def vector_friendly(out, a, b, m: int, n: int, k: int, ta: bool, tb: bool) -> bo
 #     rounds on 132 SMs, the second 45% full) but 128 of 256 x 192 (one): 82-86% of
 #     cuBLAS against 72-73% at K = 2304 and 3072, level at K = 768. At 8192 x 2304 it
 #     would save two rounds of five and lose (64% against 76%).
+#   * version 4's cooperative 128 x 192 (each consumer 64 x 192): 1.5 times the work at
+#     ~1.07x the rate (day 020, 16384 tokens). For outputs whose 256 x 128 tiles leave SMs
+#     idle: a 3072 x 768 dW is 72 of them (55% of 132 SMs) but 96 of these, 72% of cuBLAS
+#     against 68%. Last in the list, so near-ties never pick it.
 # Near-ties (within 2%) go to the earlier, smaller tile. Examples: a dW of GPT-2
 # (768 x 2304, K = 8192) has 108 square tiles (one round) and 54 wide ones: 128 x 128.
-AUTO_TILES = (("tma", 128, 128, 1.0), ("coop", 256, 128, 2 / 1.35), ("coop", 256, 192, 3 / 1.09))
+AUTO_TILES = (
+    ("tma", 128, 128, 1.0),
+    ("coop", 256, 128, 2 / 1.35),
+    ("coop", 256, 192, 3 / 1.09),
+    ("coop", 128, 192, 1.5 / 1.07),
+)
 # Split-K (part 3), for few output tiles and a long K (GPT-2's weight gradients): each
 # 256 x 128 tile's k-steps are cut into S aligned pieces, one block each, all in one
 # wave (stream-K's walk on a grid of tiles x S: its even shares fall on the split

@@ -116,7 +116,8 @@ AUTO = [
     ((768, 768, 8192, BF16, None), "splitk 256x128"),  # 18 wide tiles x 7 pieces: 126 blocks
     ((768, 2304, 8192, BF16, None), "tma 128x128"),  # 108 square tiles, one wave: 2 pieces do not pay
     ((768, 2304, 16384, BF16, None), "splitk 256x128"),  # ... but do at twice the K (the 124M step)
-    ((3072, 768, 8192, BF16, None), "coop 256x128"),  # 72 wide tiles: 2 pieces each would take two waves
+    ((3072, 768, 8192, BF16, None), "coop 128x192"),  # 72 wide tiles (55% of the SMs), 96 of 128 x 192
+    ((768, 3072, 16384, BF16, None), "coop 128x192"),  # the 124M step's other 3072-wide dW
     ((64, 2304, 768, BF16, None), "tma 128x128"),  # 64 tokens: a 256-row tile would be 3/4 empty
     ((1000, 1000, 1000, BF16, None), "tma 128x128"),
     ((1, 8, 8, BF16, None), "tma 128x128"),
