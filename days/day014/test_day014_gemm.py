@@ -283,7 +283,7 @@ BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.flo
 BRANCHES = [
     ("AUTO", BF16, None, 200, 264, 136, "tma 128x128"),
     ("AUTO", FP16, None, 1536, 2816, 72, "coop 256x128"),  # 6 x 22 = 132 wide tiles: version 4
-    ("AUTO", BF16, 33, 200, 264, 72, "coop 256x128"),  # the batch fills the grid
+    ("AUTO", BF16, 33, 200, 264, 72, "coop 128x192"),  # 132 tiles of 128 x 192 fill the grid (99 of 256 x 128)
     ("AUTO", BF16, None, 201, 135, 77, "mma 64 novec"),
     ("AUTO", FP16, None, 1601, 1601, 33, "mma 128 novec"),
     ("MMA_SYNC", BF16, None, 200, 264, 136, "mma 64 vec"),

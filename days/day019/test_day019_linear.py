@@ -158,7 +158,8 @@ def test_fused_tile_follows_auto_and_forced_versions():
     from pytorch_custom_ops.linear import linear_tile
 
     assert linear_tile(8192, 3072, 768, None) == ("coop", 256, 128)  # 768 wide tiles
-    assert linear_tile(1024, 3072, 768, None) == ("coop", 256, 128)  # 96 wide: one wave
+    assert linear_tile(1024, 3072, 768, None) == ("coop", 128, 192)  # 128 of these, 96 wide: both one round
+    assert linear_tile(1024, 3072, 768, None, gelu=True) == ("coop", 256, 128)  # GELU keeps 128 columns
     assert linear_tile(64, 2304, 768, None) == ("pingpong", 128, 128)  # a 256-row tile: 3/4 empty
     assert linear_tile(8192, 768, 3072, None) == ("coop", 256, 192)  # 128 tiles: one round
     assert linear_tile(8192, 768, 3072, None, gelu=True) == ("coop", 256, 128)  # GELU spills at 192
@@ -214,9 +215,12 @@ def test_cuda_gpt2_mlp_shapes_and_a_broadcast_residual(launched):
         row = torch.randn(3072, device="cuda", dtype=BF16)  # one row for every token
         close(pco.linear(x, w, None, None, row), reference(x, w, None, None, row), BF16)
     assert len(launched) == 2
-    # 1024 x 3072: 96 tiles of 256 x 128 (one wave) against 192 of 128 x 128 (two): AUTO's
-    # cooperative wide tile, no cluster, no stream-K (keys end in CLUSTER, COOP, STREAM_K)
-    assert all(".256.128." in key and key.endswith(".1.1.0") for key in launched)
+    # 1024 x 3072: one round of 128 x 192 tiles (AUTO) for the residual layer, of 256 x 128 for
+    # GELU (its epilogue keeps 128 columns); cooperative, no cluster, no split (keys end in
+    # CLUSTER, COOP, SPLIT)
+    gelu_key, residual_key = launched
+    assert ".256.128." in gelu_key and ".128.192." in residual_key
+    assert all(key.endswith(".1.1.0") for key in launched)
     strided_bias = torch.randn(2 * 3072, device="cuda", dtype=BF16)[::2]  # a view, stride 2
     wt = w.t().contiguous().t()  # a transposed layout: copied, not misread
     with torch.no_grad():
