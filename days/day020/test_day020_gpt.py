@@ -252,6 +252,36 @@ def test_a_captured_step_computes_the_eager_losses(tmp_path, impl):
         assert abs(a["train_loss"] - b["train_loss"]) <= 1e-4 * b["train_loss"], (a, b)
 
 
+@pytest.mark.slow
+def test_scaling_runs_one_and_two_processes_and_stores_stamped_rows(tmp_path, capsys, monkeypatch):
+    """days/day020/scaling.py on the CPU (two gloo ranks): both runs' rows land in the CSV
+    with the stamp, the GPU count and the mode, and the two curves agree."""
+    from days.day020 import scaling
+
+    D.build(tmp_path / "data", max_bytes=400_000)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # `-m days.day020.train` from the repository root
+    out = tmp_path / "scaling.csv"
+    argv = ["--out", str(out), "--impl", "torch", "--mode", "eager", "--config", "tiny", "--batch", "4"]
+    argv += ["--seq", "32", "--steps", "20", "--data", str(tmp_path / "data")]
+    assert scaling.main(argv) == 0
+    with open(out) as f:
+        assert next(csv.reader(f)) == scaling.FIELDS
+    with open(out) as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["gpus"], r["step"]) for r in rows] == [("1", "10"), ("1", "20"), ("2", "10"), ("2", "20")]
+    assert all(r["mode"] == "eager" and r["impl"] == "torch" and r["git_commit"] for r in rows)
+    for a, b in zip(rows[:2], rows[2:], strict=True):
+        assert abs(float(a["train_loss"]) - float(b["train_loss"])) <= 1e-4 * float(a["train_loss"])
+    assert "scaling" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="columns"):  # another file's columns: refused, not mixed
+        bad = tmp_path / "other.csv"
+        bad.write_text("a,b\n")
+        scaling.main(["--out", str(bad), "--impl", "torch", "--mode", "eager"])
+
+
 def test_resume_without_a_checkpoint_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         T.train(_args(tmp_path, "torch", 2, resume=True))
