@@ -30,6 +30,7 @@ import time
 import torch
 
 from days.day020.model import CONFIGS, GPT, GPTConfig
+from days.day020.step import training_snapshot
 
 from ..harness import failure_reason
 from .day016 import _free, cuda_graph, strict_ops
@@ -84,15 +85,9 @@ class Trainer:
         )
         self.step = self._step
         if graph:
-            start = [p.detach().clone() for p in self.model.parameters()]
+            restore = training_snapshot(list(self.model.parameters()), self.opt)
             self.step = cuda_graph(self._step)  # its warm-up steps train the model: undo them
-            with torch.no_grad():
-                for p, p0 in zip(self.model.parameters(), start, strict=True):
-                    p.copy_(p0)
-                for state in self.opt.state.values():  # a fresh AdamW: zero moments, step 0
-                    for t in state.values():
-                        if torch.is_tensor(t):
-                            t.zero_()
+            restore()
 
     def loss(self) -> torch.Tensor:
         with self.amp:

@@ -18,6 +18,8 @@ gradients over NVLink), against ~40 ms of compute per rank.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -110,10 +112,8 @@ class Stepper:
         """Capture one step. The warm-up steps before it really train, so the parameters and
         the optimizer's state are put back afterwards: the first replay is the run's first
         step (or, after --resume, its next one)."""
-        params = list(self.model.parameters())
-        saved_params = [p.detach().clone() for p in params]
-        saved_state = {id(t): t.clone() for s in self.opt.state.values() for t in s.values() if torch.is_tensor(t)}
-        device = params[0].device
+        restore = training_snapshot(list(self.model.parameters()), self.opt)
+        device = next(self.model.parameters()).device
         for group in self.opt.param_groups:  # the graph reads lr from a tensor that each step fills
             group["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float32, device=device)
         self.x = torch.zeros(batch_shape, dtype=torch.long, device=device)
@@ -127,16 +127,30 @@ class Stepper:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.loss = self._step(self.x, self.y)
-        with torch.no_grad():
-            for p, p0 in zip(params, saved_params, strict=True):
-                p.copy_(p0)
-            for state in self.opt.state.values():
-                for t in state.values():
-                    if not torch.is_tensor(t):
-                        continue
-                    if id(t) in saved_state:  # resumed: the checkpoint's moments
-                        t.copy_(saved_state[id(t)])
-                    else:  # a fresh AdamW: zero moments, step 0
-                        t.zero_()
+        restore()
 
     # --8<-- [end:capture]
+
+
+def training_snapshot(params: list[torch.Tensor], opt: torch.optim.Optimizer) -> Callable[[], None]:
+    """A function that puts `params` and `opt`'s state back, in place, as they are now.
+    State the optimizer creates later (its first step's moments and step count) is zeroed:
+    AdamW as if it had never stepped. Warm-up steps before a CUDA graph capture train for
+    real; this undoes them without moving any tensor the graph reads."""
+    saved_params = [p.detach().clone() for p in params]
+    saved_state = {id(t): t.clone() for s in opt.state.values() for t in s.values() if torch.is_tensor(t)}
+
+    @torch.no_grad()
+    def restore() -> None:
+        for p, p0 in zip(params, saved_params, strict=True):
+            p.copy_(p0)
+        for state in opt.state.values():
+            for t in state.values():
+                if not torch.is_tensor(t):
+                    continue
+                if id(t) in saved_state:  # resumed: the checkpoint's moments
+                    t.copy_(saved_state[id(t)])
+                else:  # a fresh AdamW: zero moments, step 0
+                    t.zero_()
+
+    return restore

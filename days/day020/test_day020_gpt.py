@@ -20,7 +20,7 @@ import torch
 from days.day020 import data as D
 from days.day020 import train as T
 from days.day020.model import CONFIGS, GPT, GPTConfig, twins
-from days.day020.step import FlatGrads, Stepper
+from days.day020.step import FlatGrads, Stepper, training_snapshot
 
 TINY = CONFIGS["tiny"]
 
@@ -222,6 +222,37 @@ def test_flat_gradients_are_views_that_backward_fills():
     assert flat.buffer.abs().sum() > 0
     with pytest.raises(ValueError, match="one dtype and device"):
         FlatGrads([torch.zeros(2), torch.zeros(2, dtype=torch.float64)])
+
+
+def test_a_training_snapshot_undoes_steps_in_place():
+    """What a capture's warm-up steps change comes back: parameters, the moments AdamW had,
+    and the state it created since (zeroed: a fresh AdamW), in the same tensors."""
+    model = GPT(TINY, "torch").init_weights(0)
+    opt = T.make_optimizer(model, 1e-2, 0.1, "cpu")
+    idx = torch.randint(0, TINY.vocab_size, (2, 9), generator=torch.Generator().manual_seed(6))
+
+    def step():
+        opt.zero_grad()
+        model(idx, idx.roll(1, 1))[1].backward()
+        opt.step()
+
+    params = list(model.parameters())
+    fresh = training_snapshot(params, opt)
+    before = [p.detach().clone() for p in params]
+    step()
+    moments = {id(t): t.clone() for s in opt.state.values() for t in s.values()}
+    tensors = [t for s in opt.state.values() for t in s.values()]
+    resumed = training_snapshot(params, opt)
+    after_one = [p.detach().clone() for p in params]
+    step()
+    step()
+    resumed()  # back to after one step, moments included
+    assert all(torch.equal(p, q) for p, q in zip(params, after_one, strict=True))
+    assert all(torch.equal(t, moments[id(t)]) for s in opt.state.values() for t in s.values())
+    fresh()  # back to the start: moments and step counts zero, in the same tensors
+    assert all(torch.equal(p, q) for p, q in zip(params, before, strict=True))
+    assert all(a is b for a, b in zip([t for s in opt.state.values() for t in s.values()], tensors, strict=True))
+    assert all(not t.any() for t in tensors)
 
 
 def test_a_captured_step_is_refused_without_cuda(tmp_path):
