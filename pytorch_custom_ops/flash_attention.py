@@ -78,10 +78,12 @@ def _(grad_out, q, k, v, out, lse, causal, scale):
 
 
 def setup_attention_context(ctx, inputs, output):
-    """Save what every attention backward reads (day 017's and day 018's ops)."""
-    q, k, v, causal, scale = inputs
+    """Save what every attention backward reads (day 017's and day 018's ops, and the packed
+    one): the tensor inputs (q, k, v, or qkv), then out and lse."""
+    *tensors, causal, scale = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(*tensors, out, lse)
+    ctx.inputs = len(tensors)
     ctx.causal, ctx.scale = causal, scale
     ctx.set_materialize_grads(False)  # no zero-filled gradient for lse (backwards take grad_out None)
     ctx.mark_non_differentiable(lse)
@@ -89,14 +91,14 @@ def setup_attention_context(ctx, inputs, output):
 
 def attention_backward_with(run):
     """The autograd backward of an op saved by `setup_attention_context`:
-    `run(grad_out, q, k, v, out, lse, causal, scale) -> (dq, dk, dv)` computes the gradients."""
+    `run(grad_out, *tensor inputs, out, lse, causal, scale)` computes the gradients of the
+    tensor inputs ((dq, dk, dv), or d(qkv) for the packed op)."""
 
     def backward(ctx, grad_out, _grad_lse):
         if grad_out is None:  # only lse got a gradient, and lse is not differentiable
-            return None, None, None, None, None
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = run(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale)
-        return dq, dk, dv, None, None
+            return (None,) * (ctx.inputs + 2)
+        grads = run(grad_out, *ctx.saved_tensors, ctx.causal, ctx.scale)
+        return (*((grads,) if isinstance(grads, Tensor) else grads), None, None)
 
     return backward
 
@@ -199,30 +201,12 @@ def _(grad_out, qkv, out, lse, causal, scale):
     return qkv.new_empty(qkv.shape)
 
 
-def _setup_packed(ctx, inputs, output):
-    qkv, causal, scale = inputs
-    out, lse = output
-    ctx.save_for_backward(qkv, out, lse)
-    ctx.causal, ctx.scale = causal, scale
-    ctx.set_materialize_grads(False)
-    ctx.mark_non_differentiable(lse)
-
-
-def _packed_backward_with(run):
-    def backward(ctx, grad_out, _grad_lse):
-        if grad_out is None:
-            return None, None, None
-        qkv, out, lse = ctx.saved_tensors
-        return run(grad_out, qkv, out, lse, ctx.causal, ctx.scale), None, None
-
-    return backward
-
-
 _qkvpacked.register_autograd(
-    _packed_backward_with(torch.ops.gpu_days.flash_attention_qkvpacked_backward), setup_context=_setup_packed
+    attention_backward_with(torch.ops.gpu_days.flash_attention_qkvpacked_backward),
+    setup_context=setup_attention_context,
 )
 _packed_autograd = eager.function(
-    "FlashAttentionQKVPacked", _packed_forward, _setup_packed, _packed_backward_with(_packed_backward)
+    "FlashAttentionQKVPacked", _packed_forward, setup_attention_context, attention_backward_with(_packed_backward)
 )
 
 
