@@ -4,6 +4,7 @@
     y = pco.softmax(x, dim=-1)             # torch.ops.gpu_days.softmax (day012)
     y = pco.online_softmax(x, dim=-1)      # day009's one-pass kernel
     y = pco.layer_norm(x, (d,), w, b)      # day013, differentiable through its Mojo backward
+    s, y = pco.add_layer_norm(x, delta, (d,), w, b)  # x + delta, then its LayerNorm: one pass
     c = pco.gemm(a, b, alpha=2.0)          # day014
     y = pco.linear(x, w, b, "gelu_tanh")   # day019: x Wᵀ + b, GELU, + residual in one launch
     with pco.gemm_version("TMA_128x256"):   # force one of day014's GEMM versions
@@ -19,6 +20,7 @@ warn once and fall back to torch; GPU_DAYS_STRICT=1 turns that into an error.
 """
 
 from . import softmax_family
+from .add_layer_norm import MojoAddLayerNorm, add_layer_norm
 from .attention import MojoAttention, attention
 from .contract import ContractError, OpSpec, TensorArg
 from .cross_entropy import cross_entropy, cross_entropy_backward_kernel, cross_entropy_kernel
@@ -65,6 +67,8 @@ def use_mojo(op: str) -> bool:
 
 __all__ = [
     "KERNELS",
+    "MojoAddLayerNorm",
+    "add_layer_norm",
     "MojoAttention",
     "attention",
     "ContractError",

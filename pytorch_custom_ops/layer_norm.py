@@ -95,30 +95,42 @@ def _vector_widths(dtype: torch.dtype) -> tuple[int, int]:
 
 
 _MODULE = "days.day013.layer_norm"
-_PTRS7, _ROWS_COLS = ("ptr",) * 7, ("i64", "i64")
+# (dtype, ldtype): x, weight and bias in dtype, y (and delta, dy) in ldtype. Plain calls
+# use (d, d); the fused form of day 020 also takes a float32 residual stream with bf16 or
+# fp16 on its low side (what autocast's matrix products read and write).
+DTYPE_PAIRS = tuple((d, d) for d in FLOAT_DTYPES) + ((torch.float32, torch.bfloat16), (torch.float32, torch.float16))
+# y, mean, rstd, x, weight, bias, eps, delta, x_sum | rows, cols, flags
+_FWD_ARGS = ("ptr",) * 9 + ("i64",) * 3
+# grad_x, partials, grad_out, x, weight, mean, rstd, grad_resid, grad_low | rows, cols, flags
+_BWD_ARGS = ("ptr",) * 9 + ("i64",) * 3
+# flags (the kernels' ADD_DELTA, ADD_GRAD, WRITE_LOW)
+ADD_DELTA = 1  # forward: normalise x + delta and write that sum
+ADD_GRAD, WRITE_LOW = 1, 2  # backward: add grad_resid into grad_x; write grad_x in ldtype too
 LN_FWD = KernelFamily(
     _MODULE,
     "layer_norm_fwd_kernel",
-    args=_PTRS7 + _ROWS_COLS,  # y, mean, rstd, x, weight, bias, eps, rows, cols
-    variants=tuple((d, v, *t) for d in FLOAT_DTYPES for v in _vector_widths(d) for t in FWD_TIERS),
+    args=_FWD_ARGS,
+    variants=tuple((d, ld, v, *t) for d, ld in DTYPE_PAIRS for v in _vector_widths(d) for t in FWD_TIERS),
 )
 LN_FWD_STREAM = KernelFamily(
     _MODULE,
     "layer_norm_fwd_stream_kernel",
-    args=_PTRS7 + _ROWS_COLS,
-    variants=tuple((d, v, STREAM_THREADS) for d in FLOAT_DTYPES for v in _vector_widths(d)),
+    args=_FWD_ARGS,
+    variants=tuple((d, ld, v, STREAM_THREADS) for d, ld in DTYPE_PAIRS for v in _vector_widths(d)),
 )
 LN_BWD = KernelFamily(
     _MODULE,
     "layer_norm_bwd_kernel",
-    args=_PTRS7 + _ROWS_COLS,  # grad_x, partials, grad_out, x, weight, mean, rstd, rows, cols
-    variants=tuple((d, _accum(d), v, *t[:3]) for d in FLOAT_DTYPES for v in _vector_widths(d) for t in BWD_TIERS),
+    args=_BWD_ARGS,
+    variants=tuple(
+        (d, ld, _accum(d), v, *t[:3]) for d, ld in DTYPE_PAIRS for v in _vector_widths(d) for t in BWD_TIERS
+    ),
 )
 LN_BWD_STREAM = KernelFamily(
     _MODULE,
     "layer_norm_bwd_stream_kernel",
-    args=_PTRS7 + _ROWS_COLS,
-    variants=tuple((d, _accum(d), v, STREAM_THREADS) for d in FLOAT_DTYPES for v in _vector_widths(d)),
+    args=_BWD_ARGS,
+    variants=tuple((d, ld, _accum(d), v, STREAM_THREADS) for d, ld in DTYPE_PAIRS for v in _vector_widths(d)),
 )
 LN_SUM_PARTIALS = KernelFamily(
     _MODULE,
@@ -155,21 +167,29 @@ def _ceildiv(a: int, b: int) -> int:
 
 
 # --8<-- [start:gpu_plan]
-@direct.plan(LN_FWD, LN_FWD_STREAM)
-def _layer_norm_gpu(outputs, inputs, params) -> list[direct.Launch]:
-    (y, mean, rstd), (x, weight, bias, eps) = outputs, inputs
+def forward_launches(y, mean, rstd, x, weight, bias, eps, delta=None, x_sum=None) -> list[direct.Launch]:
+    """The forward's launch: y (in its own dtype, x's or a lower one) = LayerNorm of x, or
+    of x + delta with that sum written to x_sum (day 020's fused residual add)."""
     rows, cols = x.shape
-    vec = _vector_width(cols, y, x, weight, bias)
+    fused = delta is not None
+    vec = _vector_width(cols, x, y, weight, bias, *((delta, x_sum) if fused else ()))  # VEC counts x's elements
     args = (y.data_ptr(), mean.data_ptr(), rstd.data_ptr(), x.data_ptr(), weight.data_ptr(), bias.data_ptr())
-    args += (eps.data_ptr(), rows, cols)
+    args += (eps.data_ptr(), delta.data_ptr() if fused else 0, x_sum.data_ptr() if fused else 0)
+    args += (rows, cols, ADD_DELTA if fused else 0)
     nvec = cols // vec
     for tpr, items, per_block in FWD_TIERS:
         if nvec <= tpr * items:
-            kernel = LN_FWD[x.dtype, vec, tpr, items, per_block]
+            kernel = LN_FWD[x.dtype, y.dtype, vec, tpr, items, per_block]
             grid = min(_ceildiv(rows, per_block), MAX_GRID)
             return [direct.Launch(kernel, grid=grid, block=tpr * per_block, args=args)]
-    kernel = LN_FWD_STREAM[x.dtype, vec, STREAM_THREADS]
+    kernel = LN_FWD_STREAM[x.dtype, y.dtype, vec, STREAM_THREADS]
     return [direct.Launch(kernel, grid=min(rows, MAX_GRID), block=STREAM_THREADS, args=args)]
+
+
+@direct.plan(LN_FWD, LN_FWD_STREAM)
+def _layer_norm_gpu(outputs, inputs, params) -> list[direct.Launch]:
+    (y, mean, rstd), (x, weight, bias, eps) = outputs, inputs
+    return forward_launches(y, mean, rstd, x, weight, bias, eps)
 
 
 def _workers(groups: int, sms: int, per_sm: int) -> int:
@@ -187,26 +207,33 @@ class _LaunchesWithWorkspace(list):
     workspace: torch.Tensor
 
 
-@direct.plan(LN_BWD, LN_BWD_STREAM, LN_SUM_PARTIALS)
-def _layer_norm_backward_gpu(outputs, inputs, params) -> list[direct.Launch]:
+def backward_launches(
+    grad_x, grad_weight, grad_bias, grad_out, x, weight, mean, rstd, grad_resid=None, grad_low=None
+) -> list[direct.Launch]:
     """Stage 1: grad_x and one row of [sum dy * xhat | sum dy] per block into a
-    (blocks, 2 * cols) workspace. Stage 2: sum_partials adds those rows up."""
-    (grad_x, grad_weight, grad_bias), (grad_out, x, weight, mean, rstd) = outputs, inputs
+    (blocks, 2 * cols) workspace. Stage 2: sum_partials adds those rows up.
+    grad_out is in the forward's y dtype; the fused form adds grad_resid into grad_x and
+    writes grad_x again as grad_low (in grad_out's dtype)."""
     rows, cols = x.shape
     dtype, acc = x.dtype, _accum(x.dtype)
-    vec = _vector_width(cols, grad_x, grad_out, x, weight)
+    extra = tuple(t for t in (grad_resid, grad_low) if t is not None)
+    vec = _vector_width(cols, grad_x, grad_out, x, weight, *extra)
     nvec = cols // vec
     worker_smem = 2 * cols * acc.itemsize  # the kernel's [dw | db] column sums per worker
     tpr, items, per_block, per_sm = next(
         (t for t in BWD_TIERS if nvec <= t[0] * t[1] and t[2] * worker_smem <= SMEM_CAP), _BWD_STREAM_TIER
     )
+    ldtype = grad_out.dtype
     if items:
-        kernel, block, smem = LN_BWD[dtype, acc, vec, tpr, items, per_block], tpr * per_block, per_block * worker_smem
+        kernel = LN_BWD[dtype, ldtype, acc, vec, tpr, items, per_block]
+        block, smem = tpr * per_block, per_block * worker_smem
     else:  # streaming: the block keeps its sums in its row of the workspace
-        kernel, block, smem = LN_BWD_STREAM[dtype, acc, vec, tpr], tpr, 0
+        kernel, block, smem = LN_BWD_STREAM[dtype, ldtype, acc, vec, tpr], tpr, 0
     grid = _workers(_ceildiv(rows, per_block), sm_count(x.device), per_sm)
     partials = direct.scratch((grid, 2 * cols), acc, x.device)
     ptrs = (grad_out.data_ptr(), x.data_ptr(), weight.data_ptr(), mean.data_ptr(), rstd.data_ptr())
+    fused = (0 if grad_resid is None else grad_resid.data_ptr(), 0 if grad_low is None else grad_low.data_ptr())
+    flags = (ADD_GRAD if grad_resid is not None else 0) | (WRITE_LOW if grad_low is not None else 0)
     launches = _LaunchesWithWorkspace(
         [
             direct.Launch(
@@ -214,7 +241,7 @@ def _layer_norm_backward_gpu(outputs, inputs, params) -> list[direct.Launch]:
                 grid=grid,
                 block=block,
                 smem=smem,
-                args=(grad_x.data_ptr(), partials.data_ptr(), *ptrs, rows, cols),
+                args=(grad_x.data_ptr(), partials.data_ptr(), *ptrs, *fused, rows, cols, flags),
             ),
             direct.Launch(
                 LN_SUM_PARTIALS[dtype, acc, SUM_COLS, SUM_LANES],
@@ -226,6 +253,12 @@ def _layer_norm_backward_gpu(outputs, inputs, params) -> list[direct.Launch]:
     )
     launches.workspace = partials
     return launches
+
+
+@direct.plan(LN_BWD, LN_BWD_STREAM, LN_SUM_PARTIALS)
+def _layer_norm_backward_gpu(outputs, inputs, params) -> list[direct.Launch]:
+    (grad_x, grad_weight, grad_bias), (grad_out, x, weight, mean, rstd) = outputs, inputs
+    return backward_launches(grad_x, grad_weight, grad_bias, grad_out, x, weight, mean, rstd)
 
 
 # --8<-- [end:gpu_plan]

@@ -60,9 +60,11 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "day013": {
         # a warp per row: butterfly shuffles and 16-byte loads (no block barrier: checked below)
-        "day013.layer_norm_fwd_kernel.float32.4.32.8.8": (r"shfl\.sync\.bfly", r"ld\.global\.v4\.b32"),
-        "day013.layer_norm_fwd_kernel.bfloat16.8.256.4.1": (r"shfl\.sync\.bfly", r"bar\.sync", r"ld\.global\.v4\.b32"),
-        "day013.layer_norm_fwd_stream_kernel.float32.4.512": (
+        "day013.layer_norm_fwd_kernel.float32.float32.4.32.8.8": (r"shfl\.sync\.bfly", r"ld\.global\.v4\.b32"),
+        # day 020's fused form: 4 float32 of x and 4 bf16 of delta (8 bytes) per load
+        "day013.layer_norm_fwd_kernel.float32.bfloat16.4.32.8.8": (r"ld\.global\.v4\.b32", r"ld\.global\.v4\.b16"),
+        "day013.layer_norm_fwd_kernel.bfloat16.bfloat16.8.256.4.1": (r"shfl\.sync\.bfly", r"bar\.sync", r"ld\.global\.v4\.b32"),
+        "day013.layer_norm_fwd_stream_kernel.float32.float32.4.512": (
             r"shfl\.sync\.bfly",
             r"bar\.sync",
             r"ld\.global\.v4\.b32",
@@ -74,8 +76,8 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
             r"ld\.global\.v4\.b32",
             r"\.extern \.shared",
         ),
-        "day013.layer_norm_bwd_kernel.float64.float64.2.512.8.1": (r"ld\.global\.v2\.b64", r"\.extern \.shared"),
-        "day013.layer_norm_bwd_stream_kernel.float32.float32.4.512": (r"shfl\.sync\.bfly", r"bar\.sync"),
+        "day013.layer_norm_bwd_kernel.float64.float64.float64.2.512.8.1": (r"ld\.global\.v2\.b64", r"\.extern \.shared"),
+        "day013.layer_norm_bwd_stream_kernel.float32.float32.float32.4.512": (r"shfl\.sync\.bfly", r"bar\.sync"),
         "day013.sum_partials_kernel.float32.float32.32.16": (r"bar\.sync",),
     },
     "day014": {
@@ -232,7 +234,7 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
 # day -> {kernel-key glob: PTX regexes that must NOT appear}
 PTX_ABSENT: dict[str, dict[str, tuple[str, ...]]] = {  # a warp per row needs no block barrier
     "day012": {"day012.softmax_rows_kernel.float32.0.4.8.32.128": (r"bar\.sync",)},
-    "day013": {"day013.layer_norm_fwd_kernel.float32.4.32.8.8": (r"bar\.sync",)},
+    "day013": {"day013.layer_norm_fwd_kernel.float32.*.4.32.8.8": (r"bar\.sync",)},
     "day019": {
         "day019.gemm_pingpong_kernel.bfloat16.0.0.64.256.*.0.0.1.0.0": (r"ex2\.approx",),  # no GELU compiled in
         "day019.gemm_pingpong_kernel.*.1.1.0": (r"atom\.global",),  # whole tiles: no fix-up compiled in

@@ -44,6 +44,25 @@ from std.utils import StaticTuple
 from days.day009.online_softmax import accum_dtype
 
 
+# Flags of the fused forms (day 020), runtime values: one kernel serves the
+# plain and the fused calls, and a uniform branch per row costs nothing.
+comptime ADD_DELTA = Int64(1)  # forward: normalise x + delta, write that sum
+comptime ADD_GRAD = Int64(1)  # backward: add grad_resid into grad_x
+comptime WRITE_LOW = Int64(2)  # backward: write grad_x once more, in ldtype
+
+
+@always_inline
+def added[
+    dtype: DType, ldtype: DType, VEC: Int
+](x: SIMD[dtype, VEC], d: SIMD[ldtype, VEC]) -> SIMD[
+    dtype, VEC
+] where dtype.is_floating_point():
+    """x + d the way torch adds a float32 (or same-dtype) tensor and a lower
+    one: in the accumulation dtype, rounded once to x's dtype."""
+    comptime acc = accum_dtype[dtype]()
+    return (x.cast[acc]() + d.cast[acc]()).cast[dtype]()
+
+
 # --8<-- [start:merge]
 @always_inline
 def merge_stats[
@@ -183,31 +202,42 @@ def row_sums[
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(TPR * ROWS))
 )
-@__name(t"ln_fwd_{dtype}_v{VEC}_t{TPR}_i{ITEMS}_r{ROWS}")
+@__name(t"ln_fwd_{dtype}_{ldtype}_v{VEC}_t{TPR}_i{ITEMS}_r{ROWS}")
 def layer_norm_fwd_kernel[
-    dtype: DType, VEC: Int, TPR: Int, ITEMS: Int, ROWS: Int
+    dtype: DType, ldtype: DType, VEC: Int, TPR: Int, ITEMS: Int, ROWS: Int
 ](
-    y: Pointer[Scalar[dtype], MutAnyOrigin],
+    y: Pointer[Scalar[ldtype], MutAnyOrigin],
     mean_out: Pointer[Float32, MutAnyOrigin],
     rstd_out: Pointer[Float32, MutAnyOrigin],
     x: Pointer[Scalar[dtype], MutAnyOrigin],
     weight: Pointer[Scalar[dtype], MutAnyOrigin],
     bias: Pointer[Scalar[dtype], MutAnyOrigin],
     eps: Pointer[Float32, MutAnyOrigin],
+    delta: Pointer[Scalar[ldtype], MutAnyOrigin],
+    x_sum: Pointer[Scalar[dtype], MutAnyOrigin],
     rows: Int64,
     cols: Int64,
-) where dtype.is_floating_point():
+    flags: Int64,
+) where dtype.is_floating_point() and ldtype.is_floating_point():
     """TPR threads per row (32: a warp, ROWS rows per block; else the block,
     ROWS = 1). Thread t holds the vectors t, t + TPR, ... of its row in
     registers (ITEMS of them at most): x is read once. cols must be a multiple
-    of VEC, and every pointer 16-byte aligned when VEC > 1."""
+    of VEC, and every pointer 16-byte aligned when VEC > 1.
+
+    y is written in ldtype (dtype, or bfloat16/float16 next to a float32 x:
+    the dtype the next matrix product wants under autocast). With ADD_DELTA in
+    `flags` the row normalised is x + delta, rounded to dtype as torch's add
+    would, and that sum is written to x_sum (a pre-LN residual stream's add,
+    fused: day 020)."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     comptime ALIGN = VEC * size_of[dtype]()
+    comptime LALIGN = VEC * size_of[ldtype]()
     var n = Int(cols)
     var nvec = n // VEC
     var t = thread_idx.x % TPR
     var e = eps[unsafe_offset=0].cast[acc]()
+    var add = (flags & ADD_DELTA) != 0
     for row in range(
         block_idx.x * ROWS + thread_idx.x // TPR, Int(rows), grid_dim.x * ROWS
     ):
@@ -219,6 +249,14 @@ def layer_norm_fwd_kernel[
                 v[i] = x.unsafe_load[width=VEC, alignment=ALIGN](
                     base + (i * TPR + t) * VEC
                 )
+        if add:
+            comptime for i in range(ITEMS):
+                var j = base + (i * TPR + t) * VEC
+                if i * TPR + t < nvec:
+                    v[i] = added(
+                        v[i], delta.unsafe_load[width=VEC, alignment=LALIGN](j)
+                    )
+                    x_sum.unsafe_store[alignment=ALIGN](j, v[i])
         # 2. corrected two-pass statistics, both passes over registers:
         # m0 = sum(x) / n, then d = x - m0 gives mean = m0 + sum(d) / n and
         # var = sum(d^2) / n - (sum(d) / n)^2, where sum(d) is tiny: no
@@ -248,7 +286,7 @@ def layer_norm_fwd_kernel[
                 var b = bias.unsafe_load[width=VEC, alignment=ALIGN](j)
                 var xc = (v[i].cast[acc]() - m0) - corr
                 var out = xc * rstd * w.cast[acc]() + b.cast[acc]()
-                y.unsafe_store[alignment=ALIGN](base + j, out.cast[dtype]())
+                y.unsafe_store[alignment=LALIGN](base + j, out.cast[ldtype]())
 
 
 # --8<-- [end:forward_kernel]
@@ -257,29 +295,37 @@ def layer_norm_fwd_kernel[
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(TPR))
 )
-@__name(t"ln_fwd_stream_{dtype}_v{VEC}_t{TPR}")
+@__name(t"ln_fwd_stream_{dtype}_{ldtype}_v{VEC}_t{TPR}")
 def layer_norm_fwd_stream_kernel[
-    dtype: DType, VEC: Int, TPR: Int
+    dtype: DType, ldtype: DType, VEC: Int, TPR: Int
 ](
-    y: Pointer[Scalar[dtype], MutAnyOrigin],
+    y: Pointer[Scalar[ldtype], MutAnyOrigin],
     mean_out: Pointer[Float32, MutAnyOrigin],
     rstd_out: Pointer[Float32, MutAnyOrigin],
     x: Pointer[Scalar[dtype], MutAnyOrigin],
     weight: Pointer[Scalar[dtype], MutAnyOrigin],
     bias: Pointer[Scalar[dtype], MutAnyOrigin],
     eps: Pointer[Float32, MutAnyOrigin],
+    delta: Pointer[Scalar[ldtype], MutAnyOrigin],
+    x_sum: Pointer[Scalar[dtype], MutAnyOrigin],
     rows: Int64,
     cols: Int64,
-) where dtype.is_floating_point():
+    flags: Int64,
+) where dtype.is_floating_point() and ldtype.is_floating_point():
     """Rows too long for registers: one block per row, Welford-style merging of
-    per-vector statistics, then a second read of the row (mostly from L2)."""
+    per-vector statistics, then a second read of the row (mostly from L2).
+    With ADD_DELTA the first pass writes x + delta to x_sum and the second
+    reads it back (each thread its own vectors: no barrier needed)."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     comptime ALIGN = VEC * size_of[dtype]()
+    comptime LALIGN = VEC * size_of[ldtype]()
     var n = Int(cols)
     var nvec = n // VEC
     var t = thread_idx.x
     var e = eps[unsafe_offset=0].cast[acc]()
+    var add = (flags & ADD_DELTA) != 0
+    var src = x_sum if add else x  # what the second pass normalises
     for row in range(block_idx.x, Int(rows), grid_dim.x):
         var base = row * n
         var cnt = Scalar[acc](0)
@@ -287,6 +333,14 @@ def layer_norm_fwd_stream_kernel[
         var m2 = Scalar[acc](0)
         for j in range(t, nvec, TPR):
             var v = x.unsafe_load[width=VEC, alignment=ALIGN](base + j * VEC)
+            if add:
+                v = added(
+                    v,
+                    delta.unsafe_load[width=VEC, alignment=LALIGN](
+                        base + j * VEC
+                    ),
+                )
+                x_sum.unsafe_store[alignment=ALIGN](base + j * VEC, v)
             var p = vector_stats(v.cast[acc]())
             var o = merge_stats(cnt, mean, m2, p[0], p[1], p[2])
             cnt = o[0]
@@ -299,33 +353,44 @@ def layer_norm_fwd_stream_kernel[
             mean_out[unsafe_offset=row] = mean.cast[DType.float32]()
             rstd_out[unsafe_offset=row] = rstd.cast[DType.float32]()
         for j in range(t, nvec, TPR):
-            var v = x.unsafe_load[width=VEC, alignment=ALIGN](base + j * VEC)
+            var v = src.unsafe_load[width=VEC, alignment=ALIGN](base + j * VEC)
             var w = weight.unsafe_load[width=VEC, alignment=ALIGN](j * VEC)
             var b = bias.unsafe_load[width=VEC, alignment=ALIGN](j * VEC)
             var out = (v.cast[acc]() - mean) * rstd * w.cast[acc]() + b.cast[
                 acc
             ]()
-            y.unsafe_store[alignment=ALIGN](base + j * VEC, out.cast[dtype]())
+            y.unsafe_store[alignment=LALIGN](
+                base + j * VEC, out.cast[ldtype]()
+            )
 
 
 # --8<-- [start:backward_kernel]
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(TPR * ROWS))
 )
-@__name(t"ln_bwd_{dtype}_v{VEC}_t{TPR}_i{ITEMS}_r{ROWS}")
+@__name(t"ln_bwd_{dtype}_{ldtype}_v{VEC}_t{TPR}_i{ITEMS}_r{ROWS}")
 def layer_norm_bwd_kernel[
-    dtype: DType, acc: DType, VEC: Int, TPR: Int, ITEMS: Int, ROWS: Int
+    dtype: DType,
+    ldtype: DType,
+    acc: DType,
+    VEC: Int,
+    TPR: Int,
+    ITEMS: Int,
+    ROWS: Int,
 ](
     grad_x: Pointer[Scalar[dtype], MutAnyOrigin],
     partials: Pointer[Scalar[acc], MutAnyOrigin],
-    grad_out: Pointer[Scalar[dtype], MutAnyOrigin],
+    grad_out: Pointer[Scalar[ldtype], MutAnyOrigin],
     x: Pointer[Scalar[dtype], MutAnyOrigin],
     weight: Pointer[Scalar[dtype], MutAnyOrigin],
     mean_in: Pointer[Float32, MutAnyOrigin],
     rstd_in: Pointer[Float32, MutAnyOrigin],
+    grad_resid: Pointer[Scalar[dtype], MutAnyOrigin],
+    grad_low: Pointer[Scalar[ldtype], MutAnyOrigin],
     rows: Int64,
     cols: Int64,
-) where dtype.is_floating_point():
+    flags: Int64,
+) where dtype.is_floating_point() and ldtype.is_floating_point():
     """A persistent grid: each of the grid_dim.x * ROWS workers (a warp or a
     block) takes rows worker, worker + workers, ... With g = dy * w and
     xhat = (x - mean) * rstd, per row:
@@ -336,14 +401,22 @@ def layer_norm_bwd_kernel[
     Launch with 2 * cols * ROWS * sizeof(acc) bytes of dynamic shared memory.
     acc is accum_dtype[dtype]: a parameter only because the launch plan sizes
     the shared memory and the workspace by it, and this assert checks its
-    choice when the kernel is built."""
+    choice when the kernel is built.
+
+    The fused form (day 020): grad_out is in ldtype (the forward's y); with
+    ADD_GRAD the gradient that reached x + delta by the residual stream,
+    grad_resid, is added into grad_x, and with WRITE_LOW grad_x is written
+    once more in ldtype (delta's gradient)."""
     comptime assert acc == accum_dtype[dtype](), "acc: accum_dtype[dtype]"
     comptime assert acc.is_floating_point()
     comptime ALIGN = VEC * size_of[dtype]()
+    comptime LALIGN = VEC * size_of[ldtype]()
     comptime SALIGN = min(VEC * size_of[acc](), 16)
     var n = Int(cols)
     var nvec = n // VEC
     var t = thread_idx.x % TPR
+    var add_grad = (flags & ADD_GRAD) != 0
+    var write_low = (flags & WRITE_LOW) != 0
     var slot = thread_idx.x // TPR
     var sums = external_memory[
         Scalar[acc], address_space=AddressSpace.SHARED, alignment=16
@@ -361,13 +434,13 @@ def layer_norm_bwd_kernel[
     for row in range(block_idx.x * ROWS + slot, Int(rows), grid_dim.x * ROWS):
         var base = row * n
         var xv = Array[SIMD[dtype, VEC], ITEMS](fill=SIMD[dtype, VEC](0))
-        var dyv = Array[SIMD[dtype, VEC], ITEMS](fill=SIMD[dtype, VEC](0))
+        var dyv = Array[SIMD[ldtype, VEC], ITEMS](fill=SIMD[ldtype, VEC](0))
         comptime for i in range(ITEMS):
             if i * TPR + t < nvec:
                 xv[i] = x.unsafe_load[width=VEC, alignment=ALIGN](
                     base + (i * TPR + t) * VEC
                 )
-                dyv[i] = grad_out.unsafe_load[width=VEC, alignment=ALIGN](
+                dyv[i] = grad_out.unsafe_load[width=VEC, alignment=LALIGN](
                     base + (i * TPR + t) * VEC
                 )
         var mean = mean_in[unsafe_offset=row].cast[acc]()
@@ -408,8 +481,19 @@ def layer_norm_bwd_kernel[
                     ]()
                 )
                 var xhat = (xv[i].cast[acc]() - mean) * rstd
-                var dx = rstd * (g - a - xhat * b)
-                grad_x.unsafe_store[alignment=ALIGN](base + j, dx.cast[dtype]())
+                var dx = (rstd * (g - a - xhat * b)).cast[dtype]()
+                if add_grad:  # torch's add of the two gradients, rounded once
+                    dx = added(
+                        dx,
+                        grad_resid.unsafe_load[width=VEC, alignment=ALIGN](
+                            base + j
+                        ),
+                    )
+                grad_x.unsafe_store[alignment=ALIGN](base + j, dx)
+                if write_low:
+                    grad_low.unsafe_store[alignment=LALIGN](
+                        base + j, dx.cast[ldtype]()
+                    )
                 mine.unsafe_store[alignment=SALIGN](
                     j,
                     mine.unsafe_load[width=VEC, alignment=SALIGN](j)
@@ -447,30 +531,36 @@ def layer_norm_bwd_kernel[
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(TPR))
 )
-@__name(t"ln_bwd_stream_{dtype}_v{VEC}_t{TPR}")
+@__name(t"ln_bwd_stream_{dtype}_{ldtype}_v{VEC}_t{TPR}")
 def layer_norm_bwd_stream_kernel[
-    dtype: DType, acc: DType, VEC: Int, TPR: Int
+    dtype: DType, ldtype: DType, acc: DType, VEC: Int, TPR: Int
 ](
     grad_x: Pointer[Scalar[dtype], MutAnyOrigin],
     partials: Pointer[Scalar[acc], MutAnyOrigin],
-    grad_out: Pointer[Scalar[dtype], MutAnyOrigin],
+    grad_out: Pointer[Scalar[ldtype], MutAnyOrigin],
     x: Pointer[Scalar[dtype], MutAnyOrigin],
     weight: Pointer[Scalar[dtype], MutAnyOrigin],
     mean_in: Pointer[Float32, MutAnyOrigin],
     rstd_in: Pointer[Float32, MutAnyOrigin],
+    grad_resid: Pointer[Scalar[dtype], MutAnyOrigin],
+    grad_low: Pointer[Scalar[ldtype], MutAnyOrigin],
     rows: Int64,
     cols: Int64,
-) where dtype.is_floating_point():
+    flags: Int64,
+) where dtype.is_floating_point() and ldtype.is_floating_point():
     """Rows too long for registers: each block reads its row twice (sums, then
     grad_x) and keeps its column sums directly in its row of `partials`
-    (acc as in layer_norm_bwd_kernel)."""
+    (acc, ldtype and flags as in layer_norm_bwd_kernel)."""
     comptime assert acc == accum_dtype[dtype](), "acc: accum_dtype[dtype]"
     comptime assert acc.is_floating_point()
     comptime ALIGN = VEC * size_of[dtype]()
+    comptime LALIGN = VEC * size_of[ldtype]()
     comptime SALIGN = min(VEC * size_of[acc](), 16)
     var n = Int(cols)
     var nvec = n // VEC
     var t = thread_idx.x
+    var add_grad = (flags & ADD_GRAD) != 0
+    var write_low = (flags & WRITE_LOW) != 0
     var mine = partials.unsafe_offset(block_idx.x * 2 * n)
     for j in range(t, nvec, TPR):
         mine.unsafe_store[alignment=SALIGN](j * VEC, SIMD[acc, VEC](0))
@@ -492,7 +582,7 @@ def layer_norm_bwd_stream_kernel[
         var sgx = Scalar[acc](0)
         for j in range(t, nvec, TPR):
             var g = (
-                grad_out.unsafe_load[width=VEC, alignment=ALIGN](
+                grad_out.unsafe_load[width=VEC, alignment=LALIGN](
                     base + j * VEC
                 ).cast[acc]()
                 * weight.unsafe_load[width=VEC, alignment=ALIGN](j * VEC).cast[
@@ -511,7 +601,7 @@ def layer_norm_bwd_stream_kernel[
         var a = tot[0] / Scalar[acc](n)
         var b = tot[1] / Scalar[acc](n)
         for j in range(t, nvec, TPR):
-            var dy = grad_out.unsafe_load[width=VEC, alignment=ALIGN](
+            var dy = grad_out.unsafe_load[width=VEC, alignment=LALIGN](
                 base + j * VEC
             ).cast[acc]()
             var g = (
@@ -526,9 +616,19 @@ def layer_norm_bwd_stream_kernel[
                 ]()
                 - mean
             ) * rstd
-            grad_x.unsafe_store[alignment=ALIGN](
-                base + j * VEC, (rstd * (g - a - xhat * b)).cast[dtype]()
-            )
+            var dx = (rstd * (g - a - xhat * b)).cast[dtype]()
+            if add_grad:  # as in layer_norm_bwd_kernel
+                dx = added(
+                    dx,
+                    grad_resid.unsafe_load[width=VEC, alignment=ALIGN](
+                        base + j * VEC
+                    ),
+                )
+            grad_x.unsafe_store[alignment=ALIGN](base + j * VEC, dx)
+            if write_low:
+                grad_low.unsafe_store[alignment=LALIGN](
+                    base + j * VEC, dx.cast[ldtype]()
+                )
             mine.unsafe_store[alignment=SALIGN](
                 j * VEC,
                 mine.unsafe_load[width=VEC, alignment=SALIGN](j * VEC)

@@ -319,18 +319,20 @@ def fake(shape, dtype, misaligned=False):
     return base[int(misaligned) : int(misaligned) + 1].view([1] * len(shape)).expand(shape)
 
 
-def forward_plan(rows, cols, dtype=torch.float32, misaligned=()):
+def forward_plan(rows, cols, dtype=torch.float32, misaligned=(), ldtype=None):
+    """`ldtype`: y's dtype when it is not x's (day 020's fused form writes bf16 or fp16)."""
     names = ("y", "mean", "rstd", "x", "weight", "bias", "eps")
     shapes = ((rows, cols), (rows,), (rows,), (rows, cols), (cols,), (cols,), (1,))
-    dtypes = (dtype, torch.float32, torch.float32, dtype, dtype, dtype, torch.float32)
+    dtypes = (ldtype or dtype, torch.float32, torch.float32, dtype, dtype, dtype, torch.float32)
     t = [fake(s, d, n in misaligned) for n, s, d in zip(names, shapes, dtypes, strict=True)]
     return LN._layer_norm_gpu(t[:3], t[3:], {})
 
 
-def backward_plan(rows, cols, dtype=torch.float32, misaligned=()):
+def backward_plan(rows, cols, dtype=torch.float32, misaligned=(), ldtype=None):
+    """`ldtype`: grad_out's dtype when it is not x's (day 020's fused form)."""
     names = ("grad_x", "grad_weight", "grad_bias", "grad_out", "x", "weight", "mean", "rstd")
     shapes = ((rows, cols), (cols,), (cols,), (rows, cols), (rows, cols), (cols,), (rows,), (rows,))
-    dtypes = (dtype,) * 6 + (torch.float32,) * 2
+    dtypes = (dtype,) * 3 + (ldtype or dtype,) + (dtype,) * 2 + (torch.float32,) * 2
     t = [fake(s, d, n in misaligned) for n, s, d in zip(names, shapes, dtypes, strict=True)]
     return LN._layer_norm_backward_gpu(t[:3], t[3:], {})
 
@@ -349,7 +351,7 @@ def check_launches(launches, plan, cols):
             vec, tpr, items, rows_per_block = params[-4:]
             assert launch.block == tpr * rows_per_block and cols // vec <= tpr * items
         if family is LN.LN_BWD:  # 2 * cols accumulators per worker in dynamic shared memory
-            assert launch.smem == params[-1] * 2 * cols * params[1].itemsize <= LN.SMEM_CAP
+            assert launch.smem == params[-1] * 2 * cols * params[2].itemsize <= LN.SMEM_CAP
         if family in (LN.LN_FWD_STREAM, LN.LN_BWD_STREAM):
             assert launch.block == params[-1] and launch.smem == 0
 
@@ -360,9 +362,9 @@ def test_plan_model_shapes_take_the_fastest_path(dtype, cols):
     """The GPT block's LayerNorms: a warp per row with 16-byte loads, both directions."""
     for rows in (1, 7, 4096, 8192):
         (fwd,) = forward_plan(rows, cols, dtype)
-        assert fwd.kernel is LN.LN_FWD[dtype, VEC[dtype], 32, 8, 8] and fwd.grid == -(-rows // 8)
+        assert fwd.kernel is LN.LN_FWD[dtype, dtype, VEC[dtype], 32, 8, 8] and fwd.grid == -(-rows // 8)
         stage1, stage2 = backward_plan(rows, cols, dtype)
-        assert stage1.kernel is LN.LN_BWD[dtype, torch.float32, VEC[dtype], 32, 8, 8]
+        assert stage1.kernel is LN.LN_BWD[dtype, dtype, torch.float32, VEC[dtype], 32, 8, 8]
         assert stage1.smem == 8 * 2 * cols * 4
 
 
@@ -394,29 +396,35 @@ def test_plan_picks_the_tier_for_the_row_length(dtype, cols, fwd_tier, bwd_tier)
         (fwd,) = forward_plan(rows, cols, dtype)
         check_launches([fwd], LN._layer_norm_gpu, cols)
         tpr, items, per_block = fwd_tier
-        want = LN.LN_FWD[dtype, VEC[dtype], *fwd_tier] if items else LN.LN_FWD_STREAM[dtype, VEC[dtype], tpr]
+        want = (
+            LN.LN_FWD[dtype, dtype, VEC[dtype], *fwd_tier] if items else LN.LN_FWD_STREAM[dtype, dtype, VEC[dtype], tpr]
+        )
         assert fwd.kernel is want and fwd.grid == -(-rows // per_block)
         stage1, stage2 = bwd = backward_plan(rows, cols, dtype)
         check_launches(bwd, LN._layer_norm_backward_gpu, cols)
         tpr, items, _ = bwd_tier
-        want = LN.LN_BWD[dtype, acc, VEC[dtype], *bwd_tier] if items else LN.LN_BWD_STREAM[dtype, acc, VEC[dtype], tpr]
+        want = (
+            LN.LN_BWD[dtype, dtype, acc, VEC[dtype], *bwd_tier]
+            if items
+            else LN.LN_BWD_STREAM[dtype, dtype, acc, VEC[dtype], tpr]
+        )
         assert stage1.kernel is want
 
 
 def test_plan_falls_back_to_element_loads():
     """Odd rows and any misaligned data pointer give VEC = 1; mean, rstd and eps are read
     one value at a time and may sit anywhere."""
-    assert forward_plan(3, 1026)[0].kernel.params[1] == 1  # 1026 % 4 != 0
-    assert forward_plan(3, 1026, torch.float64)[0].kernel.params[1] == 2
+    assert forward_plan(3, 1026)[0].kernel.params[2] == 1  # 1026 % 4 != 0
+    assert forward_plan(3, 1026, torch.float64)[0].kernel.params[2] == 2
     for name in ("y", "x", "weight", "bias"):
-        assert forward_plan(9, 1024, misaligned={name})[0].kernel.params[1] == 1, name
-    assert forward_plan(9, 1024, misaligned={"mean", "rstd", "eps"})[0].kernel.params[1] == 4
+        assert forward_plan(9, 1024, misaligned={name})[0].kernel.params[2] == 1, name
+    assert forward_plan(9, 1024, misaligned={"mean", "rstd", "eps"})[0].kernel.params[2] == 4
     for name in ("grad_x", "grad_out", "x", "weight"):
-        assert backward_plan(9, 1024, torch.bfloat16, misaligned={name})[0].kernel.params[2] == 1, name
-    assert backward_plan(9, 1024, torch.bfloat16, misaligned={"mean", "rstd", "grad_weight"})[0].kernel.params[2] == 8
+        assert backward_plan(9, 1024, torch.bfloat16, misaligned={name})[0].kernel.params[3] == 1, name
+    assert backward_plan(9, 1024, torch.bfloat16, misaligned={"mean", "rstd", "grad_weight"})[0].kernel.params[3] == 8
     # element loads hold 4x fewer columns per tier: 1026 fp32 elements go to 512 threads
-    assert forward_plan(3, 1026)[0].kernel is LN.LN_FWD[torch.float32, 1, 512, 8, 1]
-    assert backward_plan(3, 1026)[0].kernel is LN.LN_BWD[torch.float32, torch.float32, 1, 512, 4, 1]
+    assert forward_plan(3, 1026)[0].kernel is LN.LN_FWD[torch.float32, torch.float32, 1, 512, 8, 1]
+    assert backward_plan(3, 1026)[0].kernel is LN.LN_BWD[torch.float32, torch.float32, torch.float32, 1, 512, 4, 1]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -466,11 +474,11 @@ def test_plan_reaches_every_declared_variant():
     """Each declared kernel is picked by some shape (no dead builds), and each pick is
     launchable; the CUDA tests above run one shape per tier."""
     picked = set()
-    for dtype in VEC:
+    for dtype, ldtype in LN.DTYPE_PAIRS:  # day 020's fused forms too (float32 x, bf16/fp16 y)
         for vec, misaligned in ((VEC[dtype], ()), (1, {"x", "grad_out"})):
             for cols in (vec * nvec for nvec in (7, 256, 1024, 2048, 3000, 4096, 5000)):
-                fwd = forward_plan(17, cols, dtype, misaligned)
-                bwd = backward_plan(17, cols, dtype, misaligned)
+                fwd = forward_plan(17, cols, dtype, misaligned, ldtype)
+                bwd = backward_plan(17, cols, dtype, misaligned, ldtype)
                 check_launches(fwd, LN._layer_norm_gpu, cols)
                 check_launches(bwd, LN._layer_norm_backward_gpu, cols)
                 picked |= {launch.kernel for launch in (*fwd, *bwd)}

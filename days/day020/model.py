@@ -3,19 +3,25 @@
     tokens -> token + position embedding -> n_layer x [x + attn(ln1(x)); x + mlp(ln2(x))]
            -> ln_f -> logits = x @ wte^T (the output head shares the token embedding)
 
+Each residual add is done by the LayerNorm after it: `x, h = ln(x, delta)` returns the
+stream x + delta and its normalisation (a block hands its MLP output to the next block's
+ln_1, the last one to ln_f). gpu-days fuses the pair in one kernel each way
+(`MojoAddLayerNorm`), which under autocast also writes h in bf16 and reads its gradient
+in bf16; torch's build composes the same add and `nn.LayerNorm`.
+
 `GPT(config, impl="gpu_days")` runs every LayerNorm, linear layer, attention, softmax and the
 loss on gpu-days ops; `impl="torch"` is the same model in torch, with the same parameter names,
 so one state_dict loads into either. What each impl uses:
 
 | part | gpu_days | torch |
 |---|---|---|
-| LayerNorm | `MojoLayerNorm` (day 013) | `nn.LayerNorm` |
+| residual add + LayerNorm | `MojoAddLayerNorm` (day 013's kernels, fused add) | `x + delta`, `nn.LayerNorm` |
 | linear layers, output head | `MojoGEMM` / `gemm` (day 014) | `nn.Linear` / `F.linear` |
 | attention, CUDA, bf16/fp16 | `flash_attention_qkvpacked` (day 017) | SDPA |
 | attention, otherwise | `gemm_batched` + `softmax` (days 014, 012) | SDPA |
 | loss | `cross_entropy` (day 020: one pass per row, fused gradient) | `F.cross_entropy` |
 
-Embeddings, GELU and the residual adds are torch in both. Neither build copies q, k or v
+Embeddings and GELU are torch in both. Neither build copies q, k or v
 out of the QKV projection's output: SDPA and day 017's kernels read them through strides,
 and both write the attention output as (batch, seq, heads, head_dim), so merging the
 heads is a view.
@@ -68,8 +74,17 @@ def _check_impl(impl: str) -> None:
         raise ValueError(f"GPT: impl must be one of {IMPLS}, got {impl!r}")
 
 
+class AddLayerNorm(nn.LayerNorm):
+    """torch's build of `ln(x, delta)`: (x + delta, LayerNorm(x + delta)); x alone when
+    delta is None. The same parameters as `nn.LayerNorm`."""
+
+    def forward(self, x: torch.Tensor, delta: torch.Tensor | None = None):
+        x = x if delta is None else x + delta
+        return x, super().forward(x)
+
+
 def _layer_norm(impl: str, d: int, eps: float) -> nn.Module:
-    return pco.MojoLayerNorm(d, eps=eps) if impl == "gpu_days" else nn.LayerNorm(d, eps=eps)
+    return pco.MojoAddLayerNorm(d, eps=eps) if impl == "gpu_days" else AddLayerNorm(d, eps=eps)
 
 
 def _linear(impl: str, d_in: int, d_out: int) -> nn.Module:
@@ -125,12 +140,15 @@ class Block(nn.Module):
         self.c_fc = _linear(impl, d, 4 * d)
         self.c_mlp_proj = _linear(impl, 4 * d, d)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the residual stream; delta: the previous block's MLP output, not yet added
+        (None before the first block). Returns the stream and this block's MLP output."""
         b, s, d = x.shape
         h = self.n_head
-        y = causal_attention(self.c_attn(self.ln_1(x)).view(b, s, 3, h, d // h), self.impl)
-        x = x + self.c_proj(y.reshape(b, s, d))
-        return x + self.c_mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+        x, y = self.ln_1(x, delta)
+        y = causal_attention(self.c_attn(y).view(b, s, 3, h, d // h), self.impl)
+        x, y = self.ln_2(x, self.c_proj(y.reshape(b, s, d)))
+        return x, self.c_mlp_proj(F.gelu(self.c_fc(y), approximate="tanh"))
 
 
 class GPT(nn.Module):
@@ -167,10 +185,10 @@ class GPT(nn.Module):
         if s > self.config.block_size:
             raise ValueError(f"GPT: sequence of {s} is longer than block_size {self.config.block_size}")
         pos = torch.arange(s, device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)
+        x, delta = self.wte(idx) + self.wpe(pos), None
         for block in self.blocks:
-            x = block(x)
-        x = self.ln_f(x).reshape(b * s, -1)
+            x, delta = block(x, delta)
+        x = self.ln_f(x, delta)[1].reshape(b * s, -1)
         logits = (
             pco.gemm(x, self.wte.weight, transpose_b=True) if self.impl == "gpu_days" else F.linear(x, self.wte.weight)
         )
