@@ -65,7 +65,10 @@ LAYER_NORM_BACKWARD = OpSpec(
 #   forward:  nvec <= 256   a warp per row, 8 rows per block  (fp32 cols <= 1024)
 #             nvec <= 1024  256 threads x 4 vectors           (fp32 cols <= 4096)
 #             nvec <= 4096  512 threads x 8 vectors           (fp32 cols <= 16384)
-#   backward: the same, with a 512 x 4 tier before 512 x 8: it holds x and dy, and ptxas
+#   backward: a warp per row, 6 vectors a lane and 12 warps a block for nvec <= 192 (fp32
+#             cols <= 768, GPT-2's width): it holds x, dy and (day 020) the residual
+#             gradient, ~150 registers, and 8 warps an SM kept too few loads in flight.
+#             Then the forward's tiers, with a 512 x 4 tier before 512 x 8: ptxas
 #             spills 16-bit rows of 512 x 8 (128 registers at most). Each worker keeps
 #             2 * cols column sums in shared memory, which caps the tiers at SMEM_CAP bytes
 #             (only the 512-thread tiers can reach it; the smaller tiers need <= 128 KiB).
@@ -74,7 +77,7 @@ VECTOR_BYTES = 16
 FWD_TIERS = ((32, 8, 8), (256, 4, 1), (512, 8, 1))  # (TPR, ITEMS, ROWS)
 # (TPR, ITEMS, ROWS, PER_SM): PER_SM is about how many blocks of the persistent grid
 # fit on an SM (registers or shared memory)
-BWD_TIERS = ((32, 8, 8, 1), (256, 4, 1, 2), (512, 4, 1, 1), (512, 8, 1, 1))
+BWD_TIERS = ((32, 6, 12, 1), (32, 8, 8, 1), (256, 4, 1, 2), (512, 4, 1, 1), (512, 8, 1, 1))
 STREAM_THREADS = 512  # one block per row in the streaming kernels
 _BWD_STREAM_TIER = (STREAM_THREADS, 0, 1, 1)  # ITEMS == 0: the streaming kernel
 SMEM_CAP = 200 * 1024

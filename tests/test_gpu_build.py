@@ -63,7 +63,11 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         "day013.layer_norm_fwd_kernel.float32.float32.4.32.8.8": (r"shfl\.sync\.bfly", r"ld\.global\.v4\.b32"),
         # day 020's fused form: 4 float32 of x and 4 bf16 of delta (8 bytes) per load
         "day013.layer_norm_fwd_kernel.float32.bfloat16.4.32.8.8": (r"ld\.global\.v4\.b32", r"ld\.global\.v4\.b16"),
-        "day013.layer_norm_fwd_kernel.bfloat16.bfloat16.8.256.4.1": (r"shfl\.sync\.bfly", r"bar\.sync", r"ld\.global\.v4\.b32"),
+        "day013.layer_norm_fwd_kernel.bfloat16.bfloat16.8.256.4.1": (
+            r"shfl\.sync\.bfly",
+            r"bar\.sync",
+            r"ld\.global\.v4\.b32",
+        ),
         "day013.layer_norm_fwd_stream_kernel.float32.float32.4.512": (
             r"shfl\.sync\.bfly",
             r"bar\.sync",
@@ -76,7 +80,10 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
             r"ld\.global\.v4\.b32",
             r"\.extern \.shared",
         ),
-        "day013.layer_norm_bwd_kernel.float64.float64.float64.2.512.8.1": (r"ld\.global\.v2\.b64", r"\.extern \.shared"),
+        "day013.layer_norm_bwd_kernel.float64.float64.float64.2.512.8.1": (
+            r"ld\.global\.v2\.b64",
+            r"\.extern \.shared",
+        ),
         "day013.layer_norm_bwd_stream_kernel.float32.float32.float32.4.512": (r"shfl\.sync\.bfly", r"bar\.sync"),
         "day013.sum_partials_kernel.float32.float32.32.16": (r"bar\.sync",),
     },

@@ -1,10 +1,17 @@
 """Day 020: cross-entropy over a vocabulary, forward + backward, the fused Mojo kernel
-against F.cross_entropy (eager and torch.compile).
+against F.cross_entropy (eager and torch.compile); and the residual add fused into the
+LayerNorm after it (`add_layer_norm`), forward + backward.
 
 `cross_entropy_train` returns (loss, gradient of the logits) for a mean loss; its
 effective bandwidth counts the least any implementation moves: the logits read once and
 their gradient written once (2 N V bytes per element size). `cross_entropy` is the
-forward alone, without autograd (the logits read once)."""
+forward alone, without autograd (the logits read once).
+
+`add_layer_norm_train` is one pre-LN step of a GPT's residual stream under autocast: a
+float32 stream x and a branch output delta in the case's dtype give s = x + delta and
+y = LayerNorm(s) in that dtype; backward takes dy (the dtype) and ds (float32) and returns
+the gradients of x, delta, weight and bias. Its bytes are what one pass each way must
+move: forward x, delta in, s, y out; backward dy, s, ds in, dx, ddelta out."""
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +19,7 @@ import torch.nn.functional as F
 import pytorch_custom_ops as pco
 
 from ..harness import Case, compiled
+from .day013 import _params
 
 VOCAB_SHAPES = {"quick": [(4, 301), (7, 1000)], "full": [(8192, 50304), (4096, 128256), (16384, 32000)]}
 DTYPES = {"cpu": [torch.float32], "cuda": [torch.bfloat16, torch.float32]}
@@ -40,7 +48,66 @@ def _reference(logits, targets):
     return _train(F.cross_entropy)(logits.double(), targets)
 
 
+NORM_SHAPES = {"quick": [(64, 768), (33, 1000)], "full": [(16384, 768), (8192, 1024), (4096, 4096)]}
+
+
+def _norm_inputs(shape, dtype, device):
+    g = torch.Generator(device=device).manual_seed(0)
+    f32 = torch.float32
+    x = torch.randn(shape, generator=g, device=device).mul_(3).add_(1)
+    delta = torch.randn(shape, generator=g, device=device).to(dtype)
+    w, b = _params(shape[1], f32, device, g)
+    dy = torch.randn(shape, generator=g, device=device).to(dtype)
+    ds = torch.randn(shape, generator=g, device=device, dtype=f32)
+    return x, delta, w, b, dy, ds
+
+
+def _norm_train(forward):
+    """forward(x, delta, w, b) -> (s, y); returns y and the four gradients."""
+
+    def run(x, delta, w, b, dy, ds):
+        leaves = [t.detach().requires_grad_() for t in (x, delta, w, b)]
+        s, y = forward(*leaves)
+        return (y, *torch.autograd.grad((y, s), leaves, (dy, ds)))
+
+    return run
+
+
+def _torch_add_norm(x, delta, w, b):
+    s = x + delta
+    return s, F.layer_norm(s, s.shape[-1:], w, b).to(delta.dtype)
+
+
+def _mojo_add_norm(x, delta, w, b):
+    return pco.add_layer_norm(x, delta, x.shape[-1], w, b, out_dtype=delta.dtype)
+
+
+def _norm_reference(x, delta, w, b, dy, ds):
+    return _norm_train(_torch_add_norm)(*(t.double() for t in (x, delta, w, b, dy, ds)))
+
+
+def _norm_bytes(shape, dtype):
+    n, d = shape[0] * shape[1], dtype.itemsize
+    low = d if dtype != torch.float32 else 0  # a float32 delta's gradient is dx itself
+    return n * (4 + d) * 2 + n * (d + 3 * 4 + low)
+
+
 CASES = [
+    Case(
+        day="day020",
+        op="add_layer_norm_train",
+        impls={
+            "torch": _norm_train(_torch_add_norm),
+            "torch_compile": _norm_train(compiled(_torch_add_norm)),
+            "mojo_fused": _norm_train(_mojo_add_norm),
+        },
+        make_inputs=_norm_inputs,
+        reference=_norm_reference,
+        bytes_moved=_norm_bytes,
+        shapes=NORM_SHAPES,
+        dtypes=DTYPES,
+        cuda_only=("torch_compile",),
+    ),
     Case(
         day="day020",
         op="cross_entropy_train",

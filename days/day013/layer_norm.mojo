@@ -443,6 +443,15 @@ def layer_norm_bwd_kernel[
                 dyv[i] = grad_out.unsafe_load[width=VEC, alignment=LALIGN](
                     base + (i * TPR + t) * VEC
                 )
+        # the residual gradient with them: loaded after the row sums, its latency
+        # stood alone (day 020 measured the fused backward at 70% of bandwidth)
+        var rv = Array[SIMD[dtype, VEC], ITEMS](fill=SIMD[dtype, VEC](0))
+        if add_grad:
+            comptime for i in range(ITEMS):
+                if i * TPR + t < nvec:
+                    rv[i] = grad_resid.unsafe_load[width=VEC, alignment=ALIGN](
+                        base + (i * TPR + t) * VEC
+                    )
         var mean = mean_in[unsafe_offset=row].cast[acc]()
         var rstd = rstd_in[unsafe_offset=row].cast[acc]()
         comptime if dtype == DType.float64:
@@ -483,12 +492,7 @@ def layer_norm_bwd_kernel[
                 var xhat = (xv[i].cast[acc]() - mean) * rstd
                 var dx = (rstd * (g - a - xhat * b)).cast[dtype]()
                 if add_grad:  # torch's add of the two gradients, rounded once
-                    dx = added(
-                        dx,
-                        grad_resid.unsafe_load[width=VEC, alignment=ALIGN](
-                            base + j
-                        ),
-                    )
+                    dx = added(dx, rv[i])
                 grad_x.unsafe_store[alignment=ALIGN](base + j, dx)
                 if write_low:
                     grad_low.unsafe_store[alignment=LALIGN](

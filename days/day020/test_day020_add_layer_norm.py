@@ -252,7 +252,7 @@ def test_plans_pass_the_fused_pointers_and_flags():
         ]
     )
     stage1, stage2 = ALN._backward_gpu(out, inp, {})
-    assert stage1.kernel is LN.LN_BWD[f32, bf16, f32, 4, 32, 8, 8]
+    assert stage1.kernel is LN.LN_BWD[f32, bf16, f32, 4, 32, 6, 12] and stage1.block == 384
     assert stage1.args[7:] == (inp[5].data_ptr(), out[3].data_ptr(), rows, cols, LN.ADD_GRAD | LN.WRITE_LOW)
     stage1, _ = ALN._backward_gpu(out[:3], inp, {})
     assert stage1.args[7:] == (inp[5].data_ptr(), 0, rows, cols, LN.ADD_GRAD)
