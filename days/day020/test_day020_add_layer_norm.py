@@ -86,9 +86,12 @@ def test_values_and_gradients_match_float64(x_dtype, delta_dtype, out_dtype, row
 @pytest.mark.skipif(not CUDA, reason="the fused kernels run on CUDA")
 @pytest.mark.parametrize("x_dtype, delta_dtype", [(torch.float32, torch.bfloat16), (torch.float32, torch.float32)])
 @pytest.mark.parametrize("cols", [768, 4100, 16388])
-def test_fused_kernels_equal_day013s_composition_bitwise(x_dtype, delta_dtype, cols):
-    """One pass forward and backward gives the very bits of add, LayerNorm, cast (and in
-    backward cast, LayerNorm backward, add, cast) done by day 013's own kernels."""
+def test_fused_kernels_match_day013s_composition(x_dtype, delta_dtype, cols):
+    """One pass forward and backward against add, LayerNorm, cast (and in backward cast,
+    LayerNorm backward, add, cast) done by day 013's own kernels: the same bits, except
+    that the fused backward adds the residual gradient with an FMA (one rounding instead
+    of two, so x's gradient may differ in the last bit, and delta's by one step of its
+    dtype where that bit decides the rounding)."""
     x, d, w, b = make(33, cols, x_dtype, delta_dtype, "cuda", seed=1)
     s, y = pco.add_layer_norm(x, d, cols, w, b, out_dtype=delta_dtype)
     gy, gs = torch.randn_like(y), torch.randn_like(s)
@@ -98,8 +101,12 @@ def test_fused_kernels_equal_day013s_composition_bitwise(x_dtype, delta_dtype, c
     y2 = pco.layer_norm(s2, (cols,), w2, b2).to(delta_dtype)
     composed = torch.autograd.grad((y2, s2), (x2, d2, w2, b2), (gy, gs))
     assert torch.equal(s, s2) and torch.equal(y, y2)
-    for name, a, c in zip(("x", "delta", "weight", "bias"), fused, composed, strict=True):
-        assert torch.equal(a, c), name
+    assert torch.equal(fused[2], composed[2]) and torch.equal(fused[3], composed[3])  # weight, bias
+    ln_part = (composed[0] - gs).abs()  # the LayerNorm's term, the one the FMA does not round
+    last_bit = 2**-23 * (ln_part + composed[0].abs())
+    assert ((fused[0] - composed[0]).abs() <= last_bit).all()
+    step = torch.finfo(delta_dtype).eps * composed[1].float().abs()
+    assert ((fused[1].float() - composed[1].float()).abs() <= step + last_bit).all()
 
 
 def test_without_delta_the_stream_is_x(device):
