@@ -198,20 +198,6 @@ def wg_store_acc[
                     out[4 * j + e] += b
                     out[4 * j + 2 + e] += b
     var with_c = beta != 0
-    comptime if not GELU:  # (GELU comes before c: c stays in the loop below)
-        if with_c and c_rs == 0:
-            # c broadcast down the rows, a linear layer's bias (MojoGEMM passes it so):
-            # two loads per column block, as BIAS does, not two per value (128 16-bit
-            # loads and their addressing per thread and tile, found in SASS on day
-            # 020). Same sums in the same order as the loop below.
-            comptime for j in range(BN // 8):
-                var col = n0 + j * 8 + 2 * t
-                if col < N:
-                    comptime for e in range(2):
-                        var cv = beta * _c_at(c_t, 0, col + e, 0, c_cs)
-                        out[4 * j + e] += cv
-                        out[4 * j + 2 + e] += cv
-            with_c = False
     # GELU goes pair by pair: applied to all 128 values at once it needed three times
     # their registers and spilled.
     comptime for half in range(2):
