@@ -74,7 +74,7 @@ LAYER_NORM_BACKWARD = OpSpec(
 #             (only the 512-thread tiers can reach it; the smaller tiers need <= 128 KiB).
 #   longer rows: the streaming kernels (two reads of the row, any length).
 VECTOR_BYTES = 16
-FWD_TIERS = ((32, 8, 8), (256, 4, 1), (512, 8, 1))  # (TPR, ITEMS, ROWS)
+FWD_TIERS = ((32, 6, 12), (32, 6, 8), (32, 8, 8), (256, 4, 1), (512, 8, 1))  # (TPR, ITEMS, ROWS)
 # (TPR, ITEMS, ROWS, PER_SM): PER_SM is about how many blocks of the persistent grid
 # fit on an SM (registers or shared memory)
 BWD_TIERS = ((32, 6, 12, 1), (32, 8, 8, 1), (256, 4, 1, 2), (512, 4, 1, 1), (512, 8, 1, 1))
