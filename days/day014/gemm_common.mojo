@@ -203,6 +203,9 @@ def wg_store_acc[
     comptime for half in range(2):
         var row = wrow + half * 8
         var row_in = row < M
+        # c's row, addressed once: per value only col * c_cs is left (the 64-bit
+        # row * c_rs + col * c_cs per value was most of a K = 768 tile's epilogue)
+        var c_row = c_t.unsafe_offset(row * c_rs)
         comptime for jq in range(BN // 32):
             var res = SIMD[DType.uint32, 4]()
             var pre = SIMD[DType.uint32, 4]()  # GELU's input, for aux
@@ -214,8 +217,9 @@ def wg_store_acc[
                     pre[jj] = _packed[dtype](v)
                     v = gelu_tanh(v)
                 if with_c and row_in and col < N:
-                    v[0] += beta * _c_at(c_t, row, col, c_rs, c_cs)
-                    v[1] += beta * _c_at(c_t, row, col + 1, c_rs, c_cs)
+                    var cp = c_row.unsafe_offset(col * c_cs)
+                    v[0] += beta * cp[unsafe_offset=0].cast[DType.float32]()
+                    v[1] += beta * cp[unsafe_offset=c_cs].cast[DType.float32]()
                 res[jj] = _packed[dtype](v)
             quad_transpose(res, t)
             comptime if GELU:
@@ -231,19 +235,6 @@ def wg_store_acc[
                         aux_t.unsafe_store[alignment=16](
                             row * N + col, bitcast[dtype, 8](pre)
                         )
-
-
-@always_inline
-def _c_at[
-    dtype: DType
-](
-    c_t: Pointer[Scalar[dtype], MutAnyOrigin],
-    row: Int,
-    col: Int,
-    c_rs: Int,
-    c_cs: Int,
-) -> Float32:
-    return c_t[unsafe_offset=row * c_rs + col * c_cs].cast[DType.float32]()
 
 
 # --8<-- [end:wg_epilogue]

@@ -242,7 +242,7 @@ def test_plans_pass_the_fused_pointers_and_flags():
     out = _fakes([("y", rc, bf16), ("mean", (rows,), f32), ("rstd", (rows,), f32), ("x_sum", rc, f32)])
     inp = _fakes([("x", rc, f32), ("w", (cols,), f32), ("b", (cols,), f32), ("eps", (1,), f32), ("d", rc, bf16)])
     (fwd,) = ALN._forward_gpu(out, inp, {})
-    assert fwd.kernel is LN.LN_FWD[f32, bf16, 4, 32, 8, 8] and fwd.grid == rows // 8 and fwd.block == 256
+    assert fwd.kernel is LN.LN_FWD[f32, bf16, 4, 32, 6, 8] and fwd.grid == rows // 8 and fwd.block == 256
     assert fwd.args[7:] == (inp[4].data_ptr(), out[3].data_ptr(), rows, cols, LN.ADD_DELTA)
     (plain,) = ALN._forward_gpu(out[:3], inp[:4], {})
     assert plain.kernel is fwd.kernel and plain.args[7:] == (0, 0, rows, cols, 0)
