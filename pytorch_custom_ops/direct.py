@@ -297,6 +297,8 @@ def recipe(outputs, inputs, scratch, launches: list[Launch], device_index: int, 
         kernel = loaded(launch.kernel, device_index)
         template, pointers, maps = list(launch.args), [], []
         for pos, (kind, value) in enumerate(zip(kernel.kernel.family.args, launch.args, strict=True)):
+            if kind == "ptr" and value == 0:  # a null the kernel's flags say it never reads: a constant
+                continue
             if kind == "ptr" or kind == "tensormap":
                 address = value if kind == "ptr" else getattr(value, "address", None)
                 found = [i for i, a in enumerate(addresses) if a == address]

@@ -178,6 +178,8 @@ def test_layer_norm_backward_recipe_allocates_its_workspace_per_call(fake_gpu, m
     stage1, stage2 = calls
     assert workspace.data_ptr() in stage1[-1] and workspace.data_ptr() in stage2[-1]
     assert out2[0].data_ptr() in stage1[-1] and in2[0].data_ptr() in stage1[-1]
+    # the fused form's residual-gradient pointers are null in a plain call: constants, kept
+    assert stage1[-1][7:9] == (0, 0)
 
 
 def test_no_recipe_when_an_address_is_ambiguous_or_offset(fake_gpu):
