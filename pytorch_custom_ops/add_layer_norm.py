@@ -236,6 +236,11 @@ def _backward_eager(
         raise ValueError(f"add_layer_norm_backward: gradients must have x's shape {tuple(x.shape)}")
     if grad_sum is not None and grad_sum.dtype != x.dtype:
         raise TypeError(f"add_layer_norm_backward: grad_sum is {grad_sum.dtype} but x is {x.dtype}")
+    if grad_y.dtype != x.dtype and not (x.dtype == torch.float32 and grad_y.dtype in _LOW):
+        raise TypeError(
+            f"add_layer_norm_backward: grad_y is {grad_y.dtype} but x is {x.dtype}: grad_y has y's dtype, "
+            "x's or bfloat16/float16 next to a float32 x"
+        )
     if write_low and grad_y.dtype == x.dtype:
         raise ValueError("add_layer_norm_backward: write_low needs grad_y narrower than x")
     lead, rows, cols = _split(x, shape)

@@ -181,6 +181,13 @@ def test_bad_inputs_raise_clear_errors():
         pco.add_layer_norm(x, None, 8, out_dtype="bf16")
     with pytest.raises(ValueError, match=r"add_layer_norm: normalized_shape \(9,\) does not match"):
         pco.add_layer_norm(x, d, 9)
+    _, s, mean, rstd = torch.ops.gpu_days.add_layer_norm(x.detach(), None, [8], None, None, 1e-5, torch.float32)
+    with pytest.raises(TypeError, match="add_layer_norm_backward: grad_y is torch.float64 but x is torch.float32"):
+        torch.ops.gpu_days.add_layer_norm_backward(
+            torch.randn(3, 8).double(), None, x.detach(), [8], None, mean, rstd, False
+        )
+    with pytest.raises(ValueError, match="add_layer_norm_backward: write_low needs grad_y narrower than x"):
+        torch.ops.gpu_days.add_layer_norm_backward(torch.randn(3, 8), None, x.detach(), [8], None, mean, rstd, True)
     with pytest.raises(TypeError, match="add_layer_norm: x must be a torch.Tensor"):
         pco.add_layer_norm([1.0], None, 1)
     with pytest.raises(
