@@ -238,7 +238,7 @@ def backward_launches(
     grid = _workers(_ceildiv(rows, per_block), sm_count(x.device), per_sm)
     partials = direct.scratch((grid, 2 * cols), acc, x.device)
     ptrs = (grad_out.data_ptr(), x.data_ptr(), weight.data_ptr(), mean.data_ptr(), rstd.data_ptr())
-    fused = (0 if grad_resid is None else grad_resid.data_ptr(), 0 if grad_low is None else grad_low.data_ptr())
+    fused_ptrs = (0 if grad_resid is None else grad_resid.data_ptr(), 0 if grad_low is None else grad_low.data_ptr())
     flags = (ADD_GRAD if grad_resid is not None else 0) | (WRITE_LOW if grad_low is not None else 0)
     launches = _LaunchesWithWorkspace(
         [
@@ -247,7 +247,7 @@ def backward_launches(
                 grid=grid,
                 block=block,
                 smem=smem,
-                args=(grad_x.data_ptr(), partials.data_ptr(), *ptrs, *fused, rows, cols, flags),
+                args=(grad_x.data_ptr(), partials.data_ptr(), *ptrs, *fused_ptrs, rows, cols, flags),
             ),
             direct.Launch(
                 LN_SUM_PARTIALS[dtype, acc, SUM_COLS, SUM_LANES],
