@@ -7,6 +7,7 @@
     s, y = pco.add_layer_norm(x, delta, (d,), w, b)  # x + delta, then its LayerNorm: one pass
     c = pco.gemm(a, b, alpha=2.0)          # day014
     y = pco.linear(x, w, b, "gelu_tanh")   # day019: x Wᵀ + b, GELU, + residual in one launch
+    y = pco.mlp(x, w1, b1, w2, b2)         # day020: GPT-2's MLP, no GELU kernel either way
     with pco.gemm_version("TMA_128x256"):   # force one of day014's GEMM versions
     y = pco.long_softmax(v)                # day015: a few very long rows (e.g. 2^28)
     o = pco.flash_attention(q, k, v, causal=True)  # day017: Triton FlashAttention, fwd + bwd
@@ -31,6 +32,7 @@ from .layer_norm import MojoLayerNorm, layer_norm, layer_norm_backward, layer_no
 from .library import KernelBuildError, build_library
 from .linear import MojoLinear, linear
 from .long_softmax import MojoLongSoftmax, long_softmax, long_softmax_kernel
+from .mlp import MojoMLP, mlp
 from .softmax import online_softmax, online_softmax_kernel
 from .softmax_family import (
     MojoLogSoftmax,
@@ -79,6 +81,7 @@ __all__ = [
     "MojoLinear",
     "MojoLogSoftmax",
     "MojoLongSoftmax",
+    "MojoMLP",
     "MojoSoftmax",
     "MojoUnavailableError",
     "OpSpec",
@@ -103,6 +106,7 @@ __all__ = [
     "log_softmax_backward",
     "long_softmax",
     "long_softmax_kernel",
+    "mlp",
     "online_softmax",
     "online_softmax_kernel",
     "softmax",

@@ -169,33 +169,23 @@ PP_CONFIGS = (
     (256, 128, 1, True, 1),
     (256, 128, 1, True, 2),
 )
-PP_EPILOGUES = ((True, False), (True, True), (False, True))  # (BIAS, GELU) of the fused linear layer
+# (BIAS, GELU, GELU_GRAD) of the fused linear layer: x @ W^T, W stored like nn.Linear's
+PP_LINEAR_EPILOGUES = ((True, False, False), (True, True, False), (False, True, False))
+# ... and of the MLP backward's dH @ W (day 020): W read as stored, (out, in)
+PP_GELU_GRAD = (False, False, True)
 PINGPONG_KERNEL = KernelFamily(
     PINGPONG_MODULE,
     "gemm_pingpong_kernel",
     # a_map, b_map, dst, c, alpha_beta, bias, aux, partials, counters,
     # m, n, k, batch, c_bs, c_rs, c_cs, store_aux
     args=("tensormap", "tensormap") + ("ptr",) * 7 + ("i64",) * 8,
-    variants=tuple(  # (dtype, TA, TB, BM, BN, STAGES, SMEM, BIAS, GELU, CLUSTER, COOP, SPLIT)
-        (
-            dtype,
-            ta,
-            tb,
-            bm,
-            bn,
-            pp_stages(dtype, bm, bn),
-            pp_smem_bytes(dtype, bm, bn),
-            bias,
-            gelu,
-            cluster,
-            coop,
-            split,
-        )
+    variants=tuple(  # (dtype, TA, TB, BM, BN, STAGES, SMEM, BIAS, GELU, GELU_GRAD, CLUSTER, COOP, SPLIT)
+        (dtype, ta, tb, bm, bn, pp_stages(dtype, bm, bn), pp_smem_bytes(dtype, bm, bn), *epi, cluster, coop, split)
         for dtype in TC_DTYPES
         for bm, bn, cluster, coop, split in PP_CONFIGS
-        for (ta, tb), (bias, gelu) in [(pair, (False, False)) for pair in PAIRS]
-        # x @ W^T, W stored like nn.Linear's; split tiles serve the long-K backward only
-        + [((False, True), epi) for epi in PP_EPILOGUES if not split]
+        for (ta, tb), epi in [(pair, (False, False, False)) for pair in PAIRS]
+        # the fused epilogues: split tiles serve the long-K backward's plain products only
+        + ([] if split else [((False, True), e) for e in PP_LINEAR_EPILOGUES] + [((False, False), PP_GELU_GRAD)])
     ),
 )
 SPLIT_K_SUM_THREADS = 256
@@ -433,10 +423,11 @@ def sm_count(device_index: int | None) -> int:
 
 
 def pingpong_launch(
-    a, b, out, c, alpha_beta, bias, aux, sizes, ta, tb, kind: str, bm: int, bn: int, gelu=False
+    a, b, out, c, alpha_beta, bias, aux, sizes, ta, tb, kind: str, bm: int, bn: int, gelu=False, gelu_grad=False
 ) -> list[direct.Launch]:
     """Version 4's launch: a persistent grid of at most one block per SM. `sizes` is
-    (m, n, k, batch, c_bs, c_rs, c_cs); `bias` and `aux` may be None (not read/written).
+    (m, n, k, batch, c_bs, c_rs, c_cs); `bias` and `aux` may be None (not read/written);
+    `gelu_grad` multiplies the product by GELU's derivative at c instead of adding c.
     `kind` is one of V4_KINDS: "multicast" and "coop_multicast" ask for clusters of 2 CTAs
     sharing A's tile, where the tiles along n pair up (an even count; else one CTA per
     cluster); "coop" and "coop_multicast" have both consumers split every tile;
@@ -454,7 +445,8 @@ def pingpong_launch(
     b_map = operand_tma_map(b, tb, bn, batch, n, k)
     smem = pp_smem_bytes(dtype, bm, bn)
     stages = pp_stages(dtype, bm, bn)
-    kernel = PINGPONG_KERNEL[dtype, ta, tb, bm, bn, stages, smem, bias is not None, gelu, cluster, coop, split]
+    epilogue = (bias is not None, gelu, gelu_grad)
+    kernel = PINGPONG_KERNEL[dtype, ta, tb, bm, bn, stages, smem, *epilogue, cluster, coop, split]
     units = _cdiv(m, bm) * _cdiv(n, bn * cluster) * batch  # what one cluster takes at a time
     sms = sm_count(out.get_device())
     pieces = 1

@@ -245,8 +245,8 @@ def linear(
     if not x2.is_contiguous():
         x2 = x2.contiguous()
     weight = weight if weight.is_contiguous() else weight.contiguous()
-    if bias is not None and not bias.is_contiguous():  # the kernel reads bias[col]
-        bias = bias.contiguous()
+    if bias is not None and (not bias.is_contiguous() or bias.data_ptr() % 16):
+        bias = bias.clone(memory_format=torch.contiguous_format)  # read in 16-byte blocks
     res2 = None if residual is None else residual.reshape(-1, n)  # (rows, n), or (1, n) broadcast
     if way is eager.AUTOGRAD:
         y, _pre = _fused_autograd(x2, weight, bias, res2, activation)

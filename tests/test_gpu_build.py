@@ -142,6 +142,10 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         "day019.gemm_pingpong_kernel.float16.*.128.128.*": (
             r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.f16\.f16",
         ),
+        # the epilogues read c and the bias in 16-byte blocks, handed round the quad by shuffles;
+        # GELU_GRAD (the MLP backward's) computes GELU's derivative: an exp
+        "day019.gemm_pingpong_kernel.bfloat16.0.1.256.128.*.1.0.0.1.1.0": (r"ld\.global\.v4\.b32", r"shfl\.sync\.bfly"),
+        "day019.gemm_pingpong_kernel.bfloat16.0.0.256.128.*.0.0.1.1.1.0": (r"ld\.global\.v4\.b32", r"ex2\.approx"),
         # clusters of 2: the cluster shape compiled in, A multicast to both CTAs, stages
         # released to both producers through mapa'd remote mbarriers, cluster barriers
         "day019.gemm_pingpong_kernel.*.2.0.0": (  # ... CLUSTER, COOP, SPLIT
@@ -243,7 +247,8 @@ PTX_ABSENT: dict[str, dict[str, tuple[str, ...]]] = {  # a warp per row needs no
     "day012": {"day012.softmax_rows_kernel.float32.0.4.8.32.128": (r"bar\.sync",)},
     "day013": {"day013.layer_norm_fwd_kernel.float32.*.4.32.8.8": (r"bar\.sync",)},
     "day019": {
-        "day019.gemm_pingpong_kernel.bfloat16.0.0.64.256.*.0.0.1.0.0": (r"ex2\.approx",),  # no GELU compiled in
+        # no GELU, no GELU_GRAD compiled in (keys end in BIAS, GELU, GELU_GRAD, CLUSTER, COOP, SPLIT)
+        "day019.gemm_pingpong_kernel.bfloat16.0.0.64.256.*.0.0.0.1.0.0": (r"ex2\.approx",),
         "day019.gemm_pingpong_kernel.*.1.1.0": (r"atom\.global",),  # whole tiles: no fix-up compiled in
         "day019.gemm_pingpong_kernel.*.1.1.2": (r"atom\.global", r"fence\.acq_rel"),  # split-K: none needed
     },

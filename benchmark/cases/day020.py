@@ -11,7 +11,11 @@ forward alone, without autograd (the logits read once).
 float32 stream x and a branch output delta in the case's dtype give s = x + delta and
 y = LayerNorm(s) in that dtype; backward takes dy (the dtype) and ds (float32) and returns
 the gradients of x, delta, weight and bias. Its bytes are what one pass each way must
-move: forward x, delta in, s, y out; backward dy, s, ds in, dx, ddelta out."""
+move: forward x, delta in, s, y out; backward dy, s, ds in, dx, ddelta out.
+
+`mlp_train` is GPT-2's MLP (d -> 4d, tanh GELU, 4d -> d) forward and backward, every
+gradient: `pco.mlp` (GELU and its gradient in day 019's GEMM epilogues) against torch's
+two linear layers and GELU, eager and compiled. Its flops are the six products."""
 
 import torch
 import torch.nn.functional as F
@@ -92,6 +96,37 @@ def _norm_bytes(shape, dtype):
     return n * (4 + d) * 2 + n * (d + 3 * 4 + low)
 
 
+MLP_SHAPES = {"quick": [(64, 64), (40, 96)], "full": [(16384, 768), (8192, 1024)]}
+
+
+def _mlp_inputs(shape, dtype, device):
+    g = torch.Generator(device=device).manual_seed(0)
+    n, d = shape
+
+    def rand(*size, scale=1.0):
+        return (torch.randn(size, generator=g, device=device) * scale).to(dtype)
+
+    x, dy = rand(n, d), rand(n, d)
+    w1, b1 = rand(4 * d, d, scale=d**-0.5), rand(4 * d, scale=0.1)
+    w2, b2 = rand(d, 4 * d, scale=(4 * d) ** -0.5), rand(d, scale=0.1)
+    return x, w1, b1, w2, b2, dy
+
+
+def _torch_mlp(x, w1, b1, w2, b2):
+    return F.linear(F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2)
+
+
+def _mlp_train(forward):
+    """forward(x, w1, b1, w2, b2) -> y; returns y and the five gradients."""
+
+    def run(x, w1, b1, w2, b2, dy):
+        leaves = [t.detach().requires_grad_() for t in (x, w1, b1, w2, b2)]
+        y = forward(*leaves)
+        return (y, *torch.autograd.grad(y, leaves, dy))
+
+    return run
+
+
 CASES = [
     Case(
         day="day020",
@@ -106,6 +141,21 @@ CASES = [
         bytes_moved=_norm_bytes,
         shapes=NORM_SHAPES,
         dtypes=DTYPES,
+        cuda_only=("torch_compile",),
+    ),
+    Case(
+        day="day020",
+        op="mlp_train",
+        impls={
+            "torch": _mlp_train(_torch_mlp),
+            "torch_compile": _mlp_train(compiled(_torch_mlp)),
+            "mojo_fused": _mlp_train(pco.mlp),
+        },
+        make_inputs=_mlp_inputs,
+        reference=lambda *ts: _mlp_train(_torch_mlp)(*(t.double() for t in ts)),
+        flops=lambda shape: 6 * 2 * shape[0] * shape[1] * 4 * shape[1],
+        shapes=MLP_SHAPES,
+        dtypes={"cpu": [torch.float32], "cuda": [torch.bfloat16]},
         cuda_only=("torch_compile",),
     ),
     Case(

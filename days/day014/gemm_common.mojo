@@ -139,13 +139,54 @@ def quad_transpose(mut p: SIMD[DType.uint32, 4], t: Int):
 
 
 @always_inline
+def gelu_tanh_grad(x: SIMD[DType.float32, _]) -> type_of(x):
+    """The derivative of gelu_tanh: with s = sigmoid(2u), gelu = x s, so
+    gelu' = s + 2 x s (1 - s) u', u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2). The same
+    value as torch's tanh form (1 - tanh(u)^2 = 4 s (1 - s)), and finite everywhere.
+    """
+    var u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    var s = 1 / (1 + exp(-2 * u))
+    var du = 0.7978845608028654 * (1 + 0.134145 * x * x)
+    return s + 2 * x * s * (1 - s) * du
+
+
+@always_inline
 def _packed[dtype: DType](v: SIMD[DType.float32, 2]) -> UInt32:
     return bitcast[DType.uint32, 1](v.cast[dtype]())[0]
 
 
 @always_inline
+def _unpacked[dtype: DType](p: UInt32) -> SIMD[DType.float32, 2]:
+    return bitcast[dtype, 2](SIMD[DType.uint32, 1](p)).cast[DType.float32]()
+
+
+@always_inline
+def quad_load_pairs[
+    dtype: DType
+](
+    row: Pointer[Scalar[dtype], MutAnyOrigin], col: Int, ok: Bool, t: Int
+) -> SIMD[DType.uint32, 4]:
+    """Read a row in the accumulator layout with one 16-byte load a lane: the store's
+    transpose run backwards. Each lane of a quad loads its own 8-value block at `col`
+    (nothing where `ok` is false: zeros), and quad_transpose hands lane t the pair at
+    2t of each of the quad's 4 blocks, packed in 32 bits. Every lane of the warp calls.
+    """
+    var p = SIMD[DType.uint32, 4]()
+    if ok:
+        p = bitcast[DType.uint32, 4](
+            row.unsafe_load[width=8, alignment=16](col)
+        )
+    quad_transpose(p, t)
+    return p
+
+
+@always_inline
 def wg_store_acc[
-    dtype: DType, BN: Int, BIAS: Bool = False, GELU: Bool = False
+    dtype: DType,
+    BN: Int,
+    BIAS: Bool = False,
+    GELU: Bool = False,
+    GELU_GRAD: Bool = False,
 ](
     acc: SIMD[DType.float32, BN // 2],
     o_t: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -166,12 +207,15 @@ def wg_store_acc[
     `row0`, straight from registers (N % 8 == 0; o_t and aux_t 16-byte aligned):
 
         out = act(alpha * acc + bias) + beta * c      act = GELU or none
+        out = alpha * acc * gelu_tanh'(c)             GELU_GRAD (c: GELU's input)
 
-    BIAS adds bias[col]; GELU applies gelu_tanh and, with `store_aux`, first writes
+    BIAS adds bias[col] (bias 16-byte aligned); GELU applies gelu_tanh and, with `store_aux`, first writes
     its input (the pre-activation a backward needs) to aux_t, laid out like out.
-    Day 014's kernels use neither (they pass o_t for both pointers, never touched);
-    day 019's fused linear layers do. Call it from every lane of the warpgroup: the
-    stores go through warp shuffles.
+    GELU_GRAD is that backward's other half: the gradient of GELU's input, from the
+    product that gives the gradient of its output and the saved input as c.
+    Day 014's kernels use none of them (they pass o_t for both pointers, never
+    touched); day 019's fused linear layers and day 020's MLP do. Call it from every
+    lane of the warpgroup: the loads and stores go through warp shuffles.
 
     Accumulator element 4*j + e sits at row 16*warp + g + 8*(e//2), col
     8*j + 2*t + e%2 (g = lane // 4, t = lane % 4): the mma.sync C layout per n8.
@@ -179,25 +223,24 @@ def wg_store_acc[
     bytes and a warp's store touches 8 rows: the epilogue of a 128 x 256 tile took
     ~20% of the kernel at K = 4096 (Nsight Compute, day 019). Instead the quad's 4
     lanes transpose their pairs of 4 blocks (quad_transpose), and each lane stores
-    one whole block: 16 bytes, a quarter of the store instructions.
+    one whole block: 16 bytes, a quarter of the store instructions. c and the bias
+    come in the same way (quad_load_pairs) where their rows are whole aligned blocks;
+    read 2 bytes a value, they cost a fifth of the product at K = 768 (day 020).
     """
     comptime assert (
         size_of[dtype]() == 2
     ), "16-bit outputs (a pair packs in 32 bits)"
     comptime assert BN % 32 == 0, "whole groups of 4 column blocks"
+    comptime assert not (
+        GELU_GRAD and (BIAS or GELU)
+    ), "GELU_GRAD is an epilogue of its own"
     var g = lane_id() // 4
     var t = lane_id() % 4
     var wrow = row0 + (warp_id() % 4) * 16 + g
     var out = acc * alpha
-    comptime if BIAS:
-        comptime for j in range(BN // 8):
-            var col = n0 + j * 8 + 2 * t
-            if col < N:
-                comptime for e in range(2):
-                    var b = bias[unsafe_offset=col + e].cast[DType.float32]()
-                    out[4 * j + e] += b
-                    out[4 * j + 2 + e] += b
-    var with_c = beta != 0
+    # the same in every lane: kernel arguments
+    var c_vec = c_cs == 1 and c_rs % 8 == 0 and Int(c_t) % 16 == 0
+    var with_c = beta != 0 or GELU_GRAD
     # GELU goes pair by pair: applied to all 128 values at once it needed three times
     # their registers and spilled.
     comptime for half in range(2):
@@ -208,33 +251,50 @@ def wg_store_acc[
         # K = 768 on the H100: day 020)
         var c_row = c_t.unsafe_offset(row * c_rs)
         comptime for jq in range(BN // 32):
+            # the block this lane loads and stores
+            var own = n0 + (4 * jq + t) * 8
+            var cq = SIMD[DType.uint32, 4]()
+            if with_c and c_vec:
+                cq = quad_load_pairs(c_row, own, row_in and own < N, t)
+            var bq = SIMD[DType.uint32, 4]()
+            comptime if BIAS:
+                bq = quad_load_pairs(bias, own, own < N, t)
             var res = SIMD[DType.uint32, 4]()
             var pre = SIMD[DType.uint32, 4]()  # GELU's input, for aux
             comptime for jj in range(4):
                 comptime j = 4 * jq + jj
                 var col = n0 + j * 8 + 2 * t
                 var v = out.slice[2, offset=4 * j + 2 * half]()
+                comptime if BIAS:
+                    v += _unpacked[dtype](bq[jj])
                 comptime if GELU:
                     pre[jj] = _packed[dtype](v)
                     v = gelu_tanh(v)
                 if with_c and row_in and col < N:
-                    var cp = c_row.unsafe_offset(col * c_cs)
-                    v[0] += beta * cp[unsafe_offset=0].cast[DType.float32]()
-                    v[1] += beta * cp[unsafe_offset=c_cs].cast[DType.float32]()
+                    var cv = SIMD[DType.float32, 2]()
+                    if c_vec:
+                        cv = _unpacked[dtype](cq[jj])
+                    else:
+                        var cp = c_row.unsafe_offset(col * c_cs)
+                        cv[0] = cp[unsafe_offset=0].cast[DType.float32]()
+                        cv[1] = cp[unsafe_offset=c_cs].cast[DType.float32]()
+                    comptime if GELU_GRAD:
+                        v *= gelu_tanh_grad(cv)
+                    else:
+                        v += beta * cv
                 res[jj] = _packed[dtype](v)
             quad_transpose(res, t)
             comptime if GELU:
                 if store_aux:  # a kernel argument: the same in every lane
                     quad_transpose(pre, t)
-            var col = n0 + (4 * jq + t) * 8  # this lane's whole block
-            if row_in and col < N:  # N % 8 == 0: a block is all in or all out
+            if row_in and own < N:  # N % 8 == 0: a block is all in or all out
                 o_t.unsafe_store[alignment=16](
-                    row * N + col, bitcast[dtype, 8](res)
+                    row * N + own, bitcast[dtype, 8](res)
                 )
                 comptime if GELU:
                     if store_aux:
                         aux_t.unsafe_store[alignment=16](
-                            row * N + col, bitcast[dtype, 8](pre)
+                            row * N + own, bitcast[dtype, 8](pre)
                         )
 
 

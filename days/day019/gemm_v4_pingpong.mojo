@@ -97,6 +97,7 @@ def gemm_pingpong_kernel[
     SMEM: Int,
     BIAS: Bool,
     GELU: Bool,
+    GELU_GRAD: Bool,
     CLUSTER: Int,
     COOP: Bool,
     SPLIT: Int,
@@ -125,7 +126,9 @@ def gemm_pingpong_kernel[
     (min(tiles, SMs), 1, 1), 384 threads and SMEM bytes of dynamic shared memory:
     STAGES stage buffers (BM x 64 of A, BN x 64 of B), a `full` and an
     `empty` mbarrier per stage, then the two `turn` mbarriers. `aux` (the GELU input,
-    laid out like out) is written when GELU and store_aux != 0.
+    laid out like out) is written when GELU and store_aux != 0. GELU_GRAD (neither BIAS
+    nor GELU): out = alpha * op(A) @ op(B) * gelu_tanh'(c), the MLP backward's gradient
+    of GELU's input, with c its saved input (day 020).
 
     COOP: the two consumers split every tile by rows instead (BM/2 each), as version 3
     does, without the turn; the persistent schedule and the early loads stay.
@@ -178,7 +181,12 @@ def gemm_pingpong_kernel[
     ), "clusters of 2 split A's tile into halves of whole 64-row boxes"
     comptime STREAM_K = SPLIT != 0  # the Units walk k-step ranges
     comptime assert SPLIT == 0 or (
-        COOP and CLUSTER == 1 and BN1 == 0 and not BIAS and not GELU
+        COOP
+        and CLUSTER == 1
+        and BN1 == 0
+        and not BIAS
+        and not GELU
+        and not GELU_GRAD
     ), (
         "split tiles: the cooperative schedule, no cluster, one column part,"
         " plain epilogue"
@@ -380,7 +388,7 @@ def gemm_pingpong_kernel[
                 ):
                     continue  # another warp finishes this tile
             comptime for r in range(ROW_BLOCKS):
-                wg_store_acc[dtype, BN0, BIAS, GELU](
+                wg_store_acc[dtype, BN0, BIAS, GELU, GELU_GRAD](
                     acc0.slice[FRAG0, offset=r * FRAG0](),
                     dst.unsafe_offset(bt * M * N),
                     c.unsafe_offset(bt * Int(c_bs)),
@@ -397,7 +405,7 @@ def gemm_pingpong_kernel[
                     store_aux != 0,
                 )
                 comptime if BN1 > 0:
-                    wg_store_acc[dtype, BN1, BIAS, GELU](
+                    wg_store_acc[dtype, BN1, BIAS, GELU, GELU_GRAD](
                         rebind[SIMD[DType.float32, BN1 // 2]](
                             acc1.slice[FRAG1, offset=r * FRAG1]()
                         ),
@@ -424,7 +432,8 @@ def slice_bytes[dtype: DType, K_CONTIG: Bool](mn: Int, ks: Int) -> Int:
     """Byte offset of `tma_desc`'s slice (mn, ks) from slice (0, 0) of the same tile.
     With comptime arguments it is a constant, and `WGMMADescriptor + bytes` adds it to
     the address field: one add per wgmma instead of a descriptor built from a pointer
-    (about a dozen instructions each, measured in SASS: part 4 of the journal)."""
+    (about a dozen instructions each, measured in SASS: part 4 of the journal).
+    """
     comptime if K_CONTIG:
         return (mn * TMA_BK + ks * 16) * size_of[dtype]()
     return ((mn // TMA_BOX) * TMA_BOX * TMA_BK + ks * 16 * TMA_BOX) * size_of[

@@ -198,8 +198,9 @@ def test_cuda_fused_forward_and_backward(bias, activation, residual, dtype, laun
         y = pco.linear(x, w, b, activation, r)
     close(y, reference(x, w, b, activation, r), dtype)
     assert launched and all("gemm_pingpong_kernel" in key for key in launched), launched
-    flags = launched[-1].split(".")[-5:-3]  # (BIAS, GELU) compiled into the kernel, then CLUSTER, COOP, STREAM_K
-    assert flags == [str(int(bias)), str(int(activation is not None))], launched
+    # (BIAS, GELU, GELU_GRAD) compiled into the kernel, then CLUSTER, COOP, SPLIT
+    flags = launched[-1].split(".")[-6:-3]
+    assert flags == [str(int(bias)), str(int(activation is not None)), "0"], launched
 
     leaves = [t.detach().requires_grad_() for t in (x, w, b, r) if t is not None]
     xs, ws, bs, rs = _rebuild(leaves, bias, residual)
@@ -222,10 +223,14 @@ def test_cuda_gpt2_mlp_shapes_and_a_broadcast_residual(launched):
     assert ".256.128." in gelu_key and ".128.192." in residual_key
     assert all(key.endswith(".1.1.0") for key in launched)
     strided_bias = torch.randn(2 * 3072, device="cuda", dtype=BF16)[::2]  # a view, stride 2
+    unaligned_bias = torch.randn(3073, device="cuda", dtype=BF16)[1:]  # 2 bytes past 16-byte alignment
     wt = w.t().contiguous().t()  # a transposed layout: copied, not misread
     with torch.no_grad():
         got = pco.linear(x, wt, strided_bias, "gelu_tanh")
     close(got, reference(x, w, strided_bias, "gelu_tanh", None), BF16)
+    with torch.no_grad():  # the epilogue reads the bias in 16-byte blocks: an unaligned one is copied
+        got = pco.linear(x, w, unaligned_bias, None)
+    close(got, reference(x, w, unaligned_bias, None, None), BF16)
 
 
 @needs_cuda

@@ -17,11 +17,12 @@ so one state_dict loads into either. What each impl uses:
 |---|---|---|
 | residual add + LayerNorm | `MojoAddLayerNorm` (day 013's kernels, fused add) | `x + delta`, `nn.LayerNorm` |
 | linear layers, output head | `MojoGEMM` / `gemm` (day 014) | `nn.Linear` / `F.linear` |
+| MLP: c_fc, GELU, c_mlp_proj | `mlp` (day 019's GEMM, GELU and its gradient in the epilogues) | `nn.Linear`, `F.gelu` |
 | attention, CUDA, bf16/fp16 | `flash_attention_qkvpacked` (day 017) | SDPA |
 | attention, otherwise | `gemm_batched` + `softmax` (days 014, 012) | SDPA |
 | loss | `cross_entropy` (day 020: one pass per row, fused gradient) | `F.cross_entropy` |
 
-Embeddings and GELU are torch in both. Neither build copies q, k or v
+Embeddings are torch in both. Neither build copies q, k or v
 out of the QKV projection's output: SDPA and day 017's kernels read them through strides,
 and both write the attention output as (batch, seq, heads, head_dim), so merging the
 heads is a view.
@@ -148,7 +149,12 @@ class Block(nn.Module):
         x, y = self.ln_1(x, delta)
         y = causal_attention(self.c_attn(y).view(b, s, 3, h, d // h), self.impl)
         x, y = self.ln_2(x, self.c_proj(y.reshape(b, s, d)))
-        return x, self.c_mlp_proj(F.gelu(self.c_fc(y), approximate="tanh"))
+        return x, self.mlp(y)
+
+    def mlp(self, y: torch.Tensor) -> torch.Tensor:
+        if self.impl == "gpu_days":  # one function both ways, with no GELU kernel (day 020, part 5)
+            return pco.mlp(y, self.c_fc.weight, self.c_fc.bias, self.c_mlp_proj.weight, self.c_mlp_proj.bias)
+        return self.c_mlp_proj(F.gelu(self.c_fc(y), approximate="tanh"))
 
 
 class GPT(nn.Module):

@@ -1,0 +1,190 @@
+"""Day 020, part 5: GPT-2's MLP as one function (`pco.mlp`, `MojoMLP`) against float64 torch.
+
+CPU: the composed path (two linear layers and torch's GELU), every gradient, bad inputs.
+CUDA: the fused path's four launches (bias + GELU with the pre-activation saved, bias; the
+backward's GELU_GRAD product), every gradient, autocast, CUDA-graph replay, and the
+shapes it hands back to the composition.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pytorch_custom_ops as pco
+from pytorch_custom_ops import direct
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+BF16, FP16 = torch.bfloat16, torch.float16
+
+
+def reference(x, w1, b1, w2, b2):
+    d = [None if t is None else t.double() for t in (x, w1, b1, w2, b2)]
+    return F.linear(F.gelu(F.linear(d[0], d[1], d[2]), approximate="tanh"), d[3], d[4])
+
+
+def make(lead, d_in, hidden, d_out, dtype, device, seed=0, bias=True):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*lead, d_in, generator=g)
+    w1 = torch.randn(hidden, d_in, generator=g) / math.sqrt(d_in)
+    b1 = torch.randn(hidden, generator=g) if bias else None
+    w2 = torch.randn(d_out, hidden, generator=g) / math.sqrt(hidden)
+    b2 = torch.randn(d_out, generator=g) if bias else None
+    return [None if t is None else t.to(device=device, dtype=dtype) for t in (x, w1, b1, w2, b2)]
+
+
+def tolerance(dtype):
+    return {torch.float64: 1e-10, torch.float32: 1e-4, BF16: 3e-2, FP16: 4e-3}[dtype]
+
+
+def check(leaves, dtype, launch=pco.mlp):
+    """Forward and every gradient of `launch` against the float64 composition."""
+    ours = [None if t is None else t.detach().requires_grad_() for t in leaves]
+    ref = [None if t is None else t.detach().double().requires_grad_() for t in leaves]
+    y = launch(*ours)
+    want = reference(*ref)
+    assert y.shape == want.shape and y.dtype == dtype
+    err = ((y.double() - want).abs() / (want.abs() + 1)).max().item()
+    assert err < tolerance(dtype), err
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64).to(y.device)
+    y.backward(g.to(dtype))
+    want.backward(g)
+    for name, a, b in zip(("x", "fc_weight", "fc_bias", "proj_weight", "proj_bias"), ours, ref, strict=True):
+        if a is None:
+            continue
+        scale = b.grad.abs().max().item() + 1
+        gap = (a.grad.double() - b.grad).abs().max().item()
+        assert gap < 4 * tolerance(dtype) * scale, (name, gap, scale)
+
+
+# -- CPU --------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("bias", [True, False])
+def test_cpu_matches_float64_with_every_gradient(dtype, bias):
+    check(make((3, 7), 24, 52, 20, dtype, "cpu", bias=bias), dtype)
+
+
+def test_cpu_gradcheck():
+    leaves = [t.requires_grad_() for t in make((5,), 6, 10, 4, torch.float64, "cpu")]
+    assert torch.autograd.gradcheck(pco.mlp, leaves)
+
+
+def test_module_holds_two_linear_layers_and_matches_the_function():
+    torch.manual_seed(0)
+    m = pco.MojoMLP(16, 40, 12).double()
+    assert [n for n, _ in m.named_parameters()] == ["fc.weight", "fc.bias", "proj.weight", "proj.bias"]
+    assert m.fc.weight.shape == (40, 16) and m.proj.weight.shape == (12, 40)
+    x = torch.randn(2, 3, 16, dtype=torch.float64)
+    torch.testing.assert_close(m(x), reference(x, m.fc.weight, m.fc.bias, m.proj.weight, m.proj.bias))
+    assert pco.MojoMLP(8, 32).proj.weight.shape == (8, 32)  # out_features defaults to in_features
+
+
+def test_bad_inputs_raise_clear_errors():
+    x, w1, b1, w2, b2 = make((4,), 8, 16, 8, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="proj_weight must be"):
+        pco.mlp(x, w1, b1, w2[:, :8], b2)
+    with pytest.raises(ValueError, match="does not end in in_features"):
+        pco.mlp(x[:, :4], w1, b1, w2, b2)
+    with pytest.raises(ValueError, match="bias must have shape"):
+        pco.mlp(x, w1, b1, w2, b2[:3])
+    with pytest.raises(TypeError, match="'weight' is torch.float64"):
+        pco.mlp(x, w1, b1, w2.double(), b2)
+    with pytest.raises(TypeError, match="'proj_weight' must be a torch.Tensor"):
+        pco.mlp(x, w1, b1, "w2", b2)
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        pco.mlp(x.tolist(), w1, b1, w2, b2)
+
+
+# -- CUDA: the fused path -----------------------------------------------------------------
+@pytest.fixture
+def launched(monkeypatch):
+    """The kernel keys of every direct launch made inside the test."""
+    seen: list[str] = []
+    real = direct.run
+
+    def spy(launches, device_index):
+        seen.extend(launch.kernel.key for launch in launches)
+        return real(launches, device_index)
+
+    monkeypatch.setattr(direct, "run", spy)
+    monkeypatch.setattr("pytorch_custom_ops.mojo_op.RECIPES", False)  # recipes replay without direct.run
+    return seen
+
+
+def _epilogue(key: str) -> tuple[str, ...]:
+    """(BIAS, GELU, GELU_GRAD) of a ping-pong kernel key (then CLUSTER, COOP, SPLIT)."""
+    return tuple(key.split(".")[-6:-3])
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_cuda_fused_mlp_with_every_gradient(dtype, bias, launched):
+    # 2 x 67 rows (tile tails in m), 72 -> 200 -> 40: tails in n and k as well
+    check(make((2, 67), 72, 200, 40, dtype, "cuda", seed=1, bias=bias), dtype)
+    gemms = [k for k in launched if "gemm_pingpong_kernel" in k]
+    b = str(int(bias))
+    # forward: bias + GELU saving pre, then bias; backward: the GELU_GRAD product, and the
+    # plain products of dW2, dX, dW1
+    assert _epilogue(gemms[0]) == (b, "1", "0") and _epilogue(gemms[1]) == (b, "0", "0"), gemms
+    assert [_epilogue(k) for k in gemms].count(("0", "0", "1")) == 1, gemms
+    assert not any("gelu" in k.lower() and "pingpong" not in k for k in launched), launched
+
+
+@needs_cuda
+def test_cuda_gpt2_shapes_under_autocast():
+    """The 124M model's MLP: 768 -> 3072 -> 768, float32 parameters, bfloat16 autocast."""
+    x, w1, b1, w2, b2 = make((2, 300), 768, 3072, 768, torch.float32, "cuda", seed=2)
+    with torch.autocast("cuda", dtype=BF16):
+        check([x, w1, b1, w2, b2], BF16, launch=lambda *t: pco.mlp(*t))
+
+
+@needs_cuda
+def test_cuda_unaligned_and_strided_operands_are_copied_not_misread():
+    x, w1, b1, w2, b2 = make((130,), 64, 136, 48, BF16, "cuda", seed=4)
+    odd = torch.empty(x.numel() + 1, device="cuda", dtype=BF16)[1:].view_as(x).copy_(x)  # 2 bytes off
+    bias = torch.empty(b1.numel() + 1, device="cuda", dtype=BF16)[1:].copy_(b1)
+    wt = w2.t().contiguous().t()  # a transposed layout
+    check([odd, w1, bias, wt, b2], BF16)
+
+
+@needs_cuda
+def test_cuda_unfusable_widths_take_the_composition(launched):
+    # hidden 100 is not a multiple of 8: composed (day 014's GEMM and torch's GELU), still right
+    check(make((33,), 64, 100, 48, BF16, "cuda", seed=5), BF16)
+    assert not any(_epilogue(k)[2] == "1" for k in launched if "gemm_pingpong_kernel" in k)
+    check(make((33,), 24, 40, 16, torch.float32, "cuda", seed=6), torch.float32)  # float32: SIMT
+
+
+@needs_cuda
+def test_cuda_graph_replays_forward_and_backward():
+    torch.manual_seed(3)
+    m = pco.MojoMLP(64, 256, device="cuda", dtype=BF16)
+    x = torch.randn(96, 64, device="cuda", dtype=BF16, requires_grad=True)
+
+    def step():
+        m.zero_grad(set_to_none=False)
+        x.grad = None
+        y = m(x)
+        y.backward(torch.ones_like(y))
+        return y
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # warm-up: kernels loaded and plans made outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = step()
+    with torch.no_grad():
+        x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = reference(x, m.fc.weight, m.fc.bias, m.proj.weight, m.proj.bias)
+    assert ((static_y.double() - want).abs() / (want.abs() + 1)).max().item() < tolerance(BF16)
+    ref_w = m.proj.weight.detach().double().requires_grad_()
+    reference(x.detach(), m.fc.weight, m.fc.bias, ref_w, m.proj.bias).sum().backward()
+    scale = ref_w.grad.abs().max().item() + 1
+    assert (m.proj.weight.grad.double() - ref_w.grad).abs().max().item() < 4 * tolerance(BF16) * scale

@@ -1,0 +1,181 @@
+"""`mlp`: GPT-2's MLP as one torch function with its own backward, and `MojoMLP`, its module.
+
+    y = gelu_tanh(x @ fc_weight.T + fc_bias) @ proj_weight.T + proj_bias
+
+On CUDA in bfloat16/float16 (widths multiples of 8, 16-byte aligned operands) it is
+four launches of day 019's GEMM with fused epilogues, and no GELU kernel either way:
+
+    forward   pre, h = x W1^T + b1, gelu(pre)     one launch writes both (BIAS + GELU)
+              y = h W2^T + b2                     BIAS
+    backward  dpre = (dy W2) * gelu'(pre)         one launch: GELU_GRAD reads pre as c
+              dW2 = dy^T h, dW1 = dpre^T x, dx = dpre W1, and the two bias column sums
+
+Composed from `linear` and `F.gelu`, the same layer runs torch's GELU forward (read pre,
+write h) and backward (read dh and pre, write dpre) as kernels of their own: about
+2 ms of a GPT-2 124M training step on the H100 (day 020). The backward keeps pre and h,
+as the composition's autograd does (GELU saves its input, the second product its).
+
+Everywhere else (the CPU, float32/float64, unaligned rows, torch.compile tracing) it is
+that composition, `linear(linear(x, W1, b1, "gelu_tanh"), W2, b2)`: the same results.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import direct, eager
+from .contract import OpSpec, TensorArg
+from .gemm import MojoGEMM, _alpha_beta, column_sum, gemm
+from .gemm_gpu import PINGPONG_KERNEL, TC_DTYPES, pingpong_launch
+from .linear import _fused_forward, check_linear_args, linear, linear_tile
+from .mojo_op import MojoOp
+
+# dpre = (dy @ W2) * gelu_tanh'(pre): W2 is (out, hidden) as nn.Linear stores it, read in place
+GELU_GRAD_PRODUCT = OpSpec(
+    name="gelu_grad_product",
+    outputs=(TensorArg("grad_pre", ("rows", "hidden")),),
+    inputs=(
+        TensorArg("grad", ("rows", "out_features")),
+        TensorArg("weight", ("out_features", "hidden")),
+        TensorArg("pre", ("rows", "hidden")),
+        TensorArg("alpha_beta", (2,), dtype=torch.float32),
+    ),
+)
+
+
+# --8<-- [start:plan]
+@direct.plan(PINGPONG_KERNEL)
+def gelu_grad_product_gpu(outputs, inputs, params) -> list[direct.Launch]:
+    (out,), (grad, weight, pre, alpha_beta) = outputs, inputs
+    (m, k), n = grad.shape, weight.shape[1]
+    kind, bm, bn = linear_tile(m, n, k, out.get_device())
+    # grad (M, K) is k-contiguous, weight (K, N) n-contiguous: neither transposed; pre
+    # is c, full (rows of N), which the epilogue reads in 16-byte blocks
+    sizes = (m, n, k, 1, 0, n, 1)
+    return pingpong_launch(
+        grad, weight, out, pre, alpha_beta, None, None, sizes, False, False, kind, bm, bn, gelu_grad=True
+    )
+
+
+# --8<-- [end:plan]
+_gelu_grad_product = MojoOp(GELU_GRAD_PRODUCT, gpu=gelu_grad_product_gpu)
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """t, or a fresh copy where its data is not 16-byte aligned (TMA and vector loads)."""
+    return t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
+
+
+# -- the fused path ---------------------------------------------------------------------
+def _forward(x2, fc_weight, fc_bias, proj_weight, proj_bias):
+    """(y, h, pre) for 2-D x2: pre = x W1^T + b1, h = gelu(pre), y = h W2^T + b2."""
+    h, pre = _fused_forward(x2, fc_weight, fc_bias, "gelu_tanh", None, save_pre=True)
+    y, _ = _fused_forward(h, proj_weight, proj_bias, None, None, save_pre=False)
+    return y, h, pre
+
+
+def _forward_no_grad(x2, fc_weight, fc_bias, proj_weight, proj_bias):
+    h, _ = _fused_forward(x2, fc_weight, fc_bias, "gelu_tanh", None, save_pre=False)
+    y, _ = _fused_forward(h, proj_weight, proj_bias, None, None, save_pre=False)
+    return y
+
+
+def _setup_context(ctx, inputs, output):
+    x2, fc_weight, fc_bias, proj_weight, proj_bias = inputs
+    _y, h, pre = output
+    ctx.has_bias = (fc_bias is not None, proj_bias is not None)
+    ctx.set_materialize_grads(False)
+    ctx.mark_non_differentiable(h, pre)
+    ctx.save_for_backward(x2, fc_weight, proj_weight, h, pre)
+
+
+def _backward(ctx, g, _grad_h, _grad_pre):
+    if g is None:
+        return None, None, None, None, None
+    x2, fc_weight, proj_weight, h, pre = ctx.saved_tensors
+    need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad
+    g = _aligned(g)
+    dx = dw1 = db1 = dw2 = db2 = None
+    if need_w2:
+        dw2 = gemm(g, h, transpose_a=True)  # dy^T h: (out, rows) @ (rows, hidden)
+    if need_b2 and ctx.has_bias[1]:
+        db2 = column_sum(g)
+    if need_x or need_w1 or need_b1:
+        (dpre,) = _gelu_grad_product([g, proj_weight, pre, _alpha_beta(1.0, 0.0, g.device)])
+        if need_x:
+            dx = gemm(dpre, fc_weight)  # (rows, hidden) @ (hidden, in)
+        if need_w1:
+            dw1 = gemm(dpre, x2, transpose_a=True)
+        if need_b1 and ctx.has_bias[0]:
+            db1 = column_sum(dpre)
+    return dx, dw1, db1, dw2, db2
+
+
+_fused_autograd = eager.function("FusedMLP", _forward, _setup_context, _backward)
+
+
+# -- public API -------------------------------------------------------------------------
+def check_mlp_args(x, fc_weight, fc_bias, proj_weight, proj_bias) -> None:
+    check_linear_args(x, fc_weight, fc_bias, None, None)
+    if not isinstance(proj_weight, torch.Tensor):
+        raise TypeError(f"mlp: 'proj_weight' must be a torch.Tensor, got {type(proj_weight).__name__}")
+    if proj_weight.dim() != 2 or proj_weight.shape[1] != fc_weight.shape[0]:
+        raise ValueError(
+            f"mlp: proj_weight must be (out_features, {fc_weight.shape[0]}) to take fc's "
+            f"{fc_weight.shape[0]} features, got shape {tuple(proj_weight.shape)}"
+        )
+    # the second layer's checks, on a stand-in for its input (one element, broadcast)
+    hidden = x.new_empty(1).expand(*x.shape[:-1], fc_weight.shape[0])
+    check_linear_args(hidden, proj_weight, proj_bias, None, None)
+
+
+def _fusable_mlp(x2, fc_weight, proj_weight) -> bool:
+    """The fused path applies: CUDA, 16-bit floats, every width a multiple of 8 (16-byte
+    rows), some rows. Alignment is not asked: unaligned operands are copied."""
+    widths = (x2.shape[1], fc_weight.shape[0], proj_weight.shape[0])
+    return x2.is_cuda and x2.dtype in TC_DTYPES and x2.shape[0] > 0 and all(w > 0 and w % 8 == 0 for w in widths)
+
+
+def mlp(
+    x: torch.Tensor,
+    fc_weight: torch.Tensor,
+    fc_bias: torch.Tensor | None,
+    proj_weight: torch.Tensor,
+    proj_bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """gelu_tanh(x @ fc_weight.T + fc_bias) @ proj_weight.T + proj_bias, weights as nn.Linear's."""
+    check_mlp_args(x, fc_weight, fc_bias, proj_weight, proj_bias)
+    low = eager.autocast_dtype(x)
+    if low is not None:  # matrix products: the autocast dtype, as F.linear
+        x, fc_weight, fc_bias, proj_weight, proj_bias = eager.cast_floats(
+            low, x, fc_weight, fc_bias, proj_weight, proj_bias
+        )
+    way = eager.route(x, fc_weight, fc_bias, proj_weight, proj_bias)
+    x2 = x.reshape(-1, x.shape[-1])
+    if way is eager.OP or not _fusable_mlp(x2, fc_weight, proj_weight):
+        return linear(linear(x, fc_weight, fc_bias, "gelu_tanh"), proj_weight, proj_bias)
+    x2 = _aligned(x2)
+    fc_weight, proj_weight = _aligned(fc_weight), _aligned(proj_weight)
+    fc_bias = None if fc_bias is None else _aligned(fc_bias)
+    proj_bias = None if proj_bias is None else _aligned(proj_bias)
+    if way is eager.AUTOGRAD:
+        y = _fused_autograd(x2, fc_weight, fc_bias, proj_weight, proj_bias)[0]
+    else:
+        y = _forward_no_grad(x2, fc_weight, fc_bias, proj_weight, proj_bias)
+    return y.view(*x.shape[:-1], proj_weight.shape[0])
+
+
+class MojoMLP(torch.nn.Module):
+    """GPT-2's MLP: `fc` (in -> hidden), tanh GELU, `proj` (hidden -> out), as `mlp`.
+    The two layers are MojoGEMM modules (nn.Linear's parameters and initialisation)."""
+
+    def __init__(
+        self, in_features: int, hidden: int, out_features: int | None = None, bias=True, device=None, dtype=None
+    ):
+        super().__init__()
+        out_features = in_features if out_features is None else out_features
+        self.fc = MojoGEMM(in_features, hidden, bias, device=device, dtype=dtype)
+        self.proj = MojoGEMM(hidden, out_features, bias, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return mlp(x, self.fc.weight, self.fc.bias, self.proj.weight, self.proj.bias)
