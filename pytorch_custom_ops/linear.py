@@ -233,10 +233,10 @@ def linear(
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """act(x @ weight.T + bias) + residual; act is None or "gelu_tanh"."""
-    check_linear_args(x, weight, bias, activation, residual)
     low = eager.autocast_dtype(x)
-    if low is not None:  # a matrix product: the autocast dtype, as F.linear
+    if low is not None:  # a matrix product: the autocast dtype, as F.linear (then checked)
         x, weight, bias, residual = eager.cast_floats(low, x, weight, bias, residual)
+    check_linear_args(x, weight, bias, activation, residual)
     way = eager.route(x, weight, bias, residual)
     if way is eager.OP or not _fusable(x, weight, bias, residual):
         return _composed(x, weight, bias, activation, residual)

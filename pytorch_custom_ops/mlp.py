@@ -144,12 +144,12 @@ def mlp(
     proj_bias: torch.Tensor | None,
 ) -> torch.Tensor:
     """gelu_tanh(x @ fc_weight.T + fc_bias) @ proj_weight.T + proj_bias, weights as nn.Linear's."""
-    check_mlp_args(x, fc_weight, fc_bias, proj_weight, proj_bias)
     low = eager.autocast_dtype(x)
-    if low is not None:  # matrix products: the autocast dtype, as F.linear
+    if low is not None:  # matrix products: the autocast dtype, as F.linear (then checked)
         x, fc_weight, fc_bias, proj_weight, proj_bias = eager.cast_floats(
             low, x, fc_weight, fc_bias, proj_weight, proj_bias
         )
+    check_mlp_args(x, fc_weight, fc_bias, proj_weight, proj_bias)
     way = eager.route(x, fc_weight, fc_bias, proj_weight, proj_bias)
     x2 = x.reshape(-1, x.shape[-1])
     if way is eager.OP or not _fusable_mlp(x2, fc_weight, proj_weight):

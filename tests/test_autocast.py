@@ -46,6 +46,28 @@ def test_gemm_and_mojogemm_run_in_the_autocast_dtype(device):
     assert rel(grad_ours[0], x.grad) < 2e-2 and rel(grad_ours[1], linear.weight.grad) < 2e-2
 
 
+def test_linear_and_mlp_take_low_precision_activations_and_float32_parameters(device):
+    """Inside a mixed-precision model the activations arrive in bfloat16 (a LayerNorm's
+    output) while the parameters are float32: both are cast, as F.linear does, not refused."""
+    torch.manual_seed(1)
+    x = torch.randn(40, 32, device=device).bfloat16().requires_grad_()
+    fc, proj = torch.nn.Linear(32, 64).to(device), torch.nn.Linear(64, 32).to(device)
+    with _autocast(device):
+        y = pco.mlp(x, fc.weight, fc.bias, proj.weight, proj.bias)
+        z = pco.linear(x, fc.weight, fc.bias, "gelu_tanh")
+        want = proj(F.gelu(fc(x), approximate="tanh"))
+    assert y.dtype == z.dtype == torch.bfloat16
+    z_want = F.gelu(F.linear(x.double(), fc.weight.double(), fc.bias.double()), approximate="tanh")
+    assert rel(y, want) < 2e-2 and rel(z, z_want) < 2e-2
+    y.float().sum().backward()
+    got = (x.grad.clone(), fc.weight.grad.clone(), proj.bias.grad.clone())
+    x.grad = fc.weight.grad = proj.bias.grad = None
+    want.float().sum().backward()
+    assert got[1].dtype == torch.float32  # the float32 leaf's gradient, through the cast
+    for ours, ref in zip(got, (x.grad, fc.weight.grad, proj.bias.grad), strict=True):
+        assert rel(ours, ref) < 3e-2
+
+
 def test_layer_norm_and_softmax_run_in_float32(device):
     x = torch.randn(4, 64, device=device).bfloat16()
     w, b = torch.randn(64, device=device), torch.randn(64, device=device)

@@ -156,28 +156,19 @@ def _packed[dtype: DType](v: SIMD[DType.float32, 2]) -> UInt32:
 
 
 @always_inline
-def _unpacked[dtype: DType](p: UInt32) -> SIMD[DType.float32, 2]:
-    return bitcast[dtype, 2](SIMD[DType.uint32, 1](p)).cast[DType.float32]()
-
-
-@always_inline
-def quad_load_pairs[
+def _pair[
     dtype: DType
-](
-    row: Pointer[Scalar[dtype], MutAnyOrigin], col: Int, ok: Bool, t: Int
-) -> SIMD[DType.uint32, 4]:
-    """Read a row in the accumulator layout with one 16-byte load a lane: the store's
-    transpose run backwards. Each lane of a quad loads its own 8-value block at `col`
-    (nothing where `ok` is false: zeros), and quad_transpose hands lane t the pair at
-    2t of each of the quad's 4 blocks, packed in 32 bits. Every lane of the warp calls.
-    """
-    var p = SIMD[DType.uint32, 4]()
-    if ok:
-        p = bitcast[DType.uint32, 4](
-            row.unsafe_load[width=8, alignment=16](col)
-        )
-    quad_transpose(p, t)
-    return p
+](p: Pointer[Scalar[dtype], MutAnyOrigin], stride: Int, whole: Bool) -> SIMD[
+    DType.float32, 2
+]:
+    """p[0] and p[stride] as float32: one 4-byte load where they are adjacent and
+    4-byte aligned (`whole`, the same in every lane), else two 2-byte loads."""
+    if whole:
+        return p.unsafe_load[width=2, alignment=4](0).cast[DType.float32]()
+    var v = SIMD[DType.float32, 2]()
+    v[0] = p[unsafe_offset=0].cast[DType.float32]()
+    v[1] = p[unsafe_offset=stride].cast[DType.float32]()
+    return v
 
 
 @always_inline
@@ -209,13 +200,13 @@ def wg_store_acc[
         out = act(alpha * acc + bias) + beta * c      act = GELU or none
         out = alpha * acc * gelu_tanh'(c)             GELU_GRAD (c: GELU's input)
 
-    BIAS adds bias[col] (bias 16-byte aligned); GELU applies gelu_tanh and, with `store_aux`, first writes
-    its input (the pre-activation a backward needs) to aux_t, laid out like out.
-    GELU_GRAD is that backward's other half: the gradient of GELU's input, from the
-    product that gives the gradient of its output and the saved input as c.
-    Day 014's kernels use none of them (they pass o_t for both pointers, never
-    touched); day 019's fused linear layers and day 020's MLP do. Call it from every
-    lane of the warpgroup: the loads and stores go through warp shuffles.
+    BIAS adds bias[col] (bias 4-byte aligned); GELU applies gelu_tanh and, with
+    `store_aux`, first writes its input (the pre-activation a backward needs) to
+    aux_t, laid out like out. GELU_GRAD is that backward's other half: the gradient
+    of GELU's input, from the product that gives the gradient of its output and the
+    saved input as c. Day 014's kernels use none of them (they pass o_t for both
+    pointers, never touched); day 019's fused linear layers and day 020's MLP do.
+    Call it from every lane of the warpgroup: the stores go through warp shuffles.
 
     Accumulator element 4*j + e sits at row 16*warp + g + 8*(e//2), col
     8*j + 2*t + e%2 (g = lane // 4, t = lane % 4): the mma.sync C layout per n8.
@@ -224,8 +215,7 @@ def wg_store_acc[
     ~20% of the kernel at K = 4096 (Nsight Compute, day 019). Instead the quad's 4
     lanes transpose their pairs of 4 blocks (quad_transpose), and each lane stores
     one whole block: 16 bytes, a quarter of the store instructions. c and the bias
-    come in the same way (quad_load_pairs) where their rows are whole aligned blocks;
-    read 2 bytes a value, they cost a fifth of the product at K = 768 (day 020).
+    are read a pair at a time (4 bytes) where their rows allow.
     """
     comptime assert (
         size_of[dtype]() == 2
@@ -238,9 +228,18 @@ def wg_store_acc[
     var t = lane_id() % 4
     var wrow = row0 + (warp_id() % 4) * 16 + g
     var out = acc * alpha
-    # the same in every lane: kernel arguments
-    var c_vec = c_cs == 1 and c_rs % 8 == 0 and Int(c_t) % 16 == 0
+    comptime if BIAS:
+        comptime for j in range(BN // 8):
+            var col = n0 + j * 8 + 2 * t
+            if col < N:
+                var b = _pair(bias.unsafe_offset(col), 1, True)
+                out[4 * j] += b[0]
+                out[4 * j + 1] += b[1]
+                out[4 * j + 2] += b[0]
+                out[4 * j + 3] += b[1]
     var with_c = beta != 0 or GELU_GRAD
+    # a pair of c in one 4-byte load: adjacent columns, rows of even length, aligned
+    var c_whole = c_cs == 1 and c_rs % 2 == 0 and Int(c_t) % 4 == 0
     # GELU goes pair by pair: applied to all 128 values at once it needed three times
     # their registers and spilled.
     comptime for half in range(2):
@@ -251,33 +250,19 @@ def wg_store_acc[
         # K = 768 on the H100: day 020)
         var c_row = c_t.unsafe_offset(row * c_rs)
         comptime for jq in range(BN // 32):
-            # the block this lane loads and stores
-            var own = n0 + (4 * jq + t) * 8
-            var cq = SIMD[DType.uint32, 4]()
-            if with_c and c_vec:
-                cq = quad_load_pairs(c_row, own, row_in and own < N, t)
-            var bq = SIMD[DType.uint32, 4]()
-            comptime if BIAS:
-                bq = quad_load_pairs(bias, own, own < N, t)
             var res = SIMD[DType.uint32, 4]()
             var pre = SIMD[DType.uint32, 4]()  # GELU's input, for aux
             comptime for jj in range(4):
                 comptime j = 4 * jq + jj
                 var col = n0 + j * 8 + 2 * t
                 var v = out.slice[2, offset=4 * j + 2 * half]()
-                comptime if BIAS:
-                    v += _unpacked[dtype](bq[jj])
                 comptime if GELU:
                     pre[jj] = _packed[dtype](v)
                     v = gelu_tanh(v)
                 if with_c and row_in and col < N:
-                    var cv = SIMD[DType.float32, 2]()
-                    if c_vec:
-                        cv = _unpacked[dtype](cq[jj])
-                    else:
-                        var cp = c_row.unsafe_offset(col * c_cs)
-                        cv[0] = cp[unsafe_offset=0].cast[DType.float32]()
-                        cv[1] = cp[unsafe_offset=c_cs].cast[DType.float32]()
+                    var cv = _pair(
+                        c_row.unsafe_offset(col * c_cs), c_cs, c_whole
+                    )
                     comptime if GELU_GRAD:
                         v *= gelu_tanh_grad(cv)
                     else:
@@ -287,14 +272,15 @@ def wg_store_acc[
             comptime if GELU:
                 if store_aux:  # a kernel argument: the same in every lane
                     quad_transpose(pre, t)
-            if row_in and own < N:  # N % 8 == 0: a block is all in or all out
+            var col = n0 + (4 * jq + t) * 8  # this lane's whole block
+            if row_in and col < N:  # N % 8 == 0: a block is all in or all out
                 o_t.unsafe_store[alignment=16](
-                    row * N + own, bitcast[dtype, 8](res)
+                    row * N + col, bitcast[dtype, 8](res)
                 )
                 comptime if GELU:
                     if store_aux:
                         aux_t.unsafe_store[alignment=16](
-                            row * N + own, bitcast[dtype, 8](pre)
+                            row * N + col, bitcast[dtype, 8](pre)
                         )
 
 
