@@ -48,9 +48,10 @@ GELU_GRAD_PRODUCT = OpSpec(
 def gelu_grad_product_gpu(outputs, inputs, params) -> list[direct.Launch]:
     (out,), (grad, weight, pre, alpha_beta) = outputs, inputs
     (m, k), n = grad.shape, weight.shape[1]
-    kind, bm, bn = linear_tile(m, n, k, out.get_device())
+    # GELU's tile rule: the derivative over 192 columns a consumer spills (716 bytes)
+    kind, bm, bn = linear_tile(m, n, k, out.get_device(), gelu=True)
     # grad (M, K) is k-contiguous, weight (K, N) n-contiguous: neither transposed; pre
-    # is c, full (rows of N), which the epilogue reads in 16-byte blocks
+    # is c, full (rows of N), which the epilogue reads a pair (4 bytes) at a time
     sizes = (m, n, k, 1, 0, n, 1)
     return pingpong_launch(
         grad, weight, out, pre, alpha_beta, None, None, sizes, False, False, kind, bm, bn, gelu_grad=True

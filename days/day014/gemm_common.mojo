@@ -14,6 +14,7 @@ from max.gpu.primitives import warp
 from std.math import exp
 from std.memory import bitcast
 from std.sys import size_of
+from std.sys._assembly import inlined_assembly
 
 
 def accum_dtype[dtype: DType]() -> DType:
@@ -110,12 +111,38 @@ def operand_offset[
 
 # --8<-- [start:wg_epilogue]
 @always_inline
+def fast_rcp(x: SIMD[DType.float32, _]) -> type_of(x):
+    """1 / x by the SFU's approximate reciprocal (rcp.approx.ftz: one instruction, ~1 ulp).
+    `1 / x` compiles to rcp.rn, an IEEE-rounded sequence with a slow path, in every
+    epilogue value: the GELU epilogues are latency-bound, and bf16 outputs do not see
+    the last bit of a float32 reciprocal."""
+    var r = type_of(x)()
+    comptime for i in range(x.length):
+        r[i] = inlined_assembly[
+            "rcp.approx.ftz.f32 $0, $1;", Float32, constraints="=f,f"
+        ](x[i])
+    return r
+
+
+@always_inline
 def gelu_tanh(x: SIMD[DType.float32, _]) -> type_of(x):
     """GPT-2's GELU, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), written as
     x * sigmoid(2u): the same function, one exp, and no overflow (exp -> inf gives -0).
     """
     var u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-    return x / (1 + exp(-2 * u))
+    return x * fast_rcp(1 + exp(-2 * u))
+
+
+@always_inline
+def gelu_tanh_grad(x: SIMD[DType.float32, _]) -> type_of(x):
+    """The derivative of gelu_tanh: with s = sigmoid(2u), gelu = x s, so
+    gelu' = s + 2 x s (1 - s) u', u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2). The same
+    value as torch's tanh form (1 - tanh(u)^2 = 4 s (1 - s)), and finite everywhere.
+    """
+    var u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    var s = fast_rcp(1 + exp(-2 * u))
+    var du = 0.7978845608028654 * (1 + 0.134145 * x * x)
+    return s + 2 * x * s * (1 - s) * du
 
 
 @always_inline
@@ -139,36 +166,8 @@ def quad_transpose(mut p: SIMD[DType.uint32, 4], t: Int):
 
 
 @always_inline
-def gelu_tanh_grad(x: SIMD[DType.float32, _]) -> type_of(x):
-    """The derivative of gelu_tanh: with s = sigmoid(2u), gelu = x s, so
-    gelu' = s + 2 x s (1 - s) u', u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2). The same
-    value as torch's tanh form (1 - tanh(u)^2 = 4 s (1 - s)), and finite everywhere.
-    """
-    var u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-    var s = 1 / (1 + exp(-2 * u))
-    var du = 0.7978845608028654 * (1 + 0.134145 * x * x)
-    return s + 2 * x * s * (1 - s) * du
-
-
-@always_inline
 def _packed[dtype: DType](v: SIMD[DType.float32, 2]) -> UInt32:
     return bitcast[DType.uint32, 1](v.cast[dtype]())[0]
-
-
-@always_inline
-def _pair[
-    dtype: DType
-](p: Pointer[Scalar[dtype], MutAnyOrigin], stride: Int, whole: Bool) -> SIMD[
-    DType.float32, 2
-]:
-    """p[0] and p[stride] as float32: one 4-byte load where they are adjacent and
-    4-byte aligned (`whole`, the same in every lane), else two 2-byte loads."""
-    if whole:
-        return p.unsafe_load[width=2, alignment=4](0).cast[DType.float32]()
-    var v = SIMD[DType.float32, 2]()
-    v[0] = p[unsafe_offset=0].cast[DType.float32]()
-    v[1] = p[unsafe_offset=stride].cast[DType.float32]()
-    return v
 
 
 @always_inline
@@ -198,7 +197,9 @@ def wg_store_acc[
     `row0`, straight from registers (N % 8 == 0; o_t and aux_t 16-byte aligned):
 
         out = act(alpha * acc + bias) + beta * c      act = GELU or none
-        out = alpha * acc * gelu_tanh'(c)             GELU_GRAD (c: GELU's input)
+        out = alpha * acc * gelu_tanh'(c)             GELU_GRAD (c: GELU's input;
+                                                      full, row-major, 4-byte aligned;
+                                                      beta must be 0)
 
     BIAS adds bias[col] (bias 4-byte aligned); GELU applies gelu_tanh and, with
     `store_aux`, first writes its input (the pre-activation a backward needs) to
@@ -214,8 +215,7 @@ def wg_store_acc[
     bytes and a warp's store touches 8 rows: the epilogue of a 128 x 256 tile took
     ~20% of the kernel at K = 4096 (Nsight Compute, day 019). Instead the quad's 4
     lanes transpose their pairs of 4 blocks (quad_transpose), and each lane stores
-    one whole block: 16 bytes, a quarter of the store instructions. c and the bias
-    are read a pair at a time (4 bytes) where their rows allow.
+    one whole block: 16 bytes, a quarter of the store instructions.
     """
     comptime assert (
         size_of[dtype]() == 2
@@ -228,18 +228,18 @@ def wg_store_acc[
     var t = lane_id() % 4
     var wrow = row0 + (warp_id() % 4) * 16 + g
     var out = acc * alpha
-    comptime if BIAS:
+    comptime if BIAS:  # bias[col], bias[col + 1]: one 4-byte load for both halves
         comptime for j in range(BN // 8):
             var col = n0 + j * 8 + 2 * t
             if col < N:
-                var b = _pair(bias.unsafe_offset(col), 1, True)
+                var b = bias.unsafe_load[width=2, alignment=4](col).cast[
+                    DType.float32
+                ]()
                 out[4 * j] += b[0]
                 out[4 * j + 1] += b[1]
                 out[4 * j + 2] += b[0]
                 out[4 * j + 3] += b[1]
-    var with_c = beta != 0 or GELU_GRAD
-    # a pair of c in one 4-byte load: adjacent columns, rows of even length, aligned
-    var c_whole = c_cs == 1 and c_rs % 2 == 0 and Int(c_t) % 4 == 0
+    var with_c = beta != 0
     # GELU goes pair by pair: applied to all 128 values at once it needed three times
     # their registers and spilled.
     comptime for half in range(2):
@@ -249,6 +249,19 @@ def wg_store_acc[
         # fewer SASS instructions in the 256 x 128 cooperative kernel, about 2% at
         # K = 768 on the H100: day 020)
         var c_row = c_t.unsafe_offset(row * c_rs)
+        # GELU_GRAD's c (full, contiguous, aligned: its caller's promise), a pair per
+        # 4-byte load, all of the half's loads issued before the first use and none
+        # behind a branch: out-of-range lanes read row M - 1 / column N - 2 instead,
+        # and their results are never stored. (Loads behind per-pair branches ran one
+        # at a time: this product took 402 us at 16384 x 768 -> 3072 on the H100.)
+        var gq = SIMD[DType.uint32, BN // 8]()
+        comptime if GELU_GRAD:
+            var safe = c_t.unsafe_offset(min(row, M - 1) * c_rs)
+            comptime for j in range(BN // 8):
+                var col = min(n0 + j * 8 + 2 * t, N - 2)
+                gq[j] = bitcast[DType.uint32, 1](
+                    safe.unsafe_load[width=2, alignment=4](col)
+                )[0]
         comptime for jq in range(BN // 32):
             var res = SIMD[DType.uint32, 4]()
             var pre = SIMD[DType.uint32, 4]()  # GELU's input, for aux
@@ -259,14 +272,15 @@ def wg_store_acc[
                 comptime if GELU:
                     pre[jj] = _packed[dtype](v)
                     v = gelu_tanh(v)
+                comptime if GELU_GRAD:
+                    var c_pre = bitcast[dtype, 2](
+                        SIMD[DType.uint32, 1](gq[j])
+                    ).cast[DType.float32]()
+                    v *= gelu_tanh_grad(c_pre)
                 if with_c and row_in and col < N:
-                    var cv = _pair(
-                        c_row.unsafe_offset(col * c_cs), c_cs, c_whole
-                    )
-                    comptime if GELU_GRAD:
-                        v *= gelu_tanh_grad(cv)
-                    else:
-                        v += beta * cv
+                    var cp = c_row.unsafe_offset(col * c_cs)
+                    v[0] += beta * cp[unsafe_offset=0].cast[DType.float32]()
+                    v[1] += beta * cp[unsafe_offset=c_cs].cast[DType.float32]()
                 res[jj] = _packed[dtype](v)
             quad_transpose(res, t)
             comptime if GELU:
