@@ -6,7 +6,7 @@ On CUDA in bfloat16/float16 (widths multiples of 8, 16-byte aligned operands) it
 four launches of day 019's GEMM with fused epilogues, and no GELU kernel either way:
 
     forward   pre, h = x W1^T + b1, gelu(pre)     one launch writes both (BIAS + GELU)
-              y = h W2^T + b2                     BIAS
+              y = h W2^T + b2                     b2 as a broadcast c
     backward  dpre = (dy W2) * gelu'(pre)         one launch: GELU_GRAD reads pre as c
               dW2 = dy^T h, dW1 = dpre^T x, dx = dpre W1, and the two bias column sums
 
@@ -68,17 +68,21 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 
 
 # -- the fused path ---------------------------------------------------------------------
+def _project(h, proj_weight, proj_bias):
+    """h W2^T + b2, the bias as gemm's broadcast c (MojoGEMM's way): at 16384 x 3072 -> 768
+    on the H100 115 us against 122 with the BIAS epilogue (day 020)."""
+    return gemm(h, proj_weight, proj_bias, 1.0, 0.0 if proj_bias is None else 1.0, False, True)
+
+
 def _forward(x2, fc_weight, fc_bias, proj_weight, proj_bias):
     """(y, h, pre) for 2-D x2: pre = x W1^T + b1, h = gelu(pre), y = h W2^T + b2."""
     h, pre = _fused_forward(x2, fc_weight, fc_bias, "gelu_tanh", None, save_pre=True)
-    y, _ = _fused_forward(h, proj_weight, proj_bias, None, None, save_pre=False)
-    return y, h, pre
+    return _project(h, proj_weight, proj_bias), h, pre
 
 
 def _forward_no_grad(x2, fc_weight, fc_bias, proj_weight, proj_bias):
     h, _ = _fused_forward(x2, fc_weight, fc_bias, "gelu_tanh", None, save_pre=False)
-    y, _ = _fused_forward(h, proj_weight, proj_bias, None, None, save_pre=False)
-    return y
+    return _project(h, proj_weight, proj_bias)
 
 
 def _setup_context(ctx, inputs, output):

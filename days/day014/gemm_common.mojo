@@ -11,7 +11,7 @@
 
 from max.gpu import lane_id, warp_id
 from max.gpu.primitives import warp
-from std.math import exp
+from std.math import ceildiv, exp
 from std.memory import bitcast
 from std.sys import size_of
 from std.sys._assembly import inlined_assembly
@@ -296,6 +296,35 @@ def wg_store_acc[
                         aux_t.unsafe_store[alignment=16](
                             row * N + col, bitcast[dtype, 8](pre)
                         )
+
+
+@always_inline
+def prefetch_l2_rows[
+    dtype: DType, ROWS: Int, COLS: Int
+](
+    p: Pointer[Scalar[dtype], MutAnyOrigin],
+    row0: Int,
+    col0: Int,
+    M: Int,
+    N: Int,
+    rs: Int,
+    tid: Int,
+):
+    """Ask L2 for the ROWS x COLS block at (row0, col0) of a row-major matrix (rows
+    of `rs` elements), one 128-byte line a request, spread over a warpgroup's 128
+    threads (`tid`). Issued before a tile's k-loop, it lets the epilogue that reads
+    the block wait for L2 instead of DRAM (day 020: the MLP backward's GELU_GRAD).
+    """
+    comptime LINE = 128 // size_of[dtype]()
+    comptime LINES = ceildiv(COLS, LINE)  # a row's lines
+    comptime for i in range(ceildiv(ROWS * LINES, 128)):
+        var idx = tid + i * 128
+        var r = row0 + idx // LINES
+        var c = col0 + (idx % LINES) * LINE
+        if idx < ROWS * LINES and r < M and c < N:
+            inlined_assembly[
+                "prefetch.global.L2 [$0];", NoneType, constraints="l"
+            ](UInt64(Int(p.unsafe_offset(r * rs + c))))
 
 
 # --8<-- [end:wg_epilogue]

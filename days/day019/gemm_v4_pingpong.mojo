@@ -30,7 +30,11 @@ from std.math import ceildiv
 from std.sys import size_of
 from std.utils import StaticTuple
 
-from days.day014.gemm_common import tile_coords, wg_store_acc
+from days.day014.gemm_common import (
+    prefetch_l2_rows,
+    tile_coords,
+    wg_store_acc,
+)
 from days.day019.cluster_tma import mbar_arrive_cta, tma_multicast_box
 from days.day019.stream_k import Units, finish_piece, iter_start, store_piece
 from days.day014.gemm_v2_wgmma import WG_THREADS
@@ -335,6 +339,16 @@ def gemm_pingpong_kernel[
             # Mojo's SIMD widths are powers of two, so a BN of 192 is two column parts
             # (BN0 = 128, then BN1 = 64), each its own wgmma and accumulator; in each,
             # the row blocks' m64 accumulators sit side by side (block r at r * FRAG0)
+            comptime if GELU_GRAD:  # its epilogue reads a whole tile of c: to L2 now
+                prefetch_l2_rows[dtype, WG_ROWS, BN](
+                    c.unsafe_offset(bt * Int(c_bs)),
+                    tile[0] * BM + row_off,
+                    tn * BN,
+                    M,
+                    N,
+                    Int(c_rs),
+                    thread_idx.x % WG_THREADS,
+                )
             var acc0 = SIMD[DType.float32, ROW_BLOCKS * FRAG0](0)
             var acc1 = SIMD[DType.float32, ROW_BLOCKS * FRAG1](0)
             for kt in range(kb, ke):
