@@ -125,10 +125,11 @@ def test_cuda_fused_mlp_with_every_gradient(dtype, bias, launched):
     check(make((2, 67), 72, 200, 40, dtype, "cuda", seed=1, bias=bias), dtype)
     gemms = [k for k in launched if "gemm_pingpong_kernel" in k]
     b = str(int(bias))
-    # forward: bias + GELU saving pre, then a plain product (b2 as c); backward: the
-    # GELU_GRAD product, and the plain products of dW2, dX, dW1
-    assert _epilogue(gemms[0]) == (b, "1", "0") and _epilogue(gemms[1]) == ("0", "0", "0"), gemms
-    assert [_epilogue(k) for k in gemms].count(("0", "0", "1")) == 1, gemms
+    # forward: bias + GELU saving pre (the projection, b2 as c, may take another version at
+    # this size); backward: one GELU_GRAD product, no other fused epilogue
+    epilogues = [_epilogue(k) for k in gemms]
+    assert epilogues[0] == (b, "1", "0"), gemms
+    assert epilogues.count(("0", "0", "1")) == 1 and epilogues.count(("0", "0", "0")) == len(gemms) - 2, gemms
     assert not any("gelu" in k.lower() and "pingpong" not in k for k in launched), launched
 
 
