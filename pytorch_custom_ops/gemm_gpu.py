@@ -423,11 +423,27 @@ def sm_count(device_index: int | None) -> int:
 
 
 def pingpong_launch(
-    a, b, out, c, alpha_beta, bias, aux, sizes, ta, tb, kind: str, bm: int, bn: int, gelu=False, gelu_grad=False
+    a,
+    b,
+    out,
+    c,
+    alpha_beta,
+    bias,
+    aux,
+    sizes,
+    ta,
+    tb,
+    kind: str,
+    bm: int,
+    bn: int,
+    gelu=False,
+    gelu_grad=False,
+    aux_derivative=False,
 ) -> list[direct.Launch]:
     """Version 4's launch: a persistent grid of at most one block per SM. `sizes` is
-    (m, n, k, batch, c_bs, c_rs, c_cs); `bias` and `aux` may be None (not read/written);
-    `gelu_grad` multiplies the product by GELU's derivative at c instead of adding c.
+    (m, n, k, batch, c_bs, c_rs, c_cs); `bias` and `aux` may be None (not read/written).
+    With `gelu`, aux gets the pre-activation, or with `aux_derivative` GELU's derivative
+    there; `gelu_grad` multiplies the product by c (such a derivative) instead of adding c.
     `kind` is one of V4_KINDS: "multicast" and "coop_multicast" ask for clusters of 2 CTAs
     sharing A's tile, where the tiles along n pair up (an even count; else one CTA per
     cluster); "coop" and "coop_multicast" have both consumers split every tile;
@@ -474,7 +490,7 @@ def pingpong_launch(
         partials,
         counters,
     )
-    args = (a_map, b_map, *ptrs, *sizes, int(aux is not None))
+    args = (a_map, b_map, *ptrs, *sizes, 0 if aux is None else 2 if aux_derivative else 1)
     launches = [direct.Launch(kernel, grid, PP_THREADS, args, smem, cluster if cluster > 1 else None)]
     if split == 2:  # the second kernel: 4 outputs a thread, a few blocks per SM
         sum_grid = max(1, min(_cdiv(batch * m * n // 4, SPLIT_K_SUM_THREADS), 8 * sm_count(out.get_device())))

@@ -47,7 +47,9 @@ _INPUTS = (
     TensorArg("residual", ("c_rows", "c_cols")),  # each dim 1 or full; unread when beta == 0
     TensorArg("alpha_beta", (2,), dtype=torch.float32),
 )
-_PARAMS = {"BIAS": False, "GELU": False}
+# GELU_DERIVATIVE: the saving form's second output is GELU's derivative at the
+# pre-activation instead of the pre-activation (day 020's MLP backward multiplies by it)
+_PARAMS = {"BIAS": False, "GELU": False, "GELU_DERIVATIVE": False}
 LINEAR = OpSpec(name="linear", outputs=(TensorArg("output", ("rows", "out_features")),), inputs=_INPUTS, params=_PARAMS)
 # the training forward of a GELU layer: also the pre-activation, for the backward
 LINEAR_SAVING = OpSpec(
@@ -102,6 +104,7 @@ def linear_gpu(outputs, inputs, params) -> list[direct.Launch]:
         bm,
         bn,
         gelu,
+        aux_derivative=params["GELU_DERIVATIVE"],
     )
 
 
@@ -172,10 +175,11 @@ def _composed(x, weight, bias, activation, residual):
 
 
 # -- the fused path ---------------------------------------------------------------------
-def _fused_forward(x2, weight, bias, activation, residual2, save_pre: bool):
-    """(y, pre) for 2-D x2 and a 2-D (or absent) residual2; pre is None unless saved."""
+def _fused_forward(x2, weight, bias, activation, residual2, save_pre: bool, derivative: bool = False):
+    """(y, pre) for 2-D x2 and a 2-D (or absent) residual2; pre is None unless saved.
+    With `derivative`, the second output is GELU's derivative at pre instead of pre."""
     gelu = activation == "gelu_tanh"
-    params = {"BIAS": bias is not None, "GELU": gelu}
+    params = {"BIAS": bias is not None, "GELU": gelu, "GELU_DERIVATIVE": derivative}
     b = bias if bias is not None else x2.new_empty(1)
     c = residual2 if residual2 is not None else x2.new_empty(1, 1)
     ab = _alpha_beta(1.0, 0.0 if residual2 is None else 1.0, x2.device)

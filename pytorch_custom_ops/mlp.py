@@ -5,15 +5,19 @@
 On CUDA in bfloat16/float16 (widths multiples of 8, 16-byte aligned operands) it is
 four launches of day 019's GEMM with fused epilogues, and no GELU kernel either way:
 
-    forward   pre, h = x W1^T + b1, gelu(pre)     one launch writes both (BIAS + GELU)
+    forward   h = gelu(x W1^T + b1), and d =      one launch writes both (BIAS + GELU):
+              gelu'(x W1^T + b1)                  the derivative, not the pre-activation
               y = h W2^T + b2                     b2 as a broadcast c
-    backward  dpre = (dy W2) * gelu'(pre)         one launch: GELU_GRAD reads pre as c
+    backward  dpre = (dy W2) * d                  one launch: GELU_GRAD reads d as c
               dW2 = dy^T h, dW1 = dpre^T x, dx = dpre W1, and the two bias column sums
 
 Composed from `linear` and `F.gelu`, the same layer runs torch's GELU forward (read pre,
 write h) and backward (read dh and pre, write dpre) as kernels of their own: about
-2 ms of a GPT-2 124M training step on the H100 (day 020). The backward keeps pre and h,
-as the composition's autograd does (GELU saves its input, the second product its).
+2 ms of a GPT-2 124M training step on the H100 (day 020). Saving GELU's derivative
+instead of its input leaves the backward's epilogue one multiply a value: with the
+input, it recomputed the derivative (an exp and a reciprocal a value) while the tensor
+cores waited, and lost to the separate kernel. The backward keeps d and h, as much as
+the composition's autograd keeps (GELU's input, the second product's).
 
 Everywhere else (the CPU, float32/float64, unaligned rows, torch.compile tracing) it is
 that composition, `linear(linear(x, W1, b1, "gelu_tanh"), W2, b2)`: the same results.
@@ -30,14 +34,15 @@ from .gemm_gpu import PINGPONG_KERNEL, TC_DTYPES, pingpong_launch
 from .linear import _fused_forward, check_linear_args, linear, linear_tile
 from .mojo_op import MojoOp
 
-# dpre = (dy @ W2) * gelu_tanh'(pre): W2 is (out, hidden) as nn.Linear stores it, read in place
+# dpre = (dy @ W2) * d, d = gelu_tanh'(pre) saved by the forward: W2 is (out, hidden) as
+# nn.Linear stores it, read in place
 GELU_GRAD_PRODUCT = OpSpec(
     name="gelu_grad_product",
     outputs=(TensorArg("grad_pre", ("rows", "hidden")),),
     inputs=(
         TensorArg("grad", ("rows", "out_features")),
         TensorArg("weight", ("out_features", "hidden")),
-        TensorArg("pre", ("rows", "hidden")),
+        TensorArg("derivative", ("rows", "hidden")),
         TensorArg("alpha_beta", (2,), dtype=torch.float32),
     ),
 )
@@ -46,15 +51,15 @@ GELU_GRAD_PRODUCT = OpSpec(
 # --8<-- [start:plan]
 @direct.plan(PINGPONG_KERNEL)
 def gelu_grad_product_gpu(outputs, inputs, params) -> list[direct.Launch]:
-    (out,), (grad, weight, pre, alpha_beta) = outputs, inputs
+    (out,), (grad, weight, derivative, alpha_beta) = outputs, inputs
     (m, k), n = grad.shape, weight.shape[1]
-    # GELU's tile rule: the derivative over 192 columns a consumer spills (716 bytes)
+    # GELU's tile rule (its c over 192 columns a consumer spilled)
     kind, bm, bn = linear_tile(m, n, k, out.get_device(), gelu=True)
-    # grad (M, K) is k-contiguous, weight (K, N) n-contiguous: neither transposed; pre
-    # is c, full (rows of N), which the epilogue reads a pair (4 bytes) at a time
+    # grad (M, K) is k-contiguous, weight (K, N) n-contiguous: neither transposed; the
+    # derivative is c, full (rows of N), which the epilogue reads a pair (4 bytes) at a time
     sizes = (m, n, k, 1, 0, n, 1)
     return pingpong_launch(
-        grad, weight, out, pre, alpha_beta, None, None, sizes, False, False, kind, bm, bn, gelu_grad=True
+        grad, weight, out, derivative, alpha_beta, None, None, sizes, False, False, kind, bm, bn, gelu_grad=True
     )
 
 
@@ -75,9 +80,9 @@ def _project(h, proj_weight, proj_bias):
 
 
 def _forward(x2, fc_weight, fc_bias, proj_weight, proj_bias):
-    """(y, h, pre) for 2-D x2: pre = x W1^T + b1, h = gelu(pre), y = h W2^T + b2."""
-    h, pre = _fused_forward(x2, fc_weight, fc_bias, "gelu_tanh", None, save_pre=True)
-    return _project(h, proj_weight, proj_bias), h, pre
+    """(y, h, d) for 2-D x2: h = gelu(pre), d = gelu'(pre), y = h W2^T + b2, pre = x W1^T + b1."""
+    h, d = _fused_forward(x2, fc_weight, fc_bias, "gelu_tanh", None, save_pre=True, derivative=True)
+    return _project(h, proj_weight, proj_bias), h, d
 
 
 def _forward_no_grad(x2, fc_weight, fc_bias, proj_weight, proj_bias):
@@ -87,17 +92,17 @@ def _forward_no_grad(x2, fc_weight, fc_bias, proj_weight, proj_bias):
 
 def _setup_context(ctx, inputs, output):
     x2, fc_weight, fc_bias, proj_weight, proj_bias = inputs
-    _y, h, pre = output
+    _y, h, d = output
     ctx.has_bias = (fc_bias is not None, proj_bias is not None)
     ctx.set_materialize_grads(False)
-    ctx.mark_non_differentiable(h, pre)
-    ctx.save_for_backward(x2, fc_weight, proj_weight, h, pre)
+    ctx.mark_non_differentiable(h, d)
+    ctx.save_for_backward(x2, fc_weight, proj_weight, h, d)
 
 
-def _backward(ctx, g, _grad_h, _grad_pre):
+def _backward(ctx, g, _grad_h, _grad_d):
     if g is None:
         return None, None, None, None, None
-    x2, fc_weight, proj_weight, h, pre = ctx.saved_tensors
+    x2, fc_weight, proj_weight, h, d = ctx.saved_tensors
     need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad
     g = _aligned(g)
     dx = dw1 = db1 = dw2 = db2 = None
@@ -106,7 +111,7 @@ def _backward(ctx, g, _grad_h, _grad_pre):
     if need_b2 and ctx.has_bias[1]:
         db2 = column_sum(g)
     if need_x or need_w1 or need_b1:
-        (dpre,) = _gelu_grad_product([g, proj_weight, pre, _alpha_beta(1.0, 0.0, g.device)])
+        (dpre,) = _gelu_grad_product([g, proj_weight, d, _alpha_beta(1.0, 0.0, g.device)])
         if need_x:
             dx = gemm(dpre, fc_weight)  # (rows, hidden) @ (hidden, in)
         if need_w1:

@@ -125,22 +125,27 @@ def fast_rcp(x: SIMD[DType.float32, _]) -> type_of(x):
 
 
 @always_inline
+def _gelu_sigmoid(x: SIMD[DType.float32, _]) -> type_of(x):
+    """sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): GELU and its derivative share it.
+    """
+    var u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    return fast_rcp(1 + exp(-2 * u))
+
+
+@always_inline
 def gelu_tanh(x: SIMD[DType.float32, _]) -> type_of(x):
     """GPT-2's GELU, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), written as
     x * sigmoid(2u): the same function, one exp, and no overflow (exp -> inf gives -0).
     """
-    var u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-    return x * fast_rcp(1 + exp(-2 * u))
+    return x * _gelu_sigmoid(x)
 
 
 @always_inline
-def gelu_tanh_grad(x: SIMD[DType.float32, _]) -> type_of(x):
-    """The derivative of gelu_tanh: with s = sigmoid(2u), gelu = x s, so
+def gelu_tanh_grad(x: SIMD[DType.float32, _], s: type_of(x)) -> type_of(x):
+    """The derivative of gelu_tanh at x, given s = _gelu_sigmoid(x): gelu = x s, so
     gelu' = s + 2 x s (1 - s) u', u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2). The same
     value as torch's tanh form (1 - tanh(u)^2 = 4 s (1 - s)), and finite everywhere.
     """
-    var u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-    var s = fast_rcp(1 + exp(-2 * u))
     var du = 0.7978845608028654 * (1 + 0.134145 * x * x)
     return s + 2 * x * s * (1 - s) * du
 
@@ -191,23 +196,23 @@ def wg_store_acc[
     c_cs: Int,
     bias: Pointer[Scalar[dtype], MutAnyOrigin],
     aux_t: Pointer[Scalar[dtype], MutAnyOrigin],
-    store_aux: Bool,
+    aux: Int,
 ):
     """Epilogue of one warpgroup's 64 x BN wgmma accumulator whose first row is
     `row0`, straight from registers (N % 8 == 0; o_t and aux_t 16-byte aligned):
 
         out = act(alpha * acc + bias) + beta * c      act = GELU or none
-        out = alpha * acc * gelu_tanh'(c)             GELU_GRAD (c: GELU's input;
-                                                      full, row-major, 4-byte aligned;
-                                                      beta must be 0)
+        out = alpha * acc * c                         GELU_GRAD (c: GELU's derivative)
 
-    BIAS adds bias[col] (bias 4-byte aligned); GELU applies gelu_tanh and, with
-    `store_aux`, first writes its input (the pre-activation a backward needs) to
-    aux_t, laid out like out. GELU_GRAD is that backward's other half: the gradient
-    of GELU's input, from the product that gives the gradient of its output and the
-    saved input as c. Day 014's kernels use none of them (they pass o_t for both
-    pointers, never touched); day 019's fused linear layers and day 020's MLP do.
-    Call it from every lane of the warpgroup: the stores go through warp shuffles.
+    BIAS adds bias[col] (bias 4-byte aligned). GELU applies gelu_tanh and, where
+    `aux` is 1, first writes its input (the pre-activation torch's gelu_backward
+    needs) to aux_t, laid out like out; where `aux` is 2, GELU's derivative at that
+    input instead. GELU_GRAD is the backward's other half: the gradient of GELU's
+    input is the product (the gradient of its output) times that saved derivative,
+    read as c (full, row-major, 4-byte aligned; beta must be 0). Day 014's kernels
+    use none of them (they pass o_t for both pointers, never touched); day 019's
+    fused linear layers and day 020's MLP do. Call it from every lane of the
+    warpgroup: the stores go through warp shuffles.
 
     Accumulator element 4*j + e sits at row 16*warp + g + 8*(e//2), col
     8*j + 2*t + e%2 (g = lane // 4, t = lane % 4): the mma.sync C layout per n8.
@@ -270,13 +275,15 @@ def wg_store_acc[
                 var col = n0 + j * 8 + 2 * t
                 var v = out.slice[2, offset=4 * j + 2 * half]()
                 comptime if GELU:
-                    pre[jj] = _packed[dtype](v)
-                    v = gelu_tanh(v)
+                    var sig = _gelu_sigmoid(v)
+                    # a select, not a branch: aux is the same in every lane
+                    var kept = gelu_tanh_grad(v, sig) if aux == 2 else v
+                    pre[jj] = _packed[dtype](kept)
+                    v = v * sig
                 comptime if GELU_GRAD:
-                    var c_pre = bitcast[dtype, 2](
-                        SIMD[DType.uint32, 1](gq[j])
-                    ).cast[DType.float32]()
-                    v *= gelu_tanh_grad(c_pre)
+                    v *= bitcast[dtype, 2](SIMD[DType.uint32, 1](gq[j])).cast[
+                        DType.float32
+                    ]()
                 if with_c and row_in and col < N:
                     var cp = c_row.unsafe_offset(col * c_cs)
                     v[0] += beta * cp[unsafe_offset=0].cast[DType.float32]()
@@ -284,7 +291,7 @@ def wg_store_acc[
                 res[jj] = _packed[dtype](v)
             quad_transpose(res, t)
             comptime if GELU:
-                if store_aux:  # a kernel argument: the same in every lane
+                if aux != 0:  # a kernel argument: the same in every lane
                     quad_transpose(pre, t)
             var col = n0 + (4 * jq + t) * 8  # this lane's whole block
             if row_in and col < N:  # N % 8 == 0: a block is all in or all out
@@ -292,7 +299,7 @@ def wg_store_acc[
                     row * N + col, bitcast[dtype, 8](res)
                 )
                 comptime if GELU:
-                    if store_aux:
+                    if aux != 0:
                         aux_t.unsafe_store[alignment=16](
                             row * N + col, bitcast[dtype, 8](pre)
                         )

@@ -260,7 +260,7 @@ def gemm_wgmma_kernel[
         Int(c_cs),
         o_t,  # no bias, no aux: never read or written
         o_t,
-        False,
+        0,
     )
 
 

@@ -327,7 +327,7 @@ def gemm_tma_kernel[
             Int(c_cs),
             dst,  # no bias, no aux: never read or written
             dst,
-            False,
+            0,
         )
 
 

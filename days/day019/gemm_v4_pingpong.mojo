@@ -130,9 +130,9 @@ def gemm_pingpong_kernel[
     (min(tiles, SMs), 1, 1), 384 threads and SMEM bytes of dynamic shared memory:
     STAGES stage buffers (BM x 64 of A, BN x 64 of B), a `full` and an
     `empty` mbarrier per stage, then the two `turn` mbarriers. `aux` (the GELU input,
-    laid out like out) is written when GELU and store_aux != 0. GELU_GRAD (neither BIAS
-    nor GELU): out = alpha * op(A) @ op(B) * gelu_tanh'(c), the MLP backward's gradient
-    of GELU's input, with c its saved input (day 020).
+    laid out like out) is written when GELU and store_aux != 0: 1 writes the pre-activation,
+    2 GELU's derivative there. GELU_GRAD (neither BIAS nor GELU): out = alpha * op(A) @ op(B)
+    * c, the MLP backward's gradient of GELU's input, c the derivative saved (day 020).
 
     COOP: the two consumers split every tile by rows instead (BM/2 each), as version 3
     does, without the turn; the persistent schedule and the early loads stay.
@@ -416,7 +416,7 @@ def gemm_pingpong_kernel[
                     Int(c_cs),
                     bias,
                     aux.unsafe_offset(bt * M * N),
-                    store_aux != 0,
+                    Int(store_aux),
                 )
                 comptime if BN1 > 0:
                     wg_store_acc[dtype, BN1, BIAS, GELU, GELU_GRAD](
@@ -435,7 +435,7 @@ def gemm_pingpong_kernel[
                         Int(c_cs),
                         bias,
                         aux.unsafe_offset(bt * M * N),
-                        store_aux != 0,
+                        Int(store_aux),
                     )
     comptime if CLUSTER > 1:
         cluster_sync()  # no CTA leaves while its peer may still write into it

@@ -134,6 +134,22 @@ def test_cuda_fused_mlp_with_every_gradient(dtype, bias, launched):
 
 
 @needs_cuda
+def test_cuda_forward_saves_gelus_derivative_for_the_backward():
+    """The first layer's launch writes h = gelu(pre) and d = gelu'(pre), not pre: the
+    backward's product multiplies by d (see mlp.py)."""
+    from pytorch_custom_ops.linear import _fused_forward
+
+    x, w1, b1, _, _ = make((136,), 64, 200, 8, BF16, "cuda", seed=7)
+    h, d = _fused_forward(x, w1, b1, "gelu_tanh", None, save_pre=True, derivative=True)
+    pre = F.linear(x.double(), w1.double(), b1.double()).requires_grad_()
+    want_h = F.gelu(pre, approximate="tanh")
+    (want_d,) = torch.autograd.grad(want_h.sum(), pre)
+    assert ((h.double() - want_h).abs() / (want_h.abs() + 1)).max() < tolerance(BF16)
+    assert ((d.double() - want_d).abs() / (want_d.abs() + 1)).max() < tolerance(BF16)
+    assert d.min() < 0 < d.max() and d.max() > 1  # the tanh GELU's slope dips below 0 and peaks above 1
+
+
+@needs_cuda
 def test_cuda_gpt2_shapes_under_autocast():
     """The 124M model's MLP: 768 -> 3072 -> 768, float32 parameters, bfloat16 autocast."""
     x, w1, b1, w2, b2 = make((2, 300), 768, 3072, 768, torch.float32, "cuda", seed=2)
