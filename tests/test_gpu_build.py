@@ -142,10 +142,13 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         "day019.gemm_pingpong_kernel.float16.*.128.128.*": (
             r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.f16\.f16",
         ),
-        # the epilogues read c and the bias in 16-byte blocks, handed round the quad by shuffles;
-        # GELU_GRAD (the MLP backward's) computes GELU's derivative: an exp
-        "day019.gemm_pingpong_kernel.bfloat16.0.1.256.128.*.1.0.0.1.1.0": (r"ld\.global\.v4\.b32", r"shfl\.sync\.bfly"),
-        "day019.gemm_pingpong_kernel.bfloat16.0.0.256.128.*.0.0.1.1.1.0": (r"ld\.global\.v4\.b32", r"ex2\.approx"),
+        # BIAS reads the bias a pair at a time; GELU_GRAD (the MLP backward's) asks L2 for its
+        # tile of c before the k-loop and reads it a pair (4 bytes) at a time
+        "day019.gemm_pingpong_kernel.bfloat16.0.1.256.128.*.1.0.0.1.1.0": (r"ld\.global\.v2\.b16",),
+        "day019.gemm_pingpong_kernel.bfloat16.0.0.256.128.*.0.0.1.1.1.0": (
+            r"prefetch\.global\.L2",
+            r"ld\.global\.b32",
+        ),
         # clusters of 2: the cluster shape compiled in, A multicast to both CTAs, stages
         # released to both producers through mapa'd remote mbarriers, cluster barriers
         "day019.gemm_pingpong_kernel.*.2.0.0": (  # ... CLUSTER, COOP, SPLIT
@@ -250,6 +253,8 @@ PTX_ABSENT: dict[str, dict[str, tuple[str, ...]]] = {  # a warp per row needs no
         # no GELU, no GELU_GRAD compiled in (keys end in BIAS, GELU, GELU_GRAD, CLUSTER, COOP, SPLIT)
         "day019.gemm_pingpong_kernel.bfloat16.0.0.64.256.*.0.0.0.1.0.0": (r"ex2\.approx",),
         "day019.gemm_pingpong_kernel.*.1.1.0": (r"atom\.global",),  # whole tiles: no fix-up compiled in
+        # GELU_GRAD multiplies by the saved derivative: no exp left in the backward's epilogue
+        "day019.gemm_pingpong_kernel.bfloat16.0.0.256.128.*.0.0.1.1.1.0": (r"ex2\.approx",),
         "day019.gemm_pingpong_kernel.*.1.1.2": (r"atom\.global", r"fence\.acq_rel"),  # split-K: none needed
     },
     # the forward writes no gradient (no 16-byte global stores), the backward merges nothing
