@@ -22,6 +22,25 @@ def device(request) -> str:
     return request.param
 
 
+@pytest.fixture
+def launched(monkeypatch) -> list[str]:
+    """The kernel keys of every direct launch (pytorch_custom_ops.direct.run) made inside
+    the test: which compiled variant a CUDA call really ran. Recipes are switched off for
+    the test, since a recipe replays its launches without direct.run."""
+    from pytorch_custom_ops import direct
+
+    seen: list[str] = []
+    real = direct.run
+
+    def spy(launches, device_index):
+        seen.extend(launch.kernel.key for launch in launches)
+        return real(launches, device_index)
+
+    monkeypatch.setattr(direct, "run", spy)
+    monkeypatch.setattr("pytorch_custom_ops.mojo_op.RECIPES", False)
+    return seen
+
+
 # Property-based tests (tests/test_properties.py): `ci` is the default, bounded and repeatable
 # (a fixed seed); `pytest --hypothesis-profile=deep` explores ~15x more examples per test.
 _PROFILE = {

@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 
 import pytorch_custom_ops as pco
-from pytorch_custom_ops import direct
 from pytorch_custom_ops.linear import _fusable
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -171,21 +170,6 @@ def test_fused_tile_follows_auto_and_forced_versions():
 
 
 # -- CUDA: the fused launch -------------------------------------------------------------
-@pytest.fixture
-def launched(monkeypatch):
-    """The kernel keys of every direct launch made inside the test."""
-    seen: list[str] = []
-    real = direct.run
-
-    def spy(launches, device_index):
-        seen.extend(launch.kernel.key for launch in launches)
-        return real(launches, device_index)
-
-    monkeypatch.setattr(direct, "run", spy)
-    monkeypatch.setattr("pytorch_custom_ops.mojo_op.RECIPES", False)  # recipes replay without direct.run
-    return seen
-
-
 @needs_cuda
 @pytest.mark.parametrize("dtype", [BF16, FP16])
 @pytest.mark.parametrize("bias,activation,residual", CONFIGS)

@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 
 import pytorch_custom_ops as pco
-from pytorch_custom_ops import direct
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -97,21 +96,6 @@ def test_bad_inputs_raise_clear_errors():
 
 
 # -- CUDA: the fused path -----------------------------------------------------------------
-@pytest.fixture
-def launched(monkeypatch):
-    """The kernel keys of every direct launch made inside the test."""
-    seen: list[str] = []
-    real = direct.run
-
-    def spy(launches, device_index):
-        seen.extend(launch.kernel.key for launch in launches)
-        return real(launches, device_index)
-
-    monkeypatch.setattr(direct, "run", spy)
-    monkeypatch.setattr("pytorch_custom_ops.mojo_op.RECIPES", False)  # recipes replay without direct.run
-    return seen
-
-
 def _epilogue(key: str) -> tuple[str, ...]:
     """(BIAS, GELU, GELU_GRAD) of a ping-pong kernel key (then CLUSTER, COOP, SPLIT)."""
     return tuple(key.split(".")[-6:-3])
