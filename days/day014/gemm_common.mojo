@@ -319,8 +319,9 @@ def prefetch_l2_rows[
 ):
     """Ask L2 for the ROWS x COLS block at (row0, col0) of a row-major matrix (rows
     of `rs` elements), one 128-byte line a request, spread over a warpgroup's 128
-    threads (`tid`). Issued before a tile's k-loop, it lets the epilogue that reads
-    the block wait for L2 instead of DRAM (day 020: the MLP backward's GELU_GRAD).
+    threads (`tid`). Issued before a tile's k-loop, so that the epilogue reading the
+    block waits for L2, not DRAM (day 020: the MLP backward's GELU_GRAD; measured on
+    the H100 it moved that product by ~2%, 250 -> 246 us: its cost was arithmetic).
     """
     comptime LINE = 128 // size_of[dtype]()
     comptime LINES = ceildiv(COLS, LINE)  # a row's lines
