@@ -2,7 +2,7 @@
 
     y = gelu_tanh(x @ fc_weight.T + fc_bias) @ proj_weight.T + proj_bias
 
-On CUDA in bfloat16/float16 (widths multiples of 8, 16-byte aligned operands) it is
+On CUDA in bfloat16/float16 (widths multiples of 8; unaligned operands are copied) it is
 four launches of day 019's GEMM with fused epilogues, and no GELU kernel either way:
 
     forward   h = gelu(x W1^T + b1), and d =      one launch writes both (BIAS + GELU):
@@ -19,7 +19,7 @@ input, it recomputed the derivative (an exp and a reciprocal a value) while the 
 cores waited, and lost to the separate kernel. The backward keeps d and h, as much as
 the composition's autograd keeps (GELU's input, the second product's).
 
-Everywhere else (the CPU, float32/float64, unaligned rows, torch.compile tracing) it is
+Everywhere else (the CPU, float32/float64, other widths, torch.compile tracing) it is
 that composition, `linear(linear(x, W1, b1, "gelu_tanh"), W2, b2)`: the same results.
 """
 
