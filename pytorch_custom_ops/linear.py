@@ -150,6 +150,14 @@ def check_linear_args(x, weight, bias, activation, residual) -> None:
             )
 
 
+def aligned16(t: torch.Tensor | None) -> torch.Tensor | None:
+    """t (None stays None), or a contiguous copy where it is not contiguous or its data
+    is not 16-byte aligned: what TMA and the epilogue's loads need."""
+    if t is None or (t.is_contiguous() and t.data_ptr() % 16 == 0):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 def _fusable(x, weight, bias, residual) -> bool:
     """One fused launch can compute this call: CUDA, 16-bit floats, rows of 16-byte
     multiples, 16-byte aligned operands, and a residual that is either the output's full
@@ -198,7 +206,6 @@ def _forward_saving(x2, weight, bias, residual2, activation):
 def _setup_context(ctx, inputs, output):
     x2, weight, bias, residual2, _activation = inputs
     _y, pre = output
-    ctx.has_bias = bias is not None
     ctx.residual_shape = None if residual2 is None else residual2.shape
     ctx.set_materialize_grads(False)  # no zero-filled gradient for `pre`, which nobody reads
     if pre is not None:
@@ -217,7 +224,7 @@ def _backward(ctx, g, _grad_pre):
         dx = gemm(dh, weight)  # (rows, out) @ (out, in)
     if ctx.needs_input_grad[1]:
         dw = gemm(dh, x2, transpose_a=True)  # dH^T X: (out, rows) @ (rows, in)
-    if ctx.has_bias and ctx.needs_input_grad[2]:
+    if ctx.needs_input_grad[2]:  # False for a None bias, as for any non-tensor input
         db = column_sum(dh)
     if ctx.residual_shape is not None and ctx.needs_input_grad[3]:
         dres = g.sum_to_size(ctx.residual_shape)
@@ -249,8 +256,7 @@ def linear(
     if not x2.is_contiguous():
         x2 = x2.contiguous()
     weight = weight if weight.is_contiguous() else weight.contiguous()
-    if bias is not None and (not bias.is_contiguous() or bias.data_ptr() % 16):
-        bias = bias.clone(memory_format=torch.contiguous_format)  # read in 16-byte blocks
+    bias = aligned16(bias)  # the epilogue reads it a pair at a time
     res2 = None if residual is None else residual.reshape(-1, n)  # (rows, n), or (1, n) broadcast
     if way is eager.AUTOGRAD:
         y, _pre = _fused_autograd(x2, weight, bias, res2, activation)

@@ -31,7 +31,7 @@ from . import direct, eager
 from .contract import OpSpec, TensorArg
 from .gemm import MojoGEMM, _alpha_beta, column_sum, gemm
 from .gemm_gpu import PINGPONG_KERNEL, TC_DTYPES, pingpong_launch
-from .linear import _fused_forward, check_linear_args, linear, linear_tile
+from .linear import _fused_forward, aligned16, check_linear_args, linear, linear_tile
 from .mojo_op import MojoOp
 
 # dpre = (dy @ W2) * d, d = gelu_tanh'(pre) saved by the forward: W2 is (out, hidden) as
@@ -67,11 +67,6 @@ def gelu_grad_product_gpu(outputs, inputs, params) -> list[direct.Launch]:
 _gelu_grad_product = MojoOp(GELU_GRAD_PRODUCT, gpu=gelu_grad_product_gpu)
 
 
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """t, or a fresh copy where its data is not 16-byte aligned (TMA and vector loads)."""
-    return t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
-
-
 # -- the fused path ---------------------------------------------------------------------
 def _project(h, proj_weight, proj_bias):
     """h W2^T + b2, the bias as gemm's broadcast c (MojoGEMM's way): at 16384 x 3072 -> 768
@@ -91,9 +86,8 @@ def _forward_no_grad(x2, fc_weight, fc_bias, proj_weight, proj_bias):
 
 
 def _setup_context(ctx, inputs, output):
-    x2, fc_weight, fc_bias, proj_weight, proj_bias = inputs
+    x2, fc_weight, _fc_bias, proj_weight, _proj_bias = inputs
     _y, h, d = output
-    ctx.has_bias = (fc_bias is not None, proj_bias is not None)
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(h, d)
     ctx.save_for_backward(x2, fc_weight, proj_weight, h, d)
@@ -104,11 +98,11 @@ def _backward(ctx, g, _grad_h, _grad_d):
         return None, None, None, None, None
     x2, fc_weight, proj_weight, h, d = ctx.saved_tensors
     need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad
-    g = _aligned(g)
+    g = aligned16(g)
     dx = dw1 = db1 = dw2 = db2 = None
     if need_w2:
         dw2 = gemm(g, h, transpose_a=True)  # dy^T h: (out, rows) @ (rows, hidden)
-    if need_b2 and ctx.has_bias[1]:
+    if need_b2:  # False for a None bias
         db2 = column_sum(g)
     if need_x or need_w1 or need_b1:
         (dpre,) = _gelu_grad_product([g, proj_weight, d, _alpha_beta(1.0, 0.0, g.device)])
@@ -116,7 +110,7 @@ def _backward(ctx, g, _grad_h, _grad_d):
             dx = gemm(dpre, fc_weight)  # (rows, hidden) @ (hidden, in)
         if need_w1:
             dw1 = gemm(dpre, x2, transpose_a=True)
-        if need_b1 and ctx.has_bias[0]:
+        if need_b1:
             db1 = column_sum(dpre)
     return dx, dw1, db1, dw2, db2
 
@@ -164,10 +158,7 @@ def mlp(
     x2 = x.reshape(-1, x.shape[-1])
     if way is eager.OP or not _fusable_mlp(x2, fc_weight, proj_weight):
         return linear(linear(x, fc_weight, fc_bias, "gelu_tanh"), proj_weight, proj_bias)
-    x2 = _aligned(x2)
-    fc_weight, proj_weight = _aligned(fc_weight), _aligned(proj_weight)
-    fc_bias = None if fc_bias is None else _aligned(fc_bias)
-    proj_bias = None if proj_bias is None else _aligned(proj_bias)
+    x2, fc_weight, fc_bias, proj_weight, proj_bias = map(aligned16, (x2, fc_weight, fc_bias, proj_weight, proj_bias))
     if way is eager.AUTOGRAD:
         y = _fused_autograd(x2, fc_weight, fc_bias, proj_weight, proj_bias)[0]
     else:
