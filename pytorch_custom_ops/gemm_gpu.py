@@ -173,27 +173,45 @@ PP_CONFIGS = (
 PP_LINEAR_EPILOGUES = ((True, False, False), (True, True, False), (False, True, False))
 # ... and of the MLP backward's dH @ W (day 020): W read as stored, (out, in)
 PP_GELU_GRAD = (False, False, True)
+# Weight gradients written in float32 (day 020, `weight_grad`): dW = dH^T X, both read
+# as stored (rows, features), so A is transposed and B is not; the tiles AUTO may pick
+# for them (version 3's 128 x 128 has no float32 form: F32_AUTO_TILES leaves it out).
+# Split-K needs no variant of its own: its pieces are float32, the sum kernel writes.
+PP_F32_CONFIGS = ((256, 128, 1, True, 0), (256, 192, 1, True, 0), (128, 192, 1, True, 0))
+PLAIN_EPILOGUE = (False, False, False)
+
+
+def _pp_variants(dtype: torch.dtype, config: tuple):
+    """Version 4's variants of one PP_CONFIGS tile: (dtype, TA, TB, BM, BN, STAGES, SMEM,
+    BIAS, GELU, GELU_GRAD, CLUSTER, COOP, SPLIT, F32_OUT)."""
+    bm, bn, cluster, coop, split = config
+
+    def variant(pair, epilogue, f32_out=False):
+        stages, smem = pp_stages(dtype, bm, bn), pp_smem_bytes(dtype, bm, bn)
+        return (dtype, *pair, bm, bn, stages, smem, *epilogue, cluster, coop, split, f32_out)
+
+    yield from (variant(pair, PLAIN_EPILOGUE) for pair in PAIRS)
+    if not split:  # the fused epilogues: split tiles serve the long-K backward's plain products only
+        yield from (variant((False, True), epilogue) for epilogue in PP_LINEAR_EPILOGUES)
+        yield variant((False, False), PP_GELU_GRAD)
+    if config in PP_F32_CONFIGS:
+        yield variant((True, False), PLAIN_EPILOGUE, f32_out=True)
+
+
 PINGPONG_KERNEL = KernelFamily(
     PINGPONG_MODULE,
     "gemm_pingpong_kernel",
     # a_map, b_map, dst, c, alpha_beta, bias, aux, partials, counters,
     # m, n, k, batch, c_bs, c_rs, c_cs, store_aux
     args=("tensormap", "tensormap") + ("ptr",) * 7 + ("i64",) * 8,
-    variants=tuple(  # (dtype, TA, TB, BM, BN, STAGES, SMEM, BIAS, GELU, GELU_GRAD, CLUSTER, COOP, SPLIT)
-        (dtype, ta, tb, bm, bn, pp_stages(dtype, bm, bn), pp_smem_bytes(dtype, bm, bn), *epi, cluster, coop, split)
-        for dtype in TC_DTYPES
-        for bm, bn, cluster, coop, split in PP_CONFIGS
-        for (ta, tb), epi in [(pair, (False, False, False)) for pair in PAIRS]
-        # the fused epilogues: split tiles serve the long-K backward's plain products only
-        + ([] if split else [((False, True), e) for e in PP_LINEAR_EPILOGUES] + [((False, False), PP_GELU_GRAD)])
-    ),
+    variants=tuple(v for dtype in TC_DTYPES for config in PP_CONFIGS for v in _pp_variants(dtype, config)),
 )
 SPLIT_K_SUM_THREADS = 256
 SPLIT_K_SUM_KERNEL = KernelFamily(
     "days.day019.stream_k",
     "split_k_sum_kernel",
     args=("ptr",) * 4 + ("i64",) * 7,  # dst, ws, c, alpha_beta, m, n, batch, splits, c_bs, c_rs, c_cs
-    variants=tuple((dtype,) for dtype in TC_DTYPES),
+    variants=tuple((dtype, out) for dtype in TC_DTYPES for out in (dtype, torch.float32)),  # (dtype, odtype)
 )
 
 # -- which bf16/fp16 kernel: AUTO, or one forced for benchmarks -----------------------------
@@ -399,17 +417,23 @@ def split_k(m: int, n: int, k: int, batch: int, sms: int) -> tuple[int, float]:
     return best, cost[best]
 
 
-def auto_tile(m: int, n: int, k: int, batch: int, sms: int, splits: bool = True) -> tuple[str, int, int]:
+def auto_tile(
+    m: int, n: int, k: int, batch: int, sms: int, splits: bool = True, tiles=AUTO_TILES
+) -> tuple[str, int, int]:
     """(kind, BM, BN) of the TMA kernel AUTO runs for this problem (`splits`: may it
-    split K; the fused linear layer's epilogues cannot)."""
-    cost = [_cdiv(_cdiv(m, bm) * _cdiv(n, bn) * batch, sms) * t for _, bm, bn, t in AUTO_TILES]
+    split K; the fused linear layer's epilogues cannot; `tiles`: the candidates)."""
+    cost = [_cdiv(_cdiv(m, bm) * _cdiv(n, bn) * batch, sms) * t for _, bm, bn, t in tiles]
     best = min(cost)
     if splits:
         s, split_cost = split_k(m, n, k, batch, sms)
         if s > 1 and split_cost < SPLIT_K_MARGIN * best:
             return "coop_splitk", 256, 128
-    kind, bm, bn, _ = AUTO_TILES[next(i for i, c in enumerate(cost) if c <= 1.02 * best)]
+    kind, bm, bn, _ = tiles[next(i for i, c in enumerate(cost) if c <= 1.02 * best)]
     return kind, bm, bn
+
+
+# the candidates for a float32 output (PP_F32_CONFIGS): version 4's cooperative tiles
+F32_AUTO_TILES = AUTO_TILES[1:]
 
 
 # --8<-- [end:auto]
@@ -450,7 +474,8 @@ def pingpong_launch(
     "coop_streamk" shares the k-steps of all tiles evenly among one block per SM
     (stream-K: a float32 workspace for the pieces of split tiles, a zeroed counter per
     tile and warp), "coop_splitk" cuts each tile's into `split_k`'s S pieces on a grid
-    of tiles x S and adds the launch that sums them."""
+    of tiles x S and adds the launch that sums them. A float32 `out` (16-bit operands)
+    takes the F32_OUT variants (PP_F32_CONFIGS) or, split, the sum kernel's."""
     m, n, k, batch = sizes[:4]
     dtype = a.dtype
     coop = kind.startswith("coop")
@@ -462,7 +487,8 @@ def pingpong_launch(
     smem = pp_smem_bytes(dtype, bm, bn)
     stages = pp_stages(dtype, bm, bn)
     epilogue = (bias is not None, gelu, gelu_grad)
-    kernel = PINGPONG_KERNEL[dtype, ta, tb, bm, bn, stages, smem, *epilogue, cluster, coop, split]
+    f32_out = out.dtype == torch.float32 and split != 2  # split-K: the sum kernel writes out
+    kernel = PINGPONG_KERNEL[dtype, ta, tb, bm, bn, stages, smem, *epilogue, cluster, coop, split, f32_out]
     units = _cdiv(m, bm) * _cdiv(n, bn * cluster) * batch  # what one cluster takes at a time
     sms = sm_count(out.get_device())
     pieces = 1
@@ -495,7 +521,8 @@ def pingpong_launch(
     if split == 2:  # the second kernel: 4 outputs a thread, a few blocks per SM
         sum_grid = max(1, min(_cdiv(batch * m * n // 4, SPLIT_K_SUM_THREADS), 8 * sm_count(out.get_device())))
         sum_args = (out.data_ptr(), partials, c.data_ptr(), alpha_beta.data_ptr(), m, n, batch, pieces, *sizes[4:])
-        launches.append(direct.Launch(SPLIT_K_SUM_KERNEL[dtype], sum_grid, SPLIT_K_SUM_THREADS, sum_args))
+        sum_kernel = SPLIT_K_SUM_KERNEL[dtype, out.dtype]
+        launches.append(direct.Launch(sum_kernel, sum_grid, SPLIT_K_SUM_THREADS, sum_args))
     return launches
 
 

@@ -36,6 +36,7 @@ from .gemm_gpu import (
     pingpong_launch,
     sm_count,
 )
+from .master_weights import attach, bias_grad, split_masters, wants_masters, weight_grad
 from .mojo_op import MojoOp
 
 ACTIVATIONS = (None, "gelu_tanh")
@@ -199,12 +200,14 @@ def _fused_forward(x2, weight, bias, activation, residual2, save_pre: bool, deri
     return y, None
 
 
-def _forward_saving(x2, weight, bias, residual2, activation):
+def _forward_saving(x2, weight, bias, residual2, activation, _weight_master=None, _bias_master=None):
+    """The masters (master_weights.py) are inputs for autograd only: the layer computes
+    with their casts, `weight` and `bias`."""
     return _fused_forward(x2, weight, bias, activation, residual2, save_pre=True)
 
 
 def _setup_context(ctx, inputs, output):
-    x2, weight, bias, residual2, _activation = inputs
+    x2, weight, bias, residual2, _activation = inputs[:5]
     _y, pre = output
     ctx.residual_shape = None if residual2 is None else residual2.shape
     ctx.set_materialize_grads(False)  # no zero-filled gradient for `pre`, which nobody reads
@@ -215,20 +218,25 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, g, _grad_pre):
     if g is None:
-        return None, None, None, None, None
+        return (None,) * 7
     x2, weight, pre = ctx.saved_tensors
-    g = g.contiguous()
+    need = ctx.needs_input_grad  # x2, weight, bias, residual2, activation, the two masters
+    g = aligned16(g)
     dh = g if pre is None else torch.ops.aten.gelu_backward(g, pre, approximate="tanh")
-    dx = dw = db = dres = None
-    if ctx.needs_input_grad[0]:
+    dx = dw = db = dres = dw_master = db_master = None
+    if need[0]:
         dx = gemm(dh, weight)  # (rows, out) @ (out, in)
-    if ctx.needs_input_grad[1]:
+    if need[1]:
         dw = gemm(dh, x2, transpose_a=True)  # dH^T X: (out, rows) @ (rows, in)
-    if ctx.needs_input_grad[2]:  # False for a None bias, as for any non-tensor input
+    if need[5]:
+        dw_master = weight_grad(dh, x2)  # the same, stored in float32
+    if need[2]:  # False for a None bias, as for any non-tensor input
         db = column_sum(dh)
-    if ctx.residual_shape is not None and ctx.needs_input_grad[3]:
+    if need[6]:
+        db_master = bias_grad(dh)
+    if ctx.residual_shape is not None and need[3]:
         dres = g.sum_to_size(ctx.residual_shape)
-    return dx, dw, db, dres, None
+    return dx, dw, db, dres, None, dw_master, db_master
 
 
 # the project's autograd Function helper: the C++ apply, as every other op's grad path
@@ -245,11 +253,17 @@ def linear(
 ) -> torch.Tensor:
     """act(x @ weight.T + bias) + residual; act is None or "gelu_tanh"."""
     low = eager.autocast_dtype(x)
+    masters = (None, None)
     if low is not None:  # a matrix product: the autocast dtype, as F.linear (then checked)
-        x, weight, bias, residual = eager.cast_floats(low, x, weight, bias, residual)
+        x, residual = eager.cast_floats(low, x, residual)
+        if wants_masters(x):  # float32 parameters get float32 gradients from the kernels
+            (weight, bias), masters = split_masters(low, weight, bias)
+        else:
+            weight, bias = eager.cast_floats(low, weight, bias)
     check_linear_args(x, weight, bias, activation, residual)
-    way = eager.route(x, weight, bias, residual)
+    way = eager.route(x, weight, bias, residual, *masters)
     if way is eager.OP or not _fusable(x, weight, bias, residual):
+        weight, bias = attach(low, (weight, bias), masters)
         return _composed(x, weight, bias, activation, residual)
     n = weight.shape[0]
     x2 = x.reshape(-1, x.shape[-1])
@@ -259,7 +273,7 @@ def linear(
     bias = aligned16(bias)  # the epilogue reads it a pair at a time
     res2 = None if residual is None else residual.reshape(-1, n)  # (rows, n), or (1, n) broadcast
     if way is eager.AUTOGRAD:
-        y, _pre = _fused_autograd(x2, weight, bias, res2, activation)
+        y, _pre = _fused_autograd(x2, weight, bias, res2, activation, *masters)
     else:
         y, _ = _fused_forward(x2, weight, bias, activation, res2, save_pre=False)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], n)

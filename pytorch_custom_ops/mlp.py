@@ -32,6 +32,7 @@ from .contract import OpSpec, TensorArg
 from .gemm import MojoGEMM, _alpha_beta, column_sum, gemm
 from .gemm_gpu import PINGPONG_KERNEL, TC_DTYPES, pingpong_launch
 from .linear import _fused_forward, aligned16, check_linear_args, linear, linear_tile
+from .master_weights import bias_grad, split_masters, wants_masters, weight_grad
 from .mojo_op import MojoOp
 
 # dpre = (dy @ W2) * d, d = gelu_tanh'(pre) saved by the forward: W2 is (out, hidden) as
@@ -74,8 +75,10 @@ def _project(h, proj_weight, proj_bias):
     return gemm(h, proj_weight, proj_bias, 1.0, 0.0 if proj_bias is None else 1.0, False, True)
 
 
-def _forward(x2, fc_weight, fc_bias, proj_weight, proj_bias):
-    """(y, h, d) for 2-D x2: h = gelu(pre), d = gelu'(pre), y = h W2^T + b2, pre = x W1^T + b1."""
+def _forward(x2, fc_weight, fc_bias, proj_weight, proj_bias, *_masters):
+    """(y, h, d) for 2-D x2: h = gelu(pre), d = gelu'(pre), y = h W2^T + b2, pre = x W1^T + b1.
+    `_masters`: the float32 parameters the four stand for (master_weights.py), or Nones:
+    inputs for autograd only."""
     h, d = _fused_forward(x2, fc_weight, fc_bias, "gelu_tanh", None, save_pre=True, derivative=True)
     return _project(h, proj_weight, proj_bias), h, d
 
@@ -86,7 +89,7 @@ def _forward_no_grad(x2, fc_weight, fc_bias, proj_weight, proj_bias):
 
 
 def _setup_context(ctx, inputs, output):
-    x2, fc_weight, _fc_bias, proj_weight, _proj_bias = inputs
+    x2, fc_weight, _fc_bias, proj_weight, _proj_bias = inputs[:5]
     _y, h, d = output
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(h, d)
@@ -95,24 +98,31 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, g, _grad_h, _grad_d):
     if g is None:
-        return None, None, None, None, None
+        return (None,) * 9
     x2, fc_weight, proj_weight, h, d = ctx.saved_tensors
-    need_x, need_w1, need_b1, need_w2, need_b2 = ctx.needs_input_grad
+    # x, fc_weight, fc_bias, proj_weight, proj_bias, then the four parameters' float32
+    # masters (master_weights.py): each parameter's gradient goes to one of its two slots
+    need = ctx.needs_input_grad
+    grads = [None] * 9
+
+    def layer(dy, inp, w: int, b: int):  # a layer's weight and bias gradients (slots w, b)
+        if need[w]:
+            grads[w] = gemm(dy, inp, transpose_a=True)  # dy^T input: (out, rows) @ (rows, in)
+        if need[w + 4]:
+            grads[w + 4] = weight_grad(dy, inp)  # the same, stored in float32
+        if need[b]:  # False for a None bias
+            grads[b] = column_sum(dy)
+        if need[b + 4]:
+            grads[b + 4] = bias_grad(dy)
+
     g = aligned16(g)
-    dx = dw1 = db1 = dw2 = db2 = None
-    if need_w2:
-        dw2 = gemm(g, h, transpose_a=True)  # dy^T h: (out, rows) @ (rows, hidden)
-    if need_b2:  # False for a None bias
-        db2 = column_sum(g)
-    if need_x or need_w1 or need_b1:
+    layer(g, h, 3, 4)
+    if need[0] or any(need[i] for i in (1, 2, 5, 6)):
         (dpre,) = _gelu_grad_product([g, proj_weight, d, _alpha_beta(1.0, 0.0, g.device)])
-        if need_x:
-            dx = gemm(dpre, fc_weight)  # (rows, hidden) @ (hidden, in)
-        if need_w1:
-            dw1 = gemm(dpre, x2, transpose_a=True)
-        if need_b1:
-            db1 = column_sum(dpre)
-    return dx, dw1, db1, dw2, db2
+        if need[0]:
+            grads[0] = gemm(dpre, fc_weight)  # (rows, hidden) @ (hidden, in)
+        layer(dpre, x2, 1, 2)
+    return tuple(grads)
 
 
 _fused_autograd = eager.function("FusedMLP", _forward, _setup_context, _backward)
@@ -149,18 +159,27 @@ def mlp(
 ) -> torch.Tensor:
     """gelu_tanh(x @ fc_weight.T + fc_bias) @ proj_weight.T + proj_bias, weights as nn.Linear's."""
     low = eager.autocast_dtype(x)
+    params = (fc_weight, fc_bias, proj_weight, proj_bias)
+    masters = (None,) * 4
     if low is not None:  # matrix products: the autocast dtype, as F.linear (then checked)
-        x, fc_weight, fc_bias, proj_weight, proj_bias = eager.cast_floats(
-            low, x, fc_weight, fc_bias, proj_weight, proj_bias
-        )
-    check_mlp_args(x, fc_weight, fc_bias, proj_weight, proj_bias)
-    way = eager.route(x, fc_weight, fc_bias, proj_weight, proj_bias)
+        (x,) = eager.cast_floats(low, x)
+        if wants_masters(x):  # float32 parameters get float32 gradients from the kernels
+            params, masters = split_masters(low, *params)
+        else:
+            params = eager.cast_floats(low, *params)
+    fc_weight, fc_bias, proj_weight, proj_bias = params
+    check_mlp_args(x, *params)
+    way = eager.route(x, *params, *masters)
     x2 = x.reshape(-1, x.shape[-1])
     if way is eager.OP or not _fusable_mlp(x2, fc_weight, proj_weight):
+        # the composition from the float32 parameters: linear casts (and keeps masters) itself
+        fc_weight, fc_bias, proj_weight, proj_bias = (
+            p if m is None else m for p, m in zip(params, masters, strict=True)
+        )
         return linear(linear(x, fc_weight, fc_bias, "gelu_tanh"), proj_weight, proj_bias)
     x2, fc_weight, fc_bias, proj_weight, proj_bias = map(aligned16, (x2, fc_weight, fc_bias, proj_weight, proj_bias))
     if way is eager.AUTOGRAD:
-        y = _fused_autograd(x2, fc_weight, fc_bias, proj_weight, proj_bias)[0]
+        y = _fused_autograd(x2, fc_weight, fc_bias, proj_weight, proj_bias, *masters)[0]
     else:
         y = _forward_no_grad(x2, fc_weight, fc_bias, proj_weight, proj_bias)
     return y.view(*x.shape[:-1], proj_weight.shape[0])

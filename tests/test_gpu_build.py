@@ -144,14 +144,14 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         ),
         # BIAS reads the bias a pair at a time; GELU_GRAD (the MLP backward's) asks L2 for its
         # tile of c before the k-loop and reads it a pair (4 bytes) at a time
-        "day019.gemm_pingpong_kernel.bfloat16.0.1.256.128.*.1.0.0.1.1.0": (r"ld\.global\.v2\.b16",),
-        "day019.gemm_pingpong_kernel.bfloat16.0.0.256.128.*.0.0.1.1.1.0": (
+        "day019.gemm_pingpong_kernel.bfloat16.0.1.256.128.*.1.0.0.1.1.0.0": (r"ld\.global\.v2\.b16",),
+        "day019.gemm_pingpong_kernel.bfloat16.0.0.256.128.*.0.0.1.1.1.0.0": (
             r"prefetch\.global\.L2",
             r"ld\.global\.b32",
         ),
         # clusters of 2: the cluster shape compiled in, A multicast to both CTAs, stages
         # released to both producers through mapa'd remote mbarriers, cluster barriers
-        "day019.gemm_pingpong_kernel.*.2.0.0": (  # ... CLUSTER, COOP, SPLIT
+        "day019.gemm_pingpong_kernel.*.2.0.0.0": (  # ... CLUSTER, COOP, SPLIT, F32_OUT
             r"\.reqnctapercluster 2, 1, 1",
             r"cp\.async\.bulk\.tensor\.3d\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes\.multicast::cluster",
             r"mapa\.shared::cluster\.u32",
@@ -161,14 +161,18 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         # the fused GELU: one exp per element in the epilogue
         "day019.gemm_pingpong_kernel.bfloat16.0.1.128.128.*.1.1.*": (r"ex2\.approx",),
         # stream-K's fix-up: stores, a GPU-scope fence, the piece count, reads through L2
-        "day019.gemm_pingpong_kernel.*.1.1.1": (
+        "day019.gemm_pingpong_kernel.*.1.1.1.0": (
             r"fence\.acq_rel\.gpu",
             r"atom\.global\.add\.u32",
             r"ld\.global\.cg\.v4\.f32",
         ),
         # split-K: float32 pairs into the workspace; the second kernel reads 16-byte blocks
-        "day019.gemm_pingpong_kernel.*.1.1.2": (r"st\.global\.v2\.b32",),
+        "day019.gemm_pingpong_kernel.*.1.1.2.0": (r"st\.global\.v2\.b32",),
         "day019.split_k_sum_kernel.*": (r"ld\.global\.v4\.b32",),
+        # float32 outputs (day 020's weight gradients): the accumulator's pairs stored as
+        # they are, 8 bytes a store; split-K's sum writes 4 floats a store
+        "day019.gemm_pingpong_kernel.*.1.1.0.1": (r"st\.global\.v2\.b32",),
+        "day019.split_k_sum_kernel.*.float32": (r"st\.global\.v4\.b32",),
     },
     "day018": {
         # the forward: Q, K and V through 4-D TMA boxes (head_dim, seq, heads, batch), S = Q K^T
@@ -250,12 +254,15 @@ PTX_ABSENT: dict[str, dict[str, tuple[str, ...]]] = {  # a warp per row needs no
     "day012": {"day012.softmax_rows_kernel.float32.0.4.8.32.128": (r"bar\.sync",)},
     "day013": {"day013.layer_norm_fwd_kernel.float32.*.4.32.8.8": (r"bar\.sync",)},
     "day019": {
-        # no GELU, no GELU_GRAD compiled in (keys end in BIAS, GELU, GELU_GRAD, CLUSTER, COOP, SPLIT)
-        "day019.gemm_pingpong_kernel.bfloat16.0.0.64.256.*.0.0.0.1.0.0": (r"ex2\.approx",),
-        "day019.gemm_pingpong_kernel.*.1.1.0": (r"atom\.global",),  # whole tiles: no fix-up compiled in
+        # no GELU, no GELU_GRAD compiled in (keys end in BIAS, GELU, GELU_GRAD, CLUSTER, COOP,
+        # SPLIT, F32_OUT)
+        "day019.gemm_pingpong_kernel.bfloat16.0.0.64.256.*.0.0.0.1.0.0.0": (r"ex2\.approx",),
+        "day019.gemm_pingpong_kernel.*.1.1.0.[01]": (r"atom\.global",),  # whole tiles: no fix-up compiled in
+        # float32 outputs: no quad transpose into 16-byte bf16 blocks
+        "day019.gemm_pingpong_kernel.*.1.1.0.1": (r"st\.global\.v4", r"shfl\.sync"),
         # GELU_GRAD multiplies by the saved derivative: no exp left in the backward's epilogue
-        "day019.gemm_pingpong_kernel.bfloat16.0.0.256.128.*.0.0.1.1.1.0": (r"ex2\.approx",),
-        "day019.gemm_pingpong_kernel.*.1.1.2": (r"atom\.global", r"fence\.acq_rel"),  # split-K: none needed
+        "day019.gemm_pingpong_kernel.bfloat16.0.0.256.128.*.0.0.1.1.1.0.0": (r"ex2\.approx",),
+        "day019.gemm_pingpong_kernel.*.1.1.2.0": (r"atom\.global", r"fence\.acq_rel"),  # split-K: none needed
     },
     # the forward writes no gradient (no 16-byte global stores), the backward merges nothing
     "day020": {

@@ -182,6 +182,7 @@ def wg_store_acc[
     BIAS: Bool = False,
     GELU: Bool = False,
     GELU_GRAD: Bool = False,
+    F32_OUT: Bool = False,
 ](
     acc: SIMD[DType.float32, BN // 2],
     o_t: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -209,8 +210,11 @@ def wg_store_acc[
     needs) to aux_t, laid out like out; where `aux` is 2, GELU's derivative at that
     input instead. GELU_GRAD is the backward's other half: the gradient of GELU's
     input is the product (the gradient of its output) times that saved derivative,
-    read as c (full, row-major, 4-byte aligned; beta must be 0). Day 014's kernels
-    use none of them (they pass o_t for both pointers, never touched); day 019's
+    read as c (full, row-major, 4-byte aligned; beta must be 0). F32_OUT: o_t
+    holds float32 values (the caller passes a float32 pointer cast to dtype's), for
+    the weight gradient of float32 master weights (day 020), so no kernel converts it
+    afterwards; each lane then stores its pairs directly (8 bytes; a warp writes whole
+    32-byte sectors). Day 014's kernels use none of them (they pass o_t for both pointers, never touched); day 019's
     fused linear layers and day 020's MLP do. Call it from every lane of the
     warpgroup: the stores go through warp shuffles.
 
@@ -224,11 +228,15 @@ def wg_store_acc[
     """
     comptime assert (
         size_of[dtype]() == 2
-    ), "16-bit outputs (a pair packs in 32 bits)"
+    ), "16-bit operands (a pair packs in 32 bits)"
     comptime assert BN % 32 == 0, "whole groups of 4 column blocks"
     comptime assert not (
         GELU_GRAD and (BIAS or GELU)
     ), "GELU_GRAD is an epilogue of its own"
+    comptime assert not (
+        F32_OUT and (BIAS or GELU or GELU_GRAD)
+    ), "float32 outputs: the plain epilogue (a weight gradient)"
+    var o32 = o_t.unsafe_bitcast[Float32]()
     var g = lane_id() // 4
     var t = lane_id() % 4
     var wrow = row0 + (warp_id() % 4) * 16 + g
@@ -288,21 +296,28 @@ def wg_store_acc[
                     var cp = c_row.unsafe_offset(col * c_cs)
                     v[0] += beta * cp[unsafe_offset=0].cast[DType.float32]()
                     v[1] += beta * cp[unsafe_offset=c_cs].cast[DType.float32]()
-                res[jj] = _packed[dtype](v)
-            quad_transpose(res, t)
-            comptime if GELU:
-                if aux != 0:  # a kernel argument: the same in every lane
-                    quad_transpose(pre, t)
-            var col = n0 + (4 * jq + t) * 8  # this lane's whole block
-            if row_in and col < N:  # N % 8 == 0: a block is all in or all out
-                o_t.unsafe_store[alignment=16](
-                    row * N + col, bitcast[dtype, 8](res)
-                )
+                comptime if F32_OUT:
+                    if row_in and col < N:
+                        o32.unsafe_store[alignment=8](row * N + col, v)
+                else:
+                    res[jj] = _packed[dtype](v)
+            comptime if not F32_OUT:  # (float32 pairs were stored above)
+                quad_transpose(res, t)
                 comptime if GELU:
-                    if aux != 0:
-                        aux_t.unsafe_store[alignment=16](
-                            row * N + col, bitcast[dtype, 8](pre)
-                        )
+                    if aux != 0:  # a kernel argument: the same in every lane
+                        quad_transpose(pre, t)
+                var col = n0 + (4 * jq + t) * 8  # this lane's whole block
+                if (
+                    row_in and col < N
+                ):  # N % 8 == 0: a block is all in or all out
+                    o_t.unsafe_store[alignment=16](
+                        row * N + col, bitcast[dtype, 8](res)
+                    )
+                    comptime if GELU:
+                        if aux != 0:
+                            aux_t.unsafe_store[alignment=16](
+                                row * N + col, bitcast[dtype, 8](pre)
+                            )
 
 
 @always_inline

@@ -105,6 +105,7 @@ def gemm_pingpong_kernel[
     CLUSTER: Int,
     COOP: Bool,
     SPLIT: Int,
+    F32_OUT: Bool,
 ](
     a_map: TMADescriptor,
     b_map: TMADescriptor,
@@ -148,6 +149,11 @@ def gemm_pingpong_kernel[
     `counters`: tiles x 8 int32 zeros). 2, split-K: launched on tiles x S blocks, each
     stores its piece as float32 in slice s of `partials`, (S, batch, M, N), for
     split_k_sum_kernel; `counters` unused. 0: neither is touched.
+
+    F32_OUT: dst holds float32 (passed as a pointer like the others), the plain
+    epilogue only: a weight gradient written in its float32 master weight's dtype, so
+    that no kernel converts it afterwards (day 020). Split-K pieces are float32 anyway:
+    there the sum kernel writes dst, so this kernel takes F32_OUT = False.
     """
     # COOP: both consumers work on every tile, one BM/2-row half each (version 3's
     # cooperative split, kept persistent); else each consumer owns whole tiles (ping-pong)
@@ -195,6 +201,9 @@ def gemm_pingpong_kernel[
         "split tiles: the cooperative schedule, no cluster, one column part,"
         " plain epilogue"
     )
+    comptime assert not (
+        F32_OUT and SPLIT == 2
+    ), "split-K: the sum kernel writes the float32 output"
 
     var M = Int(m)
     var N = Int(n)
@@ -401,10 +410,18 @@ def gemm_pingpong_kernel[
                     acc0, partials, counters, t, me, num_k, total, grid_dim.x
                 ):
                     continue  # another warp finishes this tile
+            # this matrix of the batch: offsets count elements of dst's own dtype
+            var out_t = dst.unsafe_offset(bt * M * N)
+            comptime if F32_OUT:
+                out_t = (
+                    dst.unsafe_bitcast[Float32]()
+                    .unsafe_offset(bt * M * N)
+                    .unsafe_bitcast[Scalar[dtype]]()
+                )
             comptime for r in range(ROW_BLOCKS):
-                wg_store_acc[dtype, BN0, BIAS, GELU, GELU_GRAD](
+                wg_store_acc[dtype, BN0, BIAS, GELU, GELU_GRAD, F32_OUT](
                     acc0.slice[FRAG0, offset=r * FRAG0](),
-                    dst.unsafe_offset(bt * M * N),
+                    out_t,
                     c.unsafe_offset(bt * Int(c_bs)),
                     alpha,
                     beta,
@@ -419,11 +436,11 @@ def gemm_pingpong_kernel[
                     Int(store_aux),
                 )
                 comptime if BN1 > 0:
-                    wg_store_acc[dtype, BN1, BIAS, GELU, GELU_GRAD](
+                    wg_store_acc[dtype, BN1, BIAS, GELU, GELU_GRAD, F32_OUT](
                         rebind[SIMD[DType.float32, BN1 // 2]](
                             acc1.slice[FRAG1, offset=r * FRAG1]()
                         ),
-                        dst.unsafe_offset(bt * M * N),
+                        out_t,
                         c.unsafe_offset(bt * Int(c_bs)),
                         alpha,
                         beta,

@@ -20,7 +20,7 @@
 
 from max.gpu import block_dim, block_idx, grid_dim, lane_id, thread_idx, warp_id
 from max.gpu.primitives import warp
-from std.sys import _RegisterPackType
+from std.sys import _RegisterPackType, size_of
 from std.sys._assembly import inlined_assembly
 
 comptime SK_THREADS = 128  # a consumer warpgroup
@@ -235,9 +235,9 @@ def store_piece[
 
 # --8<-- [start:sum_pieces]
 def split_k_sum_kernel[
-    dtype: DType
+    dtype: DType, odtype: DType
 ](
-    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    dst: Pointer[Scalar[odtype], MutAnyOrigin],
     ws: Pointer[Float32, MutAnyOrigin],
     c: Pointer[Scalar[dtype], MutAnyOrigin],
     alpha_beta: Pointer[Float32, MutAnyOrigin],
@@ -251,7 +251,9 @@ def split_k_sum_kernel[
 ):
     """dst = alpha * (sum of the S slices of ws) + beta * c, 4 outputs a thread in a
     grid-stride loop (n % 8 == 0: 4 never straddle a row). The slices are added in
-    order s = 0, 1, ..., so equal inputs give equal bits."""
+    order s = 0, 1, ..., so equal inputs give equal bits. dst is odtype: the
+    operands' dtype, or float32 for a float32 master weight's gradient (day 020).
+    """
     var M = Int(m)
     var N = Int(n)
     var total = Int(batch) * M * N
@@ -276,7 +278,7 @@ def split_k_sum_kernel[
                         DType.float32
                     ]()
                 )
-        dst.unsafe_store[alignment=8](i, acc.cast[dtype]())
+        dst.unsafe_store[alignment=4 * size_of[odtype]()](i, acc.cast[odtype]())
         i += step
 
 

@@ -182,8 +182,8 @@ def test_cuda_fused_forward_and_backward(bias, activation, residual, dtype, laun
         y = pco.linear(x, w, b, activation, r)
     close(y, reference(x, w, b, activation, r), dtype)
     assert launched and all("gemm_pingpong_kernel" in key for key in launched), launched
-    # (BIAS, GELU, GELU_GRAD) compiled into the kernel, then CLUSTER, COOP, SPLIT
-    flags = launched[-1].split(".")[-6:-3]
+    # (BIAS, GELU, GELU_GRAD) compiled into the kernel, then CLUSTER, COOP, SPLIT, F32_OUT
+    flags = launched[-1].split(".")[-7:-4]
     assert flags == [str(int(bias)), str(int(activation is not None)), "0"], launched
 
     leaves = [t.detach().requires_grad_() for t in (x, w, b, r) if t is not None]

@@ -16,7 +16,7 @@ so one state_dict loads into either. What each impl uses:
 | part | gpu_days | torch |
 |---|---|---|
 | residual add + LayerNorm | `MojoAddLayerNorm` (day 013's kernels, fused add) | `x + delta`, `nn.LayerNorm` |
-| linear layers, output head | `MojoGEMM` / `gemm` (day 014) | `nn.Linear` / `F.linear` |
+| linear layers, output head | `MojoLinear` / `linear` (day 019; the bias in the epilogue) | `nn.Linear` / `F.linear` |
 | MLP: c_fc, GELU, c_mlp_proj | `mlp` (day 019's GEMM, GELU and its gradient in the epilogues) | `nn.Linear`, `F.gelu` |
 | attention, CUDA, bf16/fp16 | `flash_attention_qkvpacked` (day 017) | SDPA |
 | attention, otherwise | `gemm_batched` + `softmax` (days 014, 012) | SDPA |
@@ -89,7 +89,7 @@ def _layer_norm(impl: str, d: int, eps: float) -> nn.Module:
 
 
 def _linear(impl: str, d_in: int, d_out: int) -> nn.Module:
-    return pco.MojoGEMM(d_in, d_out) if impl == "gpu_days" else nn.Linear(d_in, d_out)
+    return pco.MojoLinear(d_in, d_out) if impl == "gpu_days" else nn.Linear(d_in, d_out)
 
 
 def causal_attention(qkv: torch.Tensor, impl: str) -> torch.Tensor:
@@ -195,9 +195,7 @@ class GPT(nn.Module):
         for block in self.blocks:
             x, delta = block(x, delta)
         x = self.ln_f(x, delta)[1].reshape(b * s, -1)
-        logits = (
-            pco.gemm(x, self.wte.weight, transpose_b=True) if self.impl == "gpu_days" else F.linear(x, self.wte.weight)
-        )
+        logits = pco.linear(x, self.wte.weight) if self.impl == "gpu_days" else F.linear(x, self.wte.weight)
         loss = None if targets is None else cross_entropy(logits, targets.reshape(-1), self.impl)
         return logits.view(b, s, -1), loss
 

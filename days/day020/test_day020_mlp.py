@@ -97,8 +97,8 @@ def test_bad_inputs_raise_clear_errors():
 
 # -- CUDA: the fused path -----------------------------------------------------------------
 def _epilogue(key: str) -> tuple[str, ...]:
-    """(BIAS, GELU, GELU_GRAD) of a ping-pong kernel key (then CLUSTER, COOP, SPLIT)."""
-    return tuple(key.split(".")[-6:-3])
+    """(BIAS, GELU, GELU_GRAD) of a ping-pong kernel key (then CLUSTER, COOP, SPLIT, F32_OUT)."""
+    return tuple(key.split(".")[-7:-4])
 
 
 @needs_cuda

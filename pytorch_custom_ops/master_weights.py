@@ -1,0 +1,131 @@
+"""Float32 master weights under autocast: their gradients written in float32 by the GEMM.
+
+Mixed-precision training keeps float32 parameters and runs the matrix products in bf16.
+Composed the usual way, a layer reads `weight.to(bf16)`; autograd then hands the layer's
+bf16 gradient to that cast's backward, which converts it to float32 in a kernel of its
+own. In day 020's GPT-2 124M step that was 98 conversion kernels (every weight and bias
+of the linear layers and the output head), 0.6 ms of a 36.7 ms step on the H100.
+
+Here the fused `linear` and `mlp` take the float32 parameters themselves into their
+autograd functions (the bf16 copies they compute with are made outside autograd), and
+their backwards return float32 gradients made in float32:
+
+    dW = dH^T X    day 019's GEMM, whose epilogue stores the float32 accumulator itself
+                   (F32_OUT; split-K: the kernel that sums the pieces writes float32)
+    db = dH^T 1    a column sum with float32 output (cuBLAS through torch.mm's out_dtype)
+
+    cast, master = split_masters(torch.bfloat16, weight)   # master is weight, or None
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import direct
+from .contract import OpSpec, TensorArg
+from .gemm import _alpha_beta, column_sum, gemm, ones_like_rows
+from .gemm_gpu import (
+    F32_AUTO_TILES,
+    PINGPONG_KERNEL,
+    SPLIT_K_SUM_KERNEL,
+    TC_DTYPES,
+    VERSIONS,
+    auto_tile,
+    current_version,
+    pingpong_launch,
+    sm_count,
+)
+from .mojo_op import MojoOp
+
+_F32_KINDS = {("coop", 256, 128), ("coop", 256, 192), ("coop", 128, 192), ("coop_splitk", 256, 128)}
+
+
+def wants_masters(x: torch.Tensor) -> bool:
+    """A fused layer on x (already in the autocast dtype) may keep float32 masters:
+    CUDA, 16-bit, grad mode on, not traced (torch.compile composes the layers)."""
+    return (
+        x.is_cuda
+        and x.dtype in TC_DTYPES
+        and torch.is_grad_enabled()
+        and x.__class__ in (torch.Tensor, torch.nn.Parameter)
+        and not torch.compiler.is_compiling()
+    )
+
+
+def split_masters(low: torch.dtype, *params):
+    """(casts, masters): each parameter as the layer computes with it (in `low`), and
+    the float32 master it stands for (None where autograd should see the cast as usual:
+    not float32, no gradient wanted, or grad mode off). A master's cast is made outside
+    autograd: the layer's backward returns the master's gradient itself."""
+    casts, masters = [], []
+    for p in params:
+        if p is None or p.dtype == low or not p.is_floating_point():
+            casts.append(p)
+            masters.append(None)
+        elif p.dtype == torch.float32 and p.requires_grad and p.__class__ in (torch.Tensor, torch.nn.Parameter):
+            with torch.no_grad():
+                casts.append(p.to(low))
+            masters.append(p)
+        else:
+            casts.append(p.to(low))
+            masters.append(None)
+    return casts, masters
+
+
+def attach(low: torch.dtype | None, casts, masters) -> list:
+    """The casts, with every master's made again inside autograd (for the paths that
+    return gradients in the compute dtype, such as the composed layers)."""
+    return [c if m is None else m.to(low) for c, m in zip(casts, masters, strict=True)]
+
+
+# -- dW in float32 --------------------------------------------------------------------------
+WEIGHT_GRAD = OpSpec(
+    name="weight_grad",
+    outputs=(TensorArg("grad_weight", ("out_features", "in_features"), dtype=torch.float32),),
+    inputs=(
+        TensorArg("grad", ("rows", "out_features")),
+        TensorArg("x", ("rows", "in_features")),
+        TensorArg("alpha_beta", (2,), dtype=torch.float32),
+    ),
+)
+
+
+def weight_grad_tile(m: int, n: int, k: int, device_index: int | None) -> tuple[str, int, int]:
+    """AUTO's tile among those with a float32 form (a forced version of that set is
+    kept; any other is not available in float32 and AUTO's choice runs instead)."""
+    forced = VERSIONS[current_version()]
+    if forced in _F32_KINDS:
+        return forced
+    return auto_tile(m, n, k, 1, sm_count(device_index), tiles=F32_AUTO_TILES)
+
+
+@direct.plan(PINGPONG_KERNEL, SPLIT_K_SUM_KERNEL)
+def weight_grad_gpu(outputs, inputs, params) -> list[direct.Launch]:
+    (out,), (grad, x, alpha_beta) = outputs, inputs
+    (k, m), n = grad.shape, x.shape[1]
+    kind, bm, bn = weight_grad_tile(m, n, k, out.get_device())
+    # grad (rows, out) and x (rows, in) are both read as stored: op(A) = grad^T, TRANSPOSE_A
+    sizes = (m, n, k, 1, 0, 0, 0)
+    return pingpong_launch(grad, x, out, out, alpha_beta, None, None, sizes, True, False, kind, bm, bn)
+
+
+_weight_grad = MojoOp(WEIGHT_GRAD, gpu=weight_grad_gpu)
+
+
+def weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """grad^T x in float32 for 2-D bf16/fp16 CUDA tensors (rows, out) and (rows, in),
+    both contiguous, 16-byte aligned, widths multiples of 8 (the fused layers' promise).
+    Under create_graph (a double backward) it is the differentiable composition."""
+    if torch.is_grad_enabled() and (grad.requires_grad or x.requires_grad):
+        return gemm(grad, x, transpose_a=True).float()
+    (dw,) = _weight_grad([grad, x, _alpha_beta(1.0, 0.0, grad.device)])
+    return dw
+
+
+def bias_grad(grad: torch.Tensor) -> torch.Tensor:
+    """grad.sum(0) in float32 for a 2-D bf16/fp16 CUDA grad: cuBLAS's 1^T grad with a
+    float32 output (torch.mm's out_dtype), float32 accumulation as sum's."""
+    if torch.is_grad_enabled() and grad.requires_grad:
+        return column_sum(grad).float()
+    ones = ones_like_rows(grad).view(1, -1)
+    return torch.mm(ones, grad, out_dtype=torch.float32).view(-1)
