@@ -100,8 +100,8 @@ def _rebuild(ts, bias, residual):
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_bias_gradient_column_sum(device, dtype):
-    """column_sum (cuBLAS's gemv on CUDA in 16-bit floats) is sum(0) to float rounding."""
-    from pytorch_custom_ops.gemm import column_sum
+    """column_sum (day 020's kernel on CUDA in 16-bit floats) is sum(0) to float rounding."""
+    from pytorch_custom_ops.column_sum import column_sum
 
     g = torch.randn(1037, 77, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     got = column_sum(g.to(device=device, dtype=dtype))
@@ -201,11 +201,11 @@ def test_cuda_gpt2_mlp_shapes_and_a_broadcast_residual(launched):
         close(pco.linear(x, w, None, None, row), reference(x, w, None, None, row), BF16)
     assert len(launched) == 2
     # 1024 x 3072: one round of 128 x 192 tiles (AUTO) for the residual layer, of 256 x 128 for
-    # GELU (its epilogue keeps 128 columns); cooperative, no cluster, no split (keys end in
-    # CLUSTER, COOP, SPLIT)
+    # GELU (its epilogue keeps 128 columns); cooperative, no cluster, no split, a bf16 store
+    # (keys end in CLUSTER, COOP, SPLIT, F32_OUT)
     gelu_key, residual_key = launched
     assert ".256.128." in gelu_key and ".128.192." in residual_key
-    assert all(key.endswith(".1.1.0") for key in launched)
+    assert all(key.endswith(".1.1.0.0") for key in launched)
     strided_bias = torch.randn(2 * 3072, device="cuda", dtype=BF16)[::2]  # a view, stride 2
     unaligned_bias = torch.randn(3073, device="cuda", dtype=BF16)[1:]  # 2 bytes past 16-byte alignment
     wt = w.t().contiguous().t()  # a transposed layout: copied, not misread
