@@ -27,7 +27,6 @@ from functools import lru_cache
 import torch
 
 from . import eager
-from .column_sum import column_sum as column_sum  # a bias gradient (day 020's kernel on CUDA)
 from .contract import FLOAT_DTYPES, SUPPORTED_DEVICES, OpSpec, TensorArg, same_device
 from .gemm_gpu import MAX_BATCH, gemm_gpu
 from .gemm_gpu import gemm_version as gemm_version  # the knob that forces a bf16/fp16 kernel
@@ -294,6 +293,34 @@ def _setup_context(ctx, inputs, output):
     ctx.alpha, ctx.beta, ctx.ta, ctx.tb = alpha, beta, transpose_a, transpose_b
     ctx.c_shape = None if c is None else c.shape
     ctx.save_for_backward(a, b)
+
+
+# --8<-- [start:column_sum]
+def column_sum(g: torch.Tensor) -> torch.Tensor:
+    """g.sum(0) of a 2-D g: a linear layer's bias gradient. On CUDA in 16-bit floats it is
+    cuBLAS's matrix-vector product gᵀ 1 (float32 accumulation, as sum's), which read
+    16384 x 768-3072 bf16 gradients 1.2-1.8x faster than torch's column reduction on the H100
+    (day 020): 20 against 36 us at 768 wide, 50 against 61 at 3072."""
+    if g.is_cuda and g.dtype in (torch.bfloat16, torch.float16) and g.shape[0] > 0:
+        return torch.mv(g.t(), ones_like_rows(g))
+    return g.sum(0)
+
+
+def ones_like_rows(g: torch.Tensor) -> torch.Tensor:
+    """(rows,) ones in g's dtype and device: for a plain tensor made once per shape (a
+    fill kernel less per column sum); made anew for a traced one (fake, functional) and
+    while a CUDA graph captures (its fill would run only at replay, not now)."""
+    if g.__class__ is not torch.Tensor or (g.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return g.new_ones(g.shape[0])
+    return _ones(g.shape[0], g.dtype, g.device)
+
+
+@lru_cache(maxsize=32)
+def _ones(rows: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.ones(rows, dtype=dtype, device=device)  # never written: callers only read it
+
+
+# --8<-- [end:column_sum]
 
 
 def _backward_with(batched: bool):

@@ -12,7 +12,7 @@ their backwards return float32 gradients made in float32:
 
     dW = dH^T X    day 019's GEMM, whose epilogue stores the float32 accumulator itself
                    (F32_OUT; split-K: the kernel that sums the pieces writes float32)
-    db = dH^T 1    day 020's column sum, its second stage writing float32
+    db = dH^T 1    a column sum with float32 output (cuBLAS through torch.mm's out_dtype)
 
     cast, master = split_masters(torch.bfloat16, weight)   # master is weight, or None
 """
@@ -22,9 +22,8 @@ from __future__ import annotations
 import torch
 
 from . import direct
-from .column_sum import column_sum
 from .contract import OpSpec, TensorArg
-from .gemm import _alpha_beta, gemm
+from .gemm import _alpha_beta, column_sum, gemm, ones_like_rows
 from .gemm_gpu import (
     F32_AUTO_TILES,
     PINGPONG_KERNEL,
@@ -124,5 +123,9 @@ def weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def bias_grad(grad: torch.Tensor) -> torch.Tensor:
-    """grad.sum(0) in float32 for a 2-D bf16/fp16 CUDA grad (column_sum's float32 form)."""
-    return column_sum(grad, torch.float32)
+    """grad.sum(0) in float32 for a 2-D bf16/fp16 CUDA grad: cuBLAS's 1^T grad with a
+    float32 output (torch.mm's out_dtype), float32 accumulation as sum's."""
+    if torch.is_grad_enabled() and grad.requires_grad:
+        return column_sum(grad).float()
+    ones = ones_like_rows(grad).view(1, -1)
+    return torch.mm(ones, grad, out_dtype=torch.float32).view(-1)

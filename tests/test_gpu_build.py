@@ -242,8 +242,6 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         "day020.cross_entropy_kernel.float32.4.256": (r"ld\.global\.v4\.b32", r"\.maxntid 256\b"),
         # backward: a stream of 16-byte loads and stores, four loads per thread and
         # iteration (each behind its bounds check: measured at 93% of copy bandwidth anyway)
-        # the column sum (bias gradients): four 16-byte loads in flight per lane, 256 threads
-        "day020.column_partials_kernel.*": (r"(?:ld\.global\.v4\.b32[\s\S]*?){4}", r"\.maxntid 256\b"),
         "day020.cross_entropy_backward_kernel.bfloat16.8.1024": (
             r"(?:ld\.global\.v4\.b32[\s\S]*?){4}",
             r"st\.global\.v4\.b32",

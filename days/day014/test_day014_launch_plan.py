@@ -36,7 +36,7 @@ def plan(m, n, k, dtype, ta=False, tb=False, batch=None, c_shape=None, a_offset=
     launches = gemm_gpu.gemm_gpu([out], [a, b, c, torch.empty(2)], {"TRANSPOSE_A": ta, "TRANSPOSE_B": tb})
     if len(launches) == 2:  # split-K: the GEMM, then the kernel that sums its pieces
         gemm, total = launches
-        assert gemm.kernel.params[-1] == 2 and total.kernel.family is gemm_gpu.SPLIT_K_SUM_KERNEL
+        assert gemm.kernel.params[-2] == 2 and total.kernel.family is gemm_gpu.SPLIT_K_SUM_KERNEL
         assert total.args[0] == out.data_ptr() and total.args[1] == gemm.args[7]  # out, the workspace
         assert total.args[7] == gemm.grid // (-(-m // 256) * -(-n // 128) * (batch or 1))  # S
     else:
@@ -51,7 +51,8 @@ def check_launch(launch: direct.Launch, m: int, n: int, batch: int):
     grid, block = direct.dim3(launch.grid), direct.dim3(launch.block)
     assert 0 < grid[0] < 2**31 and 0 < grid[1] <= 65535 and 0 < grid[2] <= 65535
     if kernel.family is gemm_gpu.PINGPONG_KERNEL:  # persistent: one block per SM at most
-        bm, bn, cluster, split = kernel.params[3], kernel.params[4], kernel.params[-3], kernel.params[-1]
+        bm, bn = kernel.params[3], kernel.params[4]
+        cluster, split = kernel.params[-4], kernel.params[-2]  # ... CLUSTER, COOP, SPLIT, F32_OUT
         units = -(-m // bm) * -(-n // (bn * cluster)) * batch
         if split:  # stream-K: one block per SM or per k-step; split-K: tiles x S blocks, one wave
             k_steps = -(-launch.args[11] // 64)
@@ -93,9 +94,10 @@ def choice(launch) -> str:
         return f"tma {p[3]}x{p[4]}"
     if family is gemm_gpu.WG_KERNEL:
         return f"wgmma {p[3]}x{p[4]}"
-    if family is gemm_gpu.PINGPONG_KERNEL:
-        kind = {1: "streamk", 2: "splitk"}.get(p[-1]) or ("coop" if p[-2] else "pingpong")
-        return f"{kind} {p[3]}x{p[4]}" + (f" cluster {p[-3]}" if p[-3] > 1 else "")
+    if family is gemm_gpu.PINGPONG_KERNEL:  # ... CLUSTER, COOP, SPLIT, F32_OUT
+        cluster, coop, split, f32 = p[-4:]
+        kind = {1: "streamk", 2: "splitk"}.get(split) or ("coop" if coop else "pingpong")
+        return f"{kind} {p[3]}x{p[4]}" + (f" cluster {cluster}" if cluster > 1 else "") + (" f32" if f32 else "")
     vec = "vec" if p[3] else "novec"
     return f"{'mma' if family is gemm_gpu.TC_KERNEL else 'simt'} {p[4]} {vec}"
 

@@ -265,7 +265,8 @@ def test_split_tile_recipes_remake_their_workspace_and_zeroed_counters_per_call(
     with pco.gemm_version(version), direct.planning() as scratch:
         first = op.gpu(out1, in1, op.spec.params)
     streamk = version.startswith("STREAMK")
-    assert first[0].kernel.params[-1] == (1 if streamk else 2) and len(first) == (1 if streamk else 2)
+    assert first[0].kernel.params[-2] == (1 if streamk else 2)  # SPLIT (then F32_OUT)
+    assert len(first) == (1 if streamk else 2)
     assert [t.dtype for t in scratch] == ([torch.float32, torch.int32] if streamk else [torch.float32])
     recipe = direct.recipe(out1, in1, scratch, first, 0, op.spec.returned)
     made = {"empty": [], "zeros": []}

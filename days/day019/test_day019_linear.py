@@ -100,8 +100,8 @@ def _rebuild(ts, bias, residual):
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_bias_gradient_column_sum(device, dtype):
-    """column_sum (day 020's kernel on CUDA in 16-bit floats) is sum(0) to float rounding."""
-    from pytorch_custom_ops.column_sum import column_sum
+    """column_sum (cuBLAS's gemv on CUDA in 16-bit floats) is sum(0) to float rounding."""
+    from pytorch_custom_ops.gemm import column_sum
 
     g = torch.randn(1037, 77, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     got = column_sum(g.to(device=device, dtype=dtype))

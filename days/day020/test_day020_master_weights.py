@@ -3,8 +3,7 @@ kernels (`master_weights.py`): no cast kernel after the backward's GEMMs.
 
 CPU: which parameters are kept as masters, and the plan of the float32 weight gradient
 (its kernels: version 4's F32_OUT variants, or split-K with a float32 sum).
-CUDA: weight_grad and column_sum (day 020's kernel: bias gradients, float32 or the
-gradient's dtype) against float64 for every tile kind; linear, mlp and the
+CUDA: weight_grad and bias_grad against float64 for every tile kind; linear, mlp and the
 GPT under autocast hand float32 gradients to their float32 parameters, with no cast node
 between them, and match float64.
 """
@@ -16,7 +15,6 @@ import torch
 import torch.nn.functional as F
 
 import pytorch_custom_ops as pco
-from pytorch_custom_ops.column_sum import column_sum, slabs
 from pytorch_custom_ops.gemm_gpu import SMALL_GRID, gemm_version
 from pytorch_custom_ops.master_weights import (
     bias_grad,
@@ -107,39 +105,14 @@ def test_cuda_weight_grad_matches_float64(version, rows, out_f, in_f, launched):
     assert launched[-1].endswith((".1.1.0.1", "split_k_sum_kernel.bfloat16.float32")), launched
 
 
-def test_column_sum_slabs_fill_the_gpu_with_whole_warps_of_rows():
-    for rows, cols in [(16384, 768), (16384, 3072), (1, 8), (3001, 72), (100000, 50304)]:
-        slab, parts = slabs(rows, cols, 132)
-        assert slab % 8 == 0 and slab >= 64 and (parts - 1) * slab < rows <= parts * slab
-    assert slabs(16384, 768, 132) == (64, 256)  # 3 x 256 blocks: ~6 per SM
-
-
 @needs_cuda
-@pytest.mark.parametrize("out_dtype", [None, torch.float32])
-@pytest.mark.parametrize("rows, width", [(1, 8), (7, 16), (1000, 72), (3001, 264), (16384, 3072)])
-def test_cuda_column_sum_matches_float64(rows, width, out_dtype, launched):
+@pytest.mark.parametrize("rows, width", [(1, 8), (1000, 72), (16384, 3072)])
+def test_cuda_bias_grad_matches_float64(rows, width):
     g = _rand(rows, width, seed=3)
-    sums = column_sum(g, out_dtype)
-    assert sums.dtype == (out_dtype or BF16) and sums.shape == (width,)
+    db = bias_grad(g)
+    assert db.dtype == torch.float32 and db.shape == (width,)
     want = g.double().sum(0)
-    tol = 1e-5 if out_dtype else 8e-3  # float32 accumulation; then a bf16 rounding
-    assert ((sums.double() - want).abs().max() / (want.abs().max() + 1)).item() < tol
-    assert launched[0] == "day020.column_partials_kernel.bfloat16", launched
-    assert launched[1].startswith(f"day013.sum_partials_kernel.{str(out_dtype or BF16)[6:]}."), launched
-
-
-@needs_cuda
-def test_cuda_column_sum_of_strided_and_unaligned_gradients():
-    base = _rand(300, 130, seed=12)
-    for g in (base[:, 1:129], base[:, :128].t()[:, :296]):  # a column slice; a transpose
-        want = g.double().sum(0)
-        assert ((bias_grad(g).double() - want).abs().max() / (want.abs().max() + 1)).item() < 1e-5
-
-
-@needs_cuda
-def test_cuda_bias_grad_is_the_float32_column_sum():
-    g = _rand(2049, 768, seed=13)
-    assert torch.equal(bias_grad(g), column_sum(g, torch.float32))
+    assert ((db.double() - want).abs().max() / (want.abs().max() + 1)).item() < 1e-5
 
 
 def _no_cast_between(y: torch.Tensor, params) -> bool:
