@@ -170,8 +170,8 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         "day019.gemm_pingpong_kernel.*.1.1.2.0": (r"st\.global\.v2\.b32",),
         "day019.split_k_sum_kernel.*": (r"ld\.global\.v4\.b32",),
         # float32 outputs (day 020's weight gradients): the accumulator's pairs stored as
-        # they are, 8 bytes a store; split-K's sum writes 4 floats a store
-        "day019.gemm_pingpong_kernel.*.1.1.0.1": (r"st\.global\.v2\.b32",),
+        # they are, 8 bytes a store, evict-first; split-K's sum writes 4 floats a store
+        "day019.gemm_pingpong_kernel.*.1.1.0.1": (r"st\.global\.cs\.v2\.f32",),
         "day019.split_k_sum_kernel.*.float32": (r"st\.global\.v4\.b32",),
     },
     "day018": {

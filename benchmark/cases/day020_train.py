@@ -234,6 +234,49 @@ def profile_rows(impl: str, config_name: str, batch: int, seq: int, dtype, steps
     return sorted(rows, key=lambda r: -r["ms_per_step"])
 
 
+def gap_rows(impl: str, config_name: str, batch: int, seq: int, dtype, steps: int = 3) -> list[dict]:
+    """Where a step's GPU sits idle between kernels: the profiled kernels of `steps` steps
+    in start order, each gap (a kernel's start minus the previous one's end, when positive)
+    charged to the kernel that follows it. One row per following kernel, plus "(busy)" and
+    "(idle)" totals."""
+    trainer = Trainer(impl, CONFIGS[config_name], batch, seq, dtype, "cuda")
+    time_steps(trainer.step, "cuda", 3, 1)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            trainer.step()
+        torch.cuda.synchronize()
+    kernels = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and not _is_annotation(e.name)),
+        key=lambda e: e.time_range.start,
+    )
+    idle: dict[str, list[float]] = {}
+    busy = 0.0
+    for prev, kernel in zip(kernels, kernels[1:], strict=False):
+        busy += kernel.time_range.end - kernel.time_range.start
+        gap = kernel.time_range.start - prev.time_range.end
+        if 0 < gap < 1000:  # (a step boundary's host wait is not a gap between kernels)
+            idle.setdefault(kernel.name[:120], []).append(gap)
+    rows = [
+        {"impl": impl, "next_kernel": name, "gaps_per_step": len(g) / steps, "idle_us_per_step": sum(g) / steps}
+        for name, g in idle.items()
+    ]
+    total_idle = sum(r["idle_us_per_step"] for r in rows)
+    rows.sort(key=lambda r: -r["idle_us_per_step"])
+    summary = [
+        {
+            "impl": impl,
+            "next_kernel": "(busy)",
+            "gaps_per_step": len(kernels) / steps,
+            "idle_us_per_step": busy / steps,
+        },
+        {"impl": impl, "next_kernel": "(idle)", "gaps_per_step": 0, "idle_us_per_step": total_idle},
+    ]
+    del trainer
+    _free("cuda")
+    return summary + rows
+
+
 def _is_annotation(name: str) -> bool:
     return name.startswith(("gpu_days::", "Optimizer."))
 
@@ -241,20 +284,31 @@ def _is_annotation(name: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """`python -m benchmark.cases.day020_train --profile [--config gpt2] [--batch 16]
     [--seq 1024]`: the kernels of one training step, per impl (torch, gpu_days), as CSV on
-    stdout. (`python -m benchmark --day day020 --op train_step` runs the timed sweep.)"""
+    stdout; with `--gaps`, the idle time between them instead. (`python -m benchmark --day
+    day020 --op train_step` runs the timed sweep.)"""
     import argparse
     import csv
     import sys
 
     p = argparse.ArgumentParser(description=main.__doc__)
     p.add_argument("--profile", action="store_true", required=True)
+    p.add_argument("--gaps", action="store_true", help="idle time between kernels instead (gap_rows)")
     p.add_argument("--config", default="gpt2", choices=sorted(CONFIGS))
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    p.add_argument("--impl", action="append", choices=["torch", "gpu_days", "torch_compile"])
+    p.add_argument(
+        "--impl", action="append", choices=["torch", "gpu_days", "torch_compile", "gpu_days_graph", "torch_graph"]
+    )
     args = p.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False
+    if args.gaps:
+        writer = csv.DictWriter(sys.stdout, ["impl", "next_kernel", "gaps_per_step", "idle_us_per_step"])
+        writer.writeheader()
+        with strict_ops():
+            for impl in args.impl or ["gpu_days_graph", "torch_compile"]:
+                writer.writerows(gap_rows(impl, args.config, args.batch, args.seq, getattr(torch, args.dtype)))
+        return 0
     writer = csv.DictWriter(sys.stdout, ["impl", "kernel", "calls_per_step", "ms_per_step"])
     writer.writeheader()
     with strict_ops():

@@ -125,6 +125,19 @@ def fast_rcp(x: SIMD[DType.float32, _]) -> type_of(x):
 
 
 @always_inline
+def store_streaming(
+    p: Pointer[Float32, MutAnyOrigin], v: SIMD[DType.float32, 2]
+):
+    """8 bytes to global memory marked evict-first (st.global.cs): data that no kernel
+    reads soon, which should not push out of L2 what this kernel reads again (a weight
+    gradient's 154 MB of float32 at GPT-2's output head, against the 1.6 GB operand
+    whose 256-column panels six tiles share through L2)."""
+    inlined_assembly[
+        "st.global.cs.v2.f32 [$0], {$1, $2};", NoneType, constraints="l,f,f"
+    ](UInt64(Int(p)), v[0], v[1])
+
+
+@always_inline
 def _gelu_sigmoid(x: SIMD[DType.float32, _]) -> type_of(x):
     """sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): GELU and its derivative share it.
     """
@@ -214,8 +227,9 @@ def wg_store_acc[
     holds float32 values (the caller passes a float32 pointer cast to dtype's), for
     the weight gradient of float32 master weights (day 020), so no kernel converts it
     afterwards; each lane then stores its pairs directly (8 bytes; a warp writes whole
-    32-byte sectors). Day 014's kernels use none of them (they pass o_t for both pointers, never touched); day 019's
-    fused linear layers and day 020's MLP do. Call it from every lane of the
+    32-byte sectors), marked evict-first (store_streaming). Day 014's kernels use
+    none of them (they pass o_t for both pointers, never touched); day 019's fused
+    linear layers and day 020's MLP do. Call it from every lane of the
     warpgroup: the stores go through warp shuffles.
 
     Accumulator element 4*j + e sits at row 16*warp + g + 8*(e//2), col
@@ -298,7 +312,7 @@ def wg_store_acc[
                     v[1] += beta * cp[unsafe_offset=c_cs].cast[DType.float32]()
                 comptime if F32_OUT:
                     if row_in and col < N:
-                        o32.unsafe_store[alignment=8](row * N + col, v)
+                        store_streaming(o32.unsafe_offset(row * N + col), v)
                 else:
                     res[jj] = _packed[dtype](v)
             comptime if not F32_OUT:  # (float32 pairs were stored above)
