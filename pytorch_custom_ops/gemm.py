@@ -307,17 +307,23 @@ def column_sum(g: torch.Tensor) -> torch.Tensor:
 
 
 def ones_like_rows(g: torch.Tensor) -> torch.Tensor:
-    """(rows,) ones in g's dtype and device: for a plain tensor made once per shape (a
-    fill kernel less per column sum); made anew for a traced one (fake, functional) and
-    while a CUDA graph captures (its fill would run only at replay, not now)."""
-    if g.__class__ is not torch.Tensor or (g.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return g.new_ones(g.shape[0])
-    return _ones(g.shape[0], g.dtype, g.device)
+    """(rows,) ones in g's dtype and device: for a plain tensor made once per shape and
+    kept (a fill kernel less per column sum). Not kept when made for a traced tensor (fake,
+    functional), nor while a CUDA graph captures: that fill would run only at replay. A
+    vector made before the capture (its warm-up) is used inside it."""
+    key = (g.shape[0], g.dtype, g.device)
+    found = _ONES.get(key) if g.__class__ is torch.Tensor else None
+    if found is not None:
+        return found
+    ones = g.new_ones(g.shape[0])
+    if g.__class__ is torch.Tensor and not (g.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if len(_ONES) >= 32:
+            _ONES.clear()
+        _ONES[key] = ones  # never written: callers only read it
+    return ones
 
 
-@lru_cache(maxsize=32)
-def _ones(rows: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.ones(rows, dtype=dtype, device=device)  # never written: callers only read it
+_ONES: dict[tuple, torch.Tensor] = {}
 
 
 # --8<-- [end:column_sum]
