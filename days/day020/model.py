@@ -16,7 +16,7 @@ so one state_dict loads into either. What each impl uses:
 | part | gpu_days | torch |
 |---|---|---|
 | residual add + LayerNorm | `MojoAddLayerNorm` (day 013's kernels, fused add) | `x + delta`, `nn.LayerNorm` |
-| linear layers, output head | `MojoLinear` (day 019; the bias in the epilogue) / `gemm` | `nn.Linear` / `F.linear` |
+| linear layers, output head | `MojoLinear` / `linear` (day 019; the bias in the epilogue) | `nn.Linear` / `F.linear` |
 | MLP: c_fc, GELU, c_mlp_proj | `mlp` (day 019's GEMM, GELU and its gradient in the epilogues) | `nn.Linear`, `F.gelu` |
 | attention, CUDA, bf16/fp16 | `flash_attention_qkvpacked` (day 017) | SDPA |
 | attention, otherwise | `gemm_batched` + `softmax` (days 014, 012) | SDPA |
@@ -195,12 +195,7 @@ class GPT(nn.Module):
         for block in self.blocks:
             x, delta = block(x, delta)
         x = self.ln_f(x, delta)[1].reshape(b * s, -1)
-        if self.impl == "gpu_days":
-            # gemm, not linear: the head's weight gradient (50304 x 768, tied to wte) measured
-            # faster in bf16 and then cast (1.94 ms) than stored in float32 (2.11; part 6)
-            logits = pco.gemm(x, self.wte.weight, transpose_b=True)
-        else:
-            logits = F.linear(x, self.wte.weight)
+        logits = pco.linear(x, self.wte.weight) if self.impl == "gpu_days" else F.linear(x, self.wte.weight)
         loss = None if targets is None else cross_entropy(logits, targets.reshape(-1), self.impl)
         return logits.view(b, s, -1), loss
 
