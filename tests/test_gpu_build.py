@@ -142,13 +142,9 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         "day019.gemm_pingpong_kernel.float16.*.128.128.*": (
             r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.f16\.f16",
         ),
-        # BIAS reads the bias a pair at a time, which the producer asked L1 for before loading
-        # the tile; GELU_GRAD (the MLP backward's) asks L2 for its tile of c before the
-        # k-loop and reads it a pair (4 bytes) at a time
-        "day019.gemm_pingpong_kernel.bfloat16.0.1.256.128.*.1.0.0.1.1.0.0": (
-            r"ld\.global\.v2\.b16",
-            r"prefetch\.global\.L1",
-        ),
+        # BIAS reads the bias a pair at a time; GELU_GRAD (the MLP backward's) asks L2 for its
+        # tile of c before the k-loop and reads it a pair (4 bytes) at a time
+        "day019.gemm_pingpong_kernel.bfloat16.0.1.256.128.*.1.0.0.1.1.0.0": (r"ld\.global\.v2\.b16",),
         "day019.gemm_pingpong_kernel.bfloat16.0.0.256.128.*.0.0.1.1.1.0.0": (
             r"prefetch\.global\.L2",
             r"ld\.global\.b32",

@@ -189,11 +189,6 @@ def _packed[dtype: DType](v: SIMD[DType.float32, 2]) -> UInt32:
 
 
 @always_inline
-def _unpacked[dtype: DType](q: UInt32) -> SIMD[DType.float32, 2]:
-    return bitcast[dtype, 2](SIMD[DType.uint32, 1](q)).cast[DType.float32]()
-
-
-@always_inline
 def wg_store_acc[
     dtype: DType,
     BN: Int,
@@ -261,9 +256,6 @@ def wg_store_acc[
     var wrow = row0 + (warp_id() % 4) * 16 + g
     var out = acc * alpha
     comptime if BIAS:  # bias[col], bias[col + 1]: one 4-byte load for both halves
-        # (behind a branch per pair, so one at a time: the kernel asks L1 for the tile's
-        # bias before its k-loop, prefetch_l1. Issued together, branch-free, the 16 loads
-        # made ptxas spill 64 bytes of the 256 x 128 tile: day 020, part 6)
         comptime for j in range(BN // 8):
             var col = n0 + j * 8 + 2 * t
             if col < N:
@@ -311,7 +303,9 @@ def wg_store_acc[
                     pre[jj] = _packed[dtype](kept)
                     v = v * sig
                 comptime if GELU_GRAD:
-                    v *= _unpacked[dtype](gq[j])
+                    v *= bitcast[dtype, 2](SIMD[DType.uint32, 1](gq[j])).cast[
+                        DType.float32
+                    ]()
                 if with_c and row_in and col < N:
                     var cp = c_row.unsafe_offset(col * c_cs)
                     v[0] += beta * cp[unsafe_offset=0].cast[DType.float32]()
@@ -338,22 +332,6 @@ def wg_store_acc[
                             aux_t.unsafe_store[alignment=16](
                                 row * N + col, bitcast[dtype, 8](pre)
                             )
-
-
-@always_inline
-def prefetch_l1[
-    dtype: DType, COLS: Int
-](p: Pointer[Scalar[dtype], MutAnyOrigin], col0: Int, N: Int):
-    """Ask the SM's L1 for p[col0 : col0 + COLS] (within N), a 128-byte line a request:
-    a tile's bias, asked for by the producer thread before the tile's loads, so that the
-    consumers' epilogue loads of it (one at a time, behind branches) wait for L1, not L2.
-    """
-    comptime LINE = 128 // size_of[dtype]()
-    comptime for i in range(ceildiv(COLS, LINE)):
-        if col0 + i * LINE < N:
-            inlined_assembly[
-                "prefetch.global.L1 [$0];", NoneType, constraints="l"
-            ](UInt64(Int(p.unsafe_offset(col0 + i * LINE))))
 
 
 @always_inline

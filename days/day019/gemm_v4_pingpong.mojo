@@ -31,7 +31,6 @@ from std.sys import size_of
 from std.utils import StaticTuple
 
 from days.day014.gemm_common import (
-    prefetch_l1,
     prefetch_l2_rows,
     tile_coords,
     wg_store_acc,
@@ -265,16 +264,6 @@ def gemm_pingpong_kernel[
                 var bt = t // per_batch
                 var tile = tile_coords[GROUP_M](t % per_batch, num_m, num_n)
                 var tn = tile[1] * CLUSTER + rank
-                # the epilogue reads the tile's bias pair by pair (or the bias passed as
-                # c, one row broadcast): L1, the SM's and so the consumers' too, has it by
-                # then (day 020, part 6)
-                comptime if BIAS:
-                    prefetch_l1[dtype, BN](bias, tn * BN, N)
-                elif not GELU_GRAD:
-                    if c_rs == 0 and c_cs == 1:
-                        prefetch_l1[dtype, BN](
-                            c.unsafe_offset(bt * Int(c_bs)), tn * BN, N
-                        )
                 for kt in range(units.kb, units.ke):
                     var s = it % STAGES
                     if it >= STAGES:  # the consumers released round r-1
