@@ -432,8 +432,8 @@ def auto_tile(
     return kind, bm, bn
 
 
-# the candidates for a float32 output (PP_F32_CONFIGS): version 4's cooperative tiles
-F32_AUTO_TILES = AUTO_TILES[1:]
+# the candidates for a float32 output: AUTO_TILES' cooperative tiles with an F32_OUT variant
+F32_AUTO_TILES = tuple(t for t in AUTO_TILES if t[0] == "coop" and (*t[1:3], 1, True, 0) in PP_F32_CONFIGS)
 
 
 # --8<-- [end:auto]

@@ -36,7 +36,7 @@ from .gemm_gpu import (
     pingpong_launch,
     sm_count,
 )
-from .master_weights import attach, bias_grad, split_masters, wants_masters, weight_grad
+from .master_weights import bias_grad, cast_parameters, weight_grad
 from .mojo_op import MojoOp
 
 ACTIVATIONS = (None, "gelu_tanh")
@@ -254,16 +254,16 @@ def linear(
     """act(x @ weight.T + bias) + residual; act is None or "gelu_tanh"."""
     low = eager.autocast_dtype(x)
     masters = (None, None)
+    params = (weight, bias)
     if low is not None:  # a matrix product: the autocast dtype, as F.linear (then checked)
         x, residual = eager.cast_floats(low, x, residual)
-        if wants_masters(x):  # float32 parameters get float32 gradients from the kernels
-            (weight, bias), masters = split_masters(low, weight, bias)
-        else:
-            weight, bias = eager.cast_floats(low, weight, bias)
+        # float32 parameters may get float32 gradients from the kernels (master_weights.py)
+        (weight, bias), masters = cast_parameters(low, x, weight, bias)
     check_linear_args(x, weight, bias, activation, residual)
     way = eager.route(x, weight, bias, residual, *masters)
     if way is eager.OP or not _fusable(x, weight, bias, residual):
-        weight, bias = attach(low, (weight, bias), masters)
+        if any(m is not None for m in masters):  # the composition returns bf16 gradients: cast by autograd
+            weight, bias = eager.cast_floats(low, *params)
         return _composed(x, weight, bias, activation, residual)
     n = weight.shape[0]
     x2 = x.reshape(-1, x.shape[-1])

@@ -14,19 +14,20 @@ their backwards return float32 gradients made in float32:
                    (F32_OUT; split-K: the kernel that sums the pieces writes float32)
     db = dH^T 1    a column sum with float32 output (cuBLAS through torch.mm's out_dtype)
 
-    cast, master = split_masters(torch.bfloat16, weight)   # master is weight, or None
+    (cast,), (master,) = cast_parameters(torch.bfloat16, x, weight)   # master: weight, or None
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import direct
+from . import direct, eager
 from .contract import OpSpec, TensorArg
 from .gemm import _alpha_beta, column_sum, gemm, ones_like_rows
 from .gemm_gpu import (
     F32_AUTO_TILES,
     PINGPONG_KERNEL,
+    PP_F32_CONFIGS,
     SPLIT_K_SUM_KERNEL,
     TC_DTYPES,
     VERSIONS,
@@ -37,7 +38,9 @@ from .gemm_gpu import (
 )
 from .mojo_op import MojoOp
 
-_F32_KINDS = {("coop", 256, 128), ("coop", 256, 192), ("coop", 128, 192), ("coop_splitk", 256, 128)}
+# the forced versions that have a float32 form: version 4's cooperative tiles with an
+# F32_OUT variant, and split-K (whose sum kernel writes float32)
+_F32_KINDS = {("coop", bm, bn) for bm, bn, *_ in PP_F32_CONFIGS} | {VERSIONS["SPLITK_256x128"]}
 
 
 def wants_masters(x: torch.Tensor) -> bool:
@@ -47,22 +50,31 @@ def wants_masters(x: torch.Tensor) -> bool:
         x.is_cuda
         and x.dtype in TC_DTYPES
         and torch.is_grad_enabled()
-        and x.__class__ in (torch.Tensor, torch.nn.Parameter)
+        and x.__class__ in eager._PLAIN
         and not torch.compiler.is_compiling()
     )
+
+
+def cast_parameters(low: torch.dtype, x: torch.Tensor, *params) -> tuple[list, list]:
+    """(casts, masters) of a layer's parameters under autocast to `low`, x already cast:
+    split_masters' where the layer may keep masters (wants_masters), else the usual casts
+    (eager.cast_floats, inside autograd) and no masters."""
+    if wants_masters(x):
+        return split_masters(low, *params)
+    return list(eager.cast_floats(low, *params)), [None] * len(params)
 
 
 def split_masters(low: torch.dtype, *params):
     """(casts, masters): each parameter as the layer computes with it (in `low`), and
     the float32 master it stands for (None where autograd should see the cast as usual:
-    not float32, no gradient wanted, or grad mode off). A master's cast is made outside
-    autograd: the layer's backward returns the master's gradient itself."""
+    not float32 or no gradient wanted). A master's cast is made outside autograd: the
+    layer's backward returns the master's gradient itself."""
     casts, masters = [], []
     for p in params:
         if p is None or p.dtype == low or not p.is_floating_point():
             casts.append(p)
             masters.append(None)
-        elif p.dtype == torch.float32 and p.requires_grad and p.__class__ in (torch.Tensor, torch.nn.Parameter):
+        elif p.dtype == torch.float32 and p.requires_grad and p.__class__ in eager._PLAIN:
             with torch.no_grad():
                 casts.append(p.to(low))
             masters.append(p)
@@ -70,12 +82,6 @@ def split_masters(low: torch.dtype, *params):
             casts.append(p.to(low))
             masters.append(None)
     return casts, masters
-
-
-def attach(low: torch.dtype | None, casts, masters) -> list:
-    """The casts, with every master's made again inside autograd (for the paths that
-    return gradients in the compute dtype, such as the composed layers)."""
-    return [c if m is None else m.to(low) for c, m in zip(casts, masters, strict=True)]
 
 
 # -- dW in float32 --------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from .contract import OpSpec, TensorArg
 from .gemm import MojoGEMM, _alpha_beta, column_sum, gemm
 from .gemm_gpu import PINGPONG_KERNEL, TC_DTYPES, pingpong_launch
 from .linear import _fused_forward, aligned16, check_linear_args, linear, linear_tile
-from .master_weights import bias_grad, split_masters, wants_masters, weight_grad
+from .master_weights import bias_grad, cast_parameters, weight_grad
 from .mojo_op import MojoOp
 
 # dpre = (dy @ W2) * d, d = gelu_tanh'(pre) saved by the forward: W2 is (out, hidden) as
@@ -163,10 +163,8 @@ def mlp(
     masters = (None,) * 4
     if low is not None:  # matrix products: the autocast dtype, as F.linear (then checked)
         (x,) = eager.cast_floats(low, x)
-        if wants_masters(x):  # float32 parameters get float32 gradients from the kernels
-            params, masters = split_masters(low, *params)
-        else:
-            params = eager.cast_floats(low, *params)
+        # float32 parameters may get float32 gradients from the kernels (master_weights.py)
+        params, masters = cast_parameters(low, x, *params)
     fc_weight, fc_bias, proj_weight, proj_bias = params
     check_mlp_args(x, *params)
     way = eager.route(x, *params, *masters)

@@ -209,13 +209,8 @@ def sweep(quick: bool, device: str, problems=None, impls=IMPLS) -> list[dict]:
 def profile_rows(impl: str, config_name: str, batch: int, seq: int, dtype, steps: int = 3) -> list[dict]:
     """Device time per training step by kernel (torch.profiler over `steps` steps after
     warm-up): what a step of `impl` spends its GPU time on."""
-    trainer = Trainer(impl, CONFIGS[config_name], batch, seq, dtype, "cuda")
-    time_steps(trainer.step, "cuda", 3, 1)
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities) as prof:
-        for _ in range(steps):
-            trainer.step()
-        torch.cuda.synchronize()
+    prof = _profiled_steps(impl, config_name, batch, seq, dtype, steps, activities)
     rows = []
     for event in prof.key_averages():
         device_us = getattr(event, "self_device_time_total", 0) or 0
@@ -229,9 +224,21 @@ def profile_rows(impl: str, config_name: str, batch: int, seq: int, dtype, steps
                 "ms_per_step": device_us / steps / 1e3,
             }
         )
+    return sorted(rows, key=lambda r: -r["ms_per_step"])
+
+
+def _profiled_steps(impl: str, config_name: str, batch: int, seq: int, dtype, steps: int, activities):
+    """torch.profiler over `steps` training steps of `impl` after 3 warm-up steps; the
+    trainer is freed before returning."""
+    trainer = Trainer(impl, CONFIGS[config_name], batch, seq, dtype, "cuda")
+    time_steps(trainer.step, "cuda", 3, 1)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(steps):
+            trainer.step()
+        torch.cuda.synchronize()
     del trainer
     _free("cuda")
-    return sorted(rows, key=lambda r: -r["ms_per_step"])
+    return prof
 
 
 def gap_rows(impl: str, config_name: str, batch: int, seq: int, dtype, steps: int = 3) -> list[dict]:
@@ -239,13 +246,7 @@ def gap_rows(impl: str, config_name: str, batch: int, seq: int, dtype, steps: in
     in start order, each gap (a kernel's start minus the previous one's end, when positive)
     charged to the kernel that follows it. One row per following kernel, plus "(busy)" and
     "(idle)" totals."""
-    trainer = Trainer(impl, CONFIGS[config_name], batch, seq, dtype, "cuda")
-    time_steps(trainer.step, "cuda", 3, 1)
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            trainer.step()
-        torch.cuda.synchronize()
+    prof = _profiled_steps(impl, config_name, batch, seq, dtype, steps, [torch.profiler.ProfilerActivity.CUDA])
     kernels = sorted(
         (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and not _is_annotation(e.name)),
         key=lambda e: e.time_range.start,
@@ -272,8 +273,6 @@ def gap_rows(impl: str, config_name: str, batch: int, seq: int, dtype, steps: in
         },
         {"impl": impl, "next_kernel": "(idle)", "gaps_per_step": 0, "idle_us_per_step": total_idle},
     ]
-    del trainer
-    _free("cuda")
     return summary + rows
 
 
