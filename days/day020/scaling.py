@@ -23,6 +23,8 @@ from pathlib import Path
 
 from benchmark.environment import stamp
 
+from .step import GRAD_SYNCS
+
 FIELDS = [
     "git_commit",
     "device",
@@ -52,6 +54,8 @@ def train_command(impl: str, graph: bool, gpus: int, out: Path, args) -> list[st
     command += ["--dtype", "bfloat16", "--batch", str(args.batch), "--seq", str(args.seq), "--steps", str(args.steps)]
     command += ["--log-every", "10", "--eval-every", str(args.steps), "--eval-batches", "2", "--sample-tokens", "0"]
     command += ["--checkpoint-every", str(10 * args.steps), "--data", str(args.data), "--quiet"]
+    if args.grad_sync and gpus > 1:
+        command += ["--grad-sync", args.grad_sync]
     return command + (["--graph"] if graph else [])
 
 
@@ -86,12 +90,21 @@ def main(argv=None) -> int:
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--data", type=Path, default=Path("build/day020/data"))
+    p.add_argument(
+        "--grad-sync",
+        choices=list(GRAD_SYNCS),
+        default=None,
+        help="how the two ranks average gradients (train.py's default per mode when not given); "
+        "given, it is part of the rows' mode, e.g. graph+flat",
+    )
     args = p.parse_args(argv)
     env = stamp()
     note = (
         f"torchrun --nproc_per_node=2 vs one process; --config {args.config} --dtype bfloat16 "
         f"--batch {args.batch} --seq {args.seq} --steps {args.steps}; NCCL, NVLS off"
     )
+    if args.grad_sync:
+        note += f"; --grad-sync {args.grad_sync}"
     new = not args.out.exists()
     if not new:
         with open(args.out) as f:
@@ -103,6 +116,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         for impl in args.impl or ["gpu_days", "torch"]:
             for mode in args.mode or ["eager", "graph"]:
+                label = f"{mode}+{args.grad_sync}" if args.grad_sync else mode
                 runs = {gpus: run_one(impl, mode, gpus, args, Path(scratch)) for gpus in args.gpus}
                 with open(args.out, "a", newline="") as f:
                     writer = csv.DictWriter(f, FIELDS)
@@ -117,7 +131,7 @@ def main(argv=None) -> int:
                                         k: env[k] for k in ("git_commit", "device", "driver", "cuda", "torch", "triton")
                                     },
                                     "gpus": gpus,
-                                    "mode": mode,
+                                    "mode": label,
                                     "step": r["step"],
                                     "train_loss": r["train_loss"],
                                     "val_loss": r["val_loss"],
@@ -131,7 +145,8 @@ def main(argv=None) -> int:
                 if sorted(runs) != [1, 2]:
                     for gpus, rows in runs.items():
                         print(
-                            f"{impl:9} {mode:6} {gpus} GPU(s): {rate(rows):12,.0f} tokens/s, val {rows[-1]['val_loss']}"
+                            f"{impl:9} {label:13} {gpus} GPU(s): {rate(rows):12,.0f} tokens/s, "
+                            f"val {rows[-1]['val_loss']}"
                         )
                     continue
                 gap = max(
@@ -139,11 +154,12 @@ def main(argv=None) -> int:
                     for a, b in zip(runs[1], runs[2], strict=True)
                 )
                 one, two = rate(runs[1]), rate(runs[2])
-                summary.append((impl, mode, one, two, two / one, gap, runs[1][-1]["val_loss"], runs[2][-1]["val_loss"]))
-    print(f"{'impl':9} {'mode':6} {'1 GPU tok/s':>12} {'2 GPUs tok/s':>13} {'scaling':>8} {'loss gap':>9}  val 1 / 2")
+                vals = runs[1][-1]["val_loss"], runs[2][-1]["val_loss"]
+                summary.append((impl, label, one, two, two / one, gap, *vals))
+    print(f"{'impl':9} {'mode':13} {'1 GPU tok/s':>12} {'2 GPUs tok/s':>13} {'scaling':>8} {'loss gap':>9}  val 1 / 2")
     for impl, mode, one, two, scale, gap, v1, v2 in summary:
         print(
-            f"{impl:9} {mode:6} {one:12,.0f} {two:13,.0f} {scale:7.2f}x {gap:9.1e}  {float(v1):.5f} / {float(v2):.5f}"
+            f"{impl:9} {mode:13} {one:12,.0f} {two:13,.0f} {scale:7.2f}x {gap:9.1e}  {float(v1):.5f} / {float(v2):.5f}"
         )
     return 0
 

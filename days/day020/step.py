@@ -1,19 +1,24 @@
-"""One optimizer step of day 020's GPT, three ways: eager, eager with one flat gradient
-all-reduce, and captured once by a CUDA graph and replayed.
+"""One optimizer step of day 020's GPT, four ways: eager, eager with a flat gradient buffer
+(averaged in one all-reduce, or in buckets while backward runs), and captured once by a
+CUDA graph and replayed.
 
-    grad_sync="ddp"  : DistributedDataParallel (buckets all-reduced while backward runs)
-    grad_sync="flat" : every .grad is a view into one float32 buffer; after backward, one
-                       all-reduce of that buffer, divided by the ranks (one rank: plain
-                       gradients, which backward hands over without adding into zeros)
-    graph=True       : the whole step (forward, backward, the flat all-reduce, AdamW) is
-                       one CUDA graph; a step copies the batch and the learning rate into
-                       the graph's input tensors and replays it
+    grad_sync="ddp"     : DistributedDataParallel (buckets all-reduced while backward runs)
+    grad_sync="flat"    : every .grad is a view into one float32 buffer; after backward, one
+                          all-reduce of that buffer, divided by the ranks (one rank: plain
+                          gradients, which backward hands over without adding into zeros)
+    grad_sync="buckets" : the same buffer cut into ~25 MB buckets, last layers first; each
+                          bucket is all-reduced on a side stream as soon as backward has
+                          written its gradients, so communication overlaps the rest of
+                          backward; the step waits for the last bucket before AdamW
+    graph=True          : the whole step (forward, backward, the all-reduces, AdamW) is one
+                          CUDA graph; a step copies the batch and the learning rate into the
+                          graph's input tensors and replays it
 
 Why a flat buffer for the graph: DDP's reducer registers hooks and rebuilds its buckets
-after the first iteration, so capturing it needs its own warm-up rules; one all-reduce
-of one buffer is a single NCCL kernel in the graph, with nothing to rebuild. It does not
-overlap backward, which costs ~1.5 ms a step for GPT-2 124M on two H200s (500 MB of float32
-gradients over NVLink), against ~40 ms of compute per rank.
+after the first iteration, so capturing it needs its own warm-up rules; all-reduces of
+fixed slices of one buffer are NCCL kernels in the graph, with nothing to rebuild. Buckets
+are launched in one fixed order on every rank (NCCL needs the same order everywhere): a
+bucket that is ready waits for the ones before it.
 """
 
 from __future__ import annotations
@@ -24,30 +29,121 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+GRAD_SYNCS = ("ddp", "flat", "buckets")
 GRAPH_WARMUP = 3  # eager steps on a side stream before capture: kernels loaded, caches filled
 
 
-class FlatGrads:
-    """Each parameter's .grad as a view into one buffer, so that one all-reduce averages
-    them all. Backward adds into the views in place (a defined .grad is accumulated into),
-    so the optimizer's zero_grad must keep them (set_to_none=False)."""
+BUCKET_BYTES = 25 * 2**20  # DDP's default bucket size
 
-    def __init__(self, params: list[torch.Tensor]):
+
+class FlatGrads:
+    """Each parameter's .grad as a view into one buffer, so that all-reduces of the buffer
+    average them all. Backward adds into the views in place (a defined .grad is accumulated
+    into), so `begin` zeroes the buffer before each backward instead of dropping the grads.
+
+    `bucket_bytes=None`: `finish` all-reduces the whole buffer after backward. Otherwise the
+    buffer is cut into buckets of whole parameters, about `bucket_bytes` each, walking the
+    parameters from the last (the first gradients backward writes) to the first; a hook on
+    each parameter counts what backward has accumulated and starts a bucket's all-reduce as
+    soon as it and every bucket before it are complete. On CUDA these run on a side stream
+    that waits for the gradients' stream, and `finish` makes the current stream wait for it:
+    inside a graph capture this is a fork and a join, so the replays overlap the same way."""
+
+    def __init__(self, params: list[torch.Tensor], world: int = 1, bucket_bytes: int | None = None):
         kinds = {(p.dtype, p.device) for p in params}
         if len(kinds) != 1:
             raise ValueError(f"FlatGrads: parameters of one dtype and device only, got {sorted(map(str, kinds))}")
         dtype, device = kinds.pop()
+        self.world, self.device = world, device
         self.buffer = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=device)
-        offset = 0
+        starts, offset = [], 0
         for p in params:
             p.grad = self.buffer[offset : offset + p.numel()].view_as(p)
+            starts.append(offset)
             offset += p.numel()
+        self.buckets: list[tuple[int, int]] = []  # (first, end) element ranges, in launch order
+        self._size: list[int] = []  # parameters per bucket
+        if bucket_bytes is not None:
+            sizes = bucket_sizes([p.numel() * p.element_size() for p in params], bucket_bytes)
+            hi = len(params)
+            for size in sizes:  # the last parameters first
+                lo = hi - size
+                self.buckets.append((starts[lo], starts[hi - 1] + params[hi - 1].numel()))
+                for p in params[lo:hi]:
+                    p.register_post_accumulate_grad_hook(self._hook(len(self.buckets) - 1))
+                hi = lo
+            self._size = sizes
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" and self.buckets and world > 1 else None
+        self._left: list[int] = []
+        self._next = 0
+        self.active = False
+
+    def begin(self) -> None:
+        """Before a backward: zero the buffer (one kernel; the views stay the .grad)."""
+        self.buffer.zero_()
+        self._left = list(self._size)
+        self._next = 0
+        self.active = bool(self.buckets)
+
+    def finish(self) -> None:
+        """After a backward: every rank holds the mean of every rank's gradients."""
+        if not self.buckets:
+            self.average(self.world)
+            return
+        self._launch_ready(everything=True)  # parameters that got no gradient still take part
+        self.active = False
+        if self.stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
 
     def average(self, world: int) -> None:
-        """The mean of every rank's gradients, in place on every rank."""
+        """The mean of every rank's gradients, in place on every rank (one all-reduce)."""
         if world > 1:
-            dist.all_reduce(self.buffer)
-            self.buffer.div_(world)
+            _all_reduce_mean(self.buffer, world)
+
+    def _hook(self, bucket: int):
+        def ready(_param: torch.Tensor) -> None:
+            if self.active:
+                self._left[bucket] -= 1
+                self._launch_ready()
+
+        return ready
+
+    def _launch_ready(self, everything: bool = False) -> None:
+        while self._next < len(self.buckets) and (everything or self._left[self._next] == 0):
+            first, end = self.buckets[self._next]
+            self._next += 1
+            if self.world == 1:
+                continue
+            if self.stream is None:
+                _all_reduce_mean(self.buffer[first:end], self.world)
+                continue
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))  # the gradients are written
+            with torch.cuda.stream(self.stream):
+                _all_reduce_mean(self.buffer[first:end], self.world)
+
+
+def bucket_sizes(nbytes: list[int], bucket_bytes: int) -> list[int]:
+    """How many parameters each bucket holds, walking `nbytes` from its end: a bucket closes
+    once it reaches `bucket_bytes` (a parameter larger than that is a bucket of its own)."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    sizes, count, total = [], 0, 0
+    for n in reversed(nbytes):
+        if count and total + n > bucket_bytes:
+            sizes.append(count)
+            count, total = 0, 0
+        count, total = count + 1, total + n
+    if count:
+        sizes.append(count)
+    return sizes
+
+
+def _all_reduce_mean(t: torch.Tensor, world: int) -> None:
+    if dist.get_backend() == "nccl":  # NCCL divides as it reduces
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    else:
+        dist.all_reduce(t)
+        t.div_(world)
 
 
 class Stepper:
@@ -64,16 +160,19 @@ class Stepper:
         batch_shape: tuple[int, int] | None = None,
     ):
         """`batch_shape`: (rows, seq) of this rank's batches; a captured step needs it."""
-        if grad_sync not in ("ddp", "flat"):
-            raise ValueError(f"grad_sync must be 'ddp' or 'flat', got {grad_sync!r}")
-        if graph and world > 1 and grad_sync != "flat":
-            raise ValueError("a captured step averages gradients with one flat all-reduce: use grad_sync='flat'")
+        if grad_sync not in GRAD_SYNCS:
+            raise ValueError(f"grad_sync must be one of {GRAD_SYNCS}, got {grad_sync!r}")
+        if graph and world > 1 and grad_sync == "ddp":
+            raise ValueError("a captured step averages a flat gradient buffer: use grad_sync='buckets' or 'flat'")
         if graph and not all(p.is_cuda for p in model.parameters()):
             raise ValueError("--graph captures the step with torch.cuda.graph: it needs the model on a CUDA device")
         if graph and batch_shape is None:
             raise ValueError("a captured step needs the shape of its batches (batch_shape)")
         self.model, self.opt, self.amp, self.world = model, opt, amp, world
-        self.flat = FlatGrads(list(model.parameters())) if grad_sync == "flat" and world > 1 else None
+        self.flat = None
+        if grad_sync != "ddp" and world > 1:
+            bucket_bytes = BUCKET_BYTES if grad_sync == "buckets" else None
+            self.flat = FlatGrads(list(model.parameters()), world, bucket_bytes)
         if world > 1:
             for p in model.parameters():  # every rank starts from rank 0's parameters, as DDP does
                 dist.broadcast(p.data, src=0)
@@ -98,12 +197,12 @@ class Stepper:
         if self.flat is None:
             self.opt.zero_grad(set_to_none=True)
         else:
-            self.flat.buffer.zero_()  # one kernel; the views stay the parameters' .grad
+            self.flat.begin()
         with self.amp:
             _, loss = self.forward(x, y)
         loss.backward()
         if self.flat is not None:
-            self.flat.average(self.world)
+            self.flat.finish()
         self.opt.step()
         return loss
 

@@ -18,9 +18,10 @@ import pytest
 import torch
 
 from days.day020 import data as D
+from days.day020 import step as S
 from days.day020 import train as T
 from days.day020.model import CONFIGS, GPT, GPTConfig, twins
-from days.day020.step import FlatGrads, Stepper, training_snapshot
+from days.day020.step import FlatGrads, Stepper, bucket_sizes, training_snapshot
 
 TINY = CONFIGS["tiny"]
 
@@ -185,11 +186,14 @@ def test_a_resumed_run_computes_the_same_losses(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("impl, grad_sync", [("torch", "ddp"), ("gpu_days", "ddp"), ("gpu_days", "flat")])
+@pytest.mark.parametrize(
+    "impl, grad_sync", [("torch", "ddp"), ("gpu_days", "ddp"), ("gpu_days", "flat"), ("gpu_days", "buckets")]
+)
 def test_two_ranks_compute_the_one_process_losses(tmp_path, impl, grad_sync):
     """torchrun with 2 CPU ranks (gloo): each rank takes half of the same global batch, the
-    gradients are averaged (DistributedDataParallel, or one all-reduce of the flat gradient
-    buffer that --graph uses), so the losses are one process's."""
+    gradients are averaged (DistributedDataParallel, or all-reduces of the flat gradient
+    buffer that --graph uses: whole, or in buckets during backward), so the losses are one
+    process's."""
     steps = 4
     one = T.train(_args(tmp_path, impl, steps, out="one", device="cpu"))
     argv = [str(a) for a in _argv(tmp_path, impl, steps, out="two", device="cpu", grad_sync=grad_sync)]
@@ -222,6 +226,60 @@ def test_flat_gradients_are_views_that_backward_fills():
     assert flat.buffer.abs().sum() > 0
     with pytest.raises(ValueError, match="one dtype and device"):
         FlatGrads([torch.zeros(2), torch.zeros(2, dtype=torch.float64)])
+
+
+def test_bucket_sizes_walk_from_the_last_parameter():
+    assert bucket_sizes([4, 4, 4, 4], 8) == [2, 2]
+    assert bucket_sizes([1, 2, 30, 3, 3], 8) == [2, 1, 2]  # 30 bytes: a bucket of its own
+    assert bucket_sizes([5, 5, 5], 4) == [1, 1, 1]
+    assert bucket_sizes([3], 100) == [1]
+    assert sum(bucket_sizes([7, 1, 9, 2, 2, 8], 9)) == 6
+    with pytest.raises(ValueError, match="positive"):
+        bucket_sizes([1], 0)
+
+
+def test_the_all_reduce_timer_sends_the_steps_buckets():
+    from days.day020.allreduce_time import bucket_spans, gradient_sizes
+
+    model = GPT(TINY, "torch")
+    for bucket_bytes in (4096, 50_000):
+        flat = FlatGrads(list(model.parameters()), world=2, bucket_bytes=bucket_bytes)
+        assert bucket_spans(gradient_sizes("tiny"), bucket_bytes) == flat.buckets
+    assert bucket_spans(gradient_sizes("tiny"), None) == [(0, flat.buffer.numel())]
+
+
+def test_buckets_are_averaged_in_order_while_backward_runs(monkeypatch):
+    """Every element of the buffer is all-reduced exactly once per backward, bucket by bucket
+    in one fixed order, and the first buckets go out before backward has reached the first
+    parameters (the overlap); a second step does the same again."""
+    launches: list[tuple[int, int, int]] = []  # (first, end, gradients accumulated so far)
+    accumulated = [0]
+    monkeypatch.setattr(S, "_all_reduce_mean", lambda t, world: launches.append((*span(t), accumulated[0])))
+    model = GPT(TINY, "torch").init_weights(0)
+    params = list(model.parameters())
+    flat = FlatGrads(params, world=2, bucket_bytes=4096)
+
+    def span(t):
+        first = (t.data_ptr() - flat.buffer.data_ptr()) // flat.buffer.element_size()
+        return first, first + t.numel()
+
+    for p in params:
+        p.register_post_accumulate_grad_hook(lambda _p: accumulated.__setitem__(0, accumulated[0] + 1))
+    assert len(flat.buckets) > 3
+    idx = torch.randint(0, TINY.vocab_size, (2, 9), generator=torch.Generator().manual_seed(5))
+    for _ in range(2):
+        launches.clear()
+        accumulated[0] = 0
+        flat.begin()
+        model(idx, idx.roll(1, 1))[1].backward()
+        flat.finish()
+        assert [(a, b) for a, b, _ in launches] == flat.buckets
+        covered = sorted((a, b) for a, b, _ in launches)
+        assert covered[0][0] == 0 and covered[-1][1] == flat.buffer.numel()
+        assert all(x[1] == y[0] for x, y in zip(covered, covered[1:], strict=False))  # no gap, no overlap
+        assert launches[0][2] < len(params)  # went out before backward was done
+        assert flat.buffer.abs().sum() > 0
+        assert not flat.active
 
 
 def test_a_training_snapshot_undoes_steps_in_place():
@@ -262,8 +320,10 @@ def test_a_captured_step_is_refused_without_cuda(tmp_path):
     opt = T.make_optimizer(model, 1e-3, 0.0, "cpu")
     with pytest.raises(ValueError, match="CUDA device"):
         Stepper(model, opt, torch.autocast("cpu", enabled=False), 1, "flat", graph=True, batch_shape=(2, 8))
-    with pytest.raises(ValueError, match="grad_sync='flat'"):
+    with pytest.raises(ValueError, match="grad_sync='buckets' or 'flat'"):
         Stepper(model, opt, torch.autocast("cpu", enabled=False), 2, "ddp", graph=True, batch_shape=(2, 8))
+    with pytest.raises(ValueError, match="grad_sync must be one of"):
+        Stepper(model, opt, torch.autocast("cpu", enabled=False), 1, "ring", batch_shape=(2, 8))
 
 
 @pytest.mark.slow

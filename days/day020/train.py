@@ -17,10 +17,11 @@ Several GPUs (DistributedDataParallel; NCCL on CUDA, gloo on the CPU):
 (seed, step) batch, DDP averages the gradients, so the run computes the one-process run's
 losses (up to the order of float additions). Rank 0 alone writes files and shows progress.
 
-On CUDA, --graph captures the whole step once (forward, backward, the gradient all-reduce
-and AdamW) and replays it: no host work per kernel. Its ranks average the gradients with
-one all-reduce of a flat buffer after backward (--grad-sync flat; see step.py), which
-eager runs can use as well.
+On CUDA, --graph captures the whole step once (forward, backward, the gradient all-reduces
+and AdamW) and replays it: no host work per kernel. Its ranks average a flat gradient
+buffer, in buckets all-reduced while backward runs (--grad-sync buckets, the default with
+--graph) or in one all-reduce after backward (--grad-sync flat; see step.py). Eager runs
+can use either as well.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from benchmark.store import write_atomically
 
 from . import data as D
 from .model import CONFIGS, GPT, IMPLS
-from .step import Stepper
+from .step import GRAD_SYNCS, Stepper
 
 
 def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
@@ -156,7 +157,7 @@ def _train(args, ranks: Ranks) -> list[dict]:
 
     if args.graph and torch.device(device).type != "cuda":
         raise ValueError(f"--graph captures the step with torch.cuda.graph: it needs a CUDA device, not {device}")
-    grad_sync = args.grad_sync or ("flat" if args.graph else "ddp")
+    grad_sync = args.grad_sync or ("buckets" if args.graph else "ddp")
     # float32 parameters and optimizer; --dtype bfloat16 computes under torch.autocast
     # (mixed precision: gpu-days' ops follow torch's policy, see pytorch_custom_ops.eager).
     # Autocast's weight cache cannot outlive a graph capture: off with --graph.
@@ -170,8 +171,8 @@ def _train(args, ranks: Ranks) -> list[dict]:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         start = state["step"]
-    # the gradients are averaged over the ranks (DDP during backward, or one flat all-reduce
-    # after it); `model` stays the plain module (checkpoints, evaluation, sampling)
+    # the gradients are averaged over the ranks (DDP, or a flat buffer's all-reduces: see
+    # step.py); `model` stays the plain module (checkpoints, evaluation, sampling)
     if args.batch % ranks.world:
         raise ValueError(f"--batch {args.batch} is not a multiple of the {ranks.world} ranks")
     stepper = Stepper(
@@ -273,9 +274,10 @@ def parse_args(argv=None):
     p.add_argument("--graph", action="store_true", help="CUDA: capture the step once, replay it every step")
     p.add_argument(
         "--grad-sync",
-        choices=["ddp", "flat"],
+        choices=list(GRAD_SYNCS),
         default=None,
-        help="several ranks: DDP (default) or one all-reduce of a flat gradient buffer (--graph's way)",
+        help="several ranks: DDP (eager's default), a flat gradient buffer all-reduced in buckets while "
+        "backward runs (--graph's default), or the same buffer in one all-reduce after backward",
     )
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--eval-every", type=int, default=200)
