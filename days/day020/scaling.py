@@ -1,7 +1,7 @@
 """One GPU against two: the same training command run as one process and under
 `torchrun --nproc_per_node=2`, per build (gpu_days, torch) and mode (eager, --graph).
 
-    python -m days.day020.scaling --out results/nvidia-h200/curves/day020_ddp_gpt2.csv
+    python -m days.day020.scaling --out results/nvidia-h100-80gb-hbm3/curves/day020_ddp_gpt2.csv
 
 Each run trains GPT-2 124M (bf16, global batch 32 x 1024, 50 steps) from the same seed and
 data; its loss.csv rows are appended to --out with the machine's stamp, the number of GPUs
