@@ -30,10 +30,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 GRAD_SYNCS = ("ddp", "flat", "buckets")
-GRAPH_WARMUP = 3  # eager steps on a side stream before capture: kernels loaded, caches filled
-
-
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket size
+GRAPH_WARMUP = 3  # eager steps on a side stream before capture: kernels loaded, caches filled
 
 
 class FlatGrads:
@@ -56,11 +54,10 @@ class FlatGrads:
         dtype, device = kinds.pop()
         self.world, self.device = world, device
         self.buffer = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=device)
-        starts, offset = [], 0
+        bounds = [0]  # parameter i is buffer[bounds[i] : bounds[i + 1]]
         for p in params:
-            p.grad = self.buffer[offset : offset + p.numel()].view_as(p)
-            starts.append(offset)
-            offset += p.numel()
+            p.grad = self.buffer[bounds[-1] : bounds[-1] + p.numel()].view_as(p)
+            bounds.append(bounds[-1] + p.numel())
         self.buckets: list[tuple[int, int]] = []  # (first, end) element ranges, in launch order
         self._size: list[int] = []  # parameters per bucket
         if bucket_bytes is not None:
@@ -68,7 +65,7 @@ class FlatGrads:
             hi = len(params)
             for size in sizes:  # the last parameters first
                 lo = hi - size
-                self.buckets.append((starts[lo], starts[hi - 1] + params[hi - 1].numel()))
+                self.buckets.append((bounds[lo], bounds[hi]))
                 for p in params[lo:hi]:
                     p.register_post_accumulate_grad_hook(self._hook(len(self.buckets) - 1))
                 hi = lo
@@ -88,17 +85,13 @@ class FlatGrads:
     def finish(self) -> None:
         """After a backward: every rank holds the mean of every rank's gradients."""
         if not self.buckets:
-            self.average(self.world)
+            if self.world > 1:
+                _all_reduce_mean(self.buffer, self.world)
             return
         self._launch_ready(everything=True)  # parameters that got no gradient still take part
         self.active = False
         if self.stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.stream)
-
-    def average(self, world: int) -> None:
-        """The mean of every rank's gradients, in place on every rank (one all-reduce)."""
-        if world > 1:
-            _all_reduce_mean(self.buffer, world)
 
     def _hook(self, bucket: int):
         def ready(_param: torch.Tensor) -> None:
@@ -123,8 +116,8 @@ class FlatGrads:
 
 
 def bucket_sizes(nbytes: list[int], bucket_bytes: int) -> list[int]:
-    """How many parameters each bucket holds, walking `nbytes` from its end: a bucket closes
-    once it reaches `bucket_bytes` (a parameter larger than that is a bucket of its own)."""
+    """How many parameters each bucket holds, walking `nbytes` from its end: a bucket takes
+    parameters while they fit in `bucket_bytes` (a larger parameter is a bucket of its own)."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
     sizes, count, total = [], 0, 0
