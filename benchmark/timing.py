@@ -74,9 +74,10 @@ def time_cpu(fns: dict[str, Callable[[], object]], min_reps: int = 5, budget_s: 
     return {name: _summary(v) for name, v in samples.items()}
 
 
-def kernel_times_us(fn: Callable[[], object], reps: int = 20) -> dict[str, float]:
+def kernel_times_us(fn: Callable[[], object], reps: int = 20, counts: dict[str, int] | None = None) -> dict[str, float]:
     """Device time per call of each kernel the call launched, by kernel name (CUPTI through
-    torch.profiler; self time: no double count)."""
+    torch.profiler; self time: no double count). `counts`, when given, receives how many
+    times each kernel ran over the `reps` calls."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -85,7 +86,10 @@ def kernel_times_us(fn: Callable[[], object], reps: int = 20) -> dict[str, float
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
-    return {e.key: e.self_device_time_total / reps for e in prof.key_averages() if e.self_device_time_total > 0}
+    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    if counts is not None:
+        counts.update({e.key: e.count for e in events})
+    return {e.key: e.self_device_time_total / reps for e in events}
 
 
 def kernel_time_ms(fn: Callable[[], object], reps: int = 20) -> float | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,7 @@ FIELDS = [
     "global_batch",
     "note",
 ]
+PROFILE_STEPS = 5  # with --profile-dir: steps timed, then as many profiled, after each run
 FIRST_TIMED_STEP = 20  # rows from here on: their tokens/s covers steps 11+, after loading and capture
 
 
@@ -56,7 +58,14 @@ def train_command(impl: str, graph: bool, gpus: int, out: Path, args) -> list[st
     command += ["--checkpoint-every", str(10 * args.steps), "--data", str(args.data), "--quiet"]
     if args.grad_sync and gpus > 1:
         command += ["--grad-sync", args.grad_sync]
+    if args.profile_dir:
+        command += ["--profile-steps", str(PROFILE_STEPS)]
     return command + (["--graph"] if graph else [])
+
+
+def mode_label(mode: str, grad_sync: str | None) -> str:
+    """The rows' mode: eager or graph, with the way of averaging when one was asked for."""
+    return f"{mode}+{grad_sync}" if grad_sync else mode
 
 
 def run_one(impl: str, mode: str, gpus: int, args, scratch: Path) -> list[dict]:
@@ -71,7 +80,25 @@ def run_one(impl: str, mode: str, gpus: int, args, scratch: Path) -> list[dict]:
     with open(out / "loss.csv") as f:
         rows = list(csv.DictReader(f))
     print(f"  {impl:8} {mode:5} {gpus} GPU(s): {time.perf_counter() - t:.0f} s", flush=True)
+    if args.profile_dir:
+        label = mode_label(mode, args.grad_sync)
+        for rank in range(gpus):
+            kept = args.profile_dir / f"{impl}-{label}-{gpus}gpu-rank{rank}.csv"
+            shutil.copyfile(out / f"profile-rank{rank}.csv", kept)
+            print(f"    rank {rank}: {profile_summary(kept)}", flush=True)
     return rows
+
+
+def profile_summary(path: Path) -> str:
+    """One line from a rank's profile (train.py --profile-steps): the step's wall time, the
+    sum of its kernels' times, and NCCL's share of that sum, in ms per step."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    wall = sum(float(r["us_per_step"]) for r in rows if r["kernel"] == "(wall)")
+    kernels = [r for r in rows if r["kernel"] != "(wall)"]
+    total = sum(float(r["us_per_step"]) for r in kernels)
+    nccl = sum(float(r["us_per_step"]) for r in kernels if "nccl" in r["kernel"].lower())
+    return f"wall {wall / 1e3:.2f} ms/step, kernels {total / 1e3:.2f} ms (NCCL {nccl / 1e3:.2f} ms)"
 
 
 def rate(rows: list[dict]) -> float:
@@ -90,6 +117,13 @@ def main(argv=None) -> int:
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--data", type=Path, default=Path("build/day020/data"))
+    p.add_argument(
+        "--profile-dir",
+        type=Path,
+        default=None,
+        help=f"CUDA: after each run, {PROFILE_STEPS} more steps timed and profiled on every rank; "
+        "the per-rank kernel tables are copied here (<impl>-<mode>-<gpus>gpu-rank<r>.csv)",
+    )
     p.add_argument(
         "--grad-sync",
         choices=list(GRAD_SYNCS),
@@ -112,11 +146,13 @@ def main(argv=None) -> int:
         if header != FIELDS:
             raise SystemExit(f"{args.out}: its columns are {header}, not {FIELDS}; name another --out")
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.profile_dir:
+        args.profile_dir.mkdir(parents=True, exist_ok=True)
     summary = []
     with tempfile.TemporaryDirectory() as scratch:
         for impl in args.impl or ["gpu_days", "torch"]:
             for mode in args.mode or ["eager", "graph"]:
-                label = f"{mode}+{args.grad_sync}" if args.grad_sync else mode
+                label = mode_label(mode, args.grad_sync)
                 runs = {gpus: run_one(impl, mode, gpus, args, Path(scratch)) for gpus in args.gpus}
                 with open(args.out, "a", newline="") as f:
                     writer = csv.DictWriter(f, FIELDS)

@@ -228,6 +228,33 @@ def test_flat_gradients_are_views_that_backward_fills():
         FlatGrads([torch.zeros(2), torch.zeros(2, dtype=torch.float64)])
 
 
+def test_a_profile_has_the_wall_time_first_then_kernels_by_time(tmp_path, monkeypatch):
+    """train.py --profile-steps: each rank's CSV (the kernel times are CUPTI's on CUDA; here a
+    stand-in), and the line scaling.py prints from it."""
+    from benchmark import timing
+    from days.day020.scaling import profile_summary
+
+    steps = []
+
+    def fake_kernel_times(fn, reps, counts):
+        for _ in range(reps):
+            fn()
+        counts.update({"gemm": 2 * reps, "ncclDevKernel_AllReduce": reps})
+        return {"gemm": 300.0, "ncclDevKernel_AllReduce": 1500.0}
+
+    monkeypatch.setattr(timing, "kernel_times_us", fake_kernel_times)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    path = tmp_path / "profile-rank0.csv"
+    T.profile_steps(lambda: steps.append(1), 4, path)
+    assert len(steps) == 1 + 4 + 4  # one warm-up, four timed, four profiled
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["kernel"] for r in rows] == ["(wall)", "ncclDevKernel_AllReduce", "gemm"]
+    assert [float(r["calls_per_step"]) for r in rows] == [1.0, 1.0, 2.0]
+    assert float(rows[0]["us_per_step"]) > 0
+    assert profile_summary(path).endswith("kernels 1.80 ms (NCCL 1.50 ms)")
+
+
 def test_bucket_sizes_walk_from_the_last_parameter():
     assert bucket_sizes([4, 4, 4, 4], 8) == [2, 2]
     assert bucket_sizes([1, 2, 30, 3, 3], 8) == [2, 1, 2]  # 30 bytes: a bucket of its own
@@ -316,6 +343,8 @@ def test_a_training_snapshot_undoes_steps_in_place():
 def test_a_captured_step_is_refused_without_cuda(tmp_path):
     with pytest.raises(ValueError, match="needs a CUDA device"):
         T.train(_args(tmp_path, "torch", 2, device="cpu", graph=True))
+    with pytest.raises(ValueError, match="--profile-steps .* needs a CUDA device"):
+        T.train(_args(tmp_path, "torch", 2, device="cpu", profile_steps=3))
     model = GPT(TINY, "torch")
     opt = T.make_optimizer(model, 1e-3, 0.0, "cpu")
     with pytest.raises(ValueError, match="CUDA device"):

@@ -157,6 +157,8 @@ def _train(args, ranks: Ranks) -> list[dict]:
 
     if args.graph and torch.device(device).type != "cuda":
         raise ValueError(f"--graph captures the step with torch.cuda.graph: it needs a CUDA device, not {device}")
+    if args.profile_steps and torch.device(device).type != "cuda":
+        raise ValueError(f"--profile-steps reads the CUDA kernels' times: it needs a CUDA device, not {device}")
     grad_sync = args.grad_sync or ("buckets" if args.graph else "ddp")
     # float32 parameters and optimizer; --dtype bfloat16 computes under torch.autocast
     # (mixed precision: gpu-days' ops follow torch's policy, see pytorch_custom_ops.eager).
@@ -222,7 +224,40 @@ def _train(args, ranks: Ranks) -> list[dict]:
             sample = model.generate(prompt, args.sample_tokens, seed=args.seed)
         text = bytes(sample[0].tolist()).decode(errors="replace")
         (out / "sample.txt").write_text(text)
+    if args.profile_steps:  # after the run: its losses, checkpoint and sample are already written
+        x, y = map(ranks.shard, train_batches.get(stop, device))
+        lr = lr_at(stop - 1, args.steps, args.lr, args.warmup)
+        profile_steps(lambda: stepper(x, y, lr), args.profile_steps, out / f"profile-rank{ranks.rank}.csv")
     return rows
+
+
+PROFILE_FIELDS = ["kernel", "calls_per_step", "us_per_step"]
+
+
+def profile_steps(step, n: int, path: Path) -> None:
+    """Time `n` more steps on the host clock (the step's wall time), then profile `n` more:
+    one CSV row per kernel with its device time per step, and a "(wall)" row first. Each
+    rank writes its own file: comparing a rank of a two-GPU run with a one-GPU run shows
+    where a step's time went (NCCL's kernels are among the rows)."""
+    from benchmark.timing import kernel_times_us
+
+    step()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        step()
+    torch.cuda.synchronize()
+    rows = [{"kernel": "(wall)", "calls_per_step": 1, "us_per_step": (time.perf_counter() - t) / n * 1e6}]
+    calls: dict[str, int] = {}
+    kernels = kernel_times_us(step, reps=n, counts=calls)
+    rows += [
+        {"kernel": name, "calls_per_step": calls[name] / n, "us_per_step": us}
+        for name, us in sorted(kernels.items(), key=lambda item: -item[1])
+    ]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, PROFILE_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def _saved_args(args) -> dict:
@@ -262,6 +297,13 @@ def parse_args(argv=None):
     p.add_argument("--max-data-bytes", type=int, default=None, help="cap the corpus when building it")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--stop-after", type=int, default=None, help="stop (with a checkpoint) after this step")
+    p.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="CUDA: after the run, time and profile this many more steps; per-rank kernel times "
+        "go to --out/profile-rank<r>.csv",
+    )
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seq", type=int, default=256)
