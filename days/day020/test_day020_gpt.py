@@ -345,6 +345,8 @@ def test_a_captured_step_is_refused_without_cuda(tmp_path):
         T.train(_args(tmp_path, "torch", 2, device="cpu", graph=True))
     with pytest.raises(ValueError, match="--profile-steps .* needs a CUDA device"):
         T.train(_args(tmp_path, "torch", 2, device="cpu", profile_steps=3))
+    with pytest.raises(ValueError, match="--profile-steps must be 0"):
+        T.train(_args(tmp_path, "torch", 2, device="cpu", profile_steps=-1))
     model = GPT(TINY, "torch")
     opt = T.make_optimizer(model, 1e-3, 0.0, "cpu")
     with pytest.raises(ValueError, match="CUDA device"):

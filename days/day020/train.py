@@ -157,6 +157,8 @@ def _train(args, ranks: Ranks) -> list[dict]:
 
     if args.graph and torch.device(device).type != "cuda":
         raise ValueError(f"--graph captures the step with torch.cuda.graph: it needs a CUDA device, not {device}")
+    if args.profile_steps < 0:
+        raise ValueError(f"--profile-steps must be 0 (no profile) or more, got {args.profile_steps}")
     if args.profile_steps and torch.device(device).type != "cuda":
         raise ValueError(f"--profile-steps reads the CUDA kernels' times: it needs a CUDA device, not {device}")
     grad_sync = args.grad_sync or ("buckets" if args.graph else "ddp")
