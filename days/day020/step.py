@@ -48,6 +48,7 @@ class FlatGrads:
     inside a graph capture this is a fork and a join, so the replays overlap the same way."""
 
     def __init__(self, params: list[torch.Tensor], world: int = 1, bucket_bytes: int | None = None):
+        params = [p for p in params if p.requires_grad]  # a frozen one keeps .grad None: AdamW skips it
         kinds = {(p.dtype, p.device) for p in params}
         if len(kinds) != 1:
             raise ValueError(f"FlatGrads: parameters of one dtype and device only, got {sorted(map(str, kinds))}")

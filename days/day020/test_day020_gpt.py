@@ -309,6 +309,24 @@ def test_buckets_are_averaged_in_order_while_backward_runs(monkeypatch):
         assert not flat.active
 
 
+def test_frozen_parameters_stay_out_of_the_flat_buffer(monkeypatch):
+    """A parameter that wants no gradient gets no view (AdamW would decay it), no bucket and
+    no hook (a hook on it would raise)."""
+    monkeypatch.setattr(S, "_all_reduce_mean", lambda t, world: None)
+    model = GPT(TINY, "torch").init_weights(0)
+    frozen = model.wpe.weight.requires_grad_(False)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    flat = FlatGrads(list(model.parameters()), world=2, bucket_bytes=4096)
+    assert frozen.grad is None
+    assert flat.buffer.numel() == sum(p.numel() for p in trained)
+    assert flat.buckets[0][1] == flat.buffer.numel() and flat.buckets[-1][0] == 0
+    idx = torch.randint(0, TINY.vocab_size, (2, 9), generator=torch.Generator().manual_seed(7))
+    flat.begin()
+    model(idx, idx.roll(1, 1))[1].backward()
+    flat.finish()
+    assert frozen.grad is None and all(p.grad.abs().sum() > 0 for p in trained[-4:])
+
+
 def test_a_training_snapshot_undoes_steps_in_place():
     """What a capture's warm-up steps change comes back: parameters, the moments AdamW had,
     and the state it created since (zeroed: a fresh AdamW), in the same tensors."""
