@@ -19,27 +19,16 @@ import torch
 import torch.distributed as dist
 
 from .model import CONFIGS, GPT
-from .step import BUCKET_BYTES, bucket_sizes
+from .step import BUCKET_BYTES, FlatGrads
 
 
-def gradient_sizes(config: str) -> list[int]:
-    """Bytes of each parameter's float32 gradient, in the model's parameter order."""
+def step_buckets(config: str, bucket_bytes: int | None) -> tuple[int, list[tuple[int, int]]]:
+    """(elements of the flat gradient buffer, the (first, end) ranges it is all-reduced in):
+    step.FlatGrads' own layout for the model's parameters, built on the meta device, so
+    nothing is allocated. `bucket_bytes=None`: the whole buffer at once."""
     with torch.device("meta"):
-        model = GPT(CONFIGS[config], "torch")
-    return [p.numel() * 4 for p in model.parameters()]
-
-
-def bucket_spans(sizes: list[int], bucket_bytes: int | None) -> list[tuple[int, int]]:
-    """(first, end) element ranges of the flat buffer, in the order step.FlatGrads sends them."""
-    total = sum(sizes) // 4
-    if bucket_bytes is None:
-        return [(0, total)]
-    spans, end, hi = [], total, len(sizes)
-    for count in bucket_sizes(sizes, bucket_bytes):
-        first = end - sum(sizes[hi - count : hi]) // 4
-        spans.append((first, end))
-        end, hi = first, hi - count
-    return spans
+        flat = FlatGrads(list(GPT(CONFIGS[config], "torch").parameters()), world=2, bucket_bytes=bucket_bytes)
+    return flat.buffer.numel(), flat.buckets or [(0, flat.buffer.numel())]
 
 
 def time_all_reduces(buffer: torch.Tensor, spans: list[tuple[int, int]], repeat: int) -> float:
@@ -71,10 +60,10 @@ def main(argv=None) -> int:
     torch.cuda.set_device(local)
     dist.init_process_group("nccl")
     world = dist.get_world_size()
-    sizes = gradient_sizes(args.config)
-    buffer = torch.randn(sum(sizes) // 4, device=f"cuda:{local}")
+    numel, _ = step_buckets(args.config, None)
+    buffer = torch.randn(numel, device=f"cuda:{local}")
     for name, bucket_bytes in (("whole buffer", None), (f"{BUCKET_BYTES >> 20} MB buckets", BUCKET_BYTES)):
-        spans = bucket_spans(sizes, bucket_bytes)
+        _, spans = step_buckets(args.config, bucket_bytes)
         ms = time_all_reduces(buffer, spans, args.repeat)
         if dist.get_rank() == 0:
             busbw = buffer.numel() * 4 * 2 * (world - 1) / world / (ms * 1e-3) / 1e9

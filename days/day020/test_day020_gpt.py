@@ -266,13 +266,13 @@ def test_bucket_sizes_walk_from_the_last_parameter():
 
 
 def test_the_all_reduce_timer_sends_the_steps_buckets():
-    from days.day020.allreduce_time import bucket_spans, gradient_sizes
+    from days.day020.allreduce_time import step_buckets
 
-    model = GPT(TINY, "torch")
-    for bucket_bytes in (4096, 50_000):
-        flat = FlatGrads(list(model.parameters()), world=2, bucket_bytes=bucket_bytes)
-        assert bucket_spans(gradient_sizes("tiny"), bucket_bytes) == flat.buckets
-    assert bucket_spans(gradient_sizes("tiny"), None) == [(0, flat.buffer.numel())]
+    params = list(GPT(TINY, "torch").parameters())
+    total = sum(p.numel() for p in params)
+    assert step_buckets("tiny", None) == (total, [(0, total)])
+    numel, spans = step_buckets("tiny", 4096)
+    assert numel == total and spans == FlatGrads(params, world=2, bucket_bytes=4096).buckets and len(spans) > 3
 
 
 def test_buckets_are_averaged_in_order_while_backward_runs(monkeypatch):
