@@ -18,12 +18,12 @@ import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 SUPPORTED_DEVICES = ("cpu", "cuda")
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # not subclasses: fakes, functional tensors
 
 
 def check_float_tensor(name: str, x) -> None:
     """The first checks of every op's public function: a float tensor on a supported device."""
-    if x.__class__ in _PLAIN and x.dtype in FLOAT_DTYPES and (x.is_cuda or x.is_cpu):
+    if x.__class__ in PLAIN_TENSORS and x.dtype in FLOAT_DTYPES and (x.is_cuda or x.is_cpu):
         return  # the usual case, without making a torch.device
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")

@@ -22,8 +22,9 @@ from collections.abc import Callable
 
 import torch
 
+from .contract import PLAIN_TENSORS
+
 OP, AUTOGRAD, EAGER = "op", "autograd", "eager"
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 _transforms_active = torch._C._are_functorch_transforms_active
 
 
@@ -35,7 +36,7 @@ def route(*tensors) -> str:
     for t in tensors:
         if t is None:
             continue
-        if type(t) not in _PLAIN:  # subclasses, and non-tensors (the op's checks name them)
+        if type(t) not in PLAIN_TENSORS:  # subclasses, and non-tensors (the op's checks name them)
             return OP
         grad = grad or t.requires_grad
     return AUTOGRAD if grad and torch.is_grad_enabled() else EAGER
@@ -92,7 +93,7 @@ def autocast_dtype(t) -> torch.dtype | None:
     inputs, so each public function applies torch's CUDA policy itself: matrix products
     (gemm) run in the autocast dtype, normalisations and softmaxes in float32.
     """
-    if t.__class__ not in _PLAIN:
+    if t.__class__ not in PLAIN_TENSORS:
         return None
     device = "cuda" if t.is_cuda else "cpu" if t.is_cpu else None
     if device is None or not torch.is_autocast_enabled(device):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from . import direct, eager
-from .contract import OpSpec, TensorArg
+from .contract import PLAIN_TENSORS, OpSpec, TensorArg
 from .gemm import _alpha_beta, column_sum, gemm, ones_like_rows
 from .gemm_gpu import (
     F32_AUTO_TILES,
@@ -50,7 +50,7 @@ def wants_masters(x: torch.Tensor) -> bool:
         x.is_cuda
         and x.dtype in TC_DTYPES
         and torch.is_grad_enabled()
-        and x.__class__ in eager._PLAIN
+        and x.__class__ in PLAIN_TENSORS
         and not torch.compiler.is_compiling()
     )
 
@@ -74,7 +74,7 @@ def split_masters(low: torch.dtype, *params):
         if p is None or p.dtype == low or not p.is_floating_point():
             casts.append(p)
             masters.append(None)
-        elif p.dtype == torch.float32 and p.requires_grad and p.__class__ in eager._PLAIN:
+        elif p.dtype == torch.float32 and p.requires_grad and p.__class__ in PLAIN_TENSORS:
             with torch.no_grad():
                 casts.append(p.to(low))
             masters.append(p)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from . import cuda_driver, direct, fallback
-from .contract import OpSpec, _overlaps, declared_parameters
+from .contract import PLAIN_TENSORS, OpSpec, _overlaps, declared_parameters
 from .library import load_kernel_library
 
 # A launch plan: (outputs, inputs, compile-time params) -> the launches that compute the
@@ -180,7 +180,7 @@ class MojoOp:
     def _call(self, inputs, out, torch_impl, params) -> list[torch.Tensor]:
         # --8<-- [start:replay]
         key = None
-        if RECIPES and inputs and inputs[0].__class__ in _PLAIN and inputs[0].is_cuda:
+        if RECIPES and inputs and inputs[0].__class__ in PLAIN_TENSORS and inputs[0].is_cuda:
             key = _call_key(inputs, out, params)
             if key is not None:
                 if self._recipe_epoch != direct._epoch:
@@ -298,7 +298,6 @@ class MojoOp:
         return inputs[0].dtype
 
 
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 # GPU_DAYS_RECIPES=0 plans every call (to measure what recipes save, or to rule them out)
 RECIPES = os.environ.get("GPU_DAYS_RECIPES", "1") != "0"
 MAX_RECIPES = 256  # per op: a model has a few dozen distinct calls; more is a shape sweep
@@ -310,7 +309,7 @@ def _call_key(inputs, out, params) -> tuple | None:
     None for a call that must take the checked path (a tensor subclass, a non-tensor)."""
     key = [len(out), None if params is None else tuple(params.items())]
     for t in (*out, *inputs):
-        if t.__class__ not in _PLAIN:
+        if t.__class__ not in PLAIN_TENSORS:
             return None
         key += (t.shape, t.dtype, t.get_device(), t.is_contiguous(), t.data_ptr() & 15)
     return tuple(key)
