@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from pytorch_custom_ops.direct import reserve_sms
+
 GRAD_SYNCS = ("ddp", "flat", "buckets")
 BUCKET_BYTES = 25 * 2**20  # DDP's default bucket size
 GRAPH_WARMUP = 3  # eager steps on a side stream before capture: kernels loaded, caches filled
@@ -47,13 +49,16 @@ class FlatGrads:
     that waits for the gradients' stream, and `finish` makes the current stream wait for it:
     inside a graph capture this is a fork and a join, so the replays overlap the same way."""
 
-    def __init__(self, params: list[torch.Tensor], world: int = 1, bucket_bytes: int | None = None):
+    def __init__(self, params: list[torch.Tensor], world: int = 1, bucket_bytes: int | None = None, overlap_group=None):
+        """`overlap_group`: the process group of the buckets sent while backward still runs (all
+        but the last; e.g. one whose NCCL kernels take few SMs, `narrow_group`). The last
+        bucket goes out when backward is over, with nothing to overlap: on the default group."""
         params = [p for p in params if p.requires_grad]  # a frozen one keeps .grad None: AdamW skips it
         kinds = {(p.dtype, p.device) for p in params}
         if len(kinds) != 1:
             raise ValueError(f"FlatGrads: parameters of one dtype and device only, got {sorted(map(str, kinds))}")
         dtype, device = kinds.pop()
-        self.world, self.device = world, device
+        self.world, self.device, self.overlap_group = world, device, overlap_group
         self.buffer = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=device)
         bounds = [0]  # parameter i is buffer[bounds[i] : bounds[i + 1]]
         for p in params:
@@ -108,12 +113,13 @@ class FlatGrads:
             self._next += 1
             if self.world == 1:
                 continue
+            group = self.overlap_group if self._next < len(self.buckets) else None
             if self.stream is None:
-                _all_reduce_mean(self.buffer[first:end], self.world)
+                _all_reduce_mean(self.buffer[first:end], self.world, group)
                 continue
             self.stream.wait_stream(torch.cuda.current_stream(self.device))  # the gradients are written
             with torch.cuda.stream(self.stream):
-                _all_reduce_mean(self.buffer[first:end], self.world)
+                _all_reduce_mean(self.buffer[first:end], self.world, group)
 
 
 def bucket_sizes(nbytes: list[int], bucket_bytes: int) -> list[int]:
@@ -132,12 +138,25 @@ def bucket_sizes(nbytes: list[int], bucket_bytes: int) -> list[int]:
     return sizes
 
 
-def _all_reduce_mean(t: torch.Tensor, world: int) -> None:
-    if dist.get_backend() == "nccl":  # NCCL divides as it reduces
-        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+def _all_reduce_mean(t: torch.Tensor, world: int, group=None) -> None:
+    if dist.get_backend(group) == "nccl":  # NCCL divides as it reduces
+        dist.all_reduce(t, op=dist.ReduceOp.AVG, group=group)
     else:
-        dist.all_reduce(t)
+        dist.all_reduce(t, group=group)
         t.div_(world)
+
+
+def narrow_group(max_ctas: int):
+    """A process group of every rank whose NCCL kernels use at most `max_ctas` blocks (one
+    SM each): an all-reduce that runs beside backward's persistent GEMMs then fits in the
+    SMs they leave free (`--reserve-sms`). NCCL only: other backends take no SMs."""
+    if dist.get_backend() != "nccl":
+        raise ValueError(f"--nccl-ctas limits NCCL's kernels; this job's backend is {dist.get_backend()}")
+    if not isinstance(max_ctas, int) or max_ctas < 1:
+        raise ValueError(f"--nccl-ctas must be a positive int, got {max_ctas!r}")
+    options = dist.ProcessGroupNCCL.Options()
+    options.config.max_ctas = max_ctas
+    return dist.new_group(backend="nccl", pg_options=options)
 
 
 class Stepper:
@@ -152,10 +171,20 @@ class Stepper:
         grad_sync: str,
         graph: bool = False,
         batch_shape: tuple[int, int] | None = None,
+        reserve_sms: int = 0,
+        nccl_ctas: int | None = None,
     ):
-        """`batch_shape`: (rows, seq) of this rank's batches; a captured step needs it."""
+        """`batch_shape`: (rows, seq) of this rank's batches; a captured step needs it.
+        With buckets on several ranks: `reserve_sms`, SMs the persistent kernels leave free
+        during backward (`direct.reserve_sms`), and `nccl_ctas`, the most blocks the NCCL
+        kernels of the buckets sent during backward may take (`narrow_group`)."""
         if grad_sync not in GRAD_SYNCS:
             raise ValueError(f"grad_sync must be one of {GRAD_SYNCS}, got {grad_sync!r}")
+        if (reserve_sms or nccl_ctas) and not (grad_sync == "buckets" and world > 1):
+            raise ValueError(
+                "reserve_sms and nccl_ctas make room for buckets sent during backward: "
+                "they need grad_sync='buckets' and several ranks"
+            )
         if graph and world > 1 and grad_sync == "ddp":
             raise ValueError("a captured step averages a flat gradient buffer: use grad_sync='buckets' or 'flat'")
         if graph and not all(p.is_cuda for p in model.parameters()):
@@ -166,7 +195,9 @@ class Stepper:
         self.flat = None
         if grad_sync != "ddp" and world > 1:
             bucket_bytes = BUCKET_BYTES if grad_sync == "buckets" else None
-            self.flat = FlatGrads(list(model.parameters()), world, bucket_bytes)
+            group = None if nccl_ctas is None else narrow_group(nccl_ctas)
+            self.flat = FlatGrads(list(model.parameters()), world, bucket_bytes, group)
+        self.reserve_sms = reserve_sms
         if world > 1:
             for p in model.parameters():  # every rank starts from rank 0's parameters, as DDP does
                 dist.broadcast(p.data, src=0)
@@ -194,7 +225,8 @@ class Stepper:
             self.flat.begin()
         with self.amp:
             _, loss = self.forward(x, y)
-        loss.backward()
+        with reserve_sms(self.reserve_sms):
+            loss.backward()
         if self.flat is not None:
             self.flat.finish()
         self.opt.step()

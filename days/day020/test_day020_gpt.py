@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
 from days.day020 import data as D
 from days.day020 import step as S
@@ -280,11 +281,18 @@ def test_buckets_are_averaged_in_order_while_backward_runs(monkeypatch):
     in one fixed order, and the first buckets go out before backward has reached the first
     parameters (the overlap); a second step does the same again."""
     launches: list[tuple[int, int, int]] = []  # (first, end, gradients accumulated so far)
+    groups = []
     accumulated = [0]
-    monkeypatch.setattr(S, "_all_reduce_mean", lambda t, world: launches.append((*span(t), accumulated[0])))
+
+    def all_reduce(t, world, group):
+        launches.append((*span(t), accumulated[0]))
+        groups.append(group)
+
+    monkeypatch.setattr(S, "_all_reduce_mean", all_reduce)
     model = GPT(TINY, "torch").init_weights(0)
     params = list(model.parameters())
-    flat = FlatGrads(params, world=2, bucket_bytes=4096)
+    narrow = object()  # stands in for a process group (narrow_group)
+    flat = FlatGrads(params, world=2, bucket_bytes=4096, overlap_group=narrow)
 
     def span(t):
         first = (t.data_ptr() - flat.buffer.data_ptr()) // flat.buffer.element_size()
@@ -296,6 +304,7 @@ def test_buckets_are_averaged_in_order_while_backward_runs(monkeypatch):
     idx = torch.randint(0, TINY.vocab_size, (2, 9), generator=torch.Generator().manual_seed(5))
     for _ in range(2):
         launches.clear()
+        groups.clear()
         accumulated[0] = 0
         flat.begin()
         model(idx, idx.roll(1, 1))[1].backward()
@@ -305,6 +314,8 @@ def test_buckets_are_averaged_in_order_while_backward_runs(monkeypatch):
         assert covered[0][0] == 0 and covered[-1][1] == flat.buffer.numel()
         assert all(x[1] == y[0] for x, y in zip(covered, covered[1:], strict=False))  # no gap, no overlap
         assert launches[0][2] < len(params)  # went out before backward was done
+        # during backward on the overlap group; the last, after it, on the default group
+        assert groups == [narrow] * (len(flat.buckets) - 1) + [None]
         assert flat.buffer.abs().sum() > 0
         assert not flat.active
 
@@ -312,7 +323,7 @@ def test_buckets_are_averaged_in_order_while_backward_runs(monkeypatch):
 def test_frozen_parameters_stay_out_of_the_flat_buffer(monkeypatch):
     """A parameter that wants no gradient gets no view (AdamW would decay it), no bucket and
     no hook (a hook on it would raise)."""
-    monkeypatch.setattr(S, "_all_reduce_mean", lambda t, world: None)
+    monkeypatch.setattr(S, "_all_reduce_mean", lambda t, world, group: None)
     model = GPT(TINY, "torch").init_weights(0)
     frozen = model.wpe.weight.requires_grad_(False)
     trained = [p for p in model.parameters() if p.requires_grad]
@@ -373,6 +384,18 @@ def test_a_captured_step_is_refused_without_cuda(tmp_path):
         Stepper(model, opt, torch.autocast("cpu", enabled=False), 2, "ddp", graph=True, batch_shape=(2, 8))
     with pytest.raises(ValueError, match="grad_sync must be one of"):
         Stepper(model, opt, torch.autocast("cpu", enabled=False), 1, "ring", batch_shape=(2, 8))
+    for world, grad_sync, room in ((1, "buckets", {"reserve_sms": 8}), (2, "flat", {"nccl_ctas": 8})):
+        with pytest.raises(ValueError, match="need grad_sync='buckets' and several ranks"):
+            Stepper(model, opt, torch.autocast("cpu", enabled=False), world, grad_sync, **room)
+
+
+def test_a_narrow_group_is_nccls_only(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="limits NCCL's kernels; this job's backend is gloo"):
+            S.narrow_group(8)
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.mark.slow
