@@ -9,7 +9,12 @@ CUDA graph and replayed.
     grad_sync="buckets" : the same buffer cut into ~25 MB buckets, last layers first; each
                           bucket is all-reduced on a side stream as soon as backward has
                           written its gradients, so communication overlaps the rest of
-                          backward; the step waits for the last bucket before AdamW
+                          backward; the step waits for the last bucket before AdamW.
+                          The tied table's bucket holds only the output head's part of
+                          its gradient and goes out first; the token lookup's part follows
+                          at the end as rows (TokenRows). Options: the persistent kernels
+                          of backward leave SMs free for NCCL (reserve_sms), and the
+                          buckets sent during backward use at most that many (nccl_ctas)
     graph=True          : the whole step (forward, backward, the all-reduces, AdamW) is one
                           CUDA graph; a step copies the batch and the learning rate into the
                           graph's input tensors and replays it
@@ -27,6 +32,7 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from pytorch_custom_ops.direct import reserve_sms
@@ -49,10 +55,18 @@ class FlatGrads:
     that waits for the gradients' stream, and `finish` makes the current stream wait for it:
     inside a graph capture this is a fork and a join, so the replays overlap the same way."""
 
-    def __init__(self, params: list[torch.Tensor], world: int = 1, bucket_bytes: int | None = None, overlap_group=None):
+    def __init__(
+        self,
+        params: list[torch.Tensor],
+        world: int = 1,
+        bucket_bytes: int | None = None,
+        overlap_group=None,
+        alone: tuple[torch.Tensor, ...] = (),
+    ):
         """`overlap_group`: the process group of the buckets sent while backward still runs (all
         but the last; e.g. one whose NCCL kernels take few SMs, `narrow_group`). The last
-        bucket goes out when backward is over, with nothing to overlap: on the default group."""
+        bucket goes out when backward is over, with nothing to overlap: on the default group.
+        `alone`: parameters that are a bucket of their own (TokenRows' table)."""
         params = [p for p in params if p.requires_grad]  # a frozen one keeps .grad None: AdamW skips it
         kinds = {(p.dtype, p.device) for p in params}
         if len(kinds) != 1:
@@ -66,14 +80,17 @@ class FlatGrads:
             bounds.append(bounds[-1] + p.numel())
         self.buckets: list[tuple[int, int]] = []  # (first, end) element ranges, in launch order
         self._size: list[int] = []  # parameters per bucket
+        self._bucket_of: dict[int, int] = {}  # id(parameter) -> its bucket
         if bucket_bytes is not None:
-            sizes = bucket_sizes([p.numel() * p.element_size() for p in params], bucket_bytes)
+            alone_at = {i for i, p in enumerate(params) if any(p is q for q in alone)}
+            sizes = bucket_sizes([p.numel() * p.element_size() for p in params], bucket_bytes, alone_at)
             hi = len(params)
             for size in sizes:  # the last parameters first
                 lo = hi - size
                 self.buckets.append((bounds[lo], bounds[hi]))
                 for p in params[lo:hi]:
                     p.register_post_accumulate_grad_hook(self._hook(len(self.buckets) - 1))
+                    self._bucket_of[id(p)] = len(self.buckets) - 1
                 hi = lo
             self._size = sizes
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" and self.buckets and world > 1 else None
@@ -99,6 +116,10 @@ class FlatGrads:
         if self.stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.stream)
 
+    def sent(self, param: torch.Tensor) -> bool:
+        """Has `param`'s bucket gone out in this backward?"""
+        return self._next > self._bucket_of[id(param)]
+
     def _hook(self, bucket: int):
         def ready(_param: torch.Tensor) -> None:
             if self.active:
@@ -122,17 +143,89 @@ class FlatGrads:
                 _all_reduce_mean(self.buffer[first:end], self.world, group)
 
 
-def bucket_sizes(nbytes: list[int], bucket_bytes: int) -> list[int]:
+class TokenRows:
+    """The token lookup's share of the tied table's gradient, sent as rows, not as a table.
+
+    GPT-2's output head and token lookup share one table (wte, 50304 x 768). Its gradient has
+    two parts: the head's, a dense product that backward writes first, and the lookup's,
+    each token's output gradient added into its row, which exists only at backward's end.
+    Through autograd both are summed into one leaf gradient, so the table's bucket (154 MB
+    in float32) could only be all-reduced after backward's last kernel, with nothing left
+    to hide it behind. Here the lookup hands its gradient to `add` instead: the table's
+    .grad holds the head's part alone, whose bucket goes out first (Stepper puts the table
+    last in FlatGrads' walk) while the blocks' backward runs. At the end every rank's token
+    ids and rows are all-gathered (world x tokens x d floats: fewer than the table's while
+    world x tokens < vocab) and each rank adds all of them, / world, into the averaged
+    table gradient. The sum is the same as averaging the two parts together."""
+
+    def __init__(self, flat: FlatGrads, weight: torch.Tensor):
+        self.flat, self.weight = flat, weight
+        # the lookup reads the table detached (an autograd edge to it would hold the table's
+        # gradient, and its bucket, back until the lookup's backward at the very end); this
+        # empty leaf makes its output require grad, so that its backward runs
+        self._anchor = torch.empty(0, device=weight.device, requires_grad=True)
+
+    def lookup(self, idx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if weight is not self.weight:
+            raise ValueError("TokenRows.lookup: a table other than the one its rows are added to")
+        return _Lookup.apply(idx, weight.detach(), self._anchor, self)
+
+    def add(self, idx: torch.Tensor, rows: torch.Tensor) -> None:
+        """In backward: the mean over the ranks of rows[i] is added to row idx[i] of the
+        table's gradient, after the table's own bucket has been averaged."""
+        flat = self.flat
+        if not flat.sent(self.weight):
+            raise RuntimeError("TokenRows: the table's bucket has not gone out; its rows would be averaged twice")
+        rows = rows.to(self.weight.grad.dtype)
+        if flat.stream is None:
+            return self._gather_and_add(idx, rows)
+        flat.stream.wait_stream(torch.cuda.current_stream(flat.device))  # the rows are written
+        for t in (idx, rows):  # read on the side stream: their memory waits for it
+            t.record_stream(flat.stream)
+        with torch.cuda.stream(flat.stream):  # after the table's all-reduce, before finish() joins
+            self._gather_and_add(idx, rows)
+
+    def _gather_and_add(self, idx: torch.Tensor, rows: torch.Tensor) -> None:
+        world = self.flat.world
+        every_idx = idx.new_empty(world * idx.numel())
+        every_row = rows.new_empty(world * rows.shape[0], rows.shape[1])
+        _all_gather(every_idx, idx)
+        _all_gather(every_row, rows)
+        self.weight.grad.index_add_(0, every_idx, every_row, alpha=1 / world)
+
+
+# torch 2.13 renamed all_gather_into_tensor (2.11, the GPU machine's) to all_gather_single
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class _Lookup(torch.autograd.Function):
+    """F.embedding of a detached table: the rows' gradient goes to TokenRows.add."""
+
+    @staticmethod
+    def forward(ctx, idx, weight, _anchor, rows: TokenRows):
+        ctx.save_for_backward(idx)
+        ctx.rows = rows
+        return F.embedding(idx, weight)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (idx,) = ctx.saved_tensors
+        ctx.rows.add(idx.reshape(-1).contiguous(), grad.reshape(-1, grad.shape[-1]).contiguous())
+        return None, None, None, None
+
+
+def bucket_sizes(nbytes: list[int], bucket_bytes: int, alone: set[int] = frozenset()) -> list[int]:
     """How many parameters each bucket holds, walking `nbytes` from its end: a bucket takes
-    parameters while they fit in `bucket_bytes` (a larger parameter is a bucket of its own)."""
+    parameters while they fit in `bucket_bytes` (a larger parameter is a bucket of its own,
+    as is each one whose index is in `alone`)."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
     sizes, count, total = [], 0, 0
-    for n in reversed(nbytes):
-        if count and total + n > bucket_bytes:
+    for i in reversed(range(len(nbytes))):
+        if count and (total + nbytes[i] > bucket_bytes or i in alone or i + 1 in alone):
             sizes.append(count)
             count, total = 0, 0
-        count, total = count + 1, total + n
+        count, total = count + 1, total + nbytes[i]
     if count:
         sizes.append(count)
     return sizes
@@ -173,11 +266,14 @@ class Stepper:
         batch_shape: tuple[int, int] | None = None,
         reserve_sms: int = 0,
         nccl_ctas: int | None = None,
+        token_rows: bool = True,
     ):
         """`batch_shape`: (rows, seq) of this rank's batches; a captured step needs it.
         With buckets on several ranks: `reserve_sms`, SMs the persistent kernels leave free
         during backward (`direct.reserve_sms`), and `nccl_ctas`, the most blocks the NCCL
-        kernels of the buckets sent during backward may take (`narrow_group`)."""
+        kernels of the buckets sent during backward may take (`narrow_group`), and
+        `token_rows`, whether the tied table's lookup sends rows (TokenRows; where that is
+        less data than the table)."""
         if grad_sync not in GRAD_SYNCS:
             raise ValueError(f"grad_sync must be one of {GRAD_SYNCS}, got {grad_sync!r}")
         if (reserve_sms or nccl_ctas) and not (grad_sync == "buckets" and world > 1):
@@ -196,7 +292,14 @@ class Stepper:
         if grad_sync != "ddp" and world > 1:
             bucket_bytes = BUCKET_BYTES if grad_sync == "buckets" else None
             group = None if nccl_ctas is None else narrow_group(nccl_ctas)
-            self.flat = FlatGrads(list(model.parameters()), world, bucket_bytes, group)
+            params = list(model.parameters())
+            table = _tied_table(model) if token_rows and bucket_bytes and batch_shape else None
+            if table is not None and world * batch_shape[0] * batch_shape[1] < table.shape[0]:
+                params = [p for p in params if p is not table] + [table]  # its bucket goes out first
+                self.flat = FlatGrads(params, world, bucket_bytes, group, alone=(table,))
+                model.token_rows = TokenRows(self.flat, table)
+            else:
+                self.flat = FlatGrads(params, world, bucket_bytes, group)
         self.reserve_sms = reserve_sms
         if world > 1:
             for p in model.parameters():  # every rank starts from rank 0's parameters, as DDP does
@@ -255,6 +358,14 @@ class Stepper:
         restore()
 
     # --8<-- [end:capture]
+
+
+def _tied_table(model) -> torch.Tensor | None:
+    """The token table of a model whose lookup can hand its gradient over (day 020's GPT)."""
+    wte = getattr(model, "wte", None)
+    if hasattr(model, "token_rows") and wte is not None and wte.weight.requires_grad:
+        return wte.weight
+    return None
 
 
 def training_snapshot(params: list[torch.Tensor], opt: torch.optim.Optimizer) -> Callable[[], None]:

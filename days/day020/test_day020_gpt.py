@@ -188,16 +188,19 @@ def test_a_resumed_run_computes_the_same_losses(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "impl, grad_sync", [("torch", "ddp"), ("gpu_days", "ddp"), ("gpu_days", "flat"), ("gpu_days", "buckets")]
+    "impl, grad_sync",
+    [("torch", "ddp"), ("gpu_days", "ddp"), ("gpu_days", "flat"), ("gpu_days", "buckets"), ("torch", "no-rows")],
 )
 def test_two_ranks_compute_the_one_process_losses(tmp_path, impl, grad_sync):
     """torchrun with 2 CPU ranks (gloo): each rank takes half of the same global batch, the
     gradients are averaged (DistributedDataParallel, or all-reduces of the flat gradient
-    buffer that --graph uses: whole, or in buckets during backward), so the losses are one
-    process's."""
+    buffer that --graph uses: whole, or in buckets during backward, with the tied table's
+    lookup sending rows (64 tokens a rank, 256 rows in the table) or not), so the losses
+    are one process's."""
     steps = 4
     one = T.train(_args(tmp_path, impl, steps, out="one", device="cpu"))
-    argv = [str(a) for a in _argv(tmp_path, impl, steps, out="two", device="cpu", grad_sync=grad_sync)]
+    extra = {"grad_sync": "buckets", "no_token_rows": True} if grad_sync == "no-rows" else {"grad_sync": grad_sync}
+    argv = [str(a) for a in _argv(tmp_path, impl, steps, out="two", device="cpu", **extra)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
@@ -262,6 +265,8 @@ def test_bucket_sizes_walk_from_the_last_parameter():
     assert bucket_sizes([5, 5, 5], 4) == [1, 1, 1]
     assert bucket_sizes([3], 100) == [1]
     assert sum(bucket_sizes([7, 1, 9, 2, 2, 8], 9)) == 6
+    assert bucket_sizes([1, 1, 1, 1], 100, alone={3}) == [1, 3]  # TokenRows' table: last, alone
+    assert bucket_sizes([1, 1, 1, 1], 100, alone={1}) == [2, 1, 1]
     with pytest.raises(ValueError, match="positive"):
         bucket_sizes([1], 0)
 
@@ -318,6 +323,39 @@ def test_buckets_are_averaged_in_order_while_backward_runs(monkeypatch):
         assert groups == [narrow] * (len(flat.buckets) - 1) + [None]
         assert flat.buffer.abs().sum() > 0
         assert not flat.active
+
+
+def test_token_rows_add_the_lookups_gradient_after_the_tables_bucket(tmp_path):
+    """TokenRows (one gloo rank): the table's bucket is sent first, holding the head's part of
+    its gradient; the lookup's rows are added after it; the sum is autograd's gradient. A
+    table whose bucket has not gone out when the rows arrive is an error, not a gradient
+    averaged twice."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        idx = torch.randint(0, TINY.vocab_size, (2, 9), generator=torch.Generator().manual_seed(8))
+        twin = GPT(TINY, "torch").init_weights(0)
+        twin(idx, idx.roll(1, 1))[1].backward()
+        model = GPT(TINY, "torch").init_weights(0)
+        table = model.wte.weight
+        params = [p for p in model.parameters() if p is not table] + [table]
+        flat = FlatGrads(params, world=1, bucket_bytes=4096, alone=(table,))
+        assert flat.buckets[0] == (flat.buffer.numel() - table.numel(), flat.buffer.numel())
+        model.token_rows = S.TokenRows(flat, table)
+        for _ in range(2):  # a second step starts from zeros again
+            flat.begin()
+            model(idx, idx.roll(1, 1))[1].backward()
+            flat.finish()
+            for (name, p), q in zip(model.named_parameters(), twin.parameters(), strict=True):
+                torch.testing.assert_close(
+                    p.grad, q.grad, rtol=1e-6, atol=1e-7, msg=lambda m, name=name: f"{name}: {m}"
+                )
+        with pytest.raises(ValueError, match="other than the one"):
+            model.token_rows.lookup(idx, twin.wte.weight)
+        flat.begin()  # before backward: nothing sent yet
+        with pytest.raises(RuntimeError, match="averaged twice"):
+            model.token_rows.add(idx.flatten(), torch.ones(idx.numel(), TINY.n_embd))
+    finally:
+        dist.destroy_process_group()
 
 
 def test_frozen_parameters_stay_out_of_the_flat_buffer(monkeypatch):

@@ -189,6 +189,7 @@ def _train(args, ranks: Ranks) -> list[dict]:
         batch_shape=(args.batch // ranks.world, args.seq),
         reserve_sms=args.reserve_sms if ranks.world > 1 else 0,
         nccl_ctas=args.nccl_ctas if ranks.world > 1 else None,
+        token_rows=args.token_rows,
     )
     rows = []
     out.mkdir(parents=True, exist_ok=True)
@@ -342,6 +343,13 @@ def parse_args(argv=None):
         type=int,
         default=None,
         help="several ranks, buckets: the most blocks NCCL may use for the buckets sent during backward",
+    )
+    p.add_argument(
+        "--token-rows",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="several ranks, buckets: the tied table's lookup sends its gradient as rows (step.TokenRows), "
+        "where that is less data than the table",
     )
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--eval-every", type=int, default=200)
