@@ -36,7 +36,7 @@ from .gemm_gpu import (
     pingpong_launch,
     sm_count,
 )
-from .master_weights import bias_grad, cast_parameters, weight_grad
+from .master_weights import bias_grad, cast_parameters, grad_destination, weight_grad
 from .mojo_op import MojoOp
 
 ACTIVATIONS = (None, "gelu_tanh")
@@ -214,6 +214,7 @@ def _setup_context(ctx, inputs, output):
     if pre is not None:
         ctx.mark_non_differentiable(pre)
     ctx.save_for_backward(x2, weight, pre)
+    ctx.weight_master = inputs[5]  # a parameter: where its gradient goes may be named (grad_destination)
 
 
 def _backward(ctx, g, _grad_pre):
@@ -229,7 +230,7 @@ def _backward(ctx, g, _grad_pre):
     if need[1]:
         dw = gemm(dh, x2, transpose_a=True)  # dH^T X: (out, rows) @ (rows, in)
     if need[5]:
-        dw_master = weight_grad(dh, x2)  # the same, stored in float32
+        dw_master = weight_grad(dh, x2, grad_destination(ctx.weight_master))  # the same, stored in float32
     if need[2]:  # False for a None bias, as for any non-tensor input
         db = column_sum(dh)
     if need[6]:

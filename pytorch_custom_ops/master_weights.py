@@ -15,9 +15,15 @@ their backwards return float32 gradients made in float32:
     db = dH^T 1    a column sum with float32 output (cuBLAS through torch.mm's out_dtype)
 
     (cast,), (master,) = cast_parameters(torch.bfloat16, x, weight)   # master: weight, or None
+
+A caller that keeps gradients in a buffer of its own (day 020's FlatGrads, averaged across
+ranks) names each parameter's slice with `write_grads_into`: dW is then written there, and
+autograd makes that slice the .grad as it is, with no copy and no add.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -118,14 +124,61 @@ def weight_grad_gpu(outputs, inputs, params) -> list[direct.Launch]:
 _weight_grad = MojoOp(WEIGHT_GRAD, gpu=weight_grad_gpu)
 
 
-def weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def weight_grad(grad: torch.Tensor, x: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
     """grad^T x in float32 for 2-D bf16/fp16 CUDA tensors (rows, out) and (rows, in),
-    both contiguous, 16-byte aligned, widths multiples of 8 (the fused layers' promise).
+    both contiguous, 16-byte aligned, widths multiples of 8 (the fused layers' promise),
+    written into `into` when given (`grad_destination`'s: checked there), else a new tensor.
     Under create_graph (a double backward) it is the differentiable composition."""
     if torch.is_grad_enabled() and (grad.requires_grad or x.requires_grad):
         return gemm(grad, x, transpose_a=True).float()
-    (dw,) = _weight_grad([grad, x, _alpha_beta(1.0, 0.0, grad.device)])
-    return dw
+    alpha_beta = _alpha_beta(1.0, 0.0, grad.device)
+    if into is None:
+        (dw,) = _weight_grad([grad, x, alpha_beta])
+        return dw
+    if into.shape != (grad.shape[1], x.shape[1]) or into.device != grad.device:
+        raise ValueError(
+            f"weight_grad: into is {tuple(into.shape)} on {into.device}, the product is "
+            f"{grad.shape[1]}x{x.shape[1]} on {grad.device}"
+        )
+    with direct.planning():  # holds split-K's workspace until its launches are enqueued
+        direct.run(weight_grad_gpu([into], [grad, x, alpha_beta], {}), grad.get_device())
+    return into
+
+
+# -- gradients written where the caller keeps them ------------------------------------------------
+_destinations: dict[int, tuple[weakref.ref, weakref.ref]] = {}  # id(param) -> (param, its slice)
+
+
+def write_grads_into(param: torch.Tensor, view: torch.Tensor) -> None:
+    """From now on a fused layer writes `param`'s float32 weight gradient into `view`
+    whenever param.grad is None at that moment (backward then hands the view over as the
+    .grad), instead of into a new tensor. `view`: float32, param's shape, contiguous,
+    16-byte aligned, on param's device. Neither is kept alive by this."""
+    if (
+        view.dtype != torch.float32
+        or view.shape != param.shape
+        or not view.is_contiguous()
+        or view.data_ptr() % 16
+        or view.device != param.device
+    ):
+        raise ValueError(
+            "write_grads_into: the view must be float32, contiguous, 16-byte aligned, with the "
+            f"parameter's shape {tuple(param.shape)} and device {param.device}; got {view.dtype} "
+            f"{tuple(view.shape)} at address % 16 = {view.data_ptr() % 16} on {view.device}"
+        )
+    _destinations[id(param)] = (weakref.ref(param), weakref.ref(view))
+
+
+def grad_destination(master: torch.Tensor | None) -> torch.Tensor | None:
+    """Where `master`'s gradient goes (write_grads_into), or None: none named, or .grad is
+    already there (a second backward before the grads were used adds into it as usual)."""
+    entry = None if master is None else _destinations.get(id(master))
+    if entry is None or master.grad is not None:
+        return None
+    param, view = entry[0](), entry[1]()
+    if param is not master or view is None:
+        return None
+    return view.view(view.shape)  # an alias nobody else holds: autograd adopts it as .grad
 
 
 def bias_grad(grad: torch.Tensor) -> torch.Tensor:

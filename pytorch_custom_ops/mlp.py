@@ -32,7 +32,7 @@ from .contract import OpSpec, TensorArg
 from .gemm import MojoGEMM, _alpha_beta, column_sum, gemm
 from .gemm_gpu import PINGPONG_KERNEL, TC_DTYPES, pingpong_launch
 from .linear import _fused_forward, aligned16, check_linear_args, linear, linear_tile
-from .master_weights import bias_grad, cast_parameters, weight_grad
+from .master_weights import bias_grad, cast_parameters, grad_destination, weight_grad
 from .mojo_op import MojoOp
 
 # dpre = (dy @ W2) * d, d = gelu_tanh'(pre) saved by the forward: W2 is (out, hidden) as
@@ -94,6 +94,7 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(h, d)
     ctx.save_for_backward(x2, fc_weight, proj_weight, h, d)
+    ctx.masters = inputs[5:9]  # parameters: where their gradients go may be named (grad_destination)
 
 
 def _backward(ctx, g, _grad_h, _grad_d):
@@ -109,7 +110,7 @@ def _backward(ctx, g, _grad_h, _grad_d):
         if need[w]:
             grads[w] = gemm(dy, inp, transpose_a=True)  # dy^T input: (out, rows) @ (rows, in)
         if need[w + 4]:
-            grads[w + 4] = weight_grad(dy, inp)  # the same, stored in float32
+            grads[w + 4] = weight_grad(dy, inp, grad_destination(ctx.masters[w - 1]))  # the same, in float32
         if need[b]:  # False for a None bias
             grads[b] = column_sum(dy)
         if need[b + 4]:

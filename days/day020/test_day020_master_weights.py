@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import pytorch_custom_ops as pco
+from pytorch_custom_ops import master_weights as MW
 from pytorch_custom_ops.gemm_gpu import SMALL_GRID, gemm_version
 from pytorch_custom_ops.master_weights import (
     bias_grad,
@@ -200,3 +201,68 @@ def test_cuda_double_backward_through_master_gradients():
     assert gw.dtype == torch.float32 and gw.requires_grad
     (ggx,) = torch.autograd.grad(gw.sum(), x)
     assert ggx.shape == x.shape and torch.isfinite(ggx).all()
+
+
+# -- gradients written where the caller keeps them (day 020, part 8) -------------------------------
+def test_a_named_destination_is_checked_and_used_only_while_grad_is_none():
+    w = torch.randn(8, 4, requires_grad=True)
+    buffer = torch.zeros(64)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        MW.write_grads_into(w, buffer[1:33].view(8, 4))
+    with pytest.raises(ValueError, match="shape"):
+        MW.write_grads_into(w, buffer[:32])
+    with pytest.raises(ValueError, match="float32"):
+        MW.write_grads_into(w, torch.zeros(8, 4, dtype=torch.float64))
+    view = buffer[32:].view(8, 4)
+    MW.write_grads_into(w, view)
+    into = MW.grad_destination(w)
+    assert into is not view and into.data_ptr() == view.data_ptr() and into.shape == w.shape
+    assert MW.grad_destination(torch.randn(8, 4, requires_grad=True)) is None  # none named
+    assert MW.grad_destination(None) is None
+    w.grad = view  # already there: a second backward adds into it, as usual
+    assert MW.grad_destination(w) is None
+    w.grad = None
+    del view, into, buffer
+    assert MW.grad_destination(w) is None  # the named slice is gone: nothing to write into
+
+
+def test_weight_grad_into_a_destination_launches_there(monkeypatch):
+    """The plan's output pointer is the destination (CPU: the launches are caught, not run);
+    split-K's workspace is alive while its launches are enqueued."""
+    runs = []
+    monkeypatch.setattr(MW.direct, "run", lambda launches, index: runs.append(launches))
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda t: 0)
+    for rows, split in ((16384, True), (64, False)):
+        grad, x = torch.empty(rows, 2304, dtype=BF16), torch.empty(rows, 768, dtype=BF16)
+        into = torch.empty(2304, 768)
+        assert MW.weight_grad(grad, x, into) is into
+        launches = runs.pop()
+        assert len(launches) == 1 + split
+        # split-K: the kernel that sums the pieces writes the output; else the GEMM (after its two maps)
+        assert (launches[1].args[0] if split else launches[0].args[2]) == into.data_ptr()
+    with pytest.raises(ValueError, match="into is"):
+        MW.weight_grad(grad, x, torch.empty(768, 2304))
+
+
+@needs_cuda
+def test_cuda_layers_write_master_gradients_into_named_slices():
+    """linear and mlp under autocast write dW into the slices FlatGrads names; autograd
+    adopts them as .grad (same memory, no copy), and the values are those of a run without."""
+    from days.day020.model import CONFIGS, GPT
+    from days.day020.step import FlatGrads
+
+    config = CONFIGS["tiny"]
+    idx = torch.randint(0, config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(12)).cuda()
+    plain, named = (GPT(config, "gpu_days").init_weights(0).cuda() for _ in range(2))
+    flat = FlatGrads(list(named.parameters()), world=1, bucket_bytes=4096)
+    flat.begin()
+    for model in (plain, named):
+        with torch.autocast("cuda", dtype=BF16):
+            loss = model(idx, idx.roll(1, 1))[1]
+        loss.backward()
+    flat.finish()
+    for (name, p), q in zip(named.named_parameters(), plain.parameters(), strict=True):
+        assert p.grad.data_ptr() == flat.view(p).data_ptr(), name
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+    weights = [p for n, p in named.named_parameters() if n.endswith("weight") and p.dim() == 2 and "wpe" not in n]
+    assert all(MW._destinations.get(id(p)) for p in weights)
