@@ -191,43 +191,10 @@ def run(launches: list[Launch], device_index: int) -> None:
 # --8<-- [end:run]
 
 
-# -- SMs left to other streams ---------------------------------------------------------------
-# Persistent kernels (day 019's GEMMs, day 013's LayerNorm backward) launch about one block
-# per SM and hand each block a fixed share of the work. A kernel on another stream that
-# takes SMs while one runs (NCCL's all-reduce during backward) delays the blocks that wait
-# for those SMs, and with them the whole kernel: the overlap is lost. `reserve_sms(n)` makes
-# their plans use n SMs fewer, so an all-reduce with at most n blocks runs beside them.
-_reserved_sms = 0
-
-
-def reserved_sms() -> int:
-    return _reserved_sms
-
-
-def usable_sms(total: int) -> int:
-    """The SMs a persistent grid may take out of `total`."""
-    return max(1, total - _reserved_sms)
-
-
-@contextmanager
-def reserve_sms(n: int):
-    """Inside the block, plans of persistent kernels leave `n` SMs free (recipes are keyed
-    by it, so leaving and entering costs no re-planning). Backward runs on autograd's own
-    thread while the caller waits, so this is a process-wide setting, not a thread's."""
-    global _reserved_sms
-    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-        raise ValueError(f"reserve_sms: n must be an int >= 0, got {n!r}")
-    previous, _reserved_sms = _reserved_sms, n
-    try:
-        yield
-    finally:
-        _reserved_sms = previous
-
-
 # -- recipes: a call seen before skips its checks and its plan ---------------------------------
 # Plans choose from shapes, dtypes, the device, the op's parameters, whether addresses are
-# 16-byte aligned, `reserved_sms()`, and module state that changes only through
-# `plans_changed()` (e.g. `gemm_version`). So two calls that agree on those get the same launches but for the
+# 16-byte aligned, and module state that changes only through `plans_changed()` (e.g.
+# `gemm_version`). So two calls that agree on those get the same launches but for the
 # tensors' addresses: a `Recipe` is the first call's launches with the addresses taken
 # out, and the next call only allocates its outputs, fills in its addresses and launches.
 _epoch = 0

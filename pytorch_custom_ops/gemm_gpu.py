@@ -437,16 +437,10 @@ F32_AUTO_TILES = tuple(t for t in AUTO_TILES if t[0] == "coop" and (*t[1:3], 1, 
 
 
 # --8<-- [end:auto]
-def sm_count(device_index: int | None) -> int:
-    """The SMs a persistent kernel's grid spreads over: the device's, less those
-    `direct.reserve_sms` leaves to other streams."""
-    return direct.usable_sms(device_sms(device_index))
-
-
 @cache
-def device_sms(device_index: int | None) -> int:
-    """Streaming multiprocessors of the device. Plans also run on a CPU (tests, no GPU):
-    there the H100's 132 stand in."""
+def sm_count(device_index: int | None) -> int:
+    """Streaming multiprocessors of the device: a persistent kernel's grid. Plans also run
+    on a CPU (tests, no GPU): there the H100's 132 stand in."""
     if device_index is None or device_index < 0 or not torch.cuda.is_available():
         return SMALL_GRID
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -525,7 +519,7 @@ def pingpong_launch(
     args = (a_map, b_map, *ptrs, *sizes, 0 if aux is None else 2 if aux_derivative else 1)
     launches = [direct.Launch(kernel, grid, PP_THREADS, args, smem, cluster if cluster > 1 else None)]
     if split == 2:  # the second kernel: 4 outputs a thread, a few blocks per SM
-        sum_grid = max(1, min(_cdiv(batch * m * n // 4, SPLIT_K_SUM_THREADS), 8 * device_sms(out.get_device())))
+        sum_grid = max(1, min(_cdiv(batch * m * n // 4, SPLIT_K_SUM_THREADS), 8 * sm_count(out.get_device())))
         sum_args = (out.data_ptr(), partials, c.data_ptr(), alpha_beta.data_ptr(), m, n, batch, pieces, *sizes[4:])
         sum_kernel = SPLIT_K_SUM_KERNEL[dtype, out.dtype]
         launches.append(direct.Launch(sum_kernel, sum_grid, SPLIT_K_SUM_THREADS, sum_args))

@@ -151,13 +151,12 @@ H100_SMS = 132  # what a plan assumes for a CPU tensor (the plan tests): the H10
 
 
 def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of `device` (what Mojo read with ctx.get_attribute), cached,
-    less those `direct.reserve_sms` leaves to other streams."""
+    """Streaming multiprocessors of `device` (what Mojo read with ctx.get_attribute), cached."""
     n = _SM_COUNTS.get(device)
     if n is None:
         n = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else H100_SMS
         _SM_COUNTS[device] = n
-    return direct.usable_sms(n)
+    return n
 
 
 def _vector_width(cols: int, *tensors: torch.Tensor) -> int:

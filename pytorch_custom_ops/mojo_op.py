@@ -305,10 +305,9 @@ MAX_RECIPES = 256  # per op: a model has a few dozen distinct calls; more is a s
 
 def _call_key(inputs, out, params) -> tuple | None:
     """What a launch plan may depend on (`direct.Recipe`): per tensor its shape, dtype,
-    contiguity, device and whether its address is 16-byte aligned; the parameters; and the
-    SMs `direct.reserve_sms` leaves free.
+    contiguity, device and whether its address is 16-byte aligned; and the parameters.
     None for a call that must take the checked path (a tensor subclass, a non-tensor)."""
-    key = [len(out), None if params is None else tuple(params.items()), direct._reserved_sms]
+    key = [len(out), None if params is None else tuple(params.items())]
     for t in (*out, *inputs):
         if t.__class__ not in PLAIN_TENSORS:
             return None

@@ -166,9 +166,6 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.blocks = nn.ModuleList(Block(config, impl) for _ in range(config.n_layer))
         self.ln_f = _layer_norm(impl, config.n_embd, config.eps)
-        # Set by step.Stepper on several ranks: the token lookup's share of wte's gradient goes
-        # to `token_rows.lookup`'s backward, not through autograd (step.py says why)
-        self.token_rows = None
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> GPT:
@@ -194,8 +191,7 @@ class GPT(nn.Module):
         if s > self.config.block_size:
             raise ValueError(f"GPT: sequence of {s} is longer than block_size {self.config.block_size}")
         pos = torch.arange(s, device=idx.device)
-        tokens = self.wte(idx) if self.token_rows is None else self.token_rows.lookup(idx, self.wte.weight)
-        x, delta = tokens + self.wpe(pos), None
+        x, delta = self.wte(idx) + self.wpe(pos), None
         for block in self.blocks:
             x, delta = block(x, delta)
         x = self.ln_f(x, delta)[1].reshape(b * s, -1)

@@ -58,23 +58,14 @@ def train_command(impl: str, graph: bool, gpus: int, out: Path, args) -> list[st
     command += ["--checkpoint-every", str(10 * args.steps), "--data", str(args.data), "--quiet"]
     if args.grad_sync and gpus > 1:
         command += ["--grad-sync", args.grad_sync]
-    if gpus > 1:
-        command += ["--reserve-sms", str(args.reserve_sms)]
-        command += [] if args.nccl_ctas is None else ["--nccl-ctas", str(args.nccl_ctas)]
-        command += [] if args.token_rows else ["--no-token-rows"]
     if args.profile_dir:
         command += ["--profile-steps", str(PROFILE_STEPS)]
     return command + (["--graph"] if graph else [])
 
 
-def mode_label(args, mode: str) -> str:
-    """The rows' mode: eager or graph, with the way of averaging when one was asked for,
-    the SMs left to NCCL when any were, and "table" when the tied table's bucket held both
-    parts of its gradient (--no-token-rows), e.g. graph+buckets+sms8+ctas8."""
-    label = f"{mode}+{args.grad_sync}" if args.grad_sync else mode
-    label += f"+sms{args.reserve_sms}" if args.reserve_sms else ""
-    label += f"+ctas{args.nccl_ctas}" if args.nccl_ctas is not None else ""
-    return label + ("" if args.token_rows else "+table")
+def mode_label(mode: str, grad_sync: str | None) -> str:
+    """The rows' mode: eager or graph, with the way of averaging when one was asked for."""
+    return f"{mode}+{grad_sync}" if grad_sync else mode
 
 
 def run_one(impl: str, mode: str, gpus: int, args, scratch: Path) -> list[dict]:
@@ -90,7 +81,7 @@ def run_one(impl: str, mode: str, gpus: int, args, scratch: Path) -> list[dict]:
         rows = list(csv.DictReader(f))
     print(f"  {impl:8} {mode:5} {gpus} GPU(s): {time.perf_counter() - t:.0f} s", flush=True)
     if args.profile_dir:
-        label = mode_label(args, mode)
+        label = mode_label(mode, args.grad_sync)
         for rank in range(gpus):
             kept = args.profile_dir / f"{impl}-{label}-{gpus}gpu-rank{rank}.csv"
             shutil.copyfile(out / f"profile-rank{rank}.csv", kept)
@@ -140,11 +131,6 @@ def main(argv=None) -> int:
         help="how the two ranks average gradients (train.py's default per mode when not given); "
         "given, it is part of the rows' mode, e.g. graph+flat",
     )
-    p.add_argument("--reserve-sms", type=int, default=0, help="two GPUs: train.py --reserve-sms")
-    p.add_argument("--nccl-ctas", type=int, default=None, help="two GPUs: train.py --nccl-ctas")
-    p.add_argument(
-        "--token-rows", action=argparse.BooleanOptionalAction, default=True, help="two GPUs: train.py --token-rows"
-    )
     args = p.parse_args(argv)
     env = stamp()
     note = (
@@ -153,10 +139,6 @@ def main(argv=None) -> int:
     )
     if args.grad_sync:
         note += f"; --grad-sync {args.grad_sync}"
-    if args.reserve_sms or args.nccl_ctas is not None:
-        note += f"; 2 GPUs: --reserve-sms {args.reserve_sms} --nccl-ctas {args.nccl_ctas}"
-    if not args.token_rows:
-        note += "; --no-token-rows"
     new = not args.out.exists()
     if not new:
         with open(args.out) as f:
@@ -170,7 +152,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as scratch:
         for impl in args.impl or ["gpu_days", "torch"]:
             for mode in args.mode or ["eager", "graph"]:
-                label = mode_label(args, mode)
+                label = mode_label(mode, args.grad_sync)
                 runs = {gpus: run_one(impl, mode, gpus, args, Path(scratch)) for gpus in args.gpus}
                 with open(args.out, "a", newline="") as f:
                     writer = csv.DictWriter(f, FIELDS)

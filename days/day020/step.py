@@ -10,11 +10,8 @@ CUDA graph and replayed.
                           bucket is all-reduced on a side stream as soon as backward has
                           written its gradients, so communication overlaps the rest of
                           backward; the step waits for the last bucket before AdamW.
-                          The tied table's bucket holds only the output head's part of
-                          its gradient and goes out first; the token lookup's part follows
-                          at the end as rows (TokenRows). Options: the persistent kernels
-                          of backward leave SMs free for NCCL (reserve_sms), and the
-                          buckets sent during backward use at most that many (nccl_ctas)
+                          Backward hands its gradients over (no zeroed buffer, no add):
+                          gpu-days' layers write dW straight into the buckets
     graph=True          : the whole step (forward, backward, the all-reduces, AdamW) is one
                           CUDA graph; a step copies the batch and the learning rate into the
                           graph's input tensors and replays it
@@ -32,10 +29,8 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from pytorch_custom_ops.direct import reserve_sms
 from pytorch_custom_ops.master_weights import write_grads_into
 
 GRAD_SYNCS = ("ddp", "flat", "buckets")
@@ -51,34 +46,25 @@ class FlatGrads:
     accumulated into), so `begin` zeroes the buffer before each backward, and `finish`
     all-reduces the whole buffer after it. Otherwise the buffer is cut into buckets of whole
     parameters, about `bucket_bytes` each, walking the parameters from the last (the first
-    gradients backward writes) to the first. `begin` drops the grads instead, so backward
-    hands each new gradient over (no add, no zeroed buffer: 8 bytes moved per element
-    instead of 16), and a hook on each parameter copies it into its view, makes the view
-    its .grad again, counts what is done and starts a bucket's all-reduce as soon as it and
-    every bucket before it are complete. gpu-days' linear layers write their float32 weight
-    gradients straight into the views (`master_weights.write_grads_into`): no copy at all.
+    gradients backward writes) to the first. `begin` drops the grads instead, so that
+    backward hands each new gradient over, and a hook on each parameter moves it into its
+    view (8 bytes an element, against 16 for zeroing the buffer and adding into it), makes
+    the view its .grad again, counts what is done, and starts a bucket's all-reduce as soon
+    as it and every bucket before it are complete. gpu-days' linear layers write their
+    float32 weight gradients straight into the views (`master_weights.write_grads_into`),
+    which backward then hands over as they are: nothing to move at all.
+
     On CUDA the all-reduces run on a side stream that waits for the gradients' stream, and
     `finish` makes the current stream wait for it: inside a graph capture this is a fork
     and a join, so the replays overlap the same way."""
 
-    def __init__(
-        self,
-        params: list[torch.Tensor],
-        world: int = 1,
-        bucket_bytes: int | None = None,
-        overlap_group=None,
-        alone: tuple[torch.Tensor, ...] = (),
-    ):
-        """`overlap_group`: the process group of the buckets sent while backward still runs (all
-        but the last; e.g. one whose NCCL kernels take few SMs, `narrow_group`). The last
-        bucket goes out when backward is over, with nothing to overlap: on the default group.
-        `alone`: parameters that are a bucket of their own (TokenRows' table)."""
+    def __init__(self, params: list[torch.Tensor], world: int = 1, bucket_bytes: int | None = None):
         params = [p for p in params if p.requires_grad]  # a frozen one keeps .grad None: AdamW skips it
         kinds = {(p.dtype, p.device) for p in params}
         if len(kinds) != 1:
             raise ValueError(f"FlatGrads: parameters of one dtype and device only, got {sorted(map(str, kinds))}")
         dtype, device = kinds.pop()
-        self.world, self.device, self.overlap_group = world, device, overlap_group
+        self.world, self.device = world, device
         self.buffer = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=device)
         bounds = [0]  # parameter i is buffer[bounds[i] : bounds[i + 1]]
         self.params, self.views = params, []
@@ -89,22 +75,19 @@ class FlatGrads:
         self._index = {id(p): i for i, p in enumerate(params)}
         self.buckets: list[tuple[int, int]] = []  # (first, end) element ranges, in launch order
         self._size: list[int] = []  # parameters per bucket
-        self._bucket_of: dict[int, int] = {}  # id(parameter) -> its bucket
         if bucket_bytes is not None:
-            alone_at = {i for i, p in enumerate(params) if any(p is q for q in alone)}
-            sizes = bucket_sizes([p.numel() * p.element_size() for p in params], bucket_bytes, alone_at)
+            sizes = bucket_sizes([p.numel() * p.element_size() for p in params], bucket_bytes)
             hi = len(params)
             for size in sizes:  # the last parameters first
                 lo = hi - size
                 self.buckets.append((bounds[lo], bounds[hi]))
                 for i in range(lo, hi):
                     params[i].register_post_accumulate_grad_hook(self._hook(len(self.buckets) - 1, i))
-                    self._bucket_of[id(params[i])] = len(self.buckets) - 1
                 hi = lo
             self._size = sizes
             for p, view in zip(params, self.views, strict=True):
                 if view.dtype == torch.float32 and view.data_ptr() % 16 == 0:
-                    write_grads_into(p, view)  # gpu-days' layers write dW there: no copy at all
+                    write_grads_into(p, view)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" and self.buckets and world > 1 else None
         self._left: list[int] = []
         self._done: list[bool] = []  # per parameter: its gradient is in its view
@@ -139,10 +122,6 @@ class FlatGrads:
         if self.stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.stream)
 
-    def sent(self, param: torch.Tensor) -> bool:
-        """Has `param`'s bucket gone out in this backward?"""
-        return self._next > self._bucket_of[id(param)]
-
     def view(self, param: torch.Tensor) -> torch.Tensor:
         """`param`'s slice of the buffer."""
         return self.views[self._index[id(param)]]
@@ -152,7 +131,7 @@ class FlatGrads:
             if not self.active:
                 return
             view = self.views[i]
-            if param.grad.data_ptr() != view.data_ptr():  # handed over: move it into the buffer
+            if param.grad.data_ptr() != view.data_ptr():  # handed over elsewhere: move it in
                 view.copy_(param.grad)
                 param.grad = view
             if not self._done[i]:  # (a second backward before finish adds into the view)
@@ -168,122 +147,36 @@ class FlatGrads:
             self._next += 1
             if self.world == 1:
                 continue
-            group = self.overlap_group if self._next < len(self.buckets) else None
             if self.stream is None:
-                _all_reduce_mean(self.buffer[first:end], self.world, group)
+                _all_reduce_mean(self.buffer[first:end], self.world)
                 continue
             self.stream.wait_stream(torch.cuda.current_stream(self.device))  # the gradients are written
             with torch.cuda.stream(self.stream):
-                _all_reduce_mean(self.buffer[first:end], self.world, group)
+                _all_reduce_mean(self.buffer[first:end], self.world)
 
 
-class TokenRows:
-    """The token lookup's share of the tied table's gradient, sent as rows, not as a table.
-
-    GPT-2's output head and token lookup share one table (wte, 50304 x 768). Its gradient has
-    two parts: the head's, a dense product that backward writes first, and the lookup's,
-    each token's output gradient added into its row, which exists only at backward's end.
-    Through autograd both are summed into one leaf gradient, so the table's bucket (154 MB
-    in float32) could only be all-reduced after backward's last kernel, with nothing left
-    to hide it behind. Here the lookup hands its gradient to `add` instead: the table's
-    .grad holds the head's part alone, whose bucket goes out first (Stepper puts the table
-    last in FlatGrads' walk) while the blocks' backward runs. At the end every rank's token
-    ids and rows are all-gathered (world x tokens x d floats: fewer than the table's while
-    world x tokens < vocab) and each rank adds all of them, / world, into the averaged
-    table gradient. The sum is the same as averaging the two parts together."""
-
-    def __init__(self, flat: FlatGrads, weight: torch.Tensor):
-        self.flat, self.weight = flat, weight
-        # the lookup reads the table detached (an autograd edge to it would hold the table's
-        # gradient, and its bucket, back until the lookup's backward at the very end); this
-        # empty leaf makes its output require grad, so that its backward runs
-        self._anchor = torch.empty(0, device=weight.device, requires_grad=True)
-
-    def lookup(self, idx: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if weight is not self.weight:
-            raise ValueError("TokenRows.lookup: a table other than the one its rows are added to")
-        return _Lookup.apply(idx, weight.detach(), self._anchor, self)
-
-    def add(self, idx: torch.Tensor, rows: torch.Tensor) -> None:
-        """In backward: the mean over the ranks of rows[i] is added to row idx[i] of the
-        table's gradient, after the table's own bucket has been averaged."""
-        flat = self.flat
-        if not flat.sent(self.weight):
-            raise RuntimeError("TokenRows: the table's bucket has not gone out; its rows would be averaged twice")
-        rows = rows.to(flat.buffer.dtype)
-        if flat.stream is None:
-            return self._gather_and_add(idx, rows)
-        flat.stream.wait_stream(torch.cuda.current_stream(flat.device))  # the rows are written
-        for t in (idx, rows):  # read on the side stream: their memory waits for it
-            t.record_stream(flat.stream)
-        with torch.cuda.stream(flat.stream):  # after the table's all-reduce, before finish() joins
-            self._gather_and_add(idx, rows)
-
-    def _gather_and_add(self, idx: torch.Tensor, rows: torch.Tensor) -> None:
-        world = self.flat.world
-        every_idx = idx.new_empty(world * idx.numel())
-        every_row = rows.new_empty(world * rows.shape[0], rows.shape[1])
-        _all_gather(every_idx, idx)
-        _all_gather(every_row, rows)
-        self.flat.view(self.weight).index_add_(0, every_idx, every_row, alpha=1 / world)
-
-
-# torch 2.13 renamed all_gather_into_tensor (2.11, the GPU machine's) to all_gather_single
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-class _Lookup(torch.autograd.Function):
-    """F.embedding of a detached table: the rows' gradient goes to TokenRows.add."""
-
-    @staticmethod
-    def forward(ctx, idx, weight, _anchor, rows: TokenRows):
-        ctx.save_for_backward(idx)
-        ctx.rows = rows
-        return F.embedding(idx, weight)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (idx,) = ctx.saved_tensors
-        ctx.rows.add(idx.reshape(-1).contiguous(), grad.reshape(-1, grad.shape[-1]).contiguous())
-        return None, None, None, None
-
-
-def bucket_sizes(nbytes: list[int], bucket_bytes: int, alone: set[int] = frozenset()) -> list[int]:
+def bucket_sizes(nbytes: list[int], bucket_bytes: int) -> list[int]:
     """How many parameters each bucket holds, walking `nbytes` from its end: a bucket takes
-    parameters while they fit in `bucket_bytes` (a larger parameter is a bucket of its own,
-    as is each one whose index is in `alone`)."""
+    parameters while they fit in `bucket_bytes` (a larger parameter is a bucket of its own)."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
     sizes, count, total = [], 0, 0
-    for i in reversed(range(len(nbytes))):
-        if count and (total + nbytes[i] > bucket_bytes or i in alone or i + 1 in alone):
+    for n in reversed(nbytes):
+        if count and total + n > bucket_bytes:
             sizes.append(count)
             count, total = 0, 0
-        count, total = count + 1, total + nbytes[i]
+        count, total = count + 1, total + n
     if count:
         sizes.append(count)
     return sizes
 
 
-def _all_reduce_mean(t: torch.Tensor, world: int, group=None) -> None:
-    if dist.get_backend(group) == "nccl":  # NCCL divides as it reduces
-        dist.all_reduce(t, op=dist.ReduceOp.AVG, group=group)
+def _all_reduce_mean(t: torch.Tensor, world: int) -> None:
+    if dist.get_backend() == "nccl":  # NCCL divides as it reduces
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
     else:
-        dist.all_reduce(t, group=group)
+        dist.all_reduce(t)
         t.div_(world)
-
-
-def narrow_group(max_ctas: int):
-    """A process group of every rank whose NCCL kernels use at most `max_ctas` blocks (one
-    SM each): an all-reduce that runs beside backward's persistent GEMMs then fits in the
-    SMs they leave free (`--reserve-sms`). NCCL only: other backends take no SMs."""
-    if dist.get_backend() != "nccl":
-        raise ValueError(f"--nccl-ctas limits NCCL's kernels; this job's backend is {dist.get_backend()}")
-    if not isinstance(max_ctas, int) or max_ctas < 1:
-        raise ValueError(f"--nccl-ctas must be a positive int, got {max_ctas!r}")
-    options = dist.ProcessGroupNCCL.Options()
-    options.config.max_ctas = max_ctas
-    return dist.new_group(backend="nccl", pg_options=options)
 
 
 class Stepper:
@@ -298,23 +191,10 @@ class Stepper:
         grad_sync: str,
         graph: bool = False,
         batch_shape: tuple[int, int] | None = None,
-        reserve_sms: int = 0,
-        nccl_ctas: int | None = None,
-        token_rows: bool = True,
     ):
-        """`batch_shape`: (rows, seq) of this rank's batches; a captured step needs it.
-        With buckets on several ranks: `reserve_sms`, SMs the persistent kernels leave free
-        during backward (`direct.reserve_sms`), and `nccl_ctas`, the most blocks the NCCL
-        kernels of the buckets sent during backward may take (`narrow_group`), and
-        `token_rows`, whether the tied table's lookup sends rows (TokenRows; where that is
-        less data than the table)."""
+        """`batch_shape`: (rows, seq) of this rank's batches; a captured step needs it."""
         if grad_sync not in GRAD_SYNCS:
             raise ValueError(f"grad_sync must be one of {GRAD_SYNCS}, got {grad_sync!r}")
-        if (reserve_sms or nccl_ctas) and not (grad_sync == "buckets" and world > 1):
-            raise ValueError(
-                "reserve_sms and nccl_ctas make room for buckets sent during backward: "
-                "they need grad_sync='buckets' and several ranks"
-            )
         if graph and world > 1 and grad_sync == "ddp":
             raise ValueError("a captured step averages a flat gradient buffer: use grad_sync='buckets' or 'flat'")
         if graph and not all(p.is_cuda for p in model.parameters()):
@@ -325,16 +205,7 @@ class Stepper:
         self.flat = None
         if grad_sync != "ddp" and world > 1:
             bucket_bytes = BUCKET_BYTES if grad_sync == "buckets" else None
-            group = None if nccl_ctas is None else narrow_group(nccl_ctas)
-            params = list(model.parameters())
-            table = _tied_table(model) if token_rows and bucket_bytes and batch_shape else None
-            if table is not None and world * batch_shape[0] * batch_shape[1] < table.shape[0]:
-                params = [p for p in params if p is not table] + [table]  # its bucket goes out first
-                self.flat = FlatGrads(params, world, bucket_bytes, group, alone=(table,))
-                model.token_rows = TokenRows(self.flat, table)
-            else:
-                self.flat = FlatGrads(params, world, bucket_bytes, group)
-        self.reserve_sms = reserve_sms
+            self.flat = FlatGrads(list(model.parameters()), world, bucket_bytes)
         if world > 1:
             for p in model.parameters():  # every rank starts from rank 0's parameters, as DDP does
                 dist.broadcast(p.data, src=0)
@@ -362,8 +233,7 @@ class Stepper:
             self.flat.begin()
         with self.amp:
             _, loss = self.forward(x, y)
-        with reserve_sms(self.reserve_sms):
-            loss.backward()
+        loss.backward()
         if self.flat is not None:
             self.flat.finish()
         self.opt.step()
@@ -392,14 +262,6 @@ class Stepper:
         restore()
 
     # --8<-- [end:capture]
-
-
-def _tied_table(model) -> torch.Tensor | None:
-    """The token table of a model whose lookup can hand its gradient over (day 020's GPT)."""
-    wte = getattr(model, "wte", None)
-    if hasattr(model, "token_rows") and wte is not None and wte.weight.requires_grad:
-        return wte.weight
-    return None
 
 
 def training_snapshot(params: list[torch.Tensor], opt: torch.optim.Optimizer) -> Callable[[], None]:

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 from days.day020 import data as D
 from days.day020 import step as S
@@ -188,19 +187,16 @@ def test_a_resumed_run_computes_the_same_losses(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "impl, grad_sync",
-    [("torch", "ddp"), ("gpu_days", "ddp"), ("gpu_days", "flat"), ("gpu_days", "buckets"), ("torch", "no-rows")],
+    "impl, grad_sync", [("torch", "ddp"), ("gpu_days", "ddp"), ("gpu_days", "flat"), ("gpu_days", "buckets")]
 )
 def test_two_ranks_compute_the_one_process_losses(tmp_path, impl, grad_sync):
     """torchrun with 2 CPU ranks (gloo): each rank takes half of the same global batch, the
     gradients are averaged (DistributedDataParallel, or all-reduces of the flat gradient
-    buffer that --graph uses: whole, or in buckets during backward, with the tied table's
-    lookup sending rows (64 tokens a rank, 256 rows in the table) or not), so the losses
-    are one process's."""
+    buffer that --graph uses: whole, or in buckets during backward), so the losses are one
+    process's."""
     steps = 4
     one = T.train(_args(tmp_path, impl, steps, out="one", device="cpu"))
-    extra = {"grad_sync": "buckets", "no_token_rows": True} if grad_sync == "no-rows" else {"grad_sync": grad_sync}
-    argv = [str(a) for a in _argv(tmp_path, impl, steps, out="two", device="cpu", **extra)]
+    argv = [str(a) for a in _argv(tmp_path, impl, steps, out="two", device="cpu", grad_sync=grad_sync)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
@@ -265,8 +261,6 @@ def test_bucket_sizes_walk_from_the_last_parameter():
     assert bucket_sizes([5, 5, 5], 4) == [1, 1, 1]
     assert bucket_sizes([3], 100) == [1]
     assert sum(bucket_sizes([7, 1, 9, 2, 2, 8], 9)) == 6
-    assert bucket_sizes([1, 1, 1, 1], 100, alone={3}) == [1, 3]  # TokenRows' table: last, alone
-    assert bucket_sizes([1, 1, 1, 1], 100, alone={1}) == [2, 1, 1]
     with pytest.raises(ValueError, match="positive"):
         bucket_sizes([1], 0)
 
@@ -286,18 +280,11 @@ def test_buckets_are_averaged_in_order_while_backward_runs(monkeypatch):
     in one fixed order, and the first buckets go out before backward has reached the first
     parameters (the overlap); a second step does the same again."""
     launches: list[tuple[int, int, int]] = []  # (first, end, gradients accumulated so far)
-    groups = []
     accumulated = [0]
-
-    def all_reduce(t, world, group):
-        launches.append((*span(t), accumulated[0]))
-        groups.append(group)
-
-    monkeypatch.setattr(S, "_all_reduce_mean", all_reduce)
+    monkeypatch.setattr(S, "_all_reduce_mean", lambda t, world: launches.append((*span(t), accumulated[0])))
     model = GPT(TINY, "torch").init_weights(0)
     params = list(model.parameters())
-    narrow = object()  # stands in for a process group (narrow_group)
-    flat = FlatGrads(params, world=2, bucket_bytes=4096, overlap_group=narrow)
+    flat = FlatGrads(params, world=2, bucket_bytes=4096)
 
     def span(t):
         first = (t.data_ptr() - flat.buffer.data_ptr()) // flat.buffer.element_size()
@@ -309,7 +296,6 @@ def test_buckets_are_averaged_in_order_while_backward_runs(monkeypatch):
     idx = torch.randint(0, TINY.vocab_size, (2, 9), generator=torch.Generator().manual_seed(5))
     for _ in range(2):
         launches.clear()
-        groups.clear()
         accumulated[0] = 0
         flat.begin()
         model(idx, idx.roll(1, 1))[1].backward()
@@ -319,49 +305,42 @@ def test_buckets_are_averaged_in_order_while_backward_runs(monkeypatch):
         assert covered[0][0] == 0 and covered[-1][1] == flat.buffer.numel()
         assert all(x[1] == y[0] for x, y in zip(covered, covered[1:], strict=False))  # no gap, no overlap
         assert launches[0][2] < len(params)  # went out before backward was done
-        # during backward on the overlap group; the last, after it, on the default group
-        assert groups == [narrow] * (len(flat.buckets) - 1) + [None]
         assert flat.buffer.abs().sum() > 0
         assert not flat.active
 
 
-def test_token_rows_add_the_lookups_gradient_after_the_tables_bucket(tmp_path):
-    """TokenRows (one gloo rank): the table's bucket is sent first, holding the head's part of
-    its gradient; the lookup's rows are added after it; the sum is autograd's gradient. A
-    table whose bucket has not gone out when the rows arrive is an error, not a gradient
-    averaged twice."""
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        idx = torch.randint(0, TINY.vocab_size, (2, 9), generator=torch.Generator().manual_seed(8))
-        twin = GPT(TINY, "torch").init_weights(0)
-        twin(idx, idx.roll(1, 1))[1].backward()
-        model = GPT(TINY, "torch").init_weights(0)
-        table = model.wte.weight
-        params = [p for p in model.parameters() if p is not table] + [table]
-        flat = FlatGrads(params, world=1, bucket_bytes=4096, alone=(table,))
-        assert flat.buckets[0] == (flat.buffer.numel() - table.numel(), flat.buffer.numel())
-        model.token_rows = S.TokenRows(flat, table)
-        for _ in range(2):  # a second step starts from zeros again
-            flat.begin()
-            model(idx, idx.roll(1, 1))[1].backward()
-            flat.finish()
-            for (name, p), q in zip(model.named_parameters(), twin.parameters(), strict=True):
-                torch.testing.assert_close(
-                    p.grad, q.grad, rtol=1e-6, atol=1e-7, msg=lambda m, name=name: f"{name}: {m}"
-                )
-        with pytest.raises(ValueError, match="other than the one"):
-            model.token_rows.lookup(idx, twin.wte.weight)
-        flat.begin()  # before backward: nothing sent yet
-        with pytest.raises(RuntimeError, match="averaged twice"):
-            model.token_rows.add(idx.flatten(), torch.ones(idx.numel(), TINY.n_embd))
-    finally:
-        dist.destroy_process_group()
+def test_buckets_take_the_gradients_backward_hands_over(monkeypatch):
+    """In buckets, begin() drops the grads: backward hands each gradient over and the hooks
+    move it into its view, so no buffer is zeroed and nothing is added. Over two steps the
+    .grad are the views again, with autograd's values; a parameter that got no gradient in
+    a step holds zeros, as the zeroed buffer did."""
+    monkeypatch.setattr(S, "_all_reduce_mean", lambda t, world: None)
+    idx = torch.randint(0, TINY.vocab_size, (2, 9), generator=torch.Generator().manual_seed(8))
+    model, twin = GPT(TINY, "torch").init_weights(0), GPT(TINY, "torch").init_weights(0)
+    flat = FlatGrads(list(model.parameters()), world=2, bucket_bytes=4096)
+    for step in range(2):
+        twin.zero_grad(set_to_none=True)
+        flat.begin()
+        assert all(p.grad is None for p in model.parameters())
+        unused = model.blocks[-1].c_mlp_proj.bias if step == 1 else None
+        for m in (model, twin):  # step 1: the last bias is left out of the loss
+            if step == 1:
+                m.blocks[-1].c_mlp_proj.bias.requires_grad_(False)
+            m(idx, idx.roll(1, 1))[1].backward()
+            m.blocks[-1].c_mlp_proj.bias.requires_grad_(True)
+        flat.finish()
+        for (name, p), q in zip(model.named_parameters(), twin.parameters(), strict=True):
+            assert p.grad.data_ptr() == flat.view(p).data_ptr(), name
+            if p is unused:
+                assert not p.grad.any(), name
+            else:
+                torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_frozen_parameters_stay_out_of_the_flat_buffer(monkeypatch):
     """A parameter that wants no gradient gets no view (AdamW would decay it), no bucket and
     no hook (a hook on it would raise)."""
-    monkeypatch.setattr(S, "_all_reduce_mean", lambda t, world, group: None)
+    monkeypatch.setattr(S, "_all_reduce_mean", lambda t, world: None)
     model = GPT(TINY, "torch").init_weights(0)
     frozen = model.wpe.weight.requires_grad_(False)
     trained = [p for p in model.parameters() if p.requires_grad]
@@ -422,18 +401,6 @@ def test_a_captured_step_is_refused_without_cuda(tmp_path):
         Stepper(model, opt, torch.autocast("cpu", enabled=False), 2, "ddp", graph=True, batch_shape=(2, 8))
     with pytest.raises(ValueError, match="grad_sync must be one of"):
         Stepper(model, opt, torch.autocast("cpu", enabled=False), 1, "ring", batch_shape=(2, 8))
-    for world, grad_sync, room in ((1, "buckets", {"reserve_sms": 8}), (2, "flat", {"nccl_ctas": 8})):
-        with pytest.raises(ValueError, match="need grad_sync='buckets' and several ranks"):
-            Stepper(model, opt, torch.autocast("cpu", enabled=False), world, grad_sync, **room)
-
-
-def test_a_narrow_group_is_nccls_only(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        with pytest.raises(ValueError, match="limits NCCL's kernels; this job's backend is gloo"):
-            S.narrow_group(8)
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow

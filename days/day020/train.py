@@ -180,16 +180,7 @@ def _train(args, ranks: Ranks) -> list[dict]:
     if args.batch % ranks.world:
         raise ValueError(f"--batch {args.batch} is not a multiple of the {ranks.world} ranks")
     stepper = Stepper(
-        model,
-        opt,
-        amp,
-        ranks.world,
-        grad_sync,
-        graph=args.graph,
-        batch_shape=(args.batch // ranks.world, args.seq),
-        reserve_sms=args.reserve_sms if ranks.world > 1 else 0,
-        nccl_ctas=args.nccl_ctas if ranks.world > 1 else None,
-        token_rows=args.token_rows,
+        model, opt, amp, ranks.world, grad_sync, graph=args.graph, batch_shape=(args.batch // ranks.world, args.seq)
     )
     rows = []
     out.mkdir(parents=True, exist_ok=True)
@@ -331,25 +322,6 @@ def parse_args(argv=None):
         default=None,
         help="several ranks: DDP (eager's default), a flat gradient buffer all-reduced in buckets while "
         "backward runs (--graph's default), or the same buffer in one all-reduce after backward",
-    )
-    p.add_argument(
-        "--reserve-sms",
-        type=int,
-        default=0,
-        help="several ranks, buckets: SMs backward's persistent kernels leave free for the all-reduces",
-    )
-    p.add_argument(
-        "--nccl-ctas",
-        type=int,
-        default=None,
-        help="several ranks, buckets: the most blocks NCCL may use for the buckets sent during backward",
-    )
-    p.add_argument(
-        "--token-rows",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="several ranks, buckets: the tied table's lookup sends its gradient as rows (step.TokenRows), "
-        "where that is less data than the table",
     )
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--eval-every", type=int, default=200)
