@@ -15,6 +15,8 @@ row's loss and gradient are NaN instead).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from . import direct, eager
@@ -137,15 +139,42 @@ def check_cross_entropy_args(logits, targets, ignore_index, reduction) -> None:
         raise ValueError(f"{name}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
 
 
-def _check_target_values(logits, targets, ignore_index) -> None:
-    """Out-of-range targets, where the host can read them (not while capturing a graph):
-    one synchronisation on CUDA."""
+def _start_target_check(logits, targets, ignore_index) -> Callable[[], None]:
+    """Check the targets' values where the host can read them (not while a graph is
+    captured), and return a function that raises if one is out of range.
+
+    On CUDA the check is only enqueued here: its answer is copied to pinned memory behind
+    an event, and the returned function waits for that event alone. The caller enqueues
+    its kernels before calling it, so the GPU is computing while the host waits (a check
+    that synchronised first left the GPU idle until the host had launched the next
+    kernel). An invalid target can only make NaNs in those kernels: they read no logit
+    out of range, and neither does the torch fallback."""
     if targets.numel() == 0 or (targets.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return
+        return _no_check
     bad = ((targets < 0) | (targets >= logits.shape[1])) & (targets != ignore_index)
-    if bool(bad.any()):
+    if not targets.is_cuda:
+        _raise_if_bad(bool(bad.any()), targets, bad, logits.shape[1])
+        return _no_check
+    found = torch.empty((), dtype=torch.bool, pin_memory=True)
+    found.copy_(bad.any(), non_blocking=True)
+    checked = torch.cuda.Event()
+    checked.record(torch.cuda.current_stream(targets.device))
+
+    def finish() -> None:
+        checked.synchronize()
+        _raise_if_bad(bool(found), targets, bad, logits.shape[1])
+
+    return finish
+
+
+def _no_check() -> None:
+    return None
+
+
+def _raise_if_bad(found: bool, targets, bad, classes: int) -> None:
+    if found:
         value = targets[bad][0].item()
-        raise ValueError(f"cross_entropy: target {value} is out of range for {logits.shape[1]} classes")
+        raise ValueError(f"cross_entropy: target {value} is out of range for {classes} classes")
 
 
 # -- eager implementations ---------------------------------------------------------------------
@@ -173,7 +202,8 @@ def _torch_forward(logits, targets, ignore_index):
     x = logits.to(_acc(logits))
     lse = torch.logsumexp(x, -1)
     counted = targets != ignore_index
-    safe = torch.where(counted, targets, 0)
+    # an invalid target reads column 0 (the check raises after): no out-of-range gather
+    safe = torch.where(counted & (targets >= 0) & (targets < x.shape[1]), targets, 0)
     rows = torch.where(counted, lse - x.gather(1, safe[:, None])[:, 0], 0)
     return [rows.double(), torch.where(counted, lse, 0).double()]
 
@@ -193,7 +223,7 @@ def _cross_entropy_eager(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, per-row lse, scale): what the backward needs besides the logits."""
     check_cross_entropy_args(logits, targets, ignore_index, reduction)
-    _check_target_values(logits, targets, ignore_index)
+    checked = _start_target_check(logits, targets, ignore_index)
     logits2, targets2 = logits.contiguous(), targets.contiguous()
     rows, lse = cross_entropy_kernel(
         [logits2, targets2],
@@ -201,7 +231,9 @@ def _cross_entropy_eager(
         torch_impl=lambda: _torch_forward(logits2, targets2, ignore_index),
     )
     scale = _scale(targets, ignore_index, reduction)
-    return _reduce(rows, scale, reduction, torch.float32 if float_loss else logits.dtype), lse, scale
+    loss = _reduce(rows, scale, reduction, torch.float32 if float_loss else logits.dtype)
+    checked()  # waits for the check only: the kernels above are running
+    return loss, lse, scale
 
 
 def _cross_entropy_backward_eager(
