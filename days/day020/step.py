@@ -72,7 +72,6 @@ class FlatGrads:
             self.views.append(self.buffer[bounds[-1] : bounds[-1] + p.numel()].view_as(p))
             p.grad = self.views[-1]
             bounds.append(bounds[-1] + p.numel())
-        self._index = {id(p): i for i, p in enumerate(params)}
         self.buckets: list[tuple[int, int]] = []  # (first, end) element ranges, in launch order
         self._size: list[int] = []  # parameters per bucket
         if bucket_bytes is not None:
@@ -124,7 +123,7 @@ class FlatGrads:
 
     def view(self, param: torch.Tensor) -> torch.Tensor:
         """`param`'s slice of the buffer."""
-        return self.views[self._index[id(param)]]
+        return next(v for p, v in zip(self.params, self.views, strict=True) if p is param)
 
     def _hook(self, bucket: int, i: int):
         def ready(param: torch.Tensor) -> None:
