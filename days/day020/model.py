@@ -22,10 +22,10 @@ so one state_dict loads into either. What each impl uses:
 | attention, otherwise | `gemm_batched` + `softmax` (days 014, 012) | SDPA |
 | loss | `cross_entropy` (day 020: one pass per row, fused gradient) | `F.cross_entropy` |
 
-Embeddings are torch in both. Neither build copies q, k or v
-out of the QKV projection's output: SDPA and day 017's kernels read them through strides,
-and both write the attention output as (batch, seq, heads, head_dim), so merging the
-heads is a view.
+Embeddings are torch in both (gpu_days asks for the token lookup's gradient as sparse
+rows). Neither build copies q, k or v out of the QKV projection's output: SDPA and day
+017's kernels read them through strides, and both write the attention output as (batch,
+seq, heads, head_dim), so merging the heads is a view.
 """
 
 from __future__ import annotations
@@ -191,7 +191,13 @@ class GPT(nn.Module):
         if s > self.config.block_size:
             raise ValueError(f"GPT: sequence of {s} is longer than block_size {self.config.block_size}")
         pos = torch.arange(s, device=idx.device)
-        x, delta = self.wte(idx) + self.wpe(pos), None
+        # gpu_days: the lookup's gradient as sparse rows. The output head's dense gradient of
+        # the same (tied) table arrives first, and autograd adds the rows into it (an
+        # index_add) instead of a dense (vocab, d) lookup gradient, sorted, scattered, then
+        # summed. Through F.embedding, not nn.Embedding(sparse=True): DDP would then expect
+        # the table's gradient to be sparse, and the sum is dense.
+        tokens = F.embedding(idx, self.wte.weight, sparse=self.impl == "gpu_days")
+        x, delta = tokens + self.wpe(pos), None
         for block in self.blocks:
             x, delta = block(x, delta)
         x = self.ln_f(x, delta)[1].reshape(b * s, -1)
