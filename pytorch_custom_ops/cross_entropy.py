@@ -8,6 +8,14 @@ reads the row again with its lse and writes the gradient, scaled by the incoming
 inside the kernel (no extra pass). Two ops are registered:
 `gpu_days::cross_entropy` -> (loss, lse) and `gpu_days::cross_entropy_backward` -> grad.
 
+One pass (day020 part 11): in eager mode and under CUDA graphs, when the logits need a
+gradient and the loss is a mean or a sum, the forward writes the gradient too (for
+grad_loss = 1), from a copy of the row in shared memory, and the backward only scales it
+in place by grad_loss: a kernel that returns at once when grad_loss is 1, as it is for
+`loss.backward()`. 2 N C bytes move instead of 3 N C. A second backward through the same
+graph (retain_graph=True) or a double backward goes the two-pass way, from the saved logits.
+torch.compile traces the registered two-pass ops.
+
 Targets outside [0, C) that are not `ignore_index` raise ValueError (a check that reads the
 targets on the host; inside a CUDA-graph capture, where the host cannot read them, such a
 row's loss and gradient are NaN instead).
@@ -21,9 +29,10 @@ import torch
 
 from . import direct, eager
 from .contract import FLOAT_DTYPES, OpSpec, TensorArg, check_float_tensor
+from .gemm_gpu import sm_count
 from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp
-from .softmax_family import MAX_GRID, VEC_BYTES
+from .softmax_family import LOOPED_BLOCK, MAX_GRID, VEC_BYTES, cached_count
 
 REDUCTIONS = ("mean", "sum", "none")
 _LOGITS = TensorArg("logits", ("rows", "cols"))
@@ -46,6 +55,12 @@ CROSS_ENTROPY_BACKWARD = OpSpec(
         TensorArg("lse", _PER_ROW, torch.float64),
         TensorArg("factor", ("factors",), torch.float64),  # 1 value, or 1 per row
     ),
+    params={"IGNORE_INDEX": -100},
+)
+CROSS_ENTROPY_WITH_GRAD = OpSpec(
+    name="cross_entropy_with_grad",
+    outputs=(*CROSS_ENTROPY.outputs, TensorArg("grad", ("rows", "cols"))),
+    inputs=(_LOGITS, _TARGETS, TensorArg("factor", (1,), torch.float64)),
     params={"IGNORE_INDEX": -100},
 )
 
@@ -75,6 +90,23 @@ CE_BACKWARD_KERNEL = KernelFamily(
     # grad, logits, targets, lse, factor, factor_stride, cols, ignore_index
     args=("ptr",) * 5 + ("i64",) * 3,
     variants=_variants((256, 1024)),
+)
+
+
+CE_WITH_GRAD_KERNEL = KernelFamily(
+    "days.day020.cross_entropy",
+    "cross_entropy_with_grad_kernel",
+    # loss, lse, grad, logits, targets, factor, cols, ignore_index, cached
+    args=("ptr",) * 6 + ("i64",) * 3,
+    variants=_variants((LOOPED_BLOCK,)),
+)
+SCALE_BLOCK = 256
+SCALE_BLOCKS_PER_SM = 8  # a grid-stride loop: enough blocks to fill every SM, no more
+SCALE_KERNEL = KernelFamily(
+    "days.day020.cross_entropy",
+    "scale_unless_one_kernel",
+    args=("ptr", "ptr", "i64"),  # data, factor, count
+    variants=_variants((SCALE_BLOCK,)),
 )
 
 
@@ -112,9 +144,40 @@ def _backward_plan(outputs, inputs, params) -> list[direct.Launch]:
     return [direct.Launch(kernel, grid=rows, block=block, args=args)]
 
 
+@direct.plan(CE_WITH_GRAD_KERNEL)
+def _with_grad_plan(outputs, inputs, params) -> list[direct.Launch]:
+    """Day 012's looped softmax layout: 1024 threads per row, as much of the row as
+    fits in shared memory cached there (all of it up to 100K bf16 or 50K float32
+    columns), the rest read from global memory again."""
+    (loss, lse, grad), (logits, targets, factor) = outputs, inputs
+    rows, w, _ = _row_launch(logits, grad)
+    cols = logits.shape[1]
+    cached = cached_count(cols, 1, logits.element_size(), w)
+    ptrs = (loss, lse, grad, logits, targets, factor)
+    args = (*(t.data_ptr() for t in ptrs), cols, params["IGNORE_INDEX"], cached)
+    kernel = CE_WITH_GRAD_KERNEL[logits.dtype, w, LOOPED_BLOCK]
+    return [direct.Launch(kernel, grid=rows, block=LOOPED_BLOCK, args=args, smem=cached * logits.element_size())]
+
+
+def scale_launch(data: torch.Tensor, factor: torch.Tensor, sms: int = 132) -> direct.Launch:
+    """The launch that multiplies contiguous `data` by the float64 `factor[0]` in place,
+    unless it is 1 (see scale_unless_one_kernel), on a GPU with `sms` multiprocessors."""
+    count = data.numel()
+    vec = VEC_BYTES // data.element_size()
+    w = vec if count % vec == 0 and data.data_ptr() % VEC_BYTES == 0 else 1
+    blocks = max(1, min(-(-count // (w * SCALE_BLOCK)), sms * SCALE_BLOCKS_PER_SM))
+    return direct.Launch(
+        SCALE_KERNEL[data.dtype, w, SCALE_BLOCK],
+        grid=blocks,
+        block=SCALE_BLOCK,
+        args=(data.data_ptr(), factor.data_ptr(), count),
+    )
+
+
 # --8<-- [end:gpu_plan]
 cross_entropy_kernel = MojoOp(CROSS_ENTROPY, gpu=_forward_plan)
 cross_entropy_backward_kernel = MojoOp(CROSS_ENTROPY_BACKWARD, gpu=_backward_plan)
+cross_entropy_with_grad_kernel = MojoOp(CROSS_ENTROPY_WITH_GRAD, gpu=_with_grad_plan)
 
 
 # -- checks ----------------------------------------------------------------------------------
@@ -305,6 +368,74 @@ _op.register_autograd(_backward, setup_context=_setup_context)
 _autograd = eager.function("CrossEntropy", _cross_entropy_eager, _setup_context, _backward_eager)
 
 
+# -- one pass: the forward writes the gradient (the autograd route, mean and sum) ----------------
+def _cross_entropy_with_grad_eager(logits, targets, ignore_index, reduction, float_loss=False):
+    """(loss, per-row lse, scale, the gradient of the logits for grad_loss = 1)."""
+    check_cross_entropy_args(logits, targets, ignore_index, reduction)
+    checked = _start_target_check(logits, targets, ignore_index)
+    logits2, targets2 = logits.contiguous(), targets.contiguous()
+    scale = _scale(targets, ignore_index, reduction)
+
+    def torch_impl():
+        return [
+            *_torch_forward(logits2, targets2, ignore_index),
+            *_torch_backward(logits2, targets2, scale, ignore_index),
+        ]
+
+    rows, lse, grad = cross_entropy_with_grad_kernel(
+        [logits2, targets2, scale], params={"IGNORE_INDEX": ignore_index}, torch_impl=torch_impl
+    )
+    loss = _reduce(rows, scale, reduction, torch.float32 if float_loss else logits.dtype)
+    checked()
+    return loss, lse, scale, grad
+
+
+def _setup_with_grad(ctx, inputs, output):
+    _setup_context(ctx, inputs, output[:3])
+    ctx.mark_non_differentiable(output[1], output[2], output[3])
+    ctx.grad = output[3]  # not saved_tensors: it is not an input, and the backward changes it
+
+
+def _backward_with_grad(ctx, grad_loss, _grad_lse, _grad_scale, _grad_grad):
+    grad, ctx.grad = ctx.grad, None  # the first backward takes it
+    if grad_loss is None or grad is None or torch.is_grad_enabled():
+        # a second backward (retain_graph=True), or a double backward: the two passes
+        return _backward_eager(ctx, grad_loss, None, None)
+    scale_unless_one_(grad, grad_loss.reshape(1))
+    return grad, None, None, None, None
+
+
+def scale_unless_one_(data: torch.Tensor, factor: torch.Tensor) -> None:
+    """data *= factor (one value), in place, without reading the factor on the host (so
+    that graphs capture it): on CUDA a kernel that returns at once for a factor of 1."""
+    factor = factor.to(torch.float64)
+    if not data.is_cuda:  # reading the factor costs nothing on the CPU
+        if factor.item() != 1:
+            data.mul_(factor.to(data.dtype))
+    elif cross_entropy_with_grad_kernel.ready(data.device):
+        index = data.get_device()
+        direct.run([scale_launch(data, factor, sm_count(index))], index)
+    else:  # the torch fallback (not strict), which the forward has already warned of
+        data.mul_(factor.to(data.dtype))
+
+
+_autograd_with_grad = eager.function(
+    "CrossEntropyWithGrad", _cross_entropy_with_grad_eager, _setup_with_grad, _backward_with_grad
+)
+
+
+# False sends every call with autograd the two-pass way (to compare both in one run)
+ONE_PASS = True
+
+
+def _autograd_pick(logits, targets, ignore_index, reduction, float_loss):
+    """The one-pass Function for a mean or a sum; one gradient per row ("none") is known
+    only in the backward, so it keeps the two passes."""
+    if reduction == "none" or not ONE_PASS:
+        return _autograd(logits, targets, ignore_index, reduction, float_loss)
+    return _autograd_with_grad(logits, targets, ignore_index, reduction, float_loss)
+
+
 def _op_call(*args):
     return torch.ops.gpu_days.cross_entropy(*args)
 
@@ -313,7 +444,7 @@ def _check(logits, targets, ignore_index, reduction, _float_loss):
     check_cross_entropy_args(logits, targets, ignore_index, reduction)
 
 
-_ROUTES = {"eager": _cross_entropy_eager, "autograd": _autograd, "op": _op_call, "check": _check}
+_ROUTES = {"eager": _cross_entropy_eager, "autograd": _autograd_pick, "op": _op_call, "check": _check}
 
 
 def cross_entropy(

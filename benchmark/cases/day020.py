@@ -4,7 +4,9 @@ LayerNorm after it (`add_layer_norm`), forward + backward.
 
 `cross_entropy_train` returns (loss, gradient of the logits) for a mean loss; its
 effective bandwidth counts the least any implementation moves: the logits read once and
-their gradient written once (2 N V bytes per element size). `cross_entropy` is the
+their gradient written once (2 N V bytes per element size). `mojo_fused` is what
+`pco.cross_entropy` does (one pass since part 11), `mojo_two_pass` the forward and the
+backward kernels of parts 2-9. `cross_entropy` is the
 forward alone, without autograd (the logits read once).
 
 `add_layer_norm_train` is one pre-LN step of a GPT's residual stream under autocast: a
@@ -21,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import pytorch_custom_ops as pco
+import pytorch_custom_ops.cross_entropy as ce_module
 
 from ..harness import Case, compiled
 from .day013 import _params
@@ -46,6 +49,15 @@ def _train(loss_fn):
         return loss, x.grad
 
     return run
+
+
+def _two_pass(logits, targets):
+    """pco.cross_entropy as before day020 part 11: the gradient written by the backward."""
+    ce_module.ONE_PASS = False
+    try:
+        return pco.cross_entropy(logits, targets)
+    finally:
+        ce_module.ONE_PASS = True
 
 
 def _reference(logits, targets):
@@ -165,6 +177,7 @@ CASES = [
             "torch": _train(F.cross_entropy),
             "torch_compile": _train(compiled(F.cross_entropy)),
             "mojo_fused": _train(pco.cross_entropy),
+            "mojo_two_pass": _train(_two_pass),
         },
         make_inputs=_inputs,
         reference=_reference,

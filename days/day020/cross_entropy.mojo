@@ -11,10 +11,13 @@
 # row: the loss and the log-sum-exp. The backward reads the row again with its lse and
 # writes the gradient. The probabilities are never written.
 #
-# A first version wrote the gradient in the forward, from a copy of the row cached in
-# shared memory (one pass, 2 N V bytes); it measured 0.98x F.cross_entropy at 8192 x 50304
-# bf16 on the H100: a 100 KB row cache leaves one or two blocks per SM, and the backward
-# still had to multiply the whole gradient by grad_loss (another read and write of N V).
+# When the logits need a gradient, a third kernel does both in one pass (part 11): it reads
+# the row once into registers and a shared-memory cache (day 012's looped softmax), writes
+# the loss and lse, then the gradient for grad_loss = 1 from the cache: 2 N V bytes instead
+# of 3 N V. The backward then only has to scale that gradient by the real grad_loss, and a
+# fourth kernel does it in place, returning at once when grad_loss is 1 (loss.backward()).
+# A first try at this (day020 part 2) multiplied by grad_loss unconditionally, another
+# read and write of N V, and lost to F.cross_entropy.
 # Per-row losses and lse are stored as float64 (N values each).
 
 from extensibility import register, InputTensor, OutputTensor
@@ -22,6 +25,7 @@ from max.gpu import (
     MAX_THREADS_PER_BLOCK_METADATA,
     WARP_SIZE,
     block_idx,
+    grid_dim,
     thread_idx,
 )
 from max.gpu.host import DeviceContext
@@ -39,7 +43,9 @@ from days.day009.online_softmax import (
 )
 from days.day012.softmax_family import (
     UNROLL,
+    SharedPtr,
     fold_and_cache,
+    load_shared,
     load_vec,
     store_vec,
 )
@@ -82,26 +88,50 @@ def cross_entropy_kernel[
             loss[unsafe_offset=row] = 0
             lse[unsafe_offset=row] = 0
         return
-    var no_cache = external_memory[  # launched with no dynamic shared memory: unused
-        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
-    ]()
+    var no_cache = (
+        external_memory[  # launched with no dynamic shared memory: unused
+            Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
+        ]()
+    )
     var m, s = fold_and_cache[dtype, W, BLOCK](logits, base, n, no_cache, 0)
     m, s = block_combine[acc, BLOCK](m, s, red_m, red_s)
+    _ = write_loss_and_lse(loss, lse, logits, row, base, t, cols, m, s)
+
+
+@always_inline
+def write_loss_and_lse[
+    dtype: DType
+](
+    loss: Pointer[Float64, MutAnyOrigin],
+    lse: Pointer[Float64, MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    row: Int,
+    base: Int,
+    t: Int64,
+    cols: Int64,
+    m: Scalar[accum_dtype[dtype]()],
+    s: Scalar[accum_dtype[dtype]()],
+) -> Scalar[accum_dtype[dtype]()] where dtype.is_floating_point():
+    """From the row's (max, sum) pair, which every thread holds: thread 0 writes the
+    row's loss and lse; every thread gets the lse (NaN for an invalid target or a row
+    with NaN or +inf, so that its gradient is NaN too)."""
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    var valid = t >= 0 and t < cols
+    var ok = valid and finite(m)
+    var shift = m + log(s) if ok else nan_value[acc]()
     if thread_idx.x == 0:
-        var valid = t >= 0 and t < cols
         var xt = logits[unsafe_offset=base + (Int(t) if valid else 0)].cast[
             acc
         ]()
         var l = log(s) - (
             xt - m
         )  # xt - m first: exact when both are large and close
-        var ok = valid and finite(m)
         loss[unsafe_offset=row] = (l if valid else nan_value[acc]()).cast[
             DType.float64
         ]()
-        lse[unsafe_offset=row] = (m + log(s) if ok else nan_value[acc]()).cast[
-            DType.float64
-        ]()
+        lse[unsafe_offset=row] = shift.cast[DType.float64]()
+    return shift
 
 
 # --8<-- [end:kernel]
@@ -132,33 +162,158 @@ def cross_entropy_backward_kernel[
     var row = block_idx.x
     var base = row * n
     var t = targets[unsafe_offset=row]
-    comptime STEP = BLOCK * W
     if t == ignore_index:
-        for c in range(thread_idx.x * W, n, STEP):
+        for c in range(thread_idx.x * W, n, BLOCK * W):
             store_vec[dtype, W](grad, base + c, SIMD[dtype, W](0))
         return
     var f = factor[unsafe_offset=Int(row) * Int(factor_stride)].cast[acc]()
     var shift = lse[unsafe_offset=row].cast[acc]()
-    var tc = Int(t)  # an invalid target has a NaN lse: every gradient is NaN
+    var no_cache = (
+        external_memory[  # launched with no dynamic shared memory: unused
+            Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
+        ]()
+    )
+    write_row_grad[dtype, W, BLOCK](
+        grad, logits, base, n, no_cache, 0, Int(t), shift, f
+    )
+
+
+@always_inline
+def write_row_grad[
+    dtype: DType, W: Int, BLOCK: Int
+](
+    grad: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    base: Int,
+    n: Int,
+    cache: SharedPtr[dtype],
+    cached: Int,
+    t: Int,
+    shift: Scalar[accum_dtype[dtype]()],
+    f: Scalar[accum_dtype[dtype]()],
+) where dtype.is_floating_point():
+    """grad[base + c] = (exp(x[c] - shift) - onehot(t)[c]) * f for c < n, UNROLL
+    vectors in flight per thread; x[c] comes from `cache` for c < cached (filled by
+    fold_and_cache: each thread reads back what it cached itself, so no barrier), from
+    `logits` after that. An invalid target has a NaN shift: every gradient is NaN.
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    comptime STEP = BLOCK * W
     for c0 in range(thread_idx.x * W, n, STEP * UNROLL):
         var xs = SIMD[dtype, W * UNROLL](0)
         comptime for u in range(UNROLL):
             var c = c0 + u * STEP
             if c < n:
-                xs = xs.insert[offset=u * W](load_vec[dtype, W](logits, base + c))
+                xs = xs.insert[offset=u * W](
+                    load_shared[dtype, W](cache, c) if c
+                    < cached else load_vec[dtype, W](logits, base + c)
+                )
         comptime for u in range(UNROLL):
             var c = c0 + u * STEP
             if c < n:
                 var x = xs.slice[W, offset=u * W]().cast[acc]()
                 var g = exp(x - shift) * f
-                if c <= tc < c + W:
+                if c <= t < c + W:
                     comptime for j in range(W):  # a compile-time lane: no spill
-                        if c + j == tc:
+                        if c + j == t:
                             g[j] -= f
                 store_vec[dtype, W](grad, base + c, g.cast[dtype]())
 
 
 # --8<-- [end:backward]
+
+
+# --8<-- [start:fused]
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(BLOCK))
+)
+def cross_entropy_with_grad_kernel[
+    dtype: DType, W: Int, BLOCK: Int
+](
+    loss: Pointer[Float64, MutAnyOrigin],
+    lse: Pointer[Float64, MutAnyOrigin],
+    grad: Pointer[Scalar[dtype], MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
+    targets: Pointer[Int64, MutAnyOrigin],
+    factor: Pointer[Float64, MutAnyOrigin],
+    cols: Int64,
+    ignore_index: Int64,
+    cached: Int64,
+) where dtype.is_floating_point():
+    """Forward and backward in one pass, one block per row: the row is read once (its
+    first `cached` elements also copied to shared memory, which the launch sized), the
+    loss and lse are written, then the gradient for grad_loss = 1, times factor[0]
+    (1 / counted rows for a mean, 1 for a sum), from the cache and only the uncached
+    tail from global memory again."""
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    var red_m = stack_allocation[
+        BLOCK // WARP_SIZE, Scalar[acc], address_space=AddressSpace.SHARED
+    ]()
+    var red_s = stack_allocation[
+        BLOCK // WARP_SIZE, Scalar[acc], address_space=AddressSpace.SHARED
+    ]()
+    var n = Int(cols)
+    var row = block_idx.x
+    var base = row * n
+    var t = targets[unsafe_offset=row]
+    if t == ignore_index:  # the whole block agrees, as in the forward
+        if thread_idx.x == 0:
+            loss[unsafe_offset=row] = 0
+            lse[unsafe_offset=row] = 0
+        for c in range(thread_idx.x * W, n, BLOCK * W):
+            store_vec[dtype, W](grad, base + c, SIMD[dtype, W](0))
+        return
+    var cache = external_memory[
+        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
+    ]()
+    var m, s = fold_and_cache[dtype, W, BLOCK](
+        logits, base, n, cache, Int(cached)
+    )
+    m, s = block_combine[acc, BLOCK](m, s, red_m, red_s)
+    var shift = write_loss_and_lse(loss, lse, logits, row, base, t, cols, m, s)
+    write_row_grad[dtype, W, BLOCK](
+        grad,
+        logits,
+        base,
+        n,
+        cache,
+        Int(cached),
+        Int(t),
+        shift,
+        factor[0].cast[acc](),
+    )
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(BLOCK))
+)
+def scale_unless_one_kernel[
+    dtype: DType, W: Int, BLOCK: Int
+](
+    data: Pointer[Scalar[dtype], MutAnyOrigin],
+    factor: Pointer[Float64, MutAnyOrigin],
+    count: Int64,
+) where dtype.is_floating_point():
+    """data[:count] *= factor[0], in place; nothing is read or written when the factor is
+    exactly 1 (the backward of loss.backward()): every block returns at once. count is a
+    multiple of W. The host never reads the factor, so this can be captured in a graph.
+    """
+    comptime acc = accum_dtype[dtype]()
+    comptime assert acc.is_floating_point()
+    var f = factor[0]
+    if f == 1:
+        return
+    var fa = f.cast[acc]()
+    var n = Int(count)
+    var step = grid_dim.x * BLOCK * W
+    for i in range((block_idx.x * BLOCK + thread_idx.x) * W, n, step):
+        var v = load_vec[dtype, W](data, i).cast[acc]() * fa
+        store_vec[dtype, W](data, i, v.cast[dtype]())
+
+
+# --8<-- [end:fused]
 
 
 # --8<-- [start:cpu]
@@ -276,7 +431,8 @@ struct CrossEntropy:
 
 @register("cross_entropy_backward")
 struct CrossEntropyBackward:
-    """The gradient of the logits from the forward's lse and the factor per row."""
+    """The gradient of the logits from the forward's lse and the factor per row.
+    """
 
     @staticmethod
     def execute[
@@ -291,8 +447,12 @@ struct CrossEntropyBackward:
     ) raises:
         comptime assert dtype.is_floating_point(), "cross_entropy: float logits"
         var rows = logits.dim_size(0)
-        check_rows("cross_entropy_backward", rows, targets.dim_size(0), "targets")
-        check_rows("cross_entropy_backward", rows, lse.dim_size(0), "lse values")
+        check_rows(
+            "cross_entropy_backward", rows, targets.dim_size(0), "targets"
+        )
+        check_rows(
+            "cross_entropy_backward", rows, lse.dim_size(0), "lse values"
+        )
         var nf = factor.dim_size(0)
         if nf != 1:
             check_rows("cross_entropy_backward", rows, nf, "factors")
@@ -316,4 +476,61 @@ struct CrossEntropyBackward:
                 rows,
                 logits.dim_size(1),
                 Int64(IGNORE_INDEX),
+            )
+
+
+@register("cross_entropy_with_grad")
+struct CrossEntropyWithGrad:
+    """Per-row losses and lse, and the gradient of the logits for grad_loss = 1 times
+    the one factor (the forward and backward of a mean or a sum, in one call).
+    """
+
+    @staticmethod
+    def execute[
+        target: StaticString, dtype: DType, IGNORE_INDEX: Int
+    ](
+        loss: OutputTensor[dtype=DType.float64, rank=1, ...],
+        lse: OutputTensor[dtype=DType.float64, rank=1, ...],
+        grad: OutputTensor[dtype=dtype, rank=2, ...],
+        logits: InputTensor[dtype=dtype, rank=2, ...],
+        targets: InputTensor[dtype=DType.int64, rank=1, ...],
+        factor: InputTensor[dtype=DType.float64, rank=1, ...],
+        ctx: DeviceContext,
+    ) raises:
+        comptime assert dtype.is_floating_point(), "cross_entropy: float logits"
+        comptime name = "cross_entropy_with_grad"
+        var rows = logits.dim_size(0)
+        check_rows(name, rows, targets.dim_size(0), "targets")
+        check_rows(name, rows, loss.dim_size(0), "losses")
+        check_rows(name, rows, lse.dim_size(0), "lse values")
+        if factor.dim_size(0) != 1:
+            raise Error(name, ": one factor, got ", factor.dim_size(0))
+        if grad.shape() != logits.shape():
+            raise Error(
+                name, ": grad ", grad.shape(), " != logits ", logits.shape()
+            )
+        comptime if target == "gpu":
+            raise Error(name, GPU_LAUNCH_MOVED)
+        else:  # the two CPU loops in turn: the CPU path is for correctness, not speed
+            var cols = logits.dim_size(1)
+            var ignore = Int64(IGNORE_INDEX)
+            cross_entropy_cpu[dtype](
+                loss.unsafe_ptr(),
+                lse.unsafe_ptr(),
+                logits.unsafe_ptr(),
+                targets.unsafe_ptr(),
+                rows,
+                cols,
+                ignore,
+            )
+            cross_entropy_backward_cpu[dtype](
+                grad.unsafe_ptr(),
+                logits.unsafe_ptr(),
+                targets.unsafe_ptr(),
+                lse.unsafe_ptr(),
+                factor.unsafe_ptr(),
+                0,
+                rows,
+                cols,
+                ignore,
             )

@@ -16,6 +16,9 @@ from pytorch_custom_ops.cross_entropy import (
     _torch_forward,
     cross_entropy_backward_kernel,
     cross_entropy_kernel,
+    cross_entropy_with_grad_kernel,
+    scale_launch,
+    scale_unless_one_,
 )
 
 DTYPES = [(torch.float32, 1e-5, 1e-5), (torch.float64, 1e-12, 1e-12), (torch.bfloat16, 1e-2, 1e-2)]
@@ -54,6 +57,37 @@ def test_loss_and_grad_match_float64(device, dtype, loss_tol, grad_tol, reductio
         assert torch.all(x.grad[1] == 0)
     with torch.no_grad():  # the loss-only kernel
         assert rel(pco.cross_entropy(logits, targets, reduction=reduction), ref_loss) < loss_tol
+
+
+@pytest.mark.parametrize("dtype, loss_tol, grad_tol", DTYPES)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_one_pass_gradient_for_loss_backward(device, dtype, loss_tol, grad_tol, reduction):
+    """loss.backward() (grad_loss = 1): the forward wrote the gradient and the backward
+    hands it over unscaled; a second backward through the same graph recomputes it."""
+    g = torch.Generator().manual_seed(5)
+    logits = (torch.randn(7, 515, generator=g) * 3).to(dtype).to(device)
+    targets = torch.randint(0, 515, (7,), generator=g).to(device)
+    targets[2] = -100
+    x = logits.clone().requires_grad_()
+    loss = pco.cross_entropy(x, targets, reduction=reduction)
+    assert loss.grad_fn.name() == "CrossEntropyWithGradBackward"
+    loss.backward(retain_graph=True)
+    ref_loss, ref_grad = reference(logits, targets, -100, reduction, torch.ones((), dtype=dtype))
+    assert rel(loss.detach(), ref_loss) < loss_tol
+    assert rel(x.grad, ref_grad) < grad_tol
+    first = x.grad.clone()
+    (loss * 3).backward()  # the two-pass way now: the one-pass gradient was handed over
+    assert rel(x.grad, 4 * first) < grad_tol
+    assert torch.all(x.grad[2] == 0)
+
+
+def test_the_one_pass_gradient_is_scaled_in_place():
+    data = torch.randn(10, dtype=torch.bfloat16)
+    before = data.clone()
+    scale_unless_one_(data, torch.ones(1, dtype=torch.float64))
+    assert torch.equal(data, before)
+    scale_unless_one_(data, torch.tensor([-2.5], dtype=torch.float64))
+    torch.testing.assert_close(data, before * -2.5)
 
 
 def test_a_custom_ignore_index_and_every_row_ignored(device):
@@ -162,3 +196,74 @@ def test_plans_on_cpu_tensors(dtype, cols):
     with pytest.raises(ValueError, match="2 factors for 3 rows"):
         inputs = [logits, targets, per_row[1], torch.ones(2, dtype=torch.float64)]
         cross_entropy_backward_kernel.gpu([torch.empty_like(logits)], inputs, params)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("cols", [1001, 50304, 128256])
+def test_the_one_pass_plan_caches_what_fits(dtype, cols):
+    """1024 threads per row; the row is cached in shared memory up to 200 KB, the rest
+    read again; one factor for the whole batch."""
+    rows = 3
+    logits = torch.empty(rows, cols, dtype=dtype)
+    targets = torch.zeros(rows, dtype=torch.int64)
+    outs = [torch.empty(rows, dtype=torch.float64) for _ in range(2)] + [torch.empty_like(logits)]
+    (launch,) = cross_entropy_with_grad_kernel.gpu(
+        outs, [logits, targets, torch.ones(1, dtype=torch.float64)], {"IGNORE_INDEX": -5}
+    )
+    vec = 16 // dtype.itemsize
+    w = vec if cols % vec == 0 else 1
+    cached = launch.args[-1]
+    assert launch.kernel.params == (dtype, w, 1024) and (launch.grid, launch.block) == (rows, 1024)
+    assert launch.args[6:8] == (cols, -5)
+    assert launch.smem == cached * dtype.itemsize <= 200 * 1024 and cached % w == 0
+    assert cached == min(cols, 200 * 1024 // dtype.itemsize)
+
+
+@pytest.mark.parametrize(
+    "count, dtype, w, grid",
+    [(8 * 1024, torch.bfloat16, 8, 4), (7, torch.float32, 1, 1), (10**8, torch.float32, 4, 1056)],
+)
+def test_the_scale_launch(count, dtype, w, grid):
+    data = torch.empty(count, dtype=dtype)
+    launch = scale_launch(data, torch.ones(1, dtype=torch.float64), sms=132)
+    assert launch.kernel.params == (dtype, w, 256) and (launch.grid, launch.block) == (grid, 256)
+    assert launch.args[2] == count
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_one_pass_launches_and_is_captured(launched):
+    """On CUDA the one-pass kernel and the in-place scale run (not the two passes), and a
+    captured forward + backward replays correctly with new logits and a new grad_loss."""
+    rows, cols = 37, 50304
+    x = (torch.randn(rows, cols, device="cuda") * 2).bfloat16().requires_grad_()
+    t = torch.randint(0, cols, (rows,), device="cuda")
+    t[5] = -100
+    weight = torch.ones((), device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        x.grad = None
+        loss = pco.cross_entropy(x, t)
+        (loss * weight).backward()
+        return loss
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture (kernel loads, allocator)
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    kinds = {key.split(".")[1] for key in launched}
+    assert kinds == {"cross_entropy_with_grad_kernel", "scale_unless_one_kernel"}, launched
+    graph = torch.cuda.CUDAGraph()
+    x.grad = None
+    with torch.cuda.graph(graph):
+        loss = pco.cross_entropy(x, t)
+        (loss * weight).backward()
+    for trial, w in enumerate((1.0, 0.5, -3.0)):
+        with torch.no_grad():
+            x.copy_(torch.randn_like(x) * (trial + 1))
+        weight.fill_(w)
+        graph.replay()
+        ref_loss, ref_grad = reference(x.detach(), t, -100, "mean", torch.tensor(w, dtype=torch.bfloat16))
+        assert rel(loss, ref_loss) < 1e-2
+        assert rel(x.grad, ref_grad) < 1e-2
+        assert torch.all(x.grad[5] == 0)
