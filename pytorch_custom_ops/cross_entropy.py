@@ -32,7 +32,7 @@ from .contract import FLOAT_DTYPES, OpSpec, TensorArg, check_float_tensor
 from .gemm_gpu import sm_count
 from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp
-from .softmax_family import LOOPED_BLOCK, MAX_GRID, VEC_BYTES, cached_count
+from .softmax_family import CACHE_BYTES, LOOPED_BLOCK, MAX_GRID, VEC_BYTES, cached_count
 
 REDUCTIONS = ("mean", "sum", "none")
 _LOGITS = TensorArg("logits", ("rows", "cols"))
@@ -93,12 +93,17 @@ CE_BACKWARD_KERNEL = KernelFamily(
 )
 
 
+# The one-pass kernel's threads per row and row cache (shared memory per block): the cache
+# bounds the blocks per SM (two of 100 KB, four of 56 KB); what is not cached is read
+# again, the row's tail, read last in the first pass (so, likely, from L2)
+WITH_GRAD_BLOCK = LOOPED_BLOCK
+WITH_GRAD_CACHE_BYTES = CACHE_BYTES
 CE_WITH_GRAD_KERNEL = KernelFamily(
     "days.day020.cross_entropy",
     "cross_entropy_with_grad_kernel",
     # loss, lse, grad, logits, targets, factor, cols, ignore_index, cached
     args=("ptr",) * 6 + ("i64",) * 3,
-    variants=_variants((LOOPED_BLOCK,)),
+    variants=_variants((256, 512, 1024)),
 )
 SCALE_BLOCK = 256
 SCALE_BLOCKS_PER_SM = 8  # a grid-stride loop: enough blocks to fill every SM, no more
@@ -152,11 +157,12 @@ def _with_grad_plan(outputs, inputs, params) -> list[direct.Launch]:
     (loss, lse, grad), (logits, targets, factor) = outputs, inputs
     rows, w, _ = _row_launch(logits, grad)
     cols = logits.shape[1]
-    cached = cached_count(cols, 1, logits.element_size(), w)
+    cached = cached_count(cols, 1, logits.element_size(), w, WITH_GRAD_CACHE_BYTES)
     ptrs = (loss, lse, grad, logits, targets, factor)
     args = (*(t.data_ptr() for t in ptrs), cols, params["IGNORE_INDEX"], cached)
-    kernel = CE_WITH_GRAD_KERNEL[logits.dtype, w, LOOPED_BLOCK]
-    return [direct.Launch(kernel, grid=rows, block=LOOPED_BLOCK, args=args, smem=cached * logits.element_size())]
+    kernel = CE_WITH_GRAD_KERNEL[logits.dtype, w, WITH_GRAD_BLOCK]
+    smem = cached * logits.element_size()
+    return [direct.Launch(kernel, grid=rows, block=WITH_GRAD_BLOCK, args=args, smem=smem)]
 
 
 def scale_launch(data: torch.Tensor, factor: torch.Tensor, sms: int = 132) -> direct.Launch:

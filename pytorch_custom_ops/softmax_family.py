@@ -72,11 +72,11 @@ def vec_width(dtype: torch.dtype) -> int:
     return VEC_BYTES // dtype.itemsize
 
 
-def cached_count(n: int, tensors: int, elem_bytes: int, w: int) -> int:
+def cached_count(n: int, tensors: int, elem_bytes: int, w: int, budget: int = CACHE_BYTES) -> int:
     """How many leading elements of a row fit the looped kernel's shared-memory cache
-    (a multiple of w). The kernel gets this count as an argument and the launch sizes
-    the shared memory from it: the one place that decides both."""
-    fit = CACHE_BYTES // (tensors * elem_bytes)
+    of `budget` bytes (a multiple of w). The kernel gets this count as an argument and
+    the launch sizes the shared memory from it: the one place that decides both."""
+    fit = budget // (tensors * elem_bytes)
     return min(n, fit - fit % w)
 
 
