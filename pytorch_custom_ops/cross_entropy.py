@@ -32,7 +32,14 @@ from .contract import FLOAT_DTYPES, OpSpec, TensorArg, check_float_tensor
 from .gemm_gpu import sm_count
 from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp
-from .softmax_family import CACHE_BYTES, LOOPED_BLOCK, MAX_GRID, VEC_BYTES, cached_count
+from .softmax_family import (
+    CACHE_BYTES,
+    CLUSTER_SHARED_SM_BYTES,
+    LOOPED_BLOCK,
+    MAX_GRID,
+    VEC_BYTES,
+    cached_count,
+)
 
 REDUCTIONS = ("mean", "sum", "none")
 _LOGITS = TensorArg("logits", ("rows", "cols"))
@@ -93,11 +100,25 @@ CE_BACKWARD_KERNEL = KernelFamily(
 )
 
 
-# The one-pass kernel's threads per row and row cache (shared memory per block): the cache
-# bounds the blocks per SM (two of 100 KB, four of 56 KB); what is not cached is read
-# again, the row's tail, read last in the first pass (so, likely, from L2)
-WITH_GRAD_BLOCK = LOOPED_BLOCK
-WITH_GRAD_CACHE_BYTES = CACHE_BYTES
+# The one-pass kernel's threads per row and row cache (shared memory per block). The cache
+# bounds the blocks per SM (two of 112 KB, four of 56 KB); what is not cached, the row's
+# tail, is read again (read last in the first pass: likely from L2). Measured on the H100
+# (days/day020/time_one_pass.py, kernel time, % of a copy's bandwidth): a row that fits
+# 112 KB runs best whole in the cache of a 512-thread block (bf16 x 50304: 84%, 16384 x
+# 32000: 91%; 1024 threads: 77%); a longer row best with 1024 threads and a 200 KB cache
+# (bf16 x 128256: 79%, float32 x 50304: 87%; 512 threads and 100 KB: 69% and 80%).
+# Caching less to fit more blocks per SM, or nothing (L2 only), was slower at every shape.
+WHOLE_ROW_BYTES = CLUSTER_SHARED_SM_BYTES
+WHOLE_ROW_BLOCK = 512
+
+
+def one_pass_shape(cols: int, elem_bytes: int) -> tuple[int, int]:
+    """(threads per row, row-cache bytes per block) for the one-pass kernel."""
+    if cols * elem_bytes <= WHOLE_ROW_BYTES:
+        return WHOLE_ROW_BLOCK, cols * elem_bytes
+    return LOOPED_BLOCK, CACHE_BYTES
+
+
 CE_WITH_GRAD_KERNEL = KernelFamily(
     "days.day020.cross_entropy",
     "cross_entropy_with_grad_kernel",
@@ -151,18 +172,18 @@ def _backward_plan(outputs, inputs, params) -> list[direct.Launch]:
 
 @direct.plan(CE_WITH_GRAD_KERNEL)
 def _with_grad_plan(outputs, inputs, params) -> list[direct.Launch]:
-    """Day 012's looped softmax layout: 1024 threads per row, as much of the row as
-    fits in shared memory cached there (all of it up to 100K bf16 or 50K float32
-    columns), the rest read from global memory again."""
+    """Day 012's looped softmax layout: one block per row, as much of the row as
+    `one_pass_shape` gives room for cached in shared memory, the rest read again."""
     (loss, lse, grad), (logits, targets, factor) = outputs, inputs
     rows, w, _ = _row_launch(logits, grad)
     cols = logits.shape[1]
-    cached = cached_count(cols, 1, logits.element_size(), w, WITH_GRAD_CACHE_BYTES)
+    block, budget = one_pass_shape(cols, logits.element_size())
+    cached = cached_count(cols, 1, logits.element_size(), w, budget)
     ptrs = (loss, lse, grad, logits, targets, factor)
     args = (*(t.data_ptr() for t in ptrs), cols, params["IGNORE_INDEX"], cached)
-    kernel = CE_WITH_GRAD_KERNEL[logits.dtype, w, WITH_GRAD_BLOCK]
+    kernel = CE_WITH_GRAD_KERNEL[logits.dtype, w, block]
     smem = cached * logits.element_size()
-    return [direct.Launch(kernel, grid=rows, block=WITH_GRAD_BLOCK, args=args, smem=smem)]
+    return [direct.Launch(kernel, grid=rows, block=block, args=args, smem=smem)]
 
 
 def scale_launch(data: torch.Tensor, factor: torch.Tensor, sms: int = 132) -> direct.Launch:

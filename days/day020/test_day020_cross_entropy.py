@@ -199,10 +199,11 @@ def test_plans_on_cpu_tensors(dtype, cols):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-@pytest.mark.parametrize("cols", [1001, 50304, 128256])
+@pytest.mark.parametrize("cols", [1001, 32000, 50304, 128256])
 def test_the_one_pass_plan_caches_what_fits(dtype, cols):
-    """1024 threads per row; the row is cached in shared memory up to 200 KB, the rest
-    read again; one factor for the whole batch."""
+    """A row of up to 112 KB whole in the shared memory of a 512-thread block (two
+    blocks per SM); a longer one with 1024 threads, 200 KB of it cached, the rest read
+    again; one factor for the whole batch."""
     rows = 3
     logits = torch.empty(rows, cols, dtype=dtype)
     targets = torch.zeros(rows, dtype=torch.int64)
@@ -213,7 +214,9 @@ def test_the_one_pass_plan_caches_what_fits(dtype, cols):
     vec = 16 // dtype.itemsize
     w = vec if cols % vec == 0 else 1
     cached = launch.args[-1]
-    assert launch.kernel.params == (dtype, w, 1024) and (launch.grid, launch.block) == (rows, 1024)
+    whole = cols * dtype.itemsize <= 112 * 1024
+    block = 512 if whole else 1024
+    assert launch.kernel.params == (dtype, w, block) and (launch.grid, launch.block) == (rows, block)
     assert launch.args[6:8] == (cols, -5)
     assert launch.smem == cached * dtype.itemsize <= 200 * 1024 and cached % w == 0
     assert cached == min(cols, 200 * 1024 // dtype.itemsize)
