@@ -16,8 +16,8 @@
 # the loss and lse, then the gradient for grad_loss = 1 from the cache: 2 N V bytes instead
 # of 3 N V. The backward then only has to scale that gradient by the real grad_loss, and a
 # fourth kernel does it in place, returning at once when grad_loss is 1 (loss.backward()).
-# A first try at this (day020 part 2) multiplied by grad_loss unconditionally, another
-# read and write of N V, and lost to F.cross_entropy.
+# Part 1's first design did one pass too, but its backward multiplied by grad_loss
+# unconditionally (another read and write of N V), and it lost to F.cross_entropy.
 # Per-row losses and lse are stored as float64 (N values each).
 
 from extensibility import register, InputTensor, OutputTensor
