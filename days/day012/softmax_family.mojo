@@ -35,7 +35,6 @@ from max.gpu.primitives.cluster import (
 from std.math import exp, isnan, log
 from std.memory import stack_allocation
 from std.sys import size_of
-from std.sys._assembly import inlined_assembly
 from std.utils.static_tuple import StaticTuple
 
 from days.day009.online_softmax import (
@@ -145,29 +144,6 @@ def poisoned[acc: DType, L: Int](x: SIMD[acc, L]) -> Bool:
     only the +inf test), so a vector of NaNs was skipped as if it were -inf.
     """
     return isnan(x).reduce_or() or x.eq(Scalar[acc].MAX).reduce_or()
-
-
-@always_inline
-def max_or_poison[
-    acc: DType, L: Int
-](x: SIMD[acc, L]) -> Scalar[acc] where acc.is_floating_point():
-    """The lanes' max, or NaN when a lane is NaN or +inf (what `poisoned` tests).
-
-    For float32, PTX's max.NaN.f32 keeps a NaN where Mojo's max drops it: one
-    instruction a lane, and one test of the result. `poisoned` compiles to a compare,
-    a select and a shift or two per lane to build its bit mask (day 020's one-pass
-    cross-entropy found it issue-bound, ~30 instructions per 8 bf16 values).
-    """
-    comptime if acc == DType.float32:
-        var r = rebind[Float32](x[0])
-        comptime for i in range(1, L):
-            r = inlined_assembly[
-                "max.NaN.f32 $0, $1, $2;", Float32, constraints="=f,f,f"
-            ](r, rebind[Float32](x[i]))
-        var m = rebind[Scalar[acc]](r)
-        return nan_value[acc]() if m == Scalar[acc].MAX else m
-    else:
-        return nan_value[acc]() if poisoned(x) else x.reduce_max()
 
 
 # --8<-- [start:forward_registers]
@@ -356,10 +332,10 @@ def fold_and_cache[
                 if c < cached:
                     store_shared[dtype, W](cache, c, raw)
                 var x = raw.cast[acc]()
-                var vm = max_or_poison(x)
-                if isnan(vm):
-                    m = vm  # NaN from here on: combine keeps it
-                elif vm > Scalar[acc].MIN:  # an all -inf vector adds nothing
+                if poisoned(x):
+                    m = nan_value[acc]()
+                var vm = x.reduce_max()
+                if vm > Scalar[acc].MIN:  # an all -inf vector adds nothing
                     m, s = combine(m, s, vm, exp(x - vm).reduce_add())
     return (m, s)
 
