@@ -34,13 +34,11 @@ from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp
 from .softmax_family import (
     CACHE_BYTES,
-    CLUSTER_DTYPES,
     CLUSTER_SHARED_SM_BYTES,
     LOOPED_BLOCK,
     MAX_GRID,
     VEC_BYTES,
     cached_count,
-    cluster_slice,
 )
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -112,17 +110,13 @@ CE_BACKWARD_KERNEL = KernelFamily(
 # Caching less to fit more blocks per SM, or nothing (L2 only), was slower at every shape.
 WHOLE_ROW_BYTES = CLUSTER_SHARED_SM_BYTES
 WHOLE_ROW_BLOCK = 512
-# (threads per CTA, CTAs per row) of the cluster kernel's compiled variants
-CLUSTER_SHAPES = ((256, 2), (512, 2), (1024, 2), (256, 4), (512, 4), (256, 8), (512, 8))
 
 
-def one_pass_shape(cols: int, elem_bytes: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    """(threads per CTA, row-cache bytes per CTA, CTAs per row: a cluster when > 1) for
-    the one-pass kernel. The cluster kernel caches its whole slice (the bytes are then
-    the plan's to work out)."""
+def one_pass_shape(cols: int, elem_bytes: int) -> tuple[int, int]:
+    """(threads per row, row-cache bytes per block) for the one-pass kernel."""
     if cols * elem_bytes <= WHOLE_ROW_BYTES:
-        return WHOLE_ROW_BLOCK, cols * elem_bytes, 1
-    return LOOPED_BLOCK, CACHE_BYTES, 1
+        return WHOLE_ROW_BLOCK, cols * elem_bytes
+    return LOOPED_BLOCK, CACHE_BYTES
 
 
 CE_WITH_GRAD_KERNEL = KernelFamily(
@@ -131,18 +125,6 @@ CE_WITH_GRAD_KERNEL = KernelFamily(
     # loss, lse, grad, logits, targets, factor, cols, ignore_index, cached
     args=("ptr",) * 6 + ("i64",) * 3,
     variants=_variants((256, 512, 1024)),
-)
-CE_WITH_GRAD_CLUSTER_KERNEL = KernelFamily(
-    "days.day020.cross_entropy",
-    "cross_entropy_with_grad_cluster_kernel",
-    # loss, lse, grad, logits, targets, factor, cols, ignore_index, slice_len
-    args=("ptr",) * 6 + ("i64",) * 3,
-    variants=tuple(
-        (dtype, w, block, c)
-        for dtype in CLUSTER_DTYPES  # 32-bit partials through distributed shared memory
-        for w in (VEC_BYTES // dtype.itemsize, 1)
-        for block, c in CLUSTER_SHAPES
-    ),
 )
 SCALE_BLOCK = 256
 SCALE_BLOCKS_PER_SM = 8  # a grid-stride loop: enough blocks to fill every SM, no more
@@ -188,26 +170,20 @@ def _backward_plan(outputs, inputs, params) -> list[direct.Launch]:
     return [direct.Launch(kernel, grid=rows, block=block, args=args)]
 
 
-@direct.plan(CE_WITH_GRAD_KERNEL, CE_WITH_GRAD_CLUSTER_KERNEL)
+@direct.plan(CE_WITH_GRAD_KERNEL)
 def _with_grad_plan(outputs, inputs, params) -> list[direct.Launch]:
     """Day 012's looped softmax layout: one block per row, as much of the row as
-    `one_pass_shape` gives room for cached in shared memory, the rest read again; or
-    its cluster layout: the row in slices over C CTAs, each slice cached whole."""
+    `one_pass_shape` gives room for cached in shared memory, the rest read again."""
     (loss, lse, grad), (logits, targets, factor) = outputs, inputs
     rows, w, _ = _row_launch(logits, grad)
-    cols, elem = logits.shape[1], logits.element_size()
-    block, budget, c = one_pass_shape(cols, elem, logits.dtype)
+    cols = logits.shape[1]
+    block, budget = one_pass_shape(cols, logits.element_size())
+    cached = cached_count(cols, 1, logits.element_size(), w, budget)
     ptrs = (loss, lse, grad, logits, targets, factor)
-    args = (*(t.data_ptr() for t in ptrs), cols, params["IGNORE_INDEX"])
-    if c > 1:
-        if rows * c > MAX_GRID:
-            raise ValueError(f"cross_entropy: {rows} rows are more than one launch can have")
-        part = cluster_slice(cols, c, w)
-        kernel = CE_WITH_GRAD_CLUSTER_KERNEL[logits.dtype, w, block, c]
-        return [direct.Launch(kernel, rows * c, block, (*args, part), smem=part * elem, cluster=c)]
-    cached = cached_count(cols, 1, elem, w, budget)
+    args = (*(t.data_ptr() for t in ptrs), cols, params["IGNORE_INDEX"], cached)
     kernel = CE_WITH_GRAD_KERNEL[logits.dtype, w, block]
-    return [direct.Launch(kernel, grid=rows, block=block, args=(*args, cached), smem=cached * elem)]
+    smem = cached * logits.element_size()
+    return [direct.Launch(kernel, grid=rows, block=block, args=args, smem=smem)]
 
 
 def scale_launch(data: torch.Tensor, factor: torch.Tensor, sms: int = 132) -> direct.Launch:

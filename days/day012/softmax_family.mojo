@@ -591,26 +591,6 @@ def softmax_cluster_kernel[
     var base = (block_idx.x // C) * n + lo
     var m, s = fold_and_cache[dtype, W, BLOCK](src, base, count, cache, count)
     m, s = block_combine[acc, BLOCK](m, s, red_m, red_s)
-    m, s = cluster_combine[acc, C](m, s, pair)
-    write_normalised[dtype, LOG, W, BLOCK](
-        dst, src, base, count, cache, count, m, s
-    )
-    cluster_wait()  # see cluster_combine
-
-
-@always_inline
-def cluster_combine[
-    acc: DType, C: Int
-](m: Scalar[acc], s: Scalar[acc], pair: SharedPtr[acc]) -> Tuple[
-    Scalar[acc], Scalar[acc]
-] where acc.is_floating_point():
-    """Merge the (max, sum) pairs of a cluster's C CTAs (each one's block_combine
-    result, which every thread holds); every thread gets the row's pair. `pair` is
-    two values of this CTA's shared memory, which the peers read.
-
-    It ends with cluster_arrive: this CTA has read its peers but may not exit (and free
-    its shared memory) before they have read it, so the caller ends with cluster_wait().
-    """
     if thread_idx.x == 0:
         pair[unsafe_offset=0] = m
         pair[unsafe_offset=1] = s
@@ -619,9 +599,14 @@ def cluster_combine[
     var peer = SIMD[acc, 2](Scalar[acc].MIN, 0)
     if lane < C:
         peer = load_cluster_smem[acc, 2](pair, UInt32(lane))
-    var row_m, row_s = warp_combine(peer[0], peer[1])
+    m, s = warp_combine(peer[0], peer[1])
+    # this CTA has read its peers; it may not exit (and free its shared memory)
+    # before they have read it: arrive now, wait at the very end
     cluster_arrive()
-    return (row_m, row_s)
+    write_normalised[dtype, LOG, W, BLOCK](
+        dst, src, base, count, cache, count, m, s
+    )
+    cluster_wait()
 
 
 # --8<-- [end:forward_cluster]

@@ -30,10 +30,8 @@ from max.gpu import (
 )
 from max.gpu.host import DeviceContext
 from max.gpu.memory import external_memory
-from max.gpu.primitives.cluster import block_rank_in_cluster, cluster_wait
 from std.math import exp, log
 from std.memory import stack_allocation
-from std.sys import size_of
 from std.utils.static_tuple import StaticTuple
 
 from days.day009.online_softmax import (
@@ -44,10 +42,8 @@ from days.day009.online_softmax import (
     row_max_sum_cpu,
 )
 from days.day012.softmax_family import (
-    CLUSTER_MAX_THREADS,
     UNROLL,
     SharedPtr,
-    cluster_combine,
     fold_and_cache,
     load_shared,
     load_vec,
@@ -115,18 +111,16 @@ def write_loss_and_lse[
     cols: Int64,
     m: Scalar[accum_dtype[dtype]()],
     s: Scalar[accum_dtype[dtype]()],
-    writes: Bool = True,
 ) -> Scalar[accum_dtype[dtype]()] where dtype.is_floating_point():
     """From the row's (max, sum) pair, which every thread holds: thread 0 writes the
-    row's loss and lse (if `writes`: one CTA of a cluster does); every thread gets the
-    lse (NaN for an invalid target or a row with NaN or +inf, so that its gradient is
-    NaN too)."""
+    row's loss and lse; every thread gets the lse (NaN for an invalid target or a row
+    with NaN or +inf, so that its gradient is NaN too)."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     var valid = t >= 0 and t < cols
     var ok = valid and finite(m)
     var shift = m + log(s) if ok else nan_value[acc]()
-    if writes and thread_idx.x == 0:
+    if thread_idx.x == 0:
         var xt = logits[unsafe_offset=base + (Int(t) if valid else 0)].cast[
             acc
         ]()
@@ -290,87 +284,6 @@ def cross_entropy_with_grad_kernel[
         shift,
         factor[0].cast[acc](),
     )
-
-
-# two @__llvm_metadata, as day 012's softmax_cluster_kernel: `.reqnctapercluster C`, and
-# 1024 declared threads to cap ptxas at 64 registers (several CTAs share an SM)
-@__llvm_metadata(
-    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
-        Int32(CLUSTER_MAX_THREADS)
-    ),
-    `nvvm.cluster_dim`=StaticTuple[Int32, 3](Int32(C), 1, 1),
-)
-def cross_entropy_with_grad_cluster_kernel[
-    dtype: DType, W: Int, BLOCK: Int, C: Int
-](
-    loss: Pointer[Float64, MutAnyOrigin],
-    lse: Pointer[Float64, MutAnyOrigin],
-    grad: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    targets: Pointer[Int64, MutAnyOrigin],
-    factor: Pointer[Float64, MutAnyOrigin],
-    cols: Int64,
-    ignore_index: Int64,
-    slice_len: Int64,
-) where dtype.is_floating_point():
-    """The one-pass kernel with a row split over a cluster of C CTAs (day 012's
-    softmax_cluster_kernel): CTA r caches its slice [r * slice_len, (r + 1) * slice_len)
-    of the row, the C (max, sum) pairs meet through distributed shared memory, CTA 0
-    writes the loss and lse, and each CTA writes its slice of the gradient from its
-    cache. Smaller CTAs, more of them per SM. Launch with grid_dim = rows * C,
-    cluster_dim = C."""
-    comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
-    comptime assert size_of[acc]() == 4, "DSMEM loads here are 32-bit"
-    var red_m = stack_allocation[
-        BLOCK // WARP_SIZE, Scalar[acc], address_space=AddressSpace.SHARED
-    ]()
-    var red_s = stack_allocation[
-        BLOCK // WARP_SIZE, Scalar[acc], address_space=AddressSpace.SHARED
-    ]()
-    var pair = stack_allocation[
-        2, Scalar[acc], address_space=AddressSpace.SHARED, alignment=8
-    ]()
-    var n = Int(cols)
-    var row = block_idx.x // C
-    var rank = Int(block_rank_in_cluster())
-    var lo = min(rank * Int(slice_len), n)
-    var count = min(lo + Int(slice_len), n) - lo
-    var base = row * n + lo
-    var t = targets[unsafe_offset=row]
-    if (
-        t == ignore_index
-    ):  # the whole cluster agrees: no CTA waits at its barrier
-        if rank == 0 and thread_idx.x == 0:
-            loss[unsafe_offset=row] = 0
-            lse[unsafe_offset=row] = 0
-        for c in range(thread_idx.x * W, count, BLOCK * W):
-            store_vec[dtype, W](grad, base + c, SIMD[dtype, W](0))
-        return
-    var cache = external_memory[
-        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
-    ]()
-    var m, s = fold_and_cache[dtype, W, BLOCK](
-        logits, base, count, cache, count
-    )
-    m, s = block_combine[acc, BLOCK](m, s, red_m, red_s)
-    m, s = cluster_combine[acc, C](m, s, pair)
-    var shift = write_loss_and_lse(
-        loss, lse, logits, row, row * n, t, cols, m, s, rank == 0
-    )
-    write_row_grad[dtype, W, BLOCK](
-        grad,
-        logits,
-        base,
-        count,
-        cache,
-        count,
-        Int(t)
-        - lo,  # the target's column within this slice (any other: no match)
-        shift,
-        factor[0].cast[acc](),
-    )
-    cluster_wait()  # see cluster_combine
 
 
 @__llvm_metadata(

@@ -4,7 +4,6 @@ and its errors."""
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import pytest
@@ -21,9 +20,6 @@ from pytorch_custom_ops.cross_entropy import (
     scale_launch,
     scale_unless_one_,
 )
-from pytorch_custom_ops.softmax_family import CLUSTER_CACHE_BYTES, cluster_slice
-
-ce_module = importlib.import_module("pytorch_custom_ops.cross_entropy")  # not the function
 
 DTYPES = [(torch.float32, 1e-5, 1e-5), (torch.float64, 1e-12, 1e-12), (torch.bfloat16, 1e-2, 1e-2)]
 
@@ -274,35 +270,3 @@ def test_cuda_one_pass_launches_and_is_captured(launched):
         assert rel(loss, ref_loss) < 1e-2
         assert rel(x.grad, ref_grad) < 1e-2
         assert torch.all(x.grad[5] == 0)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("dtype, cols", [(torch.bfloat16, 50304), (torch.float32, 32001), (torch.float16, 1003)])
-@pytest.mark.parametrize(
-    "shape", [(512, 100 * 1024, 1), (1024, 0, 1), *((b, 0, c) for b, c in ce_module.CLUSTER_SHAPES)]
-)
-def test_cuda_every_one_pass_launch_shape(monkeypatch, launched, dtype, cols, shape):
-    """Each launch shape the one-pass plan can pick (one CTA per row, or a cluster of C
-    CTAs per row), against float64: targets in every slice, the last column, an ignored
-    row, a row with a NaN."""
-    block, cache, c = shape
-    if c > 1 and cluster_slice(cols, c, 16 // dtype.itemsize) * dtype.itemsize > CLUSTER_CACHE_BYTES:
-        pytest.skip("the slice does not fit a CTA's shared memory")
-    monkeypatch.setattr(ce_module, "one_pass_shape", lambda cols, elem, dtype: shape)  # (no recipes: `launched`)
-    g = torch.Generator().manual_seed(cols)
-    rows = 11
-    logits = (torch.randn(rows, cols, generator=g) * 3).to(dtype).cuda()
-    targets = torch.randint(0, cols, (rows,), generator=g)
-    targets[:8] = torch.arange(8) * (cols // 8) + cols // 16  # one target in each eighth of the row
-    targets[8], targets[9] = cols - 1, -100
-    targets = targets.cuda()
-    logits[10, 3] = float("nan")
-    factor = torch.full((1,), 0.37, dtype=torch.float64, device="cuda")
-    rows_loss, lse, grad = cross_entropy_with_grad_kernel([logits, targets, factor], params={"IGNORE_INDEX": -100})
-    ref_loss, ref_grad = reference(logits[:10], targets[:10], -100, "none", torch.full((10,), 0.37))
-    assert rel(rows_loss[:10], ref_loss) < 1e-5
-    assert rel(grad[:10], ref_grad) < (1e-2 if dtype != torch.float32 else 1e-5)
-    assert torch.all(grad[9] == 0) and rows_loss[9] == 0
-    assert torch.isnan(rows_loss[10]) and torch.isnan(grad[10]).all()
-    kernel = "cross_entropy_with_grad_cluster_kernel" if c > 1 else "cross_entropy_with_grad_kernel"
-    assert [key.split(".")[1] for key in launched] == [kernel]

@@ -7,8 +7,7 @@ replays, microseconds:
 
 The cache bounds the blocks per SM: two 100 KB caches fit an SM's shared memory, four of
 56 KB, eight of 28 KB. What is not cached, the row's tail, is read again in the second
-half of the pass. `CxB` is the cluster kernel: the row in C slices, one per CTA of B
-threads, each slice cached whole.
+half of the pass.
 """
 
 from __future__ import annotations
@@ -19,15 +18,14 @@ import torch
 
 from days.day020.time_master_grads import graph_us
 from pytorch_custom_ops import direct
-from pytorch_custom_ops.softmax_family import CLUSTER_CACHE_BYTES, cluster_slice
 
 ce = importlib.import_module("pytorch_custom_ops.cross_entropy")  # the module, not the function
 
 SHAPES = ((8192, 50304, torch.bfloat16), (4096, 128256, torch.bfloat16), (16384, 32000, torch.bfloat16))
 SHAPES += ((8192, 50304, torch.float32),)
-# (threads per CTA, cache bytes per CTA, CTAs per row)
-LAUNCHES = ((1024, 200 * 1024, 1), (512, 100 * 1024, 1), (512, 56 * 1024, 1), (1024, 0, 1))
-LAUNCHES += tuple((block, 0, c) for block, c in ce.CLUSTER_SHAPES)
+# (threads per row, cache bytes per block)
+LAUNCHES = ((1024, 200 * 1024), (1024, 110 * 1024), (512, 100 * 1024), (512, 56 * 1024), (256, 28 * 1024))
+LAUNCHES += ((256, 0), (512, 0), (1024, 0))
 
 
 def main() -> None:
@@ -49,11 +47,8 @@ def main() -> None:
         line += f" | two-pass {us:.0f} ({100 * copy_us / us:.0f}%)"
         _, _, want = ce.cross_entropy_with_grad_kernel([logits, targets, factor], params=params)
         (ref,) = two_pass()
-        vec = 16 // logits.element_size()
-        for block, cache, c in LAUNCHES:
-            if c > 1 and cluster_slice(cols, c, vec) * logits.element_size() > CLUSTER_CACHE_BYTES:
-                continue  # the slice does not fit a CTA's shared memory
-            ce.one_pass_shape = lambda cols, elem, dtype, shape=(block, cache, c): shape
+        for block, cache in LAUNCHES:
+            ce.one_pass_shape = lambda cols, elem, shape=(block, cache): shape
             direct.plans_changed()
             _, _, grad = ce.cross_entropy_with_grad_kernel([logits, targets, factor], params=params)
             err = ((grad.double() - ref.double()).norm() / ref.double().norm()).item()
@@ -62,8 +57,7 @@ def main() -> None:
             us = graph_us(
                 lambda x=logits, t=targets, f=factor: ce.cross_entropy_with_grad_kernel([x, t, f], params=params), n=5
             )
-            name = f"{c}x{block}" if c > 1 else f"{block}/{cache // 1024}K"
-            line += f" | {name} {us:.0f} ({100 * copy_us / us:.0f}%)"
+            line += f" | {block}/{cache // 1024}K {us:.0f} ({100 * copy_us / us:.0f}%)"
         ce.one_pass_shape = chosen
         direct.plans_changed()
         print(line, flush=True)
