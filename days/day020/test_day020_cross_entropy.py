@@ -270,3 +270,28 @@ def test_cuda_one_pass_launches_and_is_captured(launched):
         assert rel(loss, ref_loss) < 1e-2
         assert rel(x.grad, ref_grad) < 1e-2
         assert torch.all(x.grad[5] == 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype, cols", [(torch.float32, 60001), (torch.bfloat16, 128256), (torch.float16, 50304)])
+def test_cuda_one_pass_rows_the_cache_holds_in_part(launched, dtype, cols):
+    """Rows over 112 KB: 1024 threads, 200 KB of the row cached and the tail read again
+    (targets in the cached head, in the tail, at the last column; an ignored row; a row
+    with a NaN in the tail); 50304 fp16 columns are cached whole."""
+    g = torch.Generator().manual_seed(cols)
+    logits = (torch.randn(6, cols, generator=g) * 3).to(dtype).cuda()
+    logits[5, cols - 2] = float("nan")
+    targets = torch.tensor([3, cols // 2, cols - 7, cols - 1, -100, 0], device="cuda")
+    x = logits.clone().requires_grad_()
+    loss = pco.cross_entropy(x, targets, reduction="sum")
+    loss.backward()
+    assert [key.split(".")[1] for key in launched] == ["cross_entropy_with_grad_kernel", "scale_unless_one_kernel"]
+    assert launched[0].endswith(".1024" if cols * dtype.itemsize > 112 * 1024 else ".512")
+    assert torch.isnan(loss) and torch.isnan(x.grad[5]).all()
+    ref_loss, ref_grad = reference(logits[:5], targets[:5], -100, "sum", torch.ones((), device="cuda"))
+    ours = pco.cross_entropy(x[:5], targets[:5], reduction="sum")  # the first five rows alone
+    x.grad = None
+    ours.backward()
+    assert rel(ours.detach(), ref_loss) < 1e-5
+    assert rel(x.grad[:5], ref_grad) < (1e-5 if dtype == torch.float32 else 1e-2)
+    assert torch.all(x.grad[4] == 0)
