@@ -112,18 +112,11 @@ WHOLE_ROW_BYTES = CLUSTER_SHARED_SM_BYTES
 WHOLE_ROW_BLOCK = 512
 
 
-PIPELINE_BYTES = 224 * 1024  # two row buffers per block of the pipelined kernel, at most
-SM_SHARED_BYTES = 228 * 1024  # an H100 SM's shared memory (1 KB of it reserved per block)
-SM_THREADS = 2048
-
-
-def one_pass_shape(cols: int, elem_bytes: int) -> tuple[int, int, bool]:
-    """(threads per block, row-cache bytes per block, pipelined) for the one-pass kernel:
-    pipelined, a persistent block holds two whole rows (see
-    cross_entropy_with_grad_pipelined_kernel)."""
+def one_pass_shape(cols: int, elem_bytes: int) -> tuple[int, int]:
+    """(threads per row, row-cache bytes per block) for the one-pass kernel."""
     if cols * elem_bytes <= WHOLE_ROW_BYTES:
-        return WHOLE_ROW_BLOCK, cols * elem_bytes, False
-    return LOOPED_BLOCK, CACHE_BYTES, False
+        return WHOLE_ROW_BLOCK, cols * elem_bytes
+    return LOOPED_BLOCK, CACHE_BYTES
 
 
 CE_WITH_GRAD_KERNEL = KernelFamily(
@@ -132,13 +125,6 @@ CE_WITH_GRAD_KERNEL = KernelFamily(
     # loss, lse, grad, logits, targets, factor, cols, ignore_index, cached
     args=("ptr",) * 6 + ("i64",) * 3,
     variants=_variants((256, 512, 1024)),
-)
-CE_PIPELINED_KERNEL = KernelFamily(
-    "days.day020.cross_entropy",
-    "cross_entropy_with_grad_pipelined_kernel",
-    # loss, lse, grad, logits, targets, factor, rows, cols, ignore_index
-    args=("ptr",) * 6 + ("i64",) * 3,
-    variants=_variants((512, 1024)),
 )
 SCALE_BLOCK = 256
 SCALE_BLOCKS_PER_SM = 8  # a grid-stride loop: enough blocks to fill every SM, no more
@@ -184,26 +170,20 @@ def _backward_plan(outputs, inputs, params) -> list[direct.Launch]:
     return [direct.Launch(kernel, grid=rows, block=block, args=args)]
 
 
-@direct.plan(CE_WITH_GRAD_KERNEL, CE_PIPELINED_KERNEL)
+@direct.plan(CE_WITH_GRAD_KERNEL)
 def _with_grad_plan(outputs, inputs, params) -> list[direct.Launch]:
     """Day 012's looped softmax layout: one block per row, as much of the row as
-    `one_pass_shape` gives room for cached in shared memory, the rest read again; or
-    pipelined: persistent blocks, as many as fit the SMs, two whole rows each."""
+    `one_pass_shape` gives room for cached in shared memory, the rest read again."""
     (loss, lse, grad), (logits, targets, factor) = outputs, inputs
     rows, w, _ = _row_launch(logits, grad)
-    cols, elem = logits.shape[1], logits.element_size()
-    block, budget, pipelined = one_pass_shape(cols, elem)
-    ptrs = tuple(t.data_ptr() for t in (loss, lse, grad, logits, targets, factor))
-    if pipelined:
-        smem = 2 * cols * elem
-        per_sm = max(1, min(SM_SHARED_BYTES // (smem + 1024), SM_THREADS // block))
-        grid = min(rows, per_sm * sm_count(logits.get_device()))
-        kernel = CE_PIPELINED_KERNEL[logits.dtype, w, block]
-        return [direct.Launch(kernel, grid, block, (*ptrs, rows, cols, params["IGNORE_INDEX"]), smem=smem)]
-    cached = cached_count(cols, 1, elem, w, budget)
+    cols = logits.shape[1]
+    block, budget = one_pass_shape(cols, logits.element_size())
+    cached = cached_count(cols, 1, logits.element_size(), w, budget)
+    ptrs = (loss, lse, grad, logits, targets, factor)
+    args = (*(t.data_ptr() for t in ptrs), cols, params["IGNORE_INDEX"], cached)
     kernel = CE_WITH_GRAD_KERNEL[logits.dtype, w, block]
-    args = (*ptrs, cols, params["IGNORE_INDEX"], cached)
-    return [direct.Launch(kernel, grid=rows, block=block, args=args, smem=cached * elem)]
+    smem = cached * logits.element_size()
+    return [direct.Launch(kernel, grid=rows, block=block, args=args, smem=smem)]
 
 
 def scale_launch(data: torch.Tensor, factor: torch.Tensor, sms: int = 132) -> direct.Launch:

@@ -331,23 +331,13 @@ def fold_and_cache[
                 var raw = xs.slice[W, offset=u * W]()
                 if c < cached:
                     store_shared[dtype, W](cache, c, raw)
-                m, s = fold_vec(m, s, raw.cast[acc]())
+                var x = raw.cast[acc]()
+                if poisoned(x):
+                    m = nan_value[acc]()
+                var vm = x.reduce_max()
+                if vm > Scalar[acc].MIN:  # an all -inf vector adds nothing
+                    m, s = combine(m, s, vm, exp(x - vm).reduce_add())
     return (m, s)
-
-
-@always_inline
-def fold_vec[
-    acc: DType, W: Int
-](m: Scalar[acc], s: Scalar[acc], x: SIMD[acc, W]) -> Tuple[
-    Scalar[acc], Scalar[acc]
-] where acc.is_floating_point():
-    """One vector into a thread's online (max, sum) pair; a NaN or +inf makes the
-    pair's max NaN for good."""
-    var mm = nan_value[acc]() if poisoned(x) else m
-    var vm = x.reduce_max()
-    if vm > Scalar[acc].MIN:  # an all -inf vector adds nothing
-        return combine(mm, s, vm, exp(x - vm).reduce_add())
-    return (mm, s)
 
 
 @always_inline

@@ -24,14 +24,13 @@ from extensibility import register, InputTensor, OutputTensor
 from max.gpu import (
     MAX_THREADS_PER_BLOCK_METADATA,
     WARP_SIZE,
-    barrier,
     block_idx,
     grid_dim,
     thread_idx,
 )
 from max.gpu.host import DeviceContext
 from max.gpu.memory import external_memory
-from std.math import exp, iota, log
+from std.math import exp, log
 from std.memory import stack_allocation
 from std.utils.static_tuple import StaticTuple
 
@@ -46,10 +45,8 @@ from days.day012.softmax_family import (
     UNROLL,
     SharedPtr,
     fold_and_cache,
-    fold_vec,
     load_shared,
     load_vec,
-    store_shared,
     store_vec,
 )
 
@@ -215,30 +212,13 @@ def write_row_grad[
         comptime for u in range(UNROLL):
             var c = c0 + u * STEP
             if c < n:
-                var g = grad_vec(xs.slice[W, offset=u * W](), c, t, shift, f)
-                store_vec[dtype, W](grad, base + c, g)
-
-
-@always_inline
-def grad_vec[
-    dtype: DType, W: Int
-](
-    raw: SIMD[dtype, W],
-    c: Int,
-    t: Int,
-    shift: Scalar[accum_dtype[dtype]()],
-    f: Scalar[accum_dtype[dtype]()],
-) -> SIMD[dtype, W] where dtype.is_floating_point():
-    """The gradient of columns [c, c + W) of a row from their logits:
-    (exp(x - shift) - onehot(t)) * f."""
-    comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
-    var g = exp(raw.cast[acc]() - shift) * f
-    if (
-        c <= t < c + W
-    ):  # a select on every lane: indexing one lane put g on the stack
-        g = iota[DType.int64, W](Int64(c)).eq(Int64(t)).select(g - f, g)
-    return g.cast[dtype]()
+                var x = xs.slice[W, offset=u * W]().cast[acc]()
+                var g = exp(x - shift) * f
+                if c <= t < c + W:
+                    comptime for j in range(W):  # a compile-time lane: no spill
+                        if c + j == t:
+                            g[j] -= f
+                store_vec[dtype, W](grad, base + c, g.cast[dtype]())
 
 
 # --8<-- [end:backward]
@@ -263,7 +243,7 @@ def cross_entropy_with_grad_kernel[
 ) where dtype.is_floating_point():
     """Forward and backward in one pass, one block per row: the row is read once (its
     first `cached` elements also copied to shared memory, which the launch sized), the
-    loss and lse are written, then the gradient for grad_loss = 1, times factor[unsafe_offset=0]
+    loss and lse are written, then the gradient for grad_loss = 1, times factor[0]
     (1 / counted rows for a mean, 1 for a sum), from the cache and only the uncached
     tail from global memory again."""
     comptime acc = accum_dtype[dtype]()
@@ -302,142 +282,8 @@ def cross_entropy_with_grad_kernel[
         Int(cached),
         Int(t),
         shift,
-        factor[unsafe_offset=0].cast[acc](),
+        factor[0].cast[acc](),
     )
-
-
-@__llvm_metadata(
-    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(BLOCK))
-)
-def cross_entropy_with_grad_pipelined_kernel[
-    dtype: DType, W: Int, BLOCK: Int
-](
-    loss: Pointer[Float64, MutAnyOrigin],
-    lse: Pointer[Float64, MutAnyOrigin],
-    grad: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    targets: Pointer[Int64, MutAnyOrigin],
-    factor: Pointer[Float64, MutAnyOrigin],
-    rows: Int64,
-    cols: Int64,
-    ignore_index: Int64,
-) where dtype.is_floating_point():
-    """The one-pass kernel, persistent and pipelined: a block takes rows block_idx.x,
-    block_idx.x + grid_dim.x, ... with two row buffers in shared memory (2 * cols
-    elements). While it writes one row's gradient from one buffer, it reads the next row
-    into the other, so its reads do not stop for a reduction or a write phase (the
-    one-row-per-block kernel's do, and two blocks per SM did not fill those gaps).
-    """
-    comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
-    var red_m = stack_allocation[
-        BLOCK // WARP_SIZE, Scalar[acc], address_space=AddressSpace.SHARED
-    ]()
-    var red_s = stack_allocation[
-        BLOCK // WARP_SIZE, Scalar[acc], address_space=AddressSpace.SHARED
-    ]()
-    var cur = external_memory[
-        Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
-    ]()
-    var n = Int(cols)
-    var nxt = cur.unsafe_offset(n)  # 16-byte aligned: n is a multiple of W
-    var f = factor[unsafe_offset=0].cast[acc]()
-    var r = block_idx.x
-    if r >= Int(rows):
-        return
-    var t = targets[unsafe_offset=r]
-    var m = Scalar[acc].MIN
-    var s = Scalar[acc](0)
-    if t != ignore_index:
-        m, s = fold_and_cache[dtype, W, BLOCK](logits, r * n, n, cur, n)
-    while True:
-        var shift = Scalar[acc](0)
-        if t != ignore_index:  # the whole block agrees, as in the other kernels
-            var rm, rs = block_combine[acc, BLOCK](m, s, red_m, red_s)
-            shift = write_loss_and_lse(
-                loss, lse, logits, r, r * n, t, cols, rm, rs
-            )
-            barrier()  # every warp has read red_m/red_s before the next row's combine
-        elif thread_idx.x == 0:
-            loss[unsafe_offset=r] = 0
-            lse[unsafe_offset=r] = 0
-        var r2 = r + grid_dim.x
-        var t2 = targets[unsafe_offset=r2] if r2 < Int(rows) else ignore_index
-        m, s = write_grad_and_fold_next[dtype, W, BLOCK](
-            grad,
-            logits,
-            r * n,
-            r2 * n,
-            n,
-            cur,
-            nxt,
-            t,
-            t2,
-            ignore_index,
-            shift,
-            f,
-        )
-        if r2 >= Int(rows):
-            return
-        r, t = r2, t2
-        cur, nxt = nxt, cur
-
-
-@always_inline
-def write_grad_and_fold_next[
-    dtype: DType, W: Int, BLOCK: Int
-](
-    grad: Pointer[Scalar[dtype], MutAnyOrigin],
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    base: Int,
-    next_base: Int,
-    n: Int,
-    cur: SharedPtr[dtype],
-    nxt: SharedPtr[dtype],
-    t: Int64,
-    t_next: Int64,
-    ignore_index: Int64,
-    shift: Scalar[accum_dtype[dtype]()],
-    f: Scalar[accum_dtype[dtype]()],
-) -> Tuple[
-    Scalar[accum_dtype[dtype]()], Scalar[accum_dtype[dtype]()]
-] where dtype.is_floating_point():
-    """One sweep over the columns: UNROLL vectors of the next row are loaded, this row's
-    gradient is written from `cur` while they arrive, then they go to `nxt` and into
-    this thread's (max, sum) pair for the next row, which it returns. Each thread
-    touches only the buffer elements it cached itself: no barrier."""
-    comptime acc = accum_dtype[dtype]()
-    comptime assert acc.is_floating_point()
-    comptime STEP = BLOCK * W
-    var m = Scalar[acc].MIN
-    var s = Scalar[acc](0)
-    var fold = t_next != ignore_index
-    for c0 in range(thread_idx.x * W, n, STEP * UNROLL):
-        var xs = SIMD[dtype, W * UNROLL](0)
-        if fold:
-            comptime for u in range(UNROLL):
-                var c = c0 + u * STEP
-                if c < n:
-                    xs = xs.insert[offset=u * W](
-                        load_vec[dtype, W](logits, next_base + c)
-                    )
-        comptime for u in range(UNROLL):
-            var c = c0 + u * STEP
-            if c < n:
-                var g = SIMD[dtype, W](0)
-                if t != ignore_index:
-                    g = grad_vec(
-                        load_shared[dtype, W](cur, c), c, Int(t), shift, f
-                    )
-                store_vec[dtype, W](grad, base + c, g)
-        if fold:
-            comptime for u in range(UNROLL):
-                var c = c0 + u * STEP
-                if c < n:
-                    var raw = xs.slice[W, offset=u * W]()
-                    store_shared[dtype, W](nxt, c, raw)
-                    m, s = fold_vec(m, s, raw.cast[acc]())
-    return (m, s)
 
 
 @__llvm_metadata(
@@ -450,13 +296,13 @@ def scale_unless_one_kernel[
     factor: Pointer[Float64, MutAnyOrigin],
     count: Int64,
 ) where dtype.is_floating_point():
-    """data[:count] *= factor[unsafe_offset=0], in place; nothing is read or written when the factor is
+    """data[:count] *= factor[0], in place; nothing is read or written when the factor is
     exactly 1 (the backward of loss.backward()): every block returns at once. count is a
     multiple of W. The host never reads the factor, so this can be captured in a graph.
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    var f = factor[unsafe_offset=0]
+    var f = factor[0]
     if f == 1:
         return
     var fa = f.cast[acc]()
