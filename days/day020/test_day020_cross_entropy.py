@@ -4,6 +4,7 @@ and its errors."""
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -20,6 +21,8 @@ from pytorch_custom_ops.cross_entropy import (
     scale_launch,
     scale_unless_one_,
 )
+
+ce_module = importlib.import_module("pytorch_custom_ops.cross_entropy")  # not the function of that name
 
 DTYPES = [(torch.float32, 1e-5, 1e-5), (torch.float64, 1e-12, 1e-12), (torch.bfloat16, 1e-2, 1e-2)]
 
@@ -296,3 +299,30 @@ def test_cuda_one_pass_rows_the_cache_holds_in_part(launched, dtype, cols):
     assert rel(ours.detach(), ref_loss) < tol
     assert rel(x.grad[:5], ref_grad) < tol
     assert torch.all(x.grad[4] == 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype, cols", [(torch.bfloat16, 50304), (torch.float32, 9001), (torch.float16, 1003)])
+@pytest.mark.parametrize("shape", [(512, 100 * 1024), (1024, 8 * 1024), (1024, 0)])
+def test_cuda_every_one_pass_launch_shape(monkeypatch, launched, dtype, cols, shape):
+    """The one-pass kernel with the row cached whole, in part or not at all, against
+    float64: targets across the row and at its last column, ignored rows, a row with a
+    NaN."""
+    monkeypatch.setattr(ce_module, "one_pass_shape", lambda cols, elem: shape)  # (no recipes: `launched`)
+    g = torch.Generator().manual_seed(cols)
+    rows = 23
+    logits = (torch.randn(rows, cols, generator=g) * 3).to(dtype).cuda()
+    targets = torch.randint(0, cols, (rows,), generator=g)
+    targets[0] = cols - 1
+    targets[1::7] = -100
+    logits[rows - 1, cols // 3] = float("nan")
+    targets = targets.cuda()
+    factor = torch.full((1,), 0.37, dtype=torch.float64, device="cuda")
+    rows_loss, lse, grad = cross_entropy_with_grad_kernel([logits, targets, factor], params={"IGNORE_INDEX": -100})
+    ok = slice(0, rows - 1)
+    ref_loss, ref_grad = reference(logits[ok], targets[ok], -100, "none", torch.full((rows - 1,), 0.37, device="cuda"))
+    assert rel(rows_loss[ok], ref_loss) < 1e-5
+    assert rel(grad[ok], ref_grad) < (1e-5 if dtype == torch.float32 else 1e-2)
+    assert torch.all(grad[1] == 0) and rows_loss[1] == 0 and lse[1] == 0
+    assert torch.isnan(rows_loss[-1]) and torch.isnan(grad[-1]).all()
+    assert [key.split(".")[1] for key in launched] == ["cross_entropy_with_grad_kernel"]
