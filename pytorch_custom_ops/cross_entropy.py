@@ -229,7 +229,7 @@ def check_cross_entropy_args(logits, targets, ignore_index, reduction) -> None:
         raise ValueError(f"{name}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
 
 
-def _start_target_check(logits, targets, ignore_index) -> Callable[[], None]:
+def _start_target_check(logits, targets, counted) -> Callable[[], None]:
     """Check the targets' values where the host can read them (not while a graph is
     captured), and return a function that raises if one is out of range.
 
@@ -238,10 +238,10 @@ def _start_target_check(logits, targets, ignore_index) -> Callable[[], None]:
     its kernels before calling it, so the GPU is computing while the host waits (a check
     that synchronised first left the GPU idle until the host had launched the next
     kernel). An invalid target can only make NaNs in those kernels: they read no logit
-    out of range, and neither does the torch fallback."""
+    out of range, and neither does the torch fallback. `counted`: targets != ignore_index."""
     if targets.numel() == 0 or (targets.is_cuda and torch.cuda.is_current_stream_capturing()):
         return _no_check
-    bad = ((targets < 0) | (targets >= logits.shape[1])) & (targets != ignore_index)
+    bad = (targets.clamp(0, logits.shape[1] - 1) != targets) & counted  # 3 small kernels, not 5
     if not targets.is_cuda:
         _raise_if_bad(bool(bad.any()), targets, bad, logits.shape[1])
         return _no_check
@@ -268,12 +268,13 @@ def _raise_if_bad(found: bool, targets, bad, classes: int) -> None:
 
 
 # -- eager implementations ---------------------------------------------------------------------
-def _scale(targets, ignore_index, reduction) -> torch.Tensor:
+def _scale(counted, reduction) -> torch.Tensor:
     """What the loss sums are multiplied by, as a (1,) float64 device tensor: 1 / the
-    counted rows for a mean (no host sync), 1 otherwise."""
+    counted rows (`counted`: targets != ignore_index) for a mean (no host sync), 1
+    otherwise."""
     if reduction != "mean":
-        return torch.ones(1, dtype=torch.float64, device=targets.device)
-    return (targets != ignore_index).sum().to(torch.float64).reciprocal().reshape(1)
+        return torch.ones(1, dtype=torch.float64, device=counted.device)
+    return counted.sum(dtype=torch.float64).reciprocal().reshape(1)
 
 
 def _reduce(rows: torch.Tensor, scale: torch.Tensor, reduction: str, dtype: torch.dtype) -> torch.Tensor:
@@ -313,14 +314,15 @@ def _cross_entropy_eager(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, per-row lse, scale): what the backward needs besides the logits."""
     check_cross_entropy_args(logits, targets, ignore_index, reduction)
-    checked = _start_target_check(logits, targets, ignore_index)
+    counted = targets != ignore_index
+    checked = _start_target_check(logits, targets, counted)
     logits2, targets2 = logits.contiguous(), targets.contiguous()
     rows, lse = cross_entropy_kernel(
         [logits2, targets2],
         params={"IGNORE_INDEX": ignore_index},
         torch_impl=lambda: _torch_forward(logits2, targets2, ignore_index),
     )
-    scale = _scale(targets, ignore_index, reduction)
+    scale = _scale(counted, reduction)
     loss = _reduce(rows, scale, reduction, torch.float32 if float_loss else logits.dtype)
     checked()  # waits for the check only: the kernels above are running
     return loss, lse, scale
@@ -399,9 +401,10 @@ _autograd = eager.function("CrossEntropy", _cross_entropy_eager, _setup_context,
 def _cross_entropy_with_grad_eager(logits, targets, ignore_index, reduction, float_loss=False):
     """(loss, per-row lse, scale, the gradient of the logits for grad_loss = 1)."""
     check_cross_entropy_args(logits, targets, ignore_index, reduction)
-    checked = _start_target_check(logits, targets, ignore_index)
+    counted = targets != ignore_index
+    checked = _start_target_check(logits, targets, counted)
     logits2, targets2 = logits.contiguous(), targets.contiguous()
-    scale = _scale(targets, ignore_index, reduction)
+    scale = _scale(counted, reduction)
 
     def torch_impl():
         return [
