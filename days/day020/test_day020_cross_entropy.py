@@ -315,6 +315,7 @@ def test_cuda_every_one_pass_launch_shape(monkeypatch, launched, dtype, cols, sh
     targets = torch.randint(0, cols, (rows,), generator=g)
     targets[0] = cols - 1
     targets[1::7] = -100
+    targets[-1] = 5  # counted: its NaN must show
     logits[rows - 1, cols // 3] = float("nan")
     targets = targets.cuda()
     factor = torch.full((1,), 0.37, dtype=torch.float64, device="cuda")
