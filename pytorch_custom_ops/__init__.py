@@ -24,7 +24,12 @@ from . import softmax_family
 from .add_layer_norm import MojoAddLayerNorm, add_layer_norm
 from .attention import MojoAttention, attention
 from .contract import ContractError, OpSpec, TensorArg
-from .cross_entropy import cross_entropy, cross_entropy_backward_kernel, cross_entropy_kernel
+from .cross_entropy import (
+    cross_entropy,
+    cross_entropy_backward_kernel,
+    cross_entropy_kernel,
+    cross_entropy_with_grad_kernel,
+)
 from .fallback import MojoFallbackWarning, MojoUnavailableError, strict
 from .flash_attention import flash_attention, flash_attention_qkvpacked
 from .gemm import MojoGEMM, gemm, gemm_batched, gemm_batched_kernel, gemm_kernel, gemm_version
@@ -55,6 +60,7 @@ KERNELS = {
         long_softmax_kernel,  # day015
         cross_entropy_kernel,  # day020
         cross_entropy_backward_kernel,
+        cross_entropy_with_grad_kernel,
     )
 }
 
@@ -90,6 +96,7 @@ __all__ = [
     "cross_entropy",
     "cross_entropy_kernel",
     "cross_entropy_backward_kernel",
+    "cross_entropy_with_grad_kernel",
     "flash_attention",
     "flash_attention_qkvpacked",
     "gemm",
