@@ -93,10 +93,9 @@ def cross_entropy_kernel[
             Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
         ]()
     )
-    var xt = load_target_logit(logits, base, t, cols)
     var m, s = fold_and_cache[dtype, W, BLOCK](logits, base, n, no_cache, 0)
     m, s = block_combine[acc, BLOCK](m, s, red_m, red_s)
-    _ = write_loss_and_lse(loss, lse, row, t, cols, xt, m, s)
+    _ = write_loss_and_lse(loss, lse, logits, row, base, t, cols, m, s)
 
 
 @always_inline
@@ -105,24 +104,26 @@ def write_loss_and_lse[
 ](
     loss: Pointer[Float64, MutAnyOrigin],
     lse: Pointer[Float64, MutAnyOrigin],
+    logits: Pointer[Scalar[dtype], MutAnyOrigin],
     row: Int,
+    base: Int,
     t: Int64,
     cols: Int64,
-    target_logit: Scalar[dtype],
     m: Scalar[accum_dtype[dtype]()],
     s: Scalar[accum_dtype[dtype]()],
 ) -> Scalar[accum_dtype[dtype]()] where dtype.is_floating_point():
     """From the row's (max, sum) pair, which every thread holds: thread 0 writes the
-    row's loss and lse (from `target_logit`, see load_target_logit); every thread gets
-    the lse (NaN for an invalid target or a row with NaN or +inf, so that its gradient
-    is NaN too)."""
+    row's loss and lse; every thread gets the lse (NaN for an invalid target or a row
+    with NaN or +inf, so that its gradient is NaN too)."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     var valid = t >= 0 and t < cols
     var ok = valid and finite(m)
     var shift = m + log(s) if ok else nan_value[acc]()
     if thread_idx.x == 0:
-        var xt = target_logit.cast[acc]()
+        var xt = logits[unsafe_offset=base + (Int(t) if valid else 0)].cast[
+            acc
+        ]()
         var l = log(s) - (
             xt - m
         )  # xt - m first: exact when both are large and close
@@ -131,24 +132,6 @@ def write_loss_and_lse[
         ]()
         lse[unsafe_offset=row] = shift.cast[DType.float64]()
     return shift
-
-
-@always_inline
-def load_target_logit[
-    dtype: DType
-](
-    logits: Pointer[Scalar[dtype], MutAnyOrigin],
-    base: Int,
-    t: Int64,
-    cols: Int64,
-) -> Scalar[dtype]:
-    """x[t] for thread 0 (column 0 for a target out of range), 0 elsewhere. Loaded at
-    the kernel's start, so that its latency hides behind the row's read: loaded after
-    the reduction, it held warp 0, and with it the block, about a microsecond a row.
-    """
-    if thread_idx.x != 0:
-        return 0
-    return logits[unsafe_offset=base + (Int(t) if t >= 0 and t < cols else 0)]
 
 
 # --8<-- [end:kernel]
@@ -282,7 +265,6 @@ def cross_entropy_with_grad_kernel[
         for c in range(thread_idx.x * W, n, BLOCK * W):
             store_vec[dtype, W](grad, base + c, SIMD[dtype, W](0))
         return
-    var xt = load_target_logit(logits, base, t, cols)
     var cache = external_memory[
         Scalar[dtype], address_space=AddressSpace.SHARED, alignment=16
     ]()
@@ -290,7 +272,7 @@ def cross_entropy_with_grad_kernel[
         logits, base, n, cache, Int(cached)
     )
     m, s = block_combine[acc, BLOCK](m, s, red_m, red_s)
-    var shift = write_loss_and_lse(loss, lse, row, t, cols, xt, m, s)
+    var shift = write_loss_and_lse(loss, lse, logits, row, base, t, cols, m, s)
     write_row_grad[dtype, W, BLOCK](
         grad,
         logits,
