@@ -186,10 +186,11 @@ def _with_grad_plan(outputs, inputs, params) -> list[direct.Launch]:
     return [direct.Launch(kernel, grid=rows, block=block, args=args, smem=smem)]
 
 
-def scale_launch(data: torch.Tensor, factor: torch.Tensor, sms: int = 132) -> direct.Launch:
+def scale_launch(data: torch.Tensor, factor: torch.Tensor) -> direct.Launch:
     """The launch that multiplies contiguous `data` by the float64 `factor[0]` in place,
-    unless it is 1 (see scale_unless_one_kernel), on a GPU with `sms` multiprocessors."""
+    unless it is 1 (see scale_unless_one_kernel), a grid sized to `data`'s GPU."""
     count = data.numel()
+    sms = sm_count(data.get_device())
     vec = VEC_BYTES // data.element_size()
     w = vec if count % vec == 0 and data.data_ptr() % VEC_BYTES == 0 else 1
     blocks = max(1, min(-(-count // (w * SCALE_BLOCK)), sms * SCALE_BLOCKS_PER_SM))
@@ -443,8 +444,7 @@ def scale_unless_one_(data: torch.Tensor, factor: torch.Tensor) -> None:
         if factor.item() != 1:
             data.mul_(factor.to(data.dtype))
     elif cross_entropy_with_grad_kernel.ready(data.device):
-        index = data.get_device()
-        direct.run([scale_launch(data, factor, sm_count(index))], index)
+        direct.run([scale_launch(data, factor)], data.get_device())
     else:  # the torch fallback (not strict), which the forward has already warned of
         data.mul_(factor.to(data.dtype))
 
