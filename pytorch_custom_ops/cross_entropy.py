@@ -132,7 +132,23 @@ SCALE_KERNEL = KernelFamily(
     "days.day020.cross_entropy",
     "scale_unless_one_kernel",
     args=("ptr", "ptr", "i64"),  # data, factor, count
-    variants=_variants((SCALE_BLOCK,)),
+    # the factor (grad_loss) comes in the loss's dtype: the logits' or float32 (autocast)
+    variants=tuple((*v, f) for v in _variants((SCALE_BLOCK,)) for f in dict.fromkeys((v[0], torch.float32))),
+)
+# One block does the small work around the kernels (part 12): the targets' count and check
+# before them, the sum of the per-row losses after.
+SMALL_BLOCK = 1024
+TARGET_STATS_KERNEL = KernelFamily(
+    "days.day020.cross_entropy",
+    "target_stats_kernel",
+    args=("ptr",) * 3 + ("i64",) * 4,  # scale, bad, targets, rows, classes, ignore_index, mean
+    variants=((SMALL_BLOCK,),),
+)
+SUM_ROWS_KERNEL = KernelFamily(
+    "days.day020.cross_entropy",
+    "sum_rows_kernel",
+    args=("ptr",) * 3 + ("i64",),  # loss, rows, scale, n
+    variants=tuple((dtype, SMALL_BLOCK) for dtype in FLOAT_DTYPES),
 )
 
 
@@ -187,19 +203,34 @@ def _with_grad_plan(outputs, inputs, params) -> list[direct.Launch]:
 
 
 def scale_launch(data: torch.Tensor, factor: torch.Tensor) -> direct.Launch:
-    """The launch that multiplies contiguous `data` by the float64 `factor[0]` in place,
-    unless it is 1 (see scale_unless_one_kernel), a grid sized to `data`'s GPU."""
+    """The launch that multiplies contiguous `data` by `factor[0]` (in data's dtype or
+    float32) in place, unless it is 1 (see scale_unless_one_kernel), a grid sized to
+    `data`'s GPU."""
     count = data.numel()
     sms = sm_count(data.get_device())
     vec = VEC_BYTES // data.element_size()
     w = vec if count % vec == 0 and data.data_ptr() % VEC_BYTES == 0 else 1
     blocks = max(1, min(-(-count // (w * SCALE_BLOCK)), sms * SCALE_BLOCKS_PER_SM))
     return direct.Launch(
-        SCALE_KERNEL[data.dtype, w, SCALE_BLOCK],
+        SCALE_KERNEL[data.dtype, w, SCALE_BLOCK, factor.dtype],
         grid=blocks,
         block=SCALE_BLOCK,
         args=(data.data_ptr(), factor.data_ptr(), count),
     )
+
+
+def target_stats_launch(
+    scale: torch.Tensor, bad: torch.Tensor, targets: torch.Tensor, classes: int, ignore_index: int, mean: bool
+) -> direct.Launch:
+    """scale[0] = 1 / counted rows (mean) or 1, bad[0] = out-of-range targets: one block."""
+    args = (scale.data_ptr(), bad.data_ptr(), targets.data_ptr(), targets.shape[0], classes, ignore_index, int(mean))
+    return direct.Launch(TARGET_STATS_KERNEL[SMALL_BLOCK], grid=1, block=SMALL_BLOCK, args=args)
+
+
+def sum_rows_launch(loss: torch.Tensor, rows: torch.Tensor, scale: torch.Tensor) -> direct.Launch:
+    """loss[0] = sum(rows) * scale[0] in loss's dtype: one block."""
+    args = (loss.data_ptr(), rows.data_ptr(), scale.data_ptr(), rows.shape[0])
+    return direct.Launch(SUM_ROWS_KERNEL[loss.dtype, SMALL_BLOCK], grid=1, block=SMALL_BLOCK, args=args)
 
 
 # --8<-- [end:gpu_plan]
@@ -262,6 +293,45 @@ def _no_check() -> None:
     return None
 
 
+# False does the small work around the kernels with torch's ops (to compare both in one run)
+SMALL_KERNELS = True
+
+
+def _small_kernels(t: torch.Tensor) -> bool:
+    return SMALL_KERNELS and t.is_cuda and cross_entropy_with_grad_kernel.ready(t.device)
+
+
+def _targets_pass(logits, targets, ignore_index, reduction) -> tuple[torch.Tensor, Callable[[], None]]:
+    """(scale, finish): what the loss sums are multiplied by ((1,) float64, on the logits'
+    device: 1 / the rows whose target is not ignore_index for a mean, 1 otherwise), and a
+    function that raises if a target is out of range (see _start_target_check), called
+    after the kernels are enqueued. On CUDA one block does both (target_stats_kernel)
+    instead of ~8 small torch ops; the host reads the count of bad targets from pinned
+    memory behind an event."""
+    if not (_small_kernels(targets) and targets.numel()):
+        counted = targets != ignore_index
+        return _scale(counted, reduction), _start_target_check(logits, targets, counted)
+    classes = logits.shape[1]
+    scale = torch.empty(1, dtype=torch.float64, device=targets.device)
+    bad = torch.empty(1, dtype=torch.int64, device=targets.device)
+    launch = target_stats_launch(scale, bad, targets, classes, ignore_index, reduction == "mean")
+    direct.run([launch], targets.get_device())
+    if torch.cuda.is_current_stream_capturing():  # the host cannot read it: NaN rows instead
+        return scale, _no_check
+    found = torch.empty(1, dtype=torch.int64, pin_memory=True)
+    found.copy_(bad, non_blocking=True)
+    checked = torch.cuda.Event()
+    checked.record(torch.cuda.current_stream(targets.device))
+
+    def finish() -> None:
+        checked.synchronize()
+        if found[0]:  # the slow path names the first bad target
+            wrong = (targets.clamp(0, classes - 1) != targets) & (targets != ignore_index)
+            _raise_if_bad(True, targets, wrong, classes)
+
+    return scale, finish
+
+
 def _raise_if_bad(found: bool, targets, bad, classes: int) -> None:
     if found:
         value = targets[bad][0].item()
@@ -281,6 +351,10 @@ def _scale(counted, reduction) -> torch.Tensor:
 def _reduce(rows: torch.Tensor, scale: torch.Tensor, reduction: str, dtype: torch.dtype) -> torch.Tensor:
     if reduction == "none":
         return rows.to(dtype)
+    if _small_kernels(rows) and rows.numel():
+        loss = torch.empty((), dtype=dtype, device=rows.device)  # one kernel, not sum, mul, cast
+        direct.run([sum_rows_launch(loss, rows, scale)], rows.get_device())
+        return loss
     total = rows.sum()
     return (total * scale[0] if reduction == "mean" else total).to(dtype)
 
@@ -315,15 +389,13 @@ def _cross_entropy_eager(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, per-row lse, scale): what the backward needs besides the logits."""
     check_cross_entropy_args(logits, targets, ignore_index, reduction)
-    counted = targets != ignore_index
-    checked = _start_target_check(logits, targets, counted)
     logits2, targets2 = logits.contiguous(), targets.contiguous()
+    scale, checked = _targets_pass(logits2, targets2, ignore_index, reduction)
     rows, lse = cross_entropy_kernel(
         [logits2, targets2],
         params={"IGNORE_INDEX": ignore_index},
         torch_impl=lambda: _torch_forward(logits2, targets2, ignore_index),
     )
-    scale = _scale(counted, reduction)
     loss = _reduce(rows, scale, reduction, torch.float32 if float_loss else logits.dtype)
     checked()  # waits for the check only: the kernels above are running
     return loss, lse, scale
@@ -402,10 +474,8 @@ _autograd = eager.function("CrossEntropy", _cross_entropy_eager, _setup_context,
 def _cross_entropy_with_grad_eager(logits, targets, ignore_index, reduction, float_loss=False):
     """(loss, per-row lse, scale, the gradient of the logits for grad_loss = 1)."""
     check_cross_entropy_args(logits, targets, ignore_index, reduction)
-    counted = targets != ignore_index
-    checked = _start_target_check(logits, targets, counted)
     logits2, targets2 = logits.contiguous(), targets.contiguous()
-    scale = _scale(counted, reduction)
+    scale, checked = _targets_pass(logits2, targets2, ignore_index, reduction)
 
     def torch_impl():
         return [
@@ -439,12 +509,13 @@ def _backward_with_grad(ctx, grad_loss, _grad_lse, _grad_scale, _grad_grad):
 def scale_unless_one_(data: torch.Tensor, factor: torch.Tensor) -> None:
     """data *= factor (one value), in place, without reading the factor on the host (so
     that graphs capture it): on CUDA a kernel that returns at once for a factor of 1."""
-    factor = factor.to(torch.float64)
     if not data.is_cuda:  # reading the factor costs nothing on the CPU
         if factor.item() != 1:
             data.mul_(factor.to(data.dtype))
     elif cross_entropy_with_grad_kernel.ready(data.device):
-        direct.run([scale_launch(data, factor)], data.get_device())
+        if factor.dtype not in (data.dtype, torch.float32):  # the kernel reads these two
+            factor = factor.to(torch.float32)
+        direct.run([scale_launch(data, factor.contiguous())], data.get_device())
     else:  # the torch fallback (not strict), which the forward has already warned of
         data.mul_(factor.to(data.dtype))
 

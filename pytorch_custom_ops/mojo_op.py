@@ -43,6 +43,7 @@ class MojoOp:
         self._verified = False
         self._broken: BaseException | None = None
         self._gpu_broken: BaseException | None = None
+        self._gpu_loaded = False  # the days' GPU builds were found once: no need to look again
         self._recipes: dict[tuple, direct.Recipe] = {}  # see direct.Recipe
         self._recipe_epoch = direct.plan_epoch()
 
@@ -79,6 +80,8 @@ class MojoOp:
         self._verified = True
 
     def _gpu_ready(self) -> bool:
+        if self._gpu_loaded:  # some callers ask on every call: skip the walk over the variants
+            return True
         if self._gpu_broken is None and self.gpu is None:
             self._gpu_broken = direct.KernelLoadError(f"{self.spec.name}: no GPU launch plan")
         if self._gpu_broken is None:
@@ -87,7 +90,8 @@ class MojoOp:
                     direct._day_build(day)
             except Exception as exc:
                 self._gpu_broken = exc
-        return self._gpu_broken is None
+        self._gpu_loaded = self._gpu_broken is None
+        return self._gpu_loaded
 
     def gpu_kernels(self) -> list:
         """The compiled kernels this op's launch plan may pick (its families' variants)."""

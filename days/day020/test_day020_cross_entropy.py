@@ -20,6 +20,8 @@ from pytorch_custom_ops.cross_entropy import (
     cross_entropy_with_grad_kernel,
     scale_launch,
     scale_unless_one_,
+    sum_rows_launch,
+    target_stats_launch,
 )
 
 ce_module = importlib.import_module("pytorch_custom_ops.cross_entropy")  # not the function of that name
@@ -226,14 +228,66 @@ def test_the_one_pass_plan_caches_what_fits(dtype, cols):
 
 
 @pytest.mark.parametrize(
-    "count, dtype, w, grid",
-    [(8 * 1024, torch.bfloat16, 8, 4), (7, torch.float32, 1, 1), (10**8, torch.float32, 4, 1056)],
+    "count, dtype, w, grid, factor_dtype",
+    [
+        (8 * 1024, torch.bfloat16, 8, 4, torch.bfloat16),
+        (8 * 1024, torch.bfloat16, 8, 4, torch.float32),  # autocast's float32 loss
+        (7, torch.float32, 1, 1, torch.float32),
+        (10**8, torch.float32, 4, 1056, torch.float32),
+    ],
 )
-def test_the_scale_launch(count, dtype, w, grid):
+def test_the_scale_launch(count, dtype, w, grid, factor_dtype):
     data = torch.empty(count, dtype=dtype)
-    launch = scale_launch(data, torch.ones(1, dtype=torch.float64))  # a CPU tensor: the H100's 132 SMs
-    assert launch.kernel.params == (dtype, w, 256) and (launch.grid, launch.block) == (grid, 256)
+    launch = scale_launch(data, torch.ones(1, dtype=factor_dtype))  # a CPU tensor: the H100's 132 SMs
+    assert launch.kernel.params == (dtype, w, 256, factor_dtype) and (launch.grid, launch.block) == (grid, 256)
     assert launch.args[2] == count
+
+
+def test_the_small_launches():
+    """The targets' pass and the sum of the rows: one block each, arguments in the
+    kernels' order."""
+    targets = torch.zeros(8193, dtype=torch.int64)
+    scale, bad = torch.empty(1, dtype=torch.float64), torch.empty(1, dtype=torch.int64)
+    stats = target_stats_launch(scale, bad, targets, 50304, -100, True)
+    assert (stats.grid, stats.block) == (1, 1024)
+    assert stats.args[3:] == (8193, 50304, -100, 1)
+    assert stats.args[:3] == (scale.data_ptr(), bad.data_ptr(), targets.data_ptr())
+    rows, loss = torch.empty(8193, dtype=torch.float64), torch.empty((), dtype=torch.bfloat16)
+    total = sum_rows_launch(loss, rows, scale)
+    assert total.kernel.params == (torch.bfloat16, 1024) and (total.grid, total.block) == (1, 1024)
+    assert total.args == (loss.data_ptr(), rows.data_ptr(), scale.data_ptr(), 8193)
+
+
+# on CUDA a mean or sum with autograd: the targets' pass, the one-pass kernel, the rows' sum
+SMALL_AND_ONE_PASS = ["target_stats_kernel", "cross_entropy_with_grad_kernel", "sum_rows_kernel"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("rows", [1, 31, 1024, 1025, 8193])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_cuda_small_kernels_count_check_and_sum(rows, dtype):
+    """target_stats_kernel's count and bad targets, and sum_rows_kernel's mean, against
+    torch, for row counts around the block's 1024 threads."""
+    g = torch.Generator().manual_seed(rows)
+    classes = 1000
+    targets = torch.randint(0, classes, (rows,), generator=g)
+    targets[torch.rand(rows, generator=g) < 0.2] = -1
+    wrong = torch.rand(rows, generator=g) < 0.05
+    targets[wrong] = torch.where(torch.rand(rows, generator=g) < 0.5, -5, classes)[wrong]
+    targets = targets.cuda()
+    per_row = (torch.rand(rows, generator=g, dtype=torch.float64) * 9).cuda()
+    for mean in (True, False):
+        scale = torch.full((1,), 7.0, dtype=torch.float64, device="cuda")
+        bad = torch.full((1,), 99, dtype=torch.int64, device="cuda")
+        loss = torch.full((), 7.0, dtype=dtype, device="cuda")
+        launches = [target_stats_launch(scale, bad, targets, classes, -1, mean), sum_rows_launch(loss, per_row, scale)]
+        ce_module.direct.run(launches, 0)
+        counted = (targets != -1).sum().item()
+        out_of_range = ((targets != -1) & ((targets < 0) | (targets >= classes))).sum().item()
+        assert bad.item() == out_of_range
+        assert scale.item() == ((1 / counted if counted else math.inf) if mean else 1.0)
+        expected = per_row.sum() * scale[0]  # float64, cast once: within one rounding of it
+        torch.testing.assert_close(loss.double(), expected, rtol=torch.finfo(dtype).eps, atol=0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -257,8 +311,8 @@ def test_cuda_one_pass_launches_and_is_captured(launched):
     with torch.cuda.stream(side):  # warm-up outside the capture (kernel loads, allocator)
         step()
     torch.cuda.current_stream().wait_stream(side)
-    kinds = {key.split(".")[1] for key in launched}
-    assert kinds == {"cross_entropy_with_grad_kernel", "scale_unless_one_kernel"}, launched
+    kinds = [key.split(".")[1] for key in launched]
+    assert kinds == [*SMALL_AND_ONE_PASS, "scale_unless_one_kernel"], launched
     graph = torch.cuda.CUDAGraph()
     x.grad = None
     with torch.cuda.graph(graph):
@@ -268,11 +322,12 @@ def test_cuda_one_pass_launches_and_is_captured(launched):
         with torch.no_grad():
             x.copy_(torch.randn_like(x) * (trial + 1))
         weight.fill_(w)
+        t[trial + 9] = -100  # one more ignored row each replay: the mean's count is the GPU's
         graph.replay()
         ref_loss, ref_grad = reference(x.detach(), t, -100, "mean", torch.tensor(w, dtype=torch.bfloat16))
         assert rel(loss, ref_loss) < 1e-2
         assert rel(x.grad, ref_grad) < 1e-2
-        assert torch.all(x.grad[5] == 0)
+        assert torch.all(x.grad[5] == 0) and torch.all(x.grad[trial + 9] == 0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -288,8 +343,8 @@ def test_cuda_one_pass_rows_the_cache_holds_in_part(launched, dtype, cols):
     x = logits.clone().requires_grad_()
     loss = pco.cross_entropy(x, targets, reduction="sum")
     loss.backward()
-    assert [key.split(".")[1] for key in launched] == ["cross_entropy_with_grad_kernel", "scale_unless_one_kernel"]
-    assert launched[0].endswith(".1024" if cols * dtype.itemsize > 112 * 1024 else ".512")
+    assert [key.split(".")[1] for key in launched] == [*SMALL_AND_ONE_PASS, "scale_unless_one_kernel"]
+    assert launched[1].endswith(".1024" if cols * dtype.itemsize > 112 * 1024 else ".512")
     assert torch.isnan(loss) and torch.isnan(x.grad[5]).all()
     ref_loss, ref_grad = reference(logits[:5], targets[:5], -100, "sum", torch.ones((), device="cuda"))
     ours = pco.cross_entropy(x[:5], targets[:5], reduction="sum")  # the first five rows alone
