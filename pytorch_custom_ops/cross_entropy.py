@@ -16,6 +16,9 @@ in place by grad_loss: a kernel that returns at once when grad_loss is 1, as it 
 graph (retain_graph=True) or a double backward goes the two-pass way, from the saved logits.
 torch.compile traces the registered two-pass ops.
 
+On CUDA the small work around the kernels is two one-block kernels (part 12): before them
+the targets' count (the mean's scale) and range check, after them the loss's sum.
+
 Targets outside [0, C) that are not `ignore_index` raise ValueError (a check that reads the
 targets on the host; inside a CUDA-graph capture, where the host cannot read them, such a
 row's loss and gradient are NaN instead).

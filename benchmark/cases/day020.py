@@ -26,11 +26,11 @@ import torch.nn.functional as F
 
 import pytorch_custom_ops as pco
 
-# the module itself: `pytorch_custom_ops.cross_entropy` is also the function's name there
-ce_module = importlib.import_module("pytorch_custom_ops.cross_entropy")
-
 from ..harness import Case, compiled
 from .day013 import _params
+
+# the module itself: `pytorch_custom_ops.cross_entropy` is also the function's name there
+ce_module = importlib.import_module("pytorch_custom_ops.cross_entropy")
 
 VOCAB_SHAPES = {"quick": [(4, 301), (7, 1000)], "full": [(8192, 50304), (4096, 128256), (16384, 32000)]}
 DTYPES = {"cpu": [torch.float32], "cuda": [torch.bfloat16, torch.float32]}
