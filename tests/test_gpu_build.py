@@ -256,7 +256,15 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
             r"bar\.sync",
             r"\.maxntid 1024\b",
         ),
-        "day020.scale_unless_one_kernel.bfloat16.8.256": (r"ld\.global\.v4\.b32", r"st\.global\.v4\.b32"),
+        "day020.scale_unless_one_kernel.bfloat16.8.256.*": (r"ld\.global\.v4\.b32", r"st\.global\.v4\.b32"),
+        # the small kernels (part 12): one block, eight loads in flight per thread, a block
+        # reduction; the loss is cast from float64 once
+        "day020.target_stats_kernel.1024": (
+            r"(?:ld\.global\.b64[\s\S]*?){8}",
+            r"shfl\.sync\.bfly\.b32",
+            r"\.maxntid 1024\b",
+        ),
+        "day020.sum_rows_kernel.bfloat16.1024": (r"(?:ld\.global\.b64[\s\S]*?){8}", r"cvt\.rn\.bf16\.f64"),
     },
 }
 # day -> {kernel-key glob: PTX regexes that must NOT appear}
