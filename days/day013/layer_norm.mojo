@@ -218,7 +218,7 @@ def layer_norm_fwd_kernel[
     rows: Int64,
     cols: Int64,
     flags: Int64,
-) where dtype.is_floating_point() and ldtype.is_floating_point():
+) where (dtype.is_floating_point() and ldtype.is_floating_point()):
     """TPR threads per row (32: a warp, ROWS rows per block; else the block,
     ROWS = 1). Thread t holds the vectors t, t + TPR, ... of its row in
     registers (ITEMS of them at most): x is read once. cols must be a multiple
@@ -311,7 +311,7 @@ def layer_norm_fwd_stream_kernel[
     rows: Int64,
     cols: Int64,
     flags: Int64,
-) where dtype.is_floating_point() and ldtype.is_floating_point():
+) where (dtype.is_floating_point() and ldtype.is_floating_point()):
     """Rows too long for registers: one block per row, Welford-style merging of
     per-vector statistics, then a second read of the row (mostly from L2).
     With ADD_DELTA the first pass writes x + delta to x_sum and the second
@@ -359,9 +359,7 @@ def layer_norm_fwd_stream_kernel[
             var out = (v.cast[acc]() - mean) * rstd * w.cast[acc]() + b.cast[
                 acc
             ]()
-            y.unsafe_store[alignment=LALIGN](
-                base + j * VEC, out.cast[ldtype]()
-            )
+            y.unsafe_store[alignment=LALIGN](base + j * VEC, out.cast[ldtype]())
 
 
 # --8<-- [start:backward_kernel]
@@ -390,7 +388,7 @@ def layer_norm_bwd_kernel[
     rows: Int64,
     cols: Int64,
     flags: Int64,
-) where dtype.is_floating_point() and ldtype.is_floating_point():
+) where (dtype.is_floating_point() and ldtype.is_floating_point()):
     """A persistent grid: each of the grid_dim.x * ROWS workers (a warp or a
     block) takes rows worker, worker + workers, ... With g = dy * w and
     xhat = (x - mean) * rstd, per row:
@@ -551,7 +549,7 @@ def layer_norm_bwd_stream_kernel[
     rows: Int64,
     cols: Int64,
     flags: Int64,
-) where dtype.is_floating_point() and ldtype.is_floating_point():
+) where (dtype.is_floating_point() and ldtype.is_floating_point()):
     """Rows too long for registers: each block reads its row twice (sums, then
     grad_x) and keeps its column sums directly in its row of `partials`
     (acc, ldtype and flags as in layer_norm_bwd_kernel)."""
