@@ -268,26 +268,35 @@ def _start_target_check(logits, targets, counted) -> Callable[[], None]:
     """Check the targets' values where the host can read them (not while a graph is
     captured), and return a function that raises if one is out of range.
 
-    On CUDA the check is only enqueued here: its answer is copied to pinned memory behind
-    an event, and the returned function waits for that event alone. The caller enqueues
-    its kernels before calling it, so the GPU is computing while the host waits (a check
-    that synchronised first left the GPU idle until the host had launched the next
-    kernel). An invalid target can only make NaNs in those kernels: they read no logit
-    out of range, and neither does the torch fallback. `counted`: targets != ignore_index."""
+    On CUDA the check is only enqueued here (see _check_later). An invalid target can only
+    make NaNs in the kernels: they read no logit out of range, and neither does the torch
+    fallback. `counted`: targets != ignore_index."""
     if targets.numel() == 0 or (targets.is_cuda and torch.cuda.is_current_stream_capturing()):
         return _no_check
     bad = (targets.clamp(0, logits.shape[1] - 1) != targets) & counted  # 3 small kernels, not 5
     if not targets.is_cuda:
-        _raise_if_bad(bool(bad.any()), targets, bad, logits.shape[1])
+        if bad.any():
+            _raise_bad_target(targets, bad, logits.shape[1])
         return _no_check
-    found = torch.empty((), dtype=torch.bool, pin_memory=True)
-    found.copy_(bad.any(), non_blocking=True)
+    return _check_later(bad.any(), targets, bad, logits.shape[1])
+
+
+def _check_later(flag: torch.Tensor, targets, bad, classes: int) -> Callable[[], None]:
+    """Copy the device scalar `flag` (nonzero: a target is out of range) to pinned memory
+    behind an event; the returned function waits for that event alone and raises. The
+    caller enqueues its kernels before calling it, so the GPU is computing while the host
+    waits (a check that synchronised first left the GPU idle until the host had launched
+    the next kernel). `bad`: the mask of bad targets, or a function that computes it (only
+    on the error path)."""
+    found = torch.empty(flag.shape, dtype=flag.dtype, pin_memory=True)
+    found.copy_(flag, non_blocking=True)
     checked = torch.cuda.Event()
     checked.record(torch.cuda.current_stream(targets.device))
 
     def finish() -> None:
         checked.synchronize()
-        _raise_if_bad(bool(found), targets, bad, logits.shape[1])
+        if found.item():
+            _raise_bad_target(targets, bad() if callable(bad) else bad, classes)
 
     return finish
 
@@ -307,10 +316,9 @@ def _small_kernels(t: torch.Tensor) -> bool:
 def _targets_pass(logits, targets, ignore_index, reduction) -> tuple[torch.Tensor, Callable[[], None]]:
     """(scale, finish): what the loss sums are multiplied by ((1,) float64, on the logits'
     device: 1 / the rows whose target is not ignore_index for a mean, 1 otherwise), and a
-    function that raises if a target is out of range (see _start_target_check), called
-    after the kernels are enqueued. On CUDA one block does both (target_stats_kernel)
-    instead of ~8 small torch ops; the host reads the count of bad targets from pinned
-    memory behind an event."""
+    function that raises if a target is out of range, called after the kernels are
+    enqueued. On CUDA one block does both (target_stats_kernel) instead of ~8 small torch
+    ops, and its count of bad targets goes the way of _start_target_check's answer."""
     if not (_small_kernels(targets) and targets.numel()):
         counted = targets != ignore_index
         return _scale(counted, reduction), _start_target_check(logits, targets, counted)
@@ -321,24 +329,16 @@ def _targets_pass(logits, targets, ignore_index, reduction) -> tuple[torch.Tenso
     direct.run([launch], targets.get_device())
     if torch.cuda.is_current_stream_capturing():  # the host cannot read it: NaN rows instead
         return scale, _no_check
-    found = torch.empty(1, dtype=torch.int64, pin_memory=True)
-    found.copy_(bad, non_blocking=True)
-    checked = torch.cuda.Event()
-    checked.record(torch.cuda.current_stream(targets.device))
 
-    def finish() -> None:
-        checked.synchronize()
-        if found[0]:  # the slow path names the first bad target
-            wrong = (targets.clamp(0, classes - 1) != targets) & (targets != ignore_index)
-            _raise_if_bad(True, targets, wrong, classes)
+    def wrong() -> torch.Tensor:
+        return (targets.clamp(0, classes - 1) != targets) & (targets != ignore_index)
 
-    return scale, finish
+    return scale, _check_later(bad, targets, wrong, classes)
 
 
-def _raise_if_bad(found: bool, targets, bad, classes: int) -> None:
-    if found:
-        value = targets[bad][0].item()
-        raise ValueError(f"cross_entropy: target {value} is out of range for {classes} classes")
+def _raise_bad_target(targets, bad, classes: int) -> None:
+    value = targets[bad][0].item()
+    raise ValueError(f"cross_entropy: target {value} is out of range for {classes} classes")
 
 
 # -- eager implementations ---------------------------------------------------------------------
