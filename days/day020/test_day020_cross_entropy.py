@@ -168,6 +168,22 @@ def test_bad_inputs_are_named(device, call, error, message):
     torch.testing.assert_close(pco.cross_entropy(x, t), F.cross_entropy(x, t))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("small", [True, False])
+def test_cuda_bad_targets_both_ways(monkeypatch, small):
+    """target_stats_kernel's count (small) and torch's ops find the same bad targets;
+    ignore_index itself is not one, and the first bad target is named."""
+    monkeypatch.setattr(ce_module, "SMALL_KERNELS", small)
+    x = torch.randn(2000, 10, device="cuda", requires_grad=True)
+    t = torch.randint(0, 10, (2000,), device="cuda")
+    t[::3] = -1
+    torch.testing.assert_close(pco.cross_entropy(x, t, ignore_index=-1), F.cross_entropy(x, t, ignore_index=-1))
+    t[1500], t[1700] = 10, -7
+    for reduction in ("mean", "sum", "none"):
+        with pytest.raises(ValueError, match="target 10 is out of range for 10 classes"):
+            pco.cross_entropy(x, t, ignore_index=-1, reduction=reduction)
+
+
 def test_the_torch_fallback_reads_no_column_out_of_range():
     """The fallback may run before the deferred check raises: a bad target reads column 0."""
     x = torch.randn(3, 10)
