@@ -351,8 +351,8 @@ if __name__ == "__main__":
     if Ranks().world > 1:
         # A torchrun rank whose process group is gone (Ranks.stop) skips the interpreter's
         # teardown: there gloo's threads can still free a tensor and need the GIL, which
-        # aborts the process ("terminate called without an active exception"; one rank in
-        # ~20 on a loaded 2-core machine, CI included). Every file is closed by now.
+        # aborts the process ("terminate called without an active exception": once in CI,
+        # once in ~70 runs on a loaded 2-core machine). Every file is closed by now.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
