@@ -273,21 +273,20 @@ def _start_target_check(logits, targets, counted) -> Callable[[], None]:
     fallback. `counted`: targets != ignore_index."""
     if targets.numel() == 0 or (targets.is_cuda and torch.cuda.is_current_stream_capturing()):
         return _no_check
-    bad = (targets.clamp(0, logits.shape[1] - 1) != targets) & counted  # 3 small kernels, not 5
+    bad = _bad_targets(targets, logits.shape[1], counted)
     if not targets.is_cuda:
         if bad.any():
             _raise_bad_target(targets, bad, logits.shape[1])
         return _no_check
-    return _check_later(bad.any(), targets, bad, logits.shape[1])
+    return _check_later(bad.any(), targets, lambda: bad, logits.shape[1])
 
 
-def _check_later(flag: torch.Tensor, targets, bad, classes: int) -> Callable[[], None]:
+def _check_later(flag: torch.Tensor, targets, bad: Callable[[], torch.Tensor], classes: int) -> Callable[[], None]:
     """Copy the device scalar `flag` (nonzero: a target is out of range) to pinned memory
     behind an event; the returned function waits for that event alone and raises. The
     caller enqueues its kernels before calling it, so the GPU is computing while the host
     waits (a check that synchronised first left the GPU idle until the host had launched
-    the next kernel). `bad`: the mask of bad targets, or a function that computes it (only
-    on the error path)."""
+    the next kernel). `bad` gives the mask of bad targets (called on the error path only)."""
     found = torch.empty(flag.shape, dtype=flag.dtype, pin_memory=True)
     found.copy_(flag, non_blocking=True)
     checked = torch.cuda.Event()
@@ -296,7 +295,7 @@ def _check_later(flag: torch.Tensor, targets, bad, classes: int) -> Callable[[],
     def finish() -> None:
         checked.synchronize()
         if found.item():
-            _raise_bad_target(targets, bad() if callable(bad) else bad, classes)
+            _raise_bad_target(targets, bad(), classes)
 
     return finish
 
@@ -329,11 +328,12 @@ def _targets_pass(logits, targets, ignore_index, reduction) -> tuple[torch.Tenso
     direct.run([launch], targets.get_device())
     if torch.cuda.is_current_stream_capturing():  # the host cannot read it: NaN rows instead
         return scale, _no_check
+    return scale, _check_later(bad, targets, lambda: _bad_targets(targets, classes, targets != ignore_index), classes)
 
-    def wrong() -> torch.Tensor:
-        return (targets.clamp(0, classes - 1) != targets) & (targets != ignore_index)
 
-    return scale, _check_later(bad, targets, wrong, classes)
+def _bad_targets(targets, classes: int, counted) -> torch.Tensor:
+    """The mask of counted targets outside [0, classes) (3 small kernels, not 5)."""
+    return (targets.clamp(0, classes - 1) != targets) & counted
 
 
 def _raise_bad_target(targets, bad, classes: int) -> None:
