@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import pytorch_custom_ops as pco
-from pytorch_custom_ops import launcher, mojo_op
+from pytorch_custom_ops import launcher, mojo_op, replay
 
 from . import timing
 from .store import append_rows, new_run_id
@@ -144,10 +144,13 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=300)
     args = p.parse_args(argv)
     rows: list[dict] = []
+    if DEVICE == "cuda":
+        replay.module()  # built (once per machine) before the fresh process times its first call
 
     def add(metric, name, impl, shape, *, us=None, ms=None, note=""):
-        if impl == "gpu-days" and DEVICE == "cuda":  # which launcher and whether recipes were on
-            note = "; ".join(filter(None, [note, f"launcher {launcher.launcher_kind()}", f"recipes {mojo_op.RECIPES}"]))
+        if impl == "gpu-days" and DEVICE == "cuda":  # which launcher and replay, and whether recipes were on
+            how = f"launcher {launcher.launcher_kind()}; recipes {mojo_op.RECIPES}; replay {replay.replay_kind()}"
+            note = "; ".join(filter(None, [note, how]))
         rows.append(
             {
                 "op": f"{metric}:{name}",
@@ -190,7 +193,7 @@ def main(argv=None) -> int:
             add("host_fwd_bwd", name, impl, shape, us=both)
             add("host_bwd", name, impl, shape, us=both - fwd, note="host_fwd_bwd - host_fwd_grad")
 
-    print(f"launcher: {launcher.launcher_kind()}; recipes: {mojo_op.RECIPES}")
+    print(f"launcher: {launcher.launcher_kind()}; recipes: {mojo_op.RECIPES}; replay: {replay.replay_kind()}")
     print(f"{'metric':26s} {'op':22s} {'shape':11s} {'gpu-days':>10s} {'torch':>10s}  target")
     by_key = {(r["op"], r["shape"], r["impl"]): r for r in rows}
     for r in rows:

@@ -253,16 +253,23 @@ class Recipe:
         if index != torch._C._cuda_getDevice():
             with torch.cuda.device(index):
                 return self.run(outputs, inputs)
-        tensors = (*outputs, *inputs)
+        scratch = ()
         if self.scratch:  # freed after the launches: the allocator reuses them in stream order
             # zeroed: the plan asked for zeros (direct.scratch(zeroed=True)), e.g. counters
-            tensors += tuple(
+            scratch = tuple(
                 (torch.zeros if zeroed else torch.empty)(*sizes, dtype=dtype, device=self.device)
                 for sizes, dtype, zeroed in self.scratch
             )
-        stream = torch._C._cuda_getCurrentRawStream(index)
+        self.resume(outputs, inputs, scratch, 0)
+
+    def resume(self, outputs, inputs, scratch, start: int) -> None:
+        """Launch steps `start`, `start + 1`, ... (the C++ replay hands over here when a
+        launch fails: this path retries with the primary context, or raises naming the
+        kernel). The current device is the recipe's."""
+        tensors = (*outputs, *inputs, *scratch)
+        stream = torch._C._cuda_getCurrentRawStream(self.device_index)
         launch = launcher()
-        for step in self.steps:
+        for step in self.steps[start:]:
             args = step.template
             if step.pointers or step.maps:
                 args = list(args)

@@ -103,22 +103,28 @@ def dim3(d) -> tuple[int, int, int]:
 
 
 # -- the C launcher -------------------------------------------------------------------------
-def _compile(source: Path) -> Path:
-    """Compile launcher.c into a cached extension module; raise OSError saying why not."""
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
-    target = BUILD_DIR / f"gpu_days_launcher-{digest}.abi3.so"
+HEADER = SOURCE.with_name("launch_args.h")  # shared with the C++ replay (replay.cpp)
+
+
+def build_extension(
+    name: str, source: Path, compiler: str, flags: list[str], build_dir: Path, libs: list[str] = (), salt: str = ""
+) -> Path:
+    """Compile `source` (which may include launch_args.h) into the extension module `name`,
+    cached in `build_dir` by a hash of the source, the header, the flags and `salt`; raise
+    OSError saying why it cannot. Also builds the C++ replay (`replay.py`)."""
+    h = hashlib.sha256(source.read_bytes() + HEADER.read_bytes() + repr((flags, list(libs), salt)).encode())
+    abi = ".abi3.so" if source.suffix == ".c" else sysconfig.get_config_var("EXT_SUFFIX")
+    target = build_dir / f"{name}-{h.hexdigest()[:16]}{abi}"
     if target.exists():
         return target
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if not cc:
-        raise OSError("no C compiler (cc, gcc, clang or $CC)")
     include = sysconfig.get_paths()["include"]
     if not (Path(include) / "Python.h").exists():
         raise OSError(f"no Python.h in {include} (install Python's development headers)")
-    BUILD_DIR.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=BUILD_DIR) as tmp:
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=build_dir) as tmp:
         built = Path(tmp) / target.name
-        cmd = [cc, "-O2", "-shared", "-fPIC", "-std=c11", f"-I{include}", str(source), "-o", str(built)]
+        cmd = [compiler, "-O2", "-shared", "-fPIC", f"-I{include}", f"-I{HEADER.parent}", *flags, str(source)]
+        cmd += ["-o", str(built), *libs]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise OSError(f"{' '.join(cmd)} failed:\n{result.stderr.strip()[-2000:]}")
@@ -126,9 +132,17 @@ def _compile(source: Path) -> Path:
     return target
 
 
-def _load_extension(path: Path):
-    loader = importlib.machinery.ExtensionFileLoader("gpu_days_launcher", str(path))
-    spec = importlib.util.spec_from_file_location("gpu_days_launcher", path, loader=loader)
+def _compile(source: Path) -> Path:
+    """Compile launcher.c into a cached extension module; raise OSError saying why not."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        raise OSError("no C compiler (cc, gcc, clang or $CC)")
+    return build_extension("gpu_days_launcher", source, cc, ["-std=c11"], BUILD_DIR)
+
+
+def load_extension(path: Path, name: str = "gpu_days_launcher"):
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
@@ -141,7 +155,7 @@ _lock = threading.Lock()
 
 def c_launcher(launch_kernel_address: int, launch_kernel_ex_address: int):
     """The compiled `launch`, bound to these driver entry points (raises OSError)."""
-    module = _load_extension(_compile(SOURCE))
+    module = load_extension(_compile(SOURCE))
     module.set_driver(launch_kernel_address, launch_kernel_ex_address)
     return module.launch
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from . import cuda_driver, direct, fallback
+from . import cuda_driver, direct, fallback, replay
 from .contract import PLAIN_TENSORS, OpSpec, _overlaps, declared_parameters
 from .library import load_kernel_library
 
@@ -45,6 +45,8 @@ class MojoOp:
         self._gpu_broken: BaseException | None = None
         self._gpu_loaded = False  # the days' GPU builds were found once: no need to look again
         self._recipes: dict[tuple, direct.Recipe] = {}  # see direct.Recipe
+        self._book = None  # the same recipes for the C++ replay (replay.py), made with the first
+        self._book_call = None  # replay.cpp's call(book, inputs)
         self._recipe_epoch = direct.plan_epoch()
 
     # -- readiness ------------------------------------------------------------------------
@@ -185,11 +187,17 @@ class MojoOp:
         # --8<-- [start:replay]
         key = None
         if RECIPES and inputs and inputs[0].__class__ in PLAIN_TENSORS and inputs[0].is_cuda:
+            if self._recipe_epoch != direct._epoch:
+                self._forget_recipes()
+            if self._book is not None and not out and params is None:
+                # key, outputs, addresses and launches in C++ (replay.cpp); None: not seen there
+                found = self._book_call(self._book, inputs)
+                if found is not None:
+                    if found.__class__ is list:
+                        return found
+                    return self._resume(found, inputs, torch_impl)
             key = _call_key(inputs, out, params)
             if key is not None:
-                if self._recipe_epoch != direct._epoch:
-                    self._recipes.clear()
-                    self._recipe_epoch = direct._epoch
                 found = self._recipes.get(key)
                 if found is not None and not (out and _any_overlap(out, inputs)):
                     # seen before: checked then, planned then
@@ -259,12 +267,38 @@ class MojoOp:
                     found = direct.recipe(outputs, inputs, scratch, launches, index, self.spec.returned)
                     if found is not None:
                         self._recipes[key] = found
+                        if not out and params is None:
+                            self._add_to_book(inputs, found)
                 return outputs
             except cuda_driver.CudaDriverError as exc:
                 return self._cannot_launch(exc, torch_impl, out)
             except direct.KernelLoadError as exc:
                 reason = self._gpu_broken = exc
         return self._torch_instead(reason, torch_impl, out)
+
+    def _forget_recipes(self) -> None:
+        self._recipes.clear()
+        if self._book is not None:
+            replay.module().clear(self._book)
+        self._recipe_epoch = direct._epoch
+
+    def _add_to_book(self, inputs, recipe: direct.Recipe) -> None:
+        if self._book is None:
+            module = replay.module()  # None: the C++ replay is off here (replay_kind says why)
+            if module is None:
+                return
+            self._book, self._book_call = module.new_book(), module.call
+        replay.module().add(self._book, inputs, recipe)
+
+    def _resume(self, failed, inputs, torch_impl) -> list[torch.Tensor]:
+        """A C++ replay's launch returned an error: its recipe goes on from that step in
+        Python, which retries with the primary context or raises naming the kernel."""
+        recipe, outputs, scratch, step, _code = failed
+        try:
+            recipe.resume(outputs, inputs, scratch, step)
+            return outputs
+        except cuda_driver.CudaDriverError as exc:
+            return self._cannot_launch(exc, torch_impl, ())
 
     def _cannot_launch(self, exc, torch_impl, out) -> list[torch.Tensor]:
         if exc.sticky:  # the context is gone: torch's fallback would fail too

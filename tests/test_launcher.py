@@ -29,18 +29,20 @@ SIZES = {"p": 8, "q": 8, "i": 4, "f": 4, "t": 128}
 
 
 class FakeDriver:
-    """Records each launch as (function, grid, block, smem, stream, cluster, arg bytes)."""
+    """Records each launch as (function, grid, block, smem, stream, cluster, arg bytes).
+    `letters`: the argument kinds of every function, or a dict of them by function."""
 
-    def __init__(self, letters: bytes, code: int = 0):
-        self.letters, self.code, self.seen = letters.decode(), code, []
+    def __init__(self, letters: bytes | dict[int, bytes], code: int = 0):
+        self.letters, self.code, self.seen = letters, code, []
         self.plain = LAUNCH(self._plain)
         self.ex = LAUNCH_EX(self._ex)
 
-    def _args(self, params):
-        return [ctypes.string_at(params[i], SIZES[k]) for i, k in enumerate(self.letters)]
+    def _args(self, params, f):
+        letters = self.letters if isinstance(self.letters, bytes) else self.letters[f]
+        return [ctypes.string_at(params[i], SIZES[k]) for i, k in enumerate(letters.decode())]
 
     def _plain(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
-        self.seen.append((f, (gx, gy, gz), (bx, by, bz), smem, stream or 0, 0, self._args(params)))
+        self.seen.append((f, (gx, gy, gz), (bx, by, bz), smem, stream or 0, 0, self._args(params, f)))
         return self.code
 
     def _ex(self, config, f, params, extra):
@@ -50,7 +52,7 @@ class FakeDriver:
         cluster = tuple(attr.value.clusterDim)
         assert cluster[1:] == (1, 1)
         grid, block = (c.gridDimX, c.gridDimY, c.gridDimZ), (c.blockDimX, c.blockDimY, c.blockDimZ)
-        self.seen.append((f, grid, block, c.sharedMemBytes, c.hStream or 0, cluster[0], self._args(params)))
+        self.seen.append((f, grid, block, c.sharedMemBytes, c.hStream or 0, cluster[0], self._args(params, f)))
         return self.code
 
     def address(self, fn) -> int:
@@ -135,3 +137,245 @@ def test_a_broken_compiler_is_reported_not_hidden(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
     with pytest.raises(OSError, match="failed"):
         launcher._compile(launcher.SOURCE)
+
+
+# -- the C++ replay (replay.cpp) ---------------------------------------------------------------
+# A recipe replayed in C++ must hand the driver exactly what the Python replay hands it for
+# the same tensors. Checked with the real launch plans on CPU tensors: the C++ replay
+# allocates on the recipe's device, here the CPU, and launches through the stand-in driver.
+import torch  # noqa: E402
+
+from pytorch_custom_ops import direct, replay  # noqa: E402
+from pytorch_custom_ops.gemm import _KERNELS as GEMM_OPS  # noqa: E402
+from pytorch_custom_ops.softmax_family import softmax_kernel as SOFTMAX  # noqa: E402
+
+needs_cxx = pytest.mark.skipif(
+    not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")), reason="no C++ compiler here"
+)
+STREAM = 0x7F00_0000_AB00
+
+
+class PlanKernel:
+    """What `direct.loaded` returns for a plan's kernel: a made-up driver handle per kernel."""
+
+    handles: dict[str, int] = {}
+
+    def __init__(self, kernel):
+        self.kernel, self.letters = kernel, launcher.kind_letters(kernel.family.args)
+        self.function = PlanKernel.handles.setdefault(str(kernel), 0x1000 + 16 * len(PlanKernel.handles))
+
+    def ensure_smem(self, smem):
+        pass
+
+
+@pytest.fixture
+def replayers(monkeypatch):
+    """(C++ module, stand-in driver): the C++ replay and the Python one (through the C
+    launcher) both bound to one driver that records every launch."""
+    driver = FakeDriver({})
+    addresses = (driver.address(driver.plain), driver.address(driver.ex))
+    kernels = {}
+
+    def loaded(kernel, index):
+        found = kernels.setdefault(str(kernel), PlanKernel(kernel))
+        driver.letters[found.function] = found.letters
+        return found
+
+    monkeypatch.setattr(direct, "loaded", loaded)
+    monkeypatch.setattr(direct, "launcher", lambda: launcher.c_launcher(*addresses))
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: STREAM, raising=False)
+    from pytorch_custom_ops import cuda_driver
+
+    monkeypatch.setattr(
+        cuda_driver, "encode_tiled_tensor_map", lambda *a: repr(a).encode().ljust(128, b".")[:128], raising=True
+    )
+    module = replay.load(replay.build(), addresses, device=lambda: 0, stream=lambda i: STREAM)
+    return module, driver
+
+
+def _bf16(*shape):
+    return torch.randn(*shape).to(torch.bfloat16)
+
+
+PLANS = {
+    "softmax 8x128 fp32": (SOFTMAX, lambda: ([torch.empty(8, 128)], [torch.randn(8, 128)])),
+    "softmax 2x300000 (cluster kernel)": (SOFTMAX, lambda: ([torch.empty(2, 300000)], [torch.randn(2, 300000)])),
+    "gemm fp32 65x33x17 (SIMT)": (
+        GEMM_OPS[(False, False, False)],
+        lambda: ([torch.empty(65, 17)], [torch.randn(65, 33), torch.randn(33, 17), torch.zeros(1, 1), torch.ones(2)]),
+    ),
+    "gemm bf16 256x512x128 NT (tensor maps)": (
+        GEMM_OPS[(False, False, True)],
+        lambda: (
+            [torch.empty(256, 128, dtype=torch.bfloat16)],
+            [_bf16(256, 512), _bf16(128, 512), torch.zeros(1, 1, dtype=torch.bfloat16), torch.ones(2)],
+        ),
+    ),
+}
+
+
+def _recipe(op, outputs, inputs):
+    with direct.planning() as scratch:
+        launches = op.gpu(outputs, inputs, op.spec.params)
+    made = direct.recipe(outputs, inputs, scratch, launches, 0, op.spec.returned)
+    assert made is not None
+    made.device = torch.device("cpu")  # allocate where these tests run
+    return made
+
+
+@needs_cxx
+@pytest.mark.parametrize("case", PLANS)
+def test_the_cpp_replay_launches_what_the_python_replay_launches(replayers, case):
+    module, driver = replayers
+    op, make = PLANS[case]
+    (out1, in1), (_, in2) = make(), make()
+    recipe = _recipe(op, out1, in1)
+    book = module.new_book()
+    assert module.add(book, in1, recipe) is True and module.size(book) == 1
+    outputs = module.call(book, in2)
+    assert [(o.shape, o.dtype) for o in outputs] == [(o.shape, o.dtype) for o in out1]
+    by_cpp = list(driver.seen)
+    driver.seen.clear()
+    recipe.run(outputs, in2)  # the Python replay, same tensors
+    assert by_cpp == driver.seen and len(by_cpp) == len(recipe.steps)
+    assert all(seen[4] == STREAM for seen in by_cpp)
+    pointers = {int.from_bytes(raw, "little") for seen in by_cpp for raw in seen[-1] if len(raw) == 8}
+    maps = b"".join(raw for seen in by_cpp for raw in seen[-1] if len(raw) == 128)  # the stand-in's repr
+    for t in (outputs[0], in2[0]):  # the new call's addresses, as pointers or inside tensor maps
+        assert t.data_ptr() in pointers or str(t.data_ptr()).encode() in maps
+
+
+@needs_cxx
+def test_a_cpp_replay_misses_whatever_the_key_tells_apart(replayers):
+    module, driver = replayers
+    op, make = PLANS["softmax 8x128 fp32"]
+    out1, in1 = make()
+    book = module.new_book()
+    module.add(book, in1, _recipe(op, out1, in1))
+
+    class Sub(torch.Tensor):
+        pass
+
+    x = torch.randn(8, 129)
+    others = {
+        "shape": [torch.randn(9, 128)],
+        "dtype": [torch.randn(8, 128, dtype=torch.float64)],
+        "contiguity": [torch.randn(128, 8).t()],
+        "alignment": [x[:, 1:]],  # 4 bytes past a 16-byte boundary
+        "a subclass": [torch.randn(8, 128).as_subclass(Sub)],
+        "a non-tensor": [3.0],
+        "one more input": [torch.randn(8, 128), torch.randn(8, 128)],
+    }
+    for what, inputs in others.items():
+        assert module.call(book, inputs) is None, what
+    assert driver.seen == []
+    assert module.call(book, [torch.randn(8, 128)]) is not None  # the key itself hits, also as a tuple
+    assert module.call(book, (torch.randn(8, 128),)) is not None
+    assert len(driver.seen) == 2
+
+
+@needs_cxx
+def test_a_cpp_replay_on_another_current_device_goes_back_to_python(replayers):
+    module, driver = replayers
+    op, make = PLANS["softmax 8x128 fp32"]
+    out1, in1 = make()
+    book = module.new_book()
+    module.add(book, in1, _recipe(op, out1, in1))
+    addresses = (driver.address(driver.plain), driver.address(driver.ex))
+    moved = replay.load(replay.build(), addresses, device=lambda: 1, stream=lambda i: STREAM)
+    assert moved.call(book, in1) is None and driver.seen == []
+
+
+@needs_cxx
+def test_a_failed_cpp_launch_hands_its_recipe_and_tensors_to_python(replayers):
+    module, driver = replayers
+    op, make = PLANS["softmax 8x128 fp32"]
+    out1, in1 = make()
+    recipe = _recipe(op, out1, in1)
+    book = module.new_book()
+    module.add(book, in1, recipe)
+    driver.code = 201  # CUDA_ERROR_INVALID_CONTEXT
+    failed = module.call(book, in1)
+    assert isinstance(failed, tuple)
+    got_recipe, outputs, scratch, step, code = failed
+    assert got_recipe is recipe and step == 0 and code == 201 and scratch == []
+    assert outputs[0].shape == (8, 128) and len(driver.seen) == 1
+
+
+class Spec:
+    """A tensor-map argument's spec: counts the addresses it is asked to encode."""
+
+    def __init__(self):
+        self.asked = []
+
+    def encode_at(self, address):
+        self.asked.append(address)
+        return address.to_bytes(8, "little") * 16
+
+
+class Synthetic:
+    """A recipe as replay.cpp reads it, written out by hand: a 0-dim output, a zeroed
+    scratch tensor, a pointer, an int32 constant and a tensor map."""
+
+    def __init__(self, spec):
+        self.device, self.device_index = torch.device("cpu"), 0
+        self.outputs = [(((),), torch.float32), ((3, 5), torch.int64)]
+        self.scratch = [((4, 2), torch.int32, True)]
+        step = type("Step", (), {})()
+        step.function, step.letters, step.grid, step.block, step.smem, step.cluster = 0x2000, b"ptpi", (2, 3), 64, 0, 2
+        step.template = (None, None, None, -7)
+        step.pointers = ((0, 0), (2, 3))  # output 0, then the scratch tensor (after 1 input)
+        step.maps = ((1, 2, spec, {}),)  # a map of the input
+        self.steps = [step]
+
+
+@needs_cxx
+def test_a_cpp_replay_allocates_what_the_recipe_says_and_encodes_each_address_once(replayers):
+    module, driver = replayers
+    spec = Spec()
+    driver.letters[0x2000] = b"ptpi"
+    x = torch.randn(6)
+    book = module.new_book()
+    assert module.add(book, [x], Synthetic(spec)) is True
+    first = module.call(book, [x])
+    second = module.call(book, [x])
+    assert [o.shape for o in first] == [(), (3, 5)] and first[1].dtype == torch.int64
+    assert spec.asked == [x.data_ptr()]  # the second call reused the encoded map
+    (f, grid, block, smem, stream, cluster, raw) = driver.seen[0]
+    assert (f, grid, block, cluster) == (0x2000, (2, 3, 1), (64, 1, 1), 2)
+    assert int.from_bytes(raw[0], "little") == first[0].data_ptr()
+    assert raw[1] == x.data_ptr().to_bytes(8, "little") * 16
+    assert int.from_bytes(raw[3], "little", signed=True) == -7
+    assert driver.seen[1][-1][0] == second[0].data_ptr().to_bytes(8, "little")
+
+
+@needs_cxx
+def test_a_bad_recipe_is_refused_when_added(replayers):
+    module, _ = replayers
+    recipe = Synthetic(Spec())
+    recipe.steps[0].template = (None, None)  # two values for four arguments
+    with pytest.raises(ValueError, match="template"):
+        module.add(module.new_book(), [torch.randn(6)], recipe)
+    recipe = Synthetic(Spec())
+    recipe.steps[0].pointers = ((0, 9),)  # no tensor 9
+    with pytest.raises(ValueError, match="out of range"):
+        module.add(module.new_book(), [torch.randn(6)], recipe)
+    recipe = Synthetic(Spec())
+    recipe.outputs = [(None, None)]  # a destination: calls with destinations stay in Python
+    with pytest.raises(ValueError, match="destinations"):
+        module.add(module.new_book(), [torch.randn(6)], recipe)
+
+
+@needs_cxx
+def test_the_same_key_added_again_replaces_its_recipe_and_clear_forgets_all(replayers):
+    module, _ = replayers
+    op, make = PLANS["softmax 8x128 fp32"]
+    out1, in1 = make()
+    book = module.new_book()
+    first, second = _recipe(op, out1, in1), _recipe(op, out1, in1)
+    module.add(book, in1, first)
+    module.add(book, in1, second)
+    assert module.size(book) == 1
+    module.clear(book)
+    assert module.size(book) == 0 and module.call(book, in1) is None

@@ -206,6 +206,60 @@ def test_repeated_calls_use_the_recipe_and_stay_correct(monkeypatch):
 
 
 @needs_cuda
+def test_repeated_calls_replay_in_cpp_without_python_replay_or_plan(monkeypatch):
+    from pytorch_custom_ops import replay
+
+    x = torch.randn(31, 999, device="cuda")
+    pco.softmax(x, -1)  # planned in Python; the recipe goes to the C++ book too
+    assert replay.module() is not None, replay.replay_kind()
+    assert replay.module().size(SOFTMAX._book) >= 1
+    monkeypatch.setattr(SOFTMAX, "gpu", None)
+    monkeypatch.setattr(direct.Recipe, "run", lambda *a: pytest.fail("the Python replay ran"))
+    for _ in range(3):
+        x = torch.randn(31, 999, device="cuda")
+        torch.testing.assert_close(pco.softmax(x, -1), torch.softmax(x, -1))
+
+
+@needs_cuda
+def test_a_replayed_call_from_a_fresh_thread_launches():
+    """A new thread may have no current CUDA context; the replay must still launch there."""
+    import threading
+
+    x = torch.randn(8, 100, device="cuda")
+    pco.online_softmax(x)  # the recipe exists before the thread starts
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("y", pco.online_softmax(x)))
+    thread.start()
+    thread.join()
+    torch.testing.assert_close(result["y"], torch.softmax(x, -1))
+
+
+@needs_cuda
+def test_a_failed_cpp_launch_resumes_in_python_from_that_step(monkeypatch):
+    """The C++ replay bound to a driver whose every launch fails (201, no context): the
+    Python recipe goes on from the failed step with the real launcher, and the result is
+    right."""
+    import ctypes
+
+    from pytorch_custom_ops import replay
+
+    x = torch.randn(8, 100, device="cuda")
+    pco.online_softmax(x)
+    resumed = []
+    real = direct.Recipe.resume
+    monkeypatch.setattr(direct.Recipe, "resume", lambda self, *a: resumed.append(a[-1]) or real(self, *a))
+    failing = ctypes.CFUNCTYPE(ctypes.c_int)(lambda: cuda_driver.CUDA_ERROR_INVALID_CONTEXT)
+    address = ctypes.cast(failing, ctypes.c_void_p).value
+    replay.load(replay.build(), (address, address))
+    try:
+        y = pco.online_softmax(x)
+    finally:
+        replay.load(replay.build())  # the real driver again
+    assert resumed == [0]
+    torch.testing.assert_close(y, torch.softmax(x, -1))
+
+
+@needs_cuda
 def test_a_recipe_never_skips_a_check_that_would_fail():
     x = torch.randn(64, 64, device="cuda")
     pco.softmax(x, -1)
