@@ -267,7 +267,7 @@ class MojoOp:
                     found = direct.recipe(outputs, inputs, scratch, launches, index, self.spec.returned)
                     if found is not None:
                         self._recipes[key] = found
-                        if not out and params is None:
+                        if key[0] == 0 and key[1] is None:  # no destinations, no parameters: C++ too
                             self._add_to_book(inputs, found)
                 return outputs
             except cuda_driver.CudaDriverError as exc:
