@@ -6,15 +6,16 @@
  * launches: 8-15 us per call on the H100's host, where the launch itself is ~3.5 (day 016,
  * part four). Here a recipe book (one per op) does the same in one call from Python:
  *
- *   call(book, inputs) -> list of outputs      a recipe for these inputs' key ran
- *                      -> None                 no recipe: the Python path plans and adds one
- *                      -> (recipe, outputs, scratch, step, code)
- *                                              a launch returned `code`: the Python recipe
- *                                              takes over at `step` (its error path)
- *   add(book, inputs, recipe)                  store the Python recipe under these inputs' key
+ *   call(book, inputs, params) -> list of outputs   a recipe for this key ran
+ *                              -> None              no recipe: the Python path plans, adds one
+ *                              -> (recipe, outputs, scratch, step, code)
+ *                                                   a launch returned `code`: the Python recipe
+ *                                                   takes over at `step` (its error path)
+ *   add(book, inputs, params, recipe)               store the Python recipe under this key
  *
- * The key is what `mojo_op._call_key` reads (shape, dtype, device, contiguity, 16-byte
- * alignment of each input) for a call without destinations or parameters. Constant
+ * The key is what `mojo_op._call_key` reads for a call without destinations: the shape,
+ * dtype, device, contiguity and 16-byte alignment of each input, and `params` (None, or
+ * a hashable value standing for the call's parameters, compared by ==). Constant
  * arguments are packed once, when a recipe is added; a replay writes only addresses and
  * tensor maps (re-encoded per address by the recipe's Python spec, cached here).
  *
@@ -71,11 +72,12 @@ struct Step {
 struct Entry {
     uint64_t hash;
     std::vector<int64_t> key;
+    PyObject *params = nullptr;  // owned: None or the call's parameters
     c10::Device device{c10::kCPU};
-    long device_index;
+    long device_index = 0;
     std::vector<Alloc> outputs, scratch;
     std::vector<Step> steps;
-    PyObject *recipe;  // owned: the Python recipe, for its error path
+    PyObject *recipe = nullptr;  // owned: the Python recipe, for its error path
 };
 
 using Book = std::vector<std::unique_ptr<Entry>>;
@@ -120,15 +122,28 @@ uint64_t hash_key(const std::vector<int64_t> &key) {
 
 Book *book_of(PyObject *capsule) { return static_cast<Book *>(PyCapsule_GetPointer(capsule, kBookName)); }
 
+// Drop the Python objects an entry holds (before it is freed).
+void release(Entry &entry) {
+    Py_XDECREF(entry.recipe);
+    Py_XDECREF(entry.params);
+    entry.recipe = entry.params = nullptr;
+    for (auto &step : entry.steps)
+        for (auto &map : step.maps) Py_CLEAR(map.spec);
+}
+
 void free_book(PyObject *capsule) {
     Book *book = book_of(capsule);
     if (book == nullptr) return;
-    for (auto &entry : *book) {
-        Py_XDECREF(entry->recipe);
-        for (auto &step : entry->steps)
-            for (auto &map : step.maps) Py_XDECREF(map.spec);
-    }
+    for (auto &entry : *book) release(*entry);
     delete book;
+}
+
+// The hash of a call's key and parameters (-1: the parameters cannot be hashed).
+bool full_hash(const std::vector<int64_t> &key, PyObject *params, uint64_t &hash) {
+    Py_hash_t h = PyObject_Hash(params);
+    if (h == -1) return false;
+    hash = hash_key(key) ^ (static_cast<uint64_t>(h) * 0x9E3779B97F4A7C15ull);
+    return true;
 }
 
 // -- reading a Python recipe ------------------------------------------------------------------
@@ -290,8 +305,8 @@ PyObject *book_size(PyObject *, PyObject *capsule) {
 }
 
 PyObject *add(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
-    if (argc != 3) {
-        PyErr_SetString(PyExc_TypeError, "add(book, inputs, recipe)");
+    if (argc != 4) {
+        PyErr_SetString(PyExc_TypeError, "add(book, inputs, params, recipe)");
         return nullptr;
     }
     Book *book = book_of(argv[0]);
@@ -301,8 +316,8 @@ PyObject *add(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
     if (!make_key(argv[1], key, tensors)) Py_RETURN_FALSE;  // such calls stay on the Python path
     auto entry = std::make_unique<Entry>();
     entry->key = key;
-    entry->hash = hash_key(key);
-    PyObject *recipe = argv[2];
+    if (!full_hash(key, argv[2], entry->hash)) return nullptr;
+    PyObject *recipe = argv[3];
     PyObject *device = PyObject_GetAttrString(recipe, "device");
     PyObject *index = PyObject_GetAttrString(recipe, "device_index");
     bool ok = device && index && THPDevice_Check(device);
@@ -324,18 +339,24 @@ PyObject *add(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
         Py_DECREF(steps);
     }
     if (!ok || steps == nullptr) {
-        for (auto &step : entry->steps)
-            for (auto &map : step.maps) Py_XDECREF(map.spec);
+        release(*entry);
         return nullptr;
     }
     Py_INCREF(recipe);
+    Py_INCREF(argv[2]);
     entry->recipe = recipe;
+    entry->params = argv[2];
     for (auto &old : *book) {  // the same key again (after plans_changed): the new recipe wins
-        if (old->hash == entry->hash && old->key == entry->key) {
+        int same = old->hash == entry->hash && old->key == entry->key
+                       ? PyObject_RichCompareBool(old->params, entry->params, Py_EQ)
+                       : 0;
+        if (same < 0) {
+            release(*entry);
+            return nullptr;
+        }
+        if (same) {
             std::swap(old, entry);
-            Py_DECREF(entry->recipe);
-            for (auto &step : entry->steps)
-                for (auto &map : step.maps) Py_XDECREF(map.spec);
+            release(*entry);
             Py_RETURN_TRUE;
         }
     }
@@ -346,11 +367,7 @@ PyObject *add(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
 PyObject *clear(PyObject *, PyObject *capsule) {
     Book *book = book_of(capsule);
     if (book == nullptr) return nullptr;
-    for (auto &entry : *book) {
-        Py_XDECREF(entry->recipe);
-        for (auto &step : entry->steps)
-            for (auto &map : step.maps) Py_XDECREF(map.spec);
-    }
+    for (auto &entry : *book) release(*entry);
     book->clear();
     Py_RETURN_NONE;
 }
@@ -372,22 +389,27 @@ PyObject *wrap_all(std::vector<at::Tensor> &tensors, size_t first, size_t count)
 // --8<-- [start:call]
 PyObject *call(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
     HANDLE_TH_ERRORS
-    if (argc != 2) {
-        PyErr_SetString(PyExc_TypeError, "call(book, inputs)");
+    if (argc != 3) {
+        PyErr_SetString(PyExc_TypeError, "call(book, inputs, params)");
         return nullptr;
     }
     Book *book = book_of(argv[0]);
     if (book == nullptr) return nullptr;
     thread_local std::vector<int64_t> key;
     thread_local std::vector<const at::Tensor *> inputs;
+    uint64_t hash;
     if (!make_key(argv[1], key, inputs)) Py_RETURN_NONE;
-    uint64_t hash = hash_key(key);
+    if (!full_hash(key, argv[2], hash)) return nullptr;
     Entry *entry = nullptr;
-    for (auto &e : *book)
-        if (e->hash == hash && e->key == key) {
+    for (auto &e : *book) {
+        if (e->hash != hash || e->key != key) continue;
+        int same = e->params == argv[2] ? 1 : PyObject_RichCompareBool(e->params, argv[2], Py_EQ);
+        if (same < 0) return nullptr;
+        if (same) {
             entry = e.get();
             break;
         }
+    }
     if (entry == nullptr) Py_RETURN_NONE;
 
     // torch's current device must be the recipe's (else the Python path switches to it)
@@ -464,10 +486,10 @@ PyMethodDef methods[] = {
      "configure(cuLaunchKernel, cuLaunchKernelEx, plain tensor types, current_device(), current_stream(index))"},
     {"new_book", new_book, METH_NOARGS, "new_book() -> an empty recipe book"},
     {"size", book_size, METH_O, "size(book) -> recipes stored"},
-    {"add", (PyCFunction)(void (*)(void))add, METH_FASTCALL, "add(book, inputs, recipe) -> stored"},
+    {"add", (PyCFunction)(void (*)(void))add, METH_FASTCALL, "add(book, inputs, params, recipe) -> stored"},
     {"clear", clear, METH_O, "clear(book)"},
     {"call", (PyCFunction)(void (*)(void))call, METH_FASTCALL,
-     "call(book, inputs) -> outputs | None | (recipe, outputs, scratch, step, code)"},
+     "call(book, inputs, params) -> outputs | None | (recipe, outputs, scratch, step, code)"},
     {nullptr, nullptr, 0, nullptr},
 };
 
