@@ -432,11 +432,16 @@ def _layer_norm_backward_eager(
     shape = check_layer_norm_args("layer_norm_backward", x, normalized_shape, weight, None, 0.0)
     if grad_out.shape != x.shape:
         raise ValueError(f"layer_norm_backward: grad_out {tuple(grad_out.shape)} must match x {tuple(x.shape)}")
-    lead, rows, cols = _split(x, shape)
     # the usual case (a (rows, cols) LayerNorm's own saved tensors) needs no copy or view
     as_is = x.dim() == 2 and len(shape) == 1 and x.is_contiguous() and grad_out.is_contiguous()
-    go2 = grad_out.to(x.dtype) if as_is else grad_out.to(x.dtype).contiguous().view(rows, cols)
-    x2 = x if as_is else x.contiguous().view(rows, cols)
+    if as_is:  # no .to() call either when the dtypes agree: each torch call is ~1 us on the host
+        lead, (rows, cols) = x.shape[:1], x.shape
+        go2 = grad_out if grad_out.dtype == x.dtype else grad_out.to(x.dtype)
+        x2 = x
+    else:
+        lead, rows, cols = _split(x, shape)
+        go2 = grad_out.to(x.dtype).contiguous().view(rows, cols)
+        x2 = x.contiguous().view(rows, cols)
     if rows == 0 or cols == 0:
         gx = torch.empty_like(x2)
         gw = torch.zeros(cols, dtype=x.dtype, device=x.device)
