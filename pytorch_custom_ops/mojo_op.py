@@ -189,9 +189,9 @@ class MojoOp:
         if RECIPES and inputs and inputs[0].__class__ in PLAIN_TENSORS and inputs[0].is_cuda:
             if self._recipe_epoch != direct._epoch:
                 self._forget_recipes()
-            if self._book is not None and not out:
+            if self._book is not None and not (out and _any_overlap(out, inputs)):
                 # key, outputs, addresses and launches in C++ (replay.cpp); None: not seen there
-                found = self._book_call(self._book, inputs, None if params is None else tuple(params.items()))
+                found = self._book_call(self._book, inputs, None if params is None else tuple(params.items()), out)
                 if found is not None:
                     if found.__class__ is list:
                         return found
@@ -267,8 +267,7 @@ class MojoOp:
                     found = direct.recipe(outputs, inputs, scratch, launches, index, self.spec.returned)
                     if found is not None:
                         self._recipes[key] = found
-                        if not out:  # calls with destinations replay in Python only
-                            self._add_to_book(inputs, key[1], found)
+                        self._add_to_book(inputs, key[1], out, found)
                 return outputs
             except cuda_driver.CudaDriverError as exc:
                 return self._cannot_launch(exc, torch_impl, out)
@@ -282,13 +281,13 @@ class MojoOp:
             replay.module().clear(self._book)
         self._recipe_epoch = direct._epoch
 
-    def _add_to_book(self, inputs, params: tuple | None, recipe: direct.Recipe) -> None:
+    def _add_to_book(self, inputs, params: tuple | None, out, recipe: direct.Recipe) -> None:
         if self._book is None:
             module = replay.module()  # None: the C++ replay is off here (replay_kind says why)
             if module is None:
                 return
             self._book, self._book_call = module.new_book(), module.call
-        replay.module().add(self._book, inputs, params, recipe)
+        replay.module().add(self._book, inputs, params, out, recipe)
 
     def _resume(self, failed, inputs, torch_impl) -> list[torch.Tensor]:
         """A C++ replay's launch returned an error: its recipe goes on from that step in

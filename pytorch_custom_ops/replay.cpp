@@ -6,16 +6,18 @@
  * launches: 8-15 us per call on the H100's host, where the launch itself is ~3.5 (day 016,
  * part four). Here a recipe book (one per op) does the same in one call from Python:
  *
- *   call(book, inputs, params) -> list of outputs   a recipe for this key ran
- *                              -> None              no recipe: the Python path plans, adds one
- *                              -> (recipe, outputs, scratch, step, code)
- *                                                   a launch returned `code`: the Python recipe
- *                                                   takes over at `step` (its error path)
- *   add(book, inputs, params, recipe)               store the Python recipe under this key
+ *   call(book, inputs, params, out) -> list of outputs   a recipe for this key ran
+ *                                   -> None              no recipe: Python plans, adds one
+ *                                   -> (recipe, outputs, scratch, step, code)
+ *                                                        a launch returned `code`: the Python
+ *                                                        recipe goes on from `step` (its error path)
+ *   add(book, inputs, params, out, recipe)               store the Python recipe under this key
  *
- * The key is what `mojo_op._call_key` reads for a call without destinations: the shape,
- * dtype, device, contiguity and 16-byte alignment of each input, and `params` (None, or
- * a hashable value standing for the call's parameters, compared by ==). Constant
+ * The key is what `mojo_op._call_key` reads: the number of destinations (`out`, the
+ * outputs the caller gives), the shape, dtype, device, contiguity and 16-byte alignment
+ * of each destination and input, and `params` (None, or a hashable value standing for
+ * the call's parameters, compared by ==). The caller checks that destinations overlap no
+ * input, as the Python replay does. Constant
  * arguments are packed once, when a recipe is added; a replay writes only addresses and
  * tensor maps (re-encoded per address by the recipe's Python spec, cached here).
  *
@@ -50,7 +52,8 @@ constexpr size_t kMaxEncoded = 256;  // tensor maps kept per argument, as direct
 struct Alloc {
     std::vector<int64_t> sizes;
     at::ScalarType dtype;
-    bool zeroed;
+    bool zeroed;  // scratch: made with zeros
+    bool given;   // output: a destination, not allocated
 };
 
 struct TensorMapArg {
@@ -87,15 +90,14 @@ PyObject *plain_types;
 PyObject *current_device;
 PyObject *current_stream;
 
-// The key of a call's inputs, a list or tuple (false: not replayable here, e.g. a tensor subclass).
-bool make_key(PyObject *inputs, std::vector<int64_t> &key, std::vector<const at::Tensor *> &tensors) {
-    if (!(PyList_CheckExact(inputs) || PyTuple_CheckExact(inputs)) || plain_types == nullptr) return false;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(inputs);
-    key.clear();
-    tensors.clear();
+// Append the key words of a list or tuple of tensors (false: not replayable here, e.g. a
+// tensor subclass).
+bool add_key(PyObject *seq, std::vector<int64_t> &key, std::vector<const at::Tensor *> &tensors) {
+    if (!(PyList_CheckExact(seq) || PyTuple_CheckExact(seq)) || plain_types == nullptr) return false;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     key.push_back(n);
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *obj = PySequence_Fast_GET_ITEM(inputs, i);
+        PyObject *obj = PySequence_Fast_GET_ITEM(seq, i);
         bool plain = false;
         for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(plain_types); j++)
             plain = plain || (PyObject *)Py_TYPE(obj) == PyTuple_GET_ITEM(plain_types, j);
@@ -112,6 +114,13 @@ bool make_key(PyObject *inputs, std::vector<int64_t> &key, std::vector<const at:
         tensors.push_back(&t);
     }
     return true;
+}
+
+// The key of a call: its destinations, then its inputs. `tensors` gets them in that order.
+bool make_key(PyObject *out, PyObject *inputs, std::vector<int64_t> &key, std::vector<const at::Tensor *> &tensors) {
+    key.clear();
+    tensors.clear();
+    return add_key(out, key, tensors) && add_key(inputs, key, tensors);
 }
 
 uint64_t hash_key(const std::vector<int64_t> &key) {
@@ -190,13 +199,13 @@ bool read_allocs(PyObject *recipe, const char *name, std::vector<Alloc> &out, bo
     bool ok = true;
     for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(items); i++) {
         PyObject *item = PyTuple_GET_ITEM(items, i);
-        Alloc alloc{{}, at::kFloat, false};
+        Alloc alloc{{}, at::kFloat, false, false};
         if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != (scratch ? 3 : 2)) {
             PyErr_Format(PyExc_TypeError, "recipe.%s: unexpected entry", name);
             ok = false;
-        } else if (PyTuple_GET_ITEM(item, 0) == Py_None) {  // a destination the caller gives
-            PyErr_SetString(PyExc_ValueError, "recipe: destinations are not replayed in C++");
-            ok = false;
+        } else if (PyTuple_GET_ITEM(item, 0) == Py_None && !scratch) {  // a destination the caller gives
+            alloc.given = true;
+            out.push_back(std::move(alloc));
         } else {
             ok = read_sizes(PyTuple_GET_ITEM(item, 0), alloc.sizes) && read_dtype(PyTuple_GET_ITEM(item, 1), alloc.dtype);
             if (ok && scratch) alloc.zeroed = PyObject_IsTrue(PyTuple_GET_ITEM(item, 2)) == 1;
@@ -305,19 +314,20 @@ PyObject *book_size(PyObject *, PyObject *capsule) {
 }
 
 PyObject *add(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
-    if (argc != 4) {
-        PyErr_SetString(PyExc_TypeError, "add(book, inputs, params, recipe)");
+    if (argc != 5) {
+        PyErr_SetString(PyExc_TypeError, "add(book, inputs, params, out, recipe)");
         return nullptr;
     }
     Book *book = book_of(argv[0]);
     if (book == nullptr) return nullptr;
     std::vector<int64_t> key;
     std::vector<const at::Tensor *> tensors;
-    if (!make_key(argv[1], key, tensors)) Py_RETURN_FALSE;  // such calls stay on the Python path
+    if (!make_key(argv[3], argv[1], key, tensors)) Py_RETURN_FALSE;  // such calls stay on the Python path
     auto entry = std::make_unique<Entry>();
     entry->key = key;
     if (!full_hash(key, argv[2], entry->hash)) return nullptr;
-    PyObject *recipe = argv[3];
+    PyObject *recipe = argv[4];
+    const size_t n_given = static_cast<size_t>(PySequence_Fast_GET_SIZE(argv[3]));
     PyObject *device = PyObject_GetAttrString(recipe, "device");
     PyObject *index = PyObject_GetAttrString(recipe, "device_index");
     bool ok = device && index && THPDevice_Check(device);
@@ -330,8 +340,15 @@ PyObject *add(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
     }
     Py_XDECREF(device), Py_XDECREF(index);
     ok = ok && read_allocs(recipe, "outputs", entry->outputs, false) && read_allocs(recipe, "scratch", entry->scratch, true);
+    size_t n_given_outputs = 0;
+    for (const Alloc &a : entry->outputs) n_given_outputs += a.given;
+    if (ok && n_given_outputs != n_given) {
+        PyErr_SetString(PyExc_ValueError, "recipe: its destinations do not match the call's");
+        ok = false;
+    }
     PyObject *steps = ok ? tuple_attr(recipe, "steps") : nullptr;
-    size_t n_tensors = entry->outputs.size() + tensors.size() + entry->scratch.size();
+    // tensor indices: outputs (destinations among them), inputs, scratch
+    size_t n_tensors = entry->outputs.size() + (tensors.size() - n_given) + entry->scratch.size();
     if (steps != nullptr) {
         entry->steps.resize(PyTuple_GET_SIZE(steps));
         for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(steps); i++)
@@ -389,16 +406,16 @@ PyObject *wrap_all(std::vector<at::Tensor> &tensors, size_t first, size_t count)
 // --8<-- [start:call]
 PyObject *call(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
     HANDLE_TH_ERRORS
-    if (argc != 3) {
-        PyErr_SetString(PyExc_TypeError, "call(book, inputs, params)");
+    if (argc != 4) {
+        PyErr_SetString(PyExc_TypeError, "call(book, inputs, params, out)");
         return nullptr;
     }
     Book *book = book_of(argv[0]);
     if (book == nullptr) return nullptr;
     thread_local std::vector<int64_t> key;
-    thread_local std::vector<const at::Tensor *> inputs;
+    thread_local std::vector<const at::Tensor *> tensors;  // destinations, then inputs
     uint64_t hash;
-    if (!make_key(argv[1], key, inputs)) Py_RETURN_NONE;
+    if (!make_key(argv[3], argv[1], key, tensors)) Py_RETURN_NONE;
     if (!full_hash(key, argv[2], hash)) return nullptr;
     Entry *entry = nullptr;
     for (auto &e : *book) {
@@ -426,18 +443,27 @@ PyObject *call(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
     Py_DECREF(raw_stream);
     if (PyErr_Occurred()) return nullptr;
 
-    // outputs, then inputs, then scratch: the order of the recipe's tensor indices
+    // outputs (new ones, and the destinations given), then scratch; the recipe's tensor
+    // indices count outputs, then inputs, then scratch
+    const size_t n_given = static_cast<size_t>(PySequence_Fast_GET_SIZE(argv[3]));
     std::vector<at::Tensor> made;
     made.reserve(entry->outputs.size() + entry->scratch.size());
-    for (const Alloc &a : entry->outputs)
-        made.push_back(at::empty(a.sizes, at::TensorOptions().dtype(a.dtype).device(entry->device)));
+    size_t given = 0;
+    for (const Alloc &a : entry->outputs) {
+        if (a.given)
+            made.push_back(*tensors[given++]);
+        else
+            made.push_back(at::empty(a.sizes, at::TensorOptions().dtype(a.dtype).device(entry->device)));
+    }
     for (const Alloc &a : entry->scratch) {
         auto options = at::TensorOptions().dtype(a.dtype).device(entry->device);
         made.push_back(a.zeroed ? at::zeros(a.sizes, options) : at::empty(a.sizes, options));
     }
-    const size_t n_out = entry->outputs.size(), n_in = inputs.size();
+    const size_t n_out = entry->outputs.size(), n_in = tensors.size() - n_given;
     auto address = [&](int i) -> uint64_t {
-        const at::Tensor &t = i < (int)n_out ? made[i] : i < (int)(n_out + n_in) ? *inputs[i - n_out] : made[i - n_in];
+        const at::Tensor &t = i < (int)n_out               ? made[i]
+                              : i < (int)(n_out + n_in) ? *tensors[n_given + i - n_out]
+                                                        : made[i - n_in];
         return reinterpret_cast<uintptr_t>(t.data_ptr());
     };
     for (size_t s = 0; s < entry->steps.size(); s++) {
@@ -486,10 +512,10 @@ PyMethodDef methods[] = {
      "configure(cuLaunchKernel, cuLaunchKernelEx, plain tensor types, current_device(), current_stream(index))"},
     {"new_book", new_book, METH_NOARGS, "new_book() -> an empty recipe book"},
     {"size", book_size, METH_O, "size(book) -> recipes stored"},
-    {"add", (PyCFunction)(void (*)(void))add, METH_FASTCALL, "add(book, inputs, params, recipe) -> stored"},
+    {"add", (PyCFunction)(void (*)(void))add, METH_FASTCALL, "add(book, inputs, params, out, recipe) -> stored"},
     {"clear", clear, METH_O, "clear(book)"},
     {"call", (PyCFunction)(void (*)(void))call, METH_FASTCALL,
-     "call(book, inputs, params) -> outputs | None | (recipe, outputs, scratch, step, code)"},
+     "call(book, inputs, params, out) -> outputs | None | (recipe, outputs, scratch, step, code)"},
     {nullptr, nullptr, 0, nullptr},
 };
 

@@ -232,8 +232,8 @@ def test_the_cpp_replay_launches_what_the_python_replay_launches(replayers, case
     (out1, in1), (_, in2) = make(), make()
     recipe = _recipe(op, out1, in1)
     book = module.new_book()
-    assert module.add(book, in1, None, recipe) is True and module.size(book) == 1
-    outputs = module.call(book, in2, None)
+    assert module.add(book, in1, None, (), recipe) is True and module.size(book) == 1
+    outputs = module.call(book, in2, None, ())
     assert [(o.shape, o.dtype) for o in outputs] == [(o.shape, o.dtype) for o in out1]
     by_cpp = list(driver.seen)
     driver.seen.clear()
@@ -252,7 +252,7 @@ def test_a_cpp_replay_misses_whatever_the_key_tells_apart(replayers):
     op, make = PLANS["softmax 8x128 fp32"]
     out1, in1 = make()
     book = module.new_book()
-    module.add(book, in1, None, _recipe(op, out1, in1))
+    module.add(book, in1, None, (), _recipe(op, out1, in1))
 
     class Sub(torch.Tensor):
         pass
@@ -268,10 +268,10 @@ def test_a_cpp_replay_misses_whatever_the_key_tells_apart(replayers):
         "one more input": [torch.randn(8, 128), torch.randn(8, 128)],
     }
     for what, inputs in others.items():
-        assert module.call(book, inputs, None) is None, what
+        assert module.call(book, inputs, None, ()) is None, what
     assert driver.seen == []
-    assert module.call(book, [torch.randn(8, 128)], None) is not None  # the key itself hits, also as a tuple
-    assert module.call(book, (torch.randn(8, 128),), None) is not None
+    assert module.call(book, [torch.randn(8, 128)], None, ()) is not None  # the key itself hits, also as a tuple
+    assert module.call(book, (torch.randn(8, 128),), None, ()) is not None
     assert len(driver.seen) == 2
 
 
@@ -281,10 +281,10 @@ def test_a_cpp_replay_on_another_current_device_goes_back_to_python(replayers):
     op, make = PLANS["softmax 8x128 fp32"]
     out1, in1 = make()
     book = module.new_book()
-    module.add(book, in1, None, _recipe(op, out1, in1))
+    module.add(book, in1, None, (), _recipe(op, out1, in1))
     addresses = (driver.address(driver.plain), driver.address(driver.ex))
     moved = replay.load(replay.build(), addresses, device=lambda: 1, stream=lambda i: STREAM)
-    assert moved.call(book, in1, None) is None and driver.seen == []
+    assert moved.call(book, in1, None, ()) is None and driver.seen == []
 
 
 @needs_cxx
@@ -294,9 +294,9 @@ def test_a_failed_cpp_launch_hands_its_recipe_and_tensors_to_python(replayers):
     out1, in1 = make()
     recipe = _recipe(op, out1, in1)
     book = module.new_book()
-    module.add(book, in1, None, recipe)
+    module.add(book, in1, None, (), recipe)
     driver.code = 201  # CUDA_ERROR_INVALID_CONTEXT
-    failed = module.call(book, in1, None)
+    failed = module.call(book, in1, None, ())
     assert isinstance(failed, tuple)
     got_recipe, outputs, scratch, step, code = failed
     assert got_recipe is recipe and step == 0 and code == 201 and scratch == []
@@ -337,9 +337,9 @@ def test_a_cpp_replay_allocates_what_the_recipe_says_and_encodes_each_address_on
     driver.letters[0x2000] = b"ptpi"
     x = torch.randn(6)
     book = module.new_book()
-    assert module.add(book, [x], None, Synthetic(spec)) is True
-    first = module.call(book, [x], None)
-    second = module.call(book, [x], None)
+    assert module.add(book, [x], None, (), Synthetic(spec)) is True
+    first = module.call(book, [x], None, ())
+    second = module.call(book, [x], None, ())
     assert [o.shape for o in first] == [(), (3, 5)] and first[1].dtype == torch.int64
     assert spec.asked == [x.data_ptr()]  # the second call reused the encoded map
     (f, grid, block, smem, stream, cluster, raw) = driver.seen[0]
@@ -356,15 +356,15 @@ def test_a_bad_recipe_is_refused_when_added(replayers):
     recipe = Synthetic(Spec())
     recipe.steps[0].template = (None, None)  # two values for four arguments
     with pytest.raises(ValueError, match="template"):
-        module.add(module.new_book(), [torch.randn(6)], None, recipe)
+        module.add(module.new_book(), [torch.randn(6)], None, (), recipe)
     recipe = Synthetic(Spec())
     recipe.steps[0].pointers = ((0, 9),)  # no tensor 9
     with pytest.raises(ValueError, match="out of range"):
-        module.add(module.new_book(), [torch.randn(6)], None, recipe)
+        module.add(module.new_book(), [torch.randn(6)], None, (), recipe)
     recipe = Synthetic(Spec())
-    recipe.outputs = [(None, None)]  # a destination: calls with destinations stay in Python
+    recipe.outputs = [(None, None)]  # a destination the call does not give
     with pytest.raises(ValueError, match="destinations"):
-        module.add(module.new_book(), [torch.randn(6)], None, recipe)
+        module.add(module.new_book(), [torch.randn(6)], None, (), recipe)
 
 
 @needs_cxx
@@ -374,11 +374,11 @@ def test_the_same_key_added_again_replaces_its_recipe_and_clear_forgets_all(repl
     out1, in1 = make()
     book = module.new_book()
     first, second = _recipe(op, out1, in1), _recipe(op, out1, in1)
-    module.add(book, in1, None, first)
-    module.add(book, in1, None, second)
+    module.add(book, in1, None, (), first)
+    module.add(book, in1, None, (), second)
     assert module.size(book) == 1
     module.clear(book)
-    assert module.size(book) == 0 and module.call(book, in1, None) is None
+    assert module.size(book) == 0 and module.call(book, in1, None, ()) is None
 
 
 @needs_cxx
@@ -387,9 +387,27 @@ def test_parameters_are_part_of_a_cpp_replay_key(replayers):
     op, make = PLANS["softmax 8x128 fp32"]
     out1, in1 = make()
     book = module.new_book()
-    module.add(book, in1, (("PIPELINE", "fused"),), _recipe(op, out1, in1))
-    assert module.call(book, in1, None) is None
-    assert module.call(book, in1, (("PIPELINE", "split"),)) is None
-    assert module.call(book, in1, (("PIPELINE", "fused"),)) is not None  # equal, not the same object
+    module.add(book, in1, (("PIPELINE", "fused"),), (), _recipe(op, out1, in1))
+    assert module.call(book, in1, None, ()) is None
+    assert module.call(book, in1, (("PIPELINE", "split"),), ()) is None
+    assert module.call(book, in1, (("PIPELINE", "fused"),), ()) is not None  # equal, not the same object
     with pytest.raises(TypeError, match="unhashable"):
-        module.call(book, in1, {"PIPELINE": "fused"})
+        module.call(book, in1, {"PIPELINE": "fused"}, ())
+
+
+@needs_cxx
+def test_a_cpp_replay_takes_destinations_in_place_and_keys_on_them(replayers):
+    module, driver = replayers
+    driver.letters[0x2000] = b"ptpi"
+    recipe = Synthetic(Spec())
+    recipe.outputs = [((3,), torch.float32), (None, None)]  # output 1: the caller's destination
+    recipe.steps[0].pointers = ((0, 1), (2, 3))  # the destination, then the scratch tensor
+    x, dest = torch.randn(6), torch.empty(4, dtype=torch.float64)
+    book = module.new_book()
+    assert module.add(book, [x], None, [dest], recipe) is True
+    other = torch.empty(4, dtype=torch.float64)
+    outputs = module.call(book, [x], None, [other])
+    assert outputs[1] is other and outputs[0].shape == (3,)
+    assert int.from_bytes(driver.seen[-1][-1][0], "little") == other.data_ptr()
+    assert module.call(book, [x], None, []) is None  # no destination: another key
+    assert module.call(book, [x], None, [torch.empty(5, dtype=torch.float64)]) is None
