@@ -297,13 +297,18 @@ def _setup_context(ctx, inputs, output):
 
 # --8<-- [start:column_sum]
 def column_sum(g: torch.Tensor) -> torch.Tensor:
-    """g.sum(0) of a 2-D g: a linear layer's bias gradient. On CUDA in 16-bit floats it is
-    cuBLAS's matrix-vector product gᵀ 1 (float32 accumulation, as sum's), which read
-    16384 x 768-3072 bf16 gradients 1.2-1.8x faster than torch's column reduction on the H100
-    (day 020): 20 against 36 us at 768 wide, 50 against 61 at 3072."""
-    if g.is_cuda and g.dtype in (torch.bfloat16, torch.float16) and g.shape[0] > 0:
+    """g.sum(0) of a 2-D g: a linear layer's bias gradient. On CUDA in 16-bit floats with
+    many rows it is cuBLAS's matrix-vector product gᵀ 1 (float32 accumulation, as sum's),
+    which read 16384 x 768-3072 bf16 gradients 1.2-1.8x faster than torch's column
+    reduction on the H100 (day 020): 20 against 36 us at 768 wide, 50 against 61 at 3072.
+    With few rows both kernels take a few microseconds and the host decides: torch.mv cost
+    ~3x sum's host time in day 016's profile of a 64-token block."""
+    if g.is_cuda and g.dtype in (torch.bfloat16, torch.float16) and g.shape[0] >= GEMV_MIN_ROWS:
         return torch.mv(g.t(), ones_like_rows(g))
     return g.sum(0)
+
+
+GEMV_MIN_ROWS = 4096  # below: the host-cheaper sum
 
 
 def ones_like_rows(g: torch.Tensor) -> torch.Tensor:

@@ -99,11 +99,14 @@ def _rebuild(ts, bias, residual):
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_bias_gradient_column_sum(device, dtype):
-    """column_sum (cuBLAS's gemv on CUDA in 16-bit floats) is sum(0) to float rounding."""
-    from pytorch_custom_ops.gemm import column_sum
+@pytest.mark.parametrize("rows", [1037, 4099])  # below and above GEMV_MIN_ROWS: sum, then gemv
+def test_bias_gradient_column_sum(device, dtype, rows):
+    """column_sum (cuBLAS's gemv on CUDA in 16-bit floats with many rows) is sum(0) to
+    float rounding."""
+    from pytorch_custom_ops.gemm import GEMV_MIN_ROWS, column_sum
 
-    g = torch.randn(1037, 77, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    assert 1037 < GEMV_MIN_ROWS <= 4099
+    g = torch.randn(rows, 77, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     got = column_sum(g.to(device=device, dtype=dtype))
     assert got.shape == (77,) and got.dtype == dtype and got.device.type == device
     want = g.to(dtype).double().sum(0)
