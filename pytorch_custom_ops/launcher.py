@@ -153,9 +153,13 @@ _chosen = None  # the launch function, once chosen
 _lock = threading.Lock()
 
 
-def c_launcher(launch_kernel_address: int, launch_kernel_ex_address: int):
-    """The compiled `launch`, bound to these driver entry points (raises OSError)."""
-    module = load_extension(_compile(SOURCE))
+def c_launcher(launch_kernel_address: int, launch_kernel_ex_address: int, path: Path | None = None):
+    """The compiled `launch`, bound to these driver entry points (raises OSError).
+
+    The binding is the module's: every `launch` loaded from one file shares it. A test
+    that binds a stand-in driver passes `path`, a copy of the build, so that the process's
+    own launcher keeps the real driver."""
+    module = load_extension(path or _compile(SOURCE))
     module.set_driver(launch_kernel_address, launch_kernel_ex_address)
     return module.launch
 

@@ -66,7 +66,8 @@ def build(build_dir: Path | None = None) -> Path:
 def load(path: Path, driver: tuple[int, int] | None = None, device=None, stream=None):
     """Load a built module and bind it to the driver's launch entry points (addresses of
     cuLaunchKernel and cuLaunchKernelEx; default: libcuda's) and to torch's current device
-    and raw stream (`device()`, `stream(index)`; tests pass stand-ins for all three)."""
+    and raw stream (`device()`, `stream(index)`; tests pass stand-ins for all three).
+    The binding is the file's: tests that bind stand-ins load a copy of the build."""
     from .contract import PLAIN_TENSORS
 
     if driver is None:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import ctypes
 import shutil
+from pathlib import Path
 
 import pytest
 
 from pytorch_custom_ops import cuda_driver as cu
-from pytorch_custom_ops import launcher
+from pytorch_custom_ops import launcher, replay
 
 LAUNCH = ctypes.CFUNCTYPE(
     ctypes.c_int,
@@ -59,8 +60,26 @@ class FakeDriver:
         return ctypes.cast(fn, ctypes.c_void_p).value
 
 
-def both_launchers(driver: FakeDriver):
-    c = launcher.c_launcher(driver.address(driver.plain), driver.address(driver.ex))
+@pytest.fixture(scope="session")
+def private_builds(tmp_path_factory) -> dict[str, Path]:
+    """Copies of the C launcher and the C++ replay to bind to stand-in drivers. A module's
+    driver binding is global to its file, so binding the build itself would leave this
+    process's real launches (the CUDA tests that follow, on a GPU machine) calling a
+    stand-in that no longer exists. A copy is another file: another binding."""
+    folder = tmp_path_factory.mktemp("private_builds")
+    found = {}
+    for name, build in (("launcher", lambda: launcher._compile(launcher.SOURCE)), ("replay", replay.build)):
+        try:
+            built = build()
+        except OSError:
+            continue  # the tests that need it skip for want of a compiler
+        found[name] = folder / built.name
+        shutil.copy(built, found[name])
+    return found
+
+
+def both_launchers(driver: FakeDriver, private_builds):
+    c = launcher.c_launcher(driver.address(driver.plain), driver.address(driver.ex), private_builds["launcher"])
     return {"c": c, "ctypes": launcher._ctypes_launch(driver.plain, driver.ex)}
 
 
@@ -78,9 +97,9 @@ ARGS = (DESCRIPTOR, 2**47 + 16, -(2**40), -7, 0.375, 2**64 - 64)
     "grid, block, smem, stream, cluster",
     [(5, 128, 0, 0, 0), ((7, 2), (32, 4, 2), 4096, 0x7F00_1234_5670, 0), (16, 512, 200 * 1024, 0xABC0, 4)],
 )
-def test_c_and_ctypes_launchers_pass_the_driver_the_same_launch(grid, block, smem, stream, cluster):
+def test_c_and_ctypes_launchers_pass_the_driver_the_same_launch(grid, block, smem, stream, cluster, private_builds):
     driver = FakeDriver(LETTERS)
-    for launch in both_launchers(driver).values():
+    for launch in both_launchers(driver, private_builds).values():
         assert launch(0xF00D, grid, block, smem, stream, cluster, LETTERS, ARGS) == 0
     c_seen, ctypes_seen = driver.seen
     assert c_seen == ctypes_seen
@@ -95,9 +114,9 @@ def test_c_and_ctypes_launchers_pass_the_driver_the_same_launch(grid, block, sme
 
 
 @needs_cc
-def test_the_driver_result_comes_back():
+def test_the_driver_result_comes_back(private_builds):
     driver = FakeDriver(b"p", code=700)
-    for launch in both_launchers(driver).values():
+    for launch in both_launchers(driver, private_builds).values():
         assert launch(1, 1, 32, 0, 0, 0, b"p", (0,)) == 700
 
 
@@ -113,9 +132,9 @@ def test_the_driver_result_comes_back():
         (b"p", (-1,), OverflowError, "kernel argument 0"),
     ],
 )
-def test_the_c_launcher_names_a_bad_argument(letters, args, error, message):
+def test_the_c_launcher_names_a_bad_argument(letters, args, error, message, private_builds):
     driver = FakeDriver(letters)
-    launch = both_launchers(driver)["c"]
+    launch = both_launchers(driver, private_builds)["c"]
     with pytest.raises(error, match=message):
         launch(1, 1, 32, 0, 0, 0, letters, args)
     assert driver.seen == []  # nothing reached the driver
@@ -145,7 +164,7 @@ def test_a_broken_compiler_is_reported_not_hidden(tmp_path, monkeypatch):
 # allocates on the recipe's device, here the CPU, and launches through the stand-in driver.
 import torch  # noqa: E402
 
-from pytorch_custom_ops import direct, replay  # noqa: E402
+from pytorch_custom_ops import direct  # noqa: E402
 from pytorch_custom_ops.gemm import _KERNELS as GEMM_OPS  # noqa: E402
 from pytorch_custom_ops.softmax_family import softmax_kernel as SOFTMAX  # noqa: E402
 
@@ -169,7 +188,7 @@ class PlanKernel:
 
 
 @pytest.fixture
-def replayers(monkeypatch):
+def replayers(monkeypatch, private_builds):
     """(C++ module, stand-in driver): the C++ replay and the Python one (through the C
     launcher) both bound to one driver that records every launch."""
     driver = FakeDriver({})
@@ -182,7 +201,7 @@ def replayers(monkeypatch):
         return found
 
     monkeypatch.setattr(direct, "loaded", loaded)
-    monkeypatch.setattr(direct, "launcher", lambda: launcher.c_launcher(*addresses))
+    monkeypatch.setattr(direct, "launcher", lambda: launcher.c_launcher(*addresses, private_builds["launcher"]))
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda i: STREAM, raising=False)
     from pytorch_custom_ops import cuda_driver
@@ -190,7 +209,7 @@ def replayers(monkeypatch):
     monkeypatch.setattr(
         cuda_driver, "encode_tiled_tensor_map", lambda *a: repr(a).encode().ljust(128, b".")[:128], raising=True
     )
-    module = replay.load(replay.build(), addresses, device=lambda: 0, stream=lambda i: STREAM)
+    module = replay.load(private_builds["replay"], addresses, device=lambda: 0, stream=lambda i: STREAM)
     return module, driver
 
 
@@ -276,14 +295,14 @@ def test_a_cpp_replay_misses_whatever_the_key_tells_apart(replayers):
 
 
 @needs_cxx
-def test_a_cpp_replay_on_another_current_device_goes_back_to_python(replayers):
+def test_a_cpp_replay_on_another_current_device_goes_back_to_python(replayers, private_builds):
     module, driver = replayers
     op, make = PLANS["softmax 8x128 fp32"]
     out1, in1 = make()
     book = module.new_book()
     module.add(book, in1, None, (), _recipe(op, out1, in1))
     addresses = (driver.address(driver.plain), driver.address(driver.ex))
-    moved = replay.load(replay.build(), addresses, device=lambda: 1, stream=lambda i: STREAM)
+    moved = replay.load(private_builds["replay"], addresses, device=lambda: 1, stream=lambda i: STREAM)
     assert moved.call(book, in1, None, ()) is None and driver.seen == []
 
 
@@ -411,3 +430,17 @@ def test_a_cpp_replay_takes_destinations_in_place_and_keys_on_them(replayers):
     assert int.from_bytes(driver.seen[-1][-1][0], "little") == other.data_ptr()
     assert module.call(book, [x], None, []) is None  # no destination: another key
     assert module.call(book, [x], None, [torch.empty(5, dtype=torch.float64)]) is None
+
+
+@needs_cc
+def test_a_stand_in_driver_bound_to_a_copy_leaves_the_build_unbound(private_builds):
+    """What `private_builds` is for: the build loaded from its own file keeps its own
+    binding (on this CPU machine: none), whatever a copy was bound to."""
+    driver = FakeDriver(b"p")
+    both_launchers(driver, private_builds)["c"](1, 1, 32, 0, 0, 0, b"p", (0,))
+    assert len(driver.seen) == 1
+    own = launcher.load_extension(launcher._compile(launcher.SOURCE))
+    if launcher._chosen is None:  # no real launcher in this process: the build was never bound
+        with pytest.raises(RuntimeError, match="set_driver was not called"):
+            own.launch(1, 1, 32, 0, 0, 0, b"p", (0,))
+    assert len(driver.seen) == 1  # the stand-in saw nothing more
