@@ -28,8 +28,18 @@ def _summary(samples_ms: list[float]) -> Timing:
     return Timing(statistics.median(samples_ms), q[1], q[7], statistics.pstdev(samples_ms), len(samples_ms))
 
 
-def time_cuda(fns: dict[str, Callable[[], object]], min_reps: int = 100, budget_s: float = 3.0) -> dict[str, Timing]:
-    """Time several implementations of one problem, interleaved so drift hits all alike."""
+def time_cuda(
+    fns: dict[str, Callable[[], object]], min_reps: int = 100, budget_s: float = 3.0, idle_start: bool = False
+) -> dict[str, Timing]:
+    """Time several implementations of one problem, interleaved so drift hits all alike.
+
+    The events time the GPU from the start marker to the end marker. Kernels queue behind
+    the L2 flush, so a kernel's time excludes the host's launch. For a whole model step
+    that would be wrong where the host is the bottleneck: the flush and whatever the
+    previous implementation left queued let the host run ahead, hiding part of its time
+    from one implementation and not another. `idle_start` waits for the GPU before each
+    step (after the flush), so every step is timed from an idle GPU: its host time and
+    its kernels' time, whichever is longer, as a loop of steps would see."""
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     for fn in fns.values():  # warm-up: compile, autotune, allocator
         for _ in range(3):
@@ -49,6 +59,8 @@ def time_cuda(fns: dict[str, Callable[[], object]], min_reps: int = 100, budget_
     for i in range(reps):
         for name, fn in fns.items():
             flush.zero_()
+            if idle_start:
+                torch.cuda.synchronize()
             start, end = events[name][i]
             start.record()
             fn()

@@ -24,7 +24,8 @@ dtype). A mismatch is a `wrong` row and is not timed. gpu-days' ops run strict h
 (GPU_DAYS_STRICT=1): a kernel that cannot run is an NA row, never torch's fallback timed
 under gpu-days' name.
 
-Columns: ms (CUDA events around each step, L2 flushed before it), tokens_per_s =
+Columns: ms (CUDA events around each step, L2 flushed before it and, since 2026-11-26,
+the GPU idle when it starts: see TIMING), tokens_per_s =
 batch*seq per step, tflops from the model's FLOPs (the full score matrix counts, masked
 half included: 24 b s d^2 + 4 b s^2 d forward, three times that forward + backward),
 kernel_ms (eager impls only: a replay runs the same kernels) and peak_extra_mib.
@@ -55,7 +56,10 @@ IMPLS = ("torch", "gpu_days", "torch_compile", "torch_graph", "gpu_days_graph", 
 CUDA_ONLY = ("torch_compile", "torch_graph", "gpu_days_graph", "torch_compile_graph")
 EAGER = ("torch", "gpu_days", "torch_compile")  # kernel_ms and peak memory are measured for these
 # timing budget per (op, shape, dtype), all impls interleaved: large steps get fewer reps
-TIMING = {"cuda": {"min_reps": 10, "budget_s": 1.0}, "cpu": {"min_reps": 3, "budget_s": 0.3}}
+# idle_start: each step from an idle GPU (timing.time_cuda), so that at the host-bound shapes
+# no build hides host time behind the kernels another build left queued (before 2026-11-26,
+# torch eager's step followed the graph replays and gpu-days' followed torch eager's)
+TIMING = {"cuda": {"min_reps": 10, "budget_s": 1.0, "idle_start": True}, "cpu": {"min_reps": 3, "budget_s": 0.3}}
 KERNEL_REPS = 3
 WARMUP = 3
 
