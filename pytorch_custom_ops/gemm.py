@@ -235,14 +235,38 @@ def _gemm_eager(a, b, c, alpha, beta, transpose_a, transpose_b, batched: bool) -
     kernel = _KERNELS[(batched, transpose_a, transpose_b)]
 
     def torch_impl():
-        pa = a.mT if transpose_a else a
-        pb = b.mT if transpose_b else b
-        res = alpha * torch.matmul(pa, pb)
-        if c is not None:
-            res = res + beta * c_in
-        return [res]
+        res = _torch_product(a, b, alpha, transpose_a, transpose_b)
+        return [res if c is None else res + beta * c_in]
 
     (out,) = kernel([a, b, c_in, _alpha_beta(float(alpha), float(beta), a.device)], torch_impl=torch_impl)
+    return out
+
+
+def _torch_product(a, b, alpha, transpose_a: bool, transpose_b: bool) -> torch.Tensor:
+    """alpha op(a) @ op(b) by torch: the fallback's meaning of a product."""
+    return alpha * torch.matmul(a.mT if transpose_a else a, b.mT if transpose_b else b)
+
+
+def _backward_product(a, b, alpha, transpose_a: bool, transpose_b: bool, batched: bool) -> torch.Tensor:
+    """alpha op(a) @ op(b) for a GEMM's backward. The operands are the forward's checked
+    inputs and a gradient that autograd made in the output's shape, so a plain call goes
+    straight to the kernel: on a busy host the public function's checks cost as much as
+    the launch. Anything else takes the public path: grad mode (a double backward),
+    autocast, a tensor subclass (torch.compile's tracing), an empty operand."""
+    if (
+        torch.is_grad_enabled()
+        or a.__class__ not in _TENSORS
+        or b.__class__ not in _TENSORS
+        or a.numel() == 0
+        or b.numel() == 0
+        or eager.autocast_dtype(a) is not None
+    ):
+        return (gemm_batched if batched else gemm)(a, b, None, alpha, 0.0, transpose_a, transpose_b)
+    a, transpose_a = _stored(a, transpose_a)
+    b, transpose_b = _stored(b, transpose_b)
+    kernel = _KERNELS[(batched, transpose_a, transpose_b)]
+    inputs = [a, b, _no_c(a.dtype, a.device, a.dim()), _alpha_beta(float(alpha), 0.0, a.device)]
+    (out,) = kernel(inputs, torch_impl=lambda: [_torch_product(a, b, alpha, transpose_a, transpose_b)])
     return out
 
 
@@ -336,7 +360,7 @@ _ONES: dict[tuple, torch.Tensor] = {}
 
 def _backward_with(batched: bool):
     def backward(ctx, g):
-        op = gemm_batched if batched else gemm  # routed like any call (eager.call)
+        product = _backward_product
         a, b = ctx.saved_tensors
         alpha, ta, tb = ctx.alpha, ctx.ta, ctx.tb
         g = g.contiguous()
@@ -344,19 +368,19 @@ def _backward_with(batched: bool):
         if ctx.needs_input_grad[0]:
             # op(a) = g @ op(b)^T; stored a is op(a) or its transpose
             if ta:  # a = (g @ op(b)^T)^T = op(b) @ g^T
-                grad_a = op(b, g, None, alpha, 0.0, tb, True)
+                grad_a = product(b, g, alpha, tb, True, batched)
             else:
-                grad_a = op(g, b, None, alpha, 0.0, False, not tb)
+                grad_a = product(g, b, alpha, False, not tb, batched)
         if ctx.needs_input_grad[1]:
             # op(b) = op(a)^T @ g
             if tb:  # b = g^T @ op(a)
-                grad_b = op(g, a, None, alpha, 0.0, True, ta)
+                grad_b = product(g, a, alpha, True, ta, batched)
             else:
-                grad_b = op(a, g, None, alpha, 0.0, not ta, False)
+                grad_b = product(a, g, alpha, not ta, False, batched)
         if ctx.c_shape is not None and ctx.needs_input_grad[2]:
             gc = g if ctx.beta == 1 else g * ctx.beta  # a bias: no multiply
             is_row = g.dim() == 2 and tuple(ctx.c_shape) in ((g.shape[1],), (1, g.shape[1]))
-            grad_c = column_sum(gc).view(ctx.c_shape) if is_row else gc.sum_to_size(ctx.c_shape)
+            grad_c = column_sum(gc).view(*ctx.c_shape) if is_row else gc.sum_to_size(ctx.c_shape)
         return grad_a, grad_b, grad_c, None, None, None, None
 
     return backward

@@ -47,3 +47,34 @@ def test_cross_entropy_backward_fills_no_zero_gradients(device):
     assert _fills_in_backward(pco.cross_entropy(logits, targets), torch.ones((), device=device)) == []
     expect = torch.func.grad(lambda z: torch.nn.functional.cross_entropy(z, targets))(logits.detach().double())
     torch.testing.assert_close(logits.grad.double(), expect, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_gemm_backward_skips_the_public_checks_and_a_double_backward_keeps_them(device, monkeypatch):
+    """The products of a GEMM's backward take operands that passed the forward's checks:
+    a plain backward goes straight to the kernel. A double backward (grad mode on in the
+    backward) must still go through the public function and its autograd."""
+    import sys
+
+    gemm_module = sys.modules["pytorch_custom_ops.gemm"]
+    checked = []
+    real = gemm_module.check_gemm_args
+    monkeypatch.setattr(gemm_module, "check_gemm_args", lambda *a: checked.append(a[0]) or real(*a))
+    torch.manual_seed(0)
+    a = torch.randn(7, 5, device=device, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, 5, device=device, dtype=torch.float64, requires_grad=True)
+    c = torch.randn(3, device=device, dtype=torch.float64, requires_grad=True)
+    y = pco.gemm(a, b, c, 0.5, 1.0, False, True)  # y = 0.5 a b^T + c
+    checked.clear()
+    g = torch.randn(7, 3, device=device, dtype=torch.float64)
+    y.backward(g)
+    assert checked == []
+    torch.testing.assert_close(a.grad, 0.5 * g @ b.detach())
+    torch.testing.assert_close(b.grad, 0.5 * g.t() @ a.detach())
+    torch.testing.assert_close(c.grad, g.sum(0))
+    # double backward: d/da of sum(grad_b) where grad_b = 0.5 g^T a
+    a.grad = b.grad = c.grad = None
+    (grad_b,) = torch.autograd.grad(pco.gemm(a, b, None, 0.5, 0.0, False, True), b, g, create_graph=True)
+    assert checked  # the public path ran inside the backward
+    (second,) = torch.autograd.grad(grad_b.sum(), a)
+    torch.testing.assert_close(second, 0.5 * g.sum(1, keepdim=True).expand(7, 5))
