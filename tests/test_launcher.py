@@ -243,6 +243,16 @@ def _recipe(op, outputs, inputs):
     return made
 
 
+def _softmax_book(module, params=None):
+    """A book holding the recipe of a softmax 8x128 call, and that call's inputs and recipe."""
+    op, make = PLANS["softmax 8x128 fp32"]
+    out1, in1 = make()
+    recipe = _recipe(op, out1, in1)
+    book = module.new_book()
+    module.add(book, in1, params, (), recipe)
+    return book, in1, recipe
+
+
 @needs_cxx
 @pytest.mark.parametrize("case", PLANS)
 def test_the_cpp_replay_launches_what_the_python_replay_launches(replayers, case):
@@ -268,10 +278,7 @@ def test_the_cpp_replay_launches_what_the_python_replay_launches(replayers, case
 @needs_cxx
 def test_a_cpp_replay_misses_whatever_the_key_tells_apart(replayers):
     module, driver = replayers
-    op, make = PLANS["softmax 8x128 fp32"]
-    out1, in1 = make()
-    book = module.new_book()
-    module.add(book, in1, None, (), _recipe(op, out1, in1))
+    book, in1, _ = _softmax_book(module)
 
     class Sub(torch.Tensor):
         pass
@@ -297,10 +304,7 @@ def test_a_cpp_replay_misses_whatever_the_key_tells_apart(replayers):
 @needs_cxx
 def test_a_cpp_replay_on_another_current_device_goes_back_to_python(replayers, private_builds):
     module, driver = replayers
-    op, make = PLANS["softmax 8x128 fp32"]
-    out1, in1 = make()
-    book = module.new_book()
-    module.add(book, in1, None, (), _recipe(op, out1, in1))
+    book, in1, _ = _softmax_book(module)
     addresses = (driver.address(driver.plain), driver.address(driver.ex))
     moved = replay.load(private_builds["replay"], addresses, device=lambda: 1, stream=lambda i: STREAM)
     assert moved.call(book, in1, None, ()) is None and driver.seen == []
@@ -309,11 +313,7 @@ def test_a_cpp_replay_on_another_current_device_goes_back_to_python(replayers, p
 @needs_cxx
 def test_a_failed_cpp_launch_hands_its_recipe_and_tensors_to_python(replayers):
     module, driver = replayers
-    op, make = PLANS["softmax 8x128 fp32"]
-    out1, in1 = make()
-    recipe = _recipe(op, out1, in1)
-    book = module.new_book()
-    module.add(book, in1, None, (), recipe)
+    book, in1, recipe = _softmax_book(module)
     driver.code = 201  # CUDA_ERROR_INVALID_CONTEXT
     failed = module.call(book, in1, None, ())
     assert isinstance(failed, tuple)
@@ -388,14 +388,13 @@ def test_a_bad_recipe_is_refused_when_added(replayers):
 
 @needs_cxx
 def test_the_same_key_added_again_replaces_its_recipe_and_clear_forgets_all(replayers):
-    module, _ = replayers
-    op, make = PLANS["softmax 8x128 fp32"]
-    out1, in1 = make()
-    book = module.new_book()
-    first, second = _recipe(op, out1, in1), _recipe(op, out1, in1)
-    module.add(book, in1, None, (), first)
+    module, driver = replayers
+    book, in1, first = _softmax_book(module)
+    second = _recipe(PLANS["softmax 8x128 fp32"][0], [torch.empty(8, 128)], in1)
     module.add(book, in1, None, (), second)
     assert module.size(book) == 1
+    driver.code = 201  # a failed launch names the recipe that ran: the second
+    assert module.call(book, in1, None, ())[0] is second
     module.clear(book)
     assert module.size(book) == 0 and module.call(book, in1, None, ()) is None
 
@@ -403,10 +402,7 @@ def test_the_same_key_added_again_replaces_its_recipe_and_clear_forgets_all(repl
 @needs_cxx
 def test_parameters_are_part_of_a_cpp_replay_key(replayers):
     module, driver = replayers
-    op, make = PLANS["softmax 8x128 fp32"]
-    out1, in1 = make()
-    book = module.new_book()
-    module.add(book, in1, (("PIPELINE", "fused"),), (), _recipe(op, out1, in1))
+    book, in1, _ = _softmax_book(module, (("PIPELINE", "fused"),))
     assert module.call(book, in1, None, ()) is None
     assert module.call(book, in1, (("PIPELINE", "split"),), ()) is None
     assert module.call(book, in1, (("PIPELINE", "fused"),), ()) is not None  # equal, not the same object

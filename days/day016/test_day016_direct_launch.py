@@ -198,10 +198,15 @@ def test_cuda_tensor_on_second_gpu_launches_there():
 
 
 @needs_cuda
-def test_cuda_work_from_a_fresh_thread_launches():
+@pytest.mark.parametrize("seen_before", [False, True])  # planned in the thread, or replayed there
+def test_cuda_work_from_a_fresh_thread_launches(seen_before):
+    """A new thread may have no current CUDA context: the first launch there, planned or
+    replayed (in C++, which hands a failed launch back to Python), must still run."""
     import threading
 
-    x = torch.randn(8, 100, device="cuda")
+    x = torch.randn(8, 100 + seen_before, device="cuda")
+    if seen_before:
+        pco.online_softmax(x)
     result = {}
     thread = threading.Thread(target=lambda: result.setdefault("y", pco.online_softmax(x)))
     thread.start()

@@ -221,20 +221,6 @@ def test_repeated_calls_replay_in_cpp_without_python_replay_or_plan(monkeypatch)
 
 
 @needs_cuda
-def test_a_replayed_call_from_a_fresh_thread_launches():
-    """A new thread may have no current CUDA context; the replay must still launch there."""
-    import threading
-
-    x = torch.randn(8, 100, device="cuda")
-    pco.online_softmax(x)  # the recipe exists before the thread starts
-    result = {}
-    thread = threading.Thread(target=lambda: result.setdefault("y", pco.online_softmax(x)))
-    thread.start()
-    thread.join()
-    torch.testing.assert_close(result["y"], torch.softmax(x, -1))
-
-
-@needs_cuda
 def test_a_failed_cpp_launch_resumes_in_python_from_that_step(monkeypatch):
     """The C++ replay bound to a driver whose every launch fails (201, no context): the
     Python recipe goes on from the failed step with the real launcher, and the result is
