@@ -107,11 +107,19 @@ HEADER = SOURCE.with_name("launch_args.h")  # shared with the C++ replay (replay
 
 
 def build_extension(
-    name: str, source: Path, compiler: str, flags: list[str], build_dir: Path, libs: list[str] = (), salt: str = ""
+    name: str,
+    source: Path,
+    compiler: str,
+    flags: list[str],
+    build_dir: Path,
+    libs: list[str] = (),
+    salt: str = "",
+    announce: str = "",
 ) -> Path:
     """Compile `source` (which may include launch_args.h) into the extension module `name`,
     cached in `build_dir` by a hash of the source, the header, the flags and `salt`; raise
-    OSError saying why it cannot. Also builds the C++ replay (`replay.py`)."""
+    OSError saying why it cannot. `announce`, if given, is printed to stderr before a
+    compile (not for a cached build). Also builds the C++ replay (`replay.py`)."""
     h = hashlib.sha256(source.read_bytes() + HEADER.read_bytes() + repr((flags, list(libs), salt)).encode())
     abi = ".abi3.so" if source.suffix == ".c" else sysconfig.get_config_var("EXT_SUFFIX")
     target = build_dir / f"{name}-{h.hexdigest()[:16]}{abi}"
@@ -121,6 +129,8 @@ def build_extension(
     if not (Path(include) / "Python.h").exists():
         raise OSError(f"no Python.h in {include} (install Python's development headers)")
     build_dir.mkdir(parents=True, exist_ok=True)
+    if announce:
+        print(announce, file=sys.stderr)
     with tempfile.TemporaryDirectory(dir=build_dir) as tmp:
         built = Path(tmp) / target.name
         cmd = [compiler, "-O2", "-shared", "-fPIC", f"-I{include}", f"-I{HEADER.parent}", *flags, str(source)]

@@ -60,7 +60,8 @@ def build(build_dir: Path | None = None) -> Path:
         raise OSError("no C++ compiler (c++, g++, clang++ or $CXX)")
     flags, libs = compile_flags()
     salt = f"torch {torch.__version__} python {sysconfig.get_config_var('EXT_SUFFIX')}"
-    return build_extension(MODULE, SOURCE, cxx, flags, build_dir or BUILD_DIR, libs=libs, salt=salt)
+    note = f"gpu-days: compiling the C++ replay for torch {torch.__version__} (once per machine, ~15 s)"
+    return build_extension(MODULE, SOURCE, cxx, flags, build_dir or BUILD_DIR, libs=libs, salt=salt, announce=note)
 
 
 def load(path: Path, driver: tuple[int, int] | None = None, device=None, stream=None):

@@ -440,3 +440,19 @@ def test_a_stand_in_driver_bound_to_a_copy_leaves_the_build_unbound(private_buil
         with pytest.raises(RuntimeError, match="set_driver was not called"):
             own.launch(1, 1, 32, 0, 0, 0, b"p", (0,))
     assert len(driver.seen) == 1  # the stand-in saw nothing more
+
+
+def test_a_replay_that_cannot_be_built_says_why_and_python_replays(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(replay, "BUILD_DIR", tmp_path)
+    monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails
+    with pytest.raises(OSError, match="failed"):
+        replay.build()
+    monkeypatch.setattr(replay, "_tried", False)
+    monkeypatch.setattr(replay, "_module", None)
+    monkeypatch.setattr(replay, "_kind", "not loaded yet")
+    assert replay.module() is None
+    assert replay.replay_kind().startswith("python (the C++ replay could not be built")
+    assert "could not be built" in capsys.readouterr().err
+    monkeypatch.setenv(replay.ENV_REPLAY, "python")
+    monkeypatch.setattr(replay, "_tried", False)
+    assert replay.module() is None and replay.replay_kind() == "python (GPU_DAYS_REPLAY=python)"
