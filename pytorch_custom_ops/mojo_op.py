@@ -46,7 +46,7 @@ class MojoOp:
         self._gpu_loaded = False  # the days' GPU builds were found once: no need to look again
         self._recipes: dict[tuple, direct.Recipe] = {}  # see direct.Recipe
         self._book = None  # the same recipes for the C++ replay (replay.py), made with the first
-        self._book_call = None  # replay.cpp's call(book, inputs)
+        self._book_call = None  # replay.cpp's call(book, inputs, params, out)
         self._recipe_epoch = direct.plan_epoch()
 
     # -- readiness ------------------------------------------------------------------------
@@ -195,7 +195,7 @@ class MojoOp:
                 if found is not None:
                     if found.__class__ is list:
                         return found
-                    return self._resume(found, inputs, torch_impl)
+                    return self._resume(found, inputs, torch_impl, out)
             key = _call_key(inputs, out, params)
             if key is not None:
                 found = self._recipes.get(key)
@@ -289,7 +289,7 @@ class MojoOp:
             self._book, self._book_call = module.new_book(), module.call
         replay.module().add(self._book, inputs, params, out, recipe)
 
-    def _resume(self, failed, inputs, torch_impl) -> list[torch.Tensor]:
+    def _resume(self, failed, inputs, torch_impl, out) -> list[torch.Tensor]:
         """A C++ replay's launch returned an error: its recipe goes on from that step in
         Python, which retries with the primary context or raises naming the kernel."""
         recipe, outputs, scratch, step, _code = failed
@@ -297,7 +297,7 @@ class MojoOp:
             recipe.resume(outputs, inputs, scratch, step)
             return outputs
         except cuda_driver.CudaDriverError as exc:
-            return self._cannot_launch(exc, torch_impl, ())
+            return self._cannot_launch(exc, torch_impl, out)
 
     def _cannot_launch(self, exc, torch_impl, out) -> list[torch.Tensor]:
         if exc.sticky:  # the context is gone: torch's fallback would fail too
