@@ -103,7 +103,10 @@ bool add_key(PyObject *seq, std::vector<int64_t> &key, std::vector<const at::Ten
             plain = plain || (PyObject *)Py_TYPE(obj) == PyTuple_GET_ITEM(plain_types, j);
         if (!plain) return false;
         const at::Tensor &t = THPVariable_Unpack(obj);
-        if (!t.defined() || !t.has_storage()) return false;  // the Python path names the problem
+        // what no recipe is made for (the Python path names the problem): no tensor, no
+        // storage, a nested or sparse or meta tensor, whose sizes or address would throw
+        if (!t.defined() || t.is_nested() || t.layout() != at::kStrided || t.is_meta() || !t.has_storage())
+            return false;
         key.push_back(t.dim());
         for (int64_t s : t.sizes()) key.push_back(s);
         key.push_back(static_cast<int64_t>(t.scalar_type()));
@@ -314,6 +317,7 @@ PyObject *book_size(PyObject *, PyObject *capsule) {
 }
 
 PyObject *add(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
+    HANDLE_TH_ERRORS
     if (argc != 5) {
         PyErr_SetString(PyExc_TypeError, "add(book, inputs, params, out, recipe)");
         return nullptr;
@@ -379,6 +383,7 @@ PyObject *add(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
     }
     book->push_back(std::move(entry));
     Py_RETURN_TRUE;
+    END_HANDLE_TH_ERRORS
 }
 
 PyObject *clear(PyObject *, PyObject *capsule) {

@@ -276,6 +276,7 @@ def test_the_cpp_replay_launches_what_the_python_replay_launches(replayers, case
 
 
 @needs_cxx
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
 def test_a_cpp_replay_misses_whatever_the_key_tells_apart(replayers):
     module, driver = replayers
     book, in1, _ = _softmax_book(module)
@@ -291,6 +292,9 @@ def test_a_cpp_replay_misses_whatever_the_key_tells_apart(replayers):
         "alignment": [x[:, 1:]],  # 4 bytes past a 16-byte boundary
         "a subclass": [torch.randn(8, 128).as_subclass(Sub)],
         "a non-tensor": [3.0],
+        "a sparse tensor": [torch.randn(8, 128).to_sparse()],
+        "a meta tensor": [torch.empty(8, 128, device="meta")],
+        "a nested tensor": [torch.nested.nested_tensor([torch.randn(8, 128)])],
         "one more input": [torch.randn(8, 128), torch.randn(8, 128)],
     }
     for what, inputs in others.items():
