@@ -224,12 +224,15 @@ class OpSpec:
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
-        return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+    """Whether a and b share bytes: one storage, and their extents intersect. The cheap
+    tests first (a recipe's replay asks this on every call with destinations); torch.device
+    and storage objects only when the extents do intersect."""
+    if a.numel() == 0 or b.numel() == 0:
         return False
     a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+    if not (a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()):
+        return False
+    return a.device == b.device and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 _PARAM_DECL = re.compile(r"param\.decl (\w+) :")
