@@ -1,9 +1,12 @@
 """The C++ replay of recipes (`replay.cpp`): a call seen before, from key to launch in C++.
 
-    m = replay.module()           # the compiled module, or None (replay_kind() says why)
-    book = m.new_book()           # one per op
-    m.add(book, inputs, recipe)   # after the Python path made `recipe` for `inputs`
-    m.call(book, inputs)          # outputs | None (no recipe) | a failed launch to resume
+    m = replay.module()                        # the compiled module, or None (replay_kind() says why)
+    book = m.new_book()                        # one per op (MojoOp keeps it)
+    m.add(book, inputs, params, out, recipe)   # after the Python path made `recipe` for this call
+    m.call(book, inputs, params, out)          # outputs | None (no recipe) | a failed launch to resume
+
+`params` is None or the call's parameters as a tuple of items, `out` the destinations
+(usually empty): both are part of the key, as in `mojo_op._call_key`.
 
 `replay.cpp` is compiled on first use with the machine's C++ compiler against the torch
 it runs with (its headers and libraries: a torch extension without pybind11's bindings),
