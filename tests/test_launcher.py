@@ -1,7 +1,10 @@
-"""The two launchers (C and ctypes) hand the driver the same launch, byte for byte.
+"""The native launch paths hand the driver the same launch, byte for byte: the two
+launchers (C and ctypes) for one launch, and the C++ replay (replay.cpp) for a recipe,
+against the Python replay of the same recipe.
 
-No GPU here: each launcher is bound to a stand-in for cuLaunchKernel / cuLaunchKernelEx
-(a ctypes callback with the driver's signature) that decodes what it was given.
+No GPU here: each is bound to a stand-in for cuLaunchKernel / cuLaunchKernelEx (a ctypes
+callback with the driver's signature) that decodes what it was given. They bind copies of
+the builds (`private_builds`), never the builds the process itself launches with.
 """
 
 from __future__ import annotations
@@ -11,9 +14,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from pytorch_custom_ops import cuda_driver as cu
-from pytorch_custom_ops import launcher, replay
+from pytorch_custom_ops import direct, launcher, replay
+from pytorch_custom_ops.gemm import _KERNELS as GEMM_OPS
+from pytorch_custom_ops.softmax_family import softmax_kernel as SOFTMAX
 
 LAUNCH = ctypes.CFUNCTYPE(
     ctypes.c_int,
@@ -162,11 +168,7 @@ def test_a_broken_compiler_is_reported_not_hidden(tmp_path, monkeypatch):
 # A recipe replayed in C++ must hand the driver exactly what the Python replay hands it for
 # the same tensors. Checked with the real launch plans on CPU tensors: the C++ replay
 # allocates on the recipe's device, here the CPU, and launches through the stand-in driver.
-import torch  # noqa: E402
 
-from pytorch_custom_ops import direct  # noqa: E402
-from pytorch_custom_ops.gemm import _KERNELS as GEMM_OPS  # noqa: E402
-from pytorch_custom_ops.softmax_family import softmax_kernel as SOFTMAX  # noqa: E402
 
 needs_cxx = pytest.mark.skipif(
     not (shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")), reason="no C++ compiler here"
