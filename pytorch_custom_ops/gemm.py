@@ -360,7 +360,6 @@ _ONES: dict[tuple, torch.Tensor] = {}
 
 def _backward_with(batched: bool):
     def backward(ctx, g):
-        product = _backward_product
         a, b = ctx.saved_tensors
         alpha, ta, tb = ctx.alpha, ctx.ta, ctx.tb
         g = g.contiguous()
@@ -368,15 +367,15 @@ def _backward_with(batched: bool):
         if ctx.needs_input_grad[0]:
             # op(a) = g @ op(b)^T; stored a is op(a) or its transpose
             if ta:  # a = (g @ op(b)^T)^T = op(b) @ g^T
-                grad_a = product(b, g, alpha, tb, True, batched)
+                grad_a = _backward_product(b, g, alpha, tb, True, batched)
             else:
-                grad_a = product(g, b, alpha, False, not tb, batched)
+                grad_a = _backward_product(g, b, alpha, False, not tb, batched)
         if ctx.needs_input_grad[1]:
             # op(b) = op(a)^T @ g
             if tb:  # b = g^T @ op(a)
-                grad_b = product(g, a, alpha, True, ta, batched)
+                grad_b = _backward_product(g, a, alpha, True, ta, batched)
             else:
-                grad_b = product(a, g, alpha, not ta, False, batched)
+                grad_b = _backward_product(a, g, alpha, not ta, False, batched)
         if ctx.c_shape is not None and ctx.needs_input_grad[2]:
             gc = g if ctx.beta == 1 else g * ctx.beta  # a bias: no multiply
             is_row = g.dim() == 2 and tuple(ctx.c_shape) in ((g.shape[1],), (1, g.shape[1]))
