@@ -17,6 +17,8 @@ which used to be Mojo host code. MAX runs the op's CPU branch.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from . import direct, eager, softmax
@@ -213,6 +215,22 @@ def _long_softmax_gpu(outputs, inputs, params) -> list[direct.Launch]:
 long_softmax_kernel = MojoOp(LONG_SOFTMAX, gpu=_long_softmax_gpu)
 
 
+@direct.plan(*_long_softmax_gpu.families)
+def _long_softmax_rows_gpu(outputs, inputs, params) -> list[direct.Launch]:
+    """The public function's CUDA plan: `_long_softmax_gpu` with a workspace of its own
+    (`direct.scratch`), which a replay allocates in C++, instead of one the caller makes
+    and passes as a destination: a torch.empty, a key and an overlap check less per call."""
+    (y,), (x,) = outputs, inputs
+    workspace = direct.scratch((x.shape[0], workspace_slots(x.shape[1])), torch.float64, x.device)
+    return _long_softmax_gpu([y, workspace], inputs, params)
+
+
+# the same op with the workspace left to the plan: CUDA only (MAX's CPU op takes it as an output)
+long_softmax_rows_kernel = MojoOp(
+    dataclasses.replace(LONG_SOFTMAX, outputs=LONG_SOFTMAX.outputs[:1]), gpu=_long_softmax_rows_gpu
+)
+
+
 def _check_pipeline(pipeline) -> None:
     if not isinstance(pipeline, str):
         raise TypeError(f"long_softmax: pipeline must be a str, got {type(pipeline).__name__}")
@@ -224,6 +242,11 @@ def _long_softmax_eager(x: torch.Tensor, dim: int, pipeline: str = "fused") -> t
     dim = check_softmax_args("long_softmax", x, dim)
     _check_pipeline(pipeline)
     rows = _as_rows(x, dim)
+    if rows.is_cuda:
+        (out,) = long_softmax_rows_kernel(
+            [rows], torch_impl=lambda: [torch.softmax(rows, dim=-1)], params={"PIPELINE": pipeline}
+        )
+        return _from_rows(out, x, dim)
     workspace = torch.empty(rows.shape[0], workspace_slots(rows.shape[1]), dtype=torch.float64, device=rows.device)
     out, _ = long_softmax_kernel(
         [rows],

@@ -472,3 +472,19 @@ def test_three_reduction_passes_on_cuda(pipeline, monkeypatch):
     torch.testing.assert_close(ws[:, 0], x.max(-1).values.double(), rtol=0, atol=0)
     want_sum = torch.exp(x.double() - x.double().max(-1, keepdim=True).values).sum(-1)
     torch.testing.assert_close(ws[:, 1], want_sum, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("pipeline", ["fused", "four_stage"])
+def test_the_public_cuda_plan_makes_its_own_workspace(sms, pipeline):
+    """On CUDA `long_softmax` passes no workspace: its plan makes one as a scratch tensor,
+    of the size the function used to allocate, so that a replay allocates it in C++. The
+    launches are the workspace plan's for that workspace."""
+    x = tensor((3, 70001))
+    y = tensor(x.shape)
+    params = {"PIPELINE": pipeline, "BLOCK": ls.BLOCK}
+    with direct.planning() as scratch:
+        launches = ls._long_softmax_rows_gpu([y], [x], params)
+    (workspace,) = scratch
+    assert workspace.shape == (3, workspace_slots(70001)) and workspace.dtype == torch.float64
+    assert launches == ls._long_softmax_gpu([y, workspace], [x], params)
+    assert ls.long_softmax_rows_kernel.spec.destinations == ()  # nothing for the caller to give
