@@ -217,12 +217,12 @@ long_softmax_kernel = MojoOp(LONG_SOFTMAX, gpu=_long_softmax_gpu)
 
 @direct.plan(*_long_softmax_gpu.families)
 def _long_softmax_rows_gpu(outputs, inputs, params) -> list[direct.Launch]:
-    """The public function's CUDA plan: `_long_softmax_gpu` with a workspace of its own
-    (`direct.scratch`), which a replay allocates in C++, instead of one the caller makes
+    """The public function's CUDA plan: `long_softmax_kernel`'s plan with a workspace of its
+    own (`direct.scratch`), which a replay allocates in C++, instead of one the caller makes
     and passes as a destination: a torch.empty, a key and an overlap check less per call."""
     (y,), (x,) = outputs, inputs
     workspace = direct.scratch((x.shape[0], workspace_slots(x.shape[1])), torch.float64, x.device)
-    return _long_softmax_gpu([y, workspace], inputs, params)
+    return long_softmax_kernel.gpu([y, workspace], inputs, params)
 
 
 # the same op with the workspace left to the plan: CUDA only (MAX's CPU op takes it as an output)
