@@ -189,7 +189,8 @@ class MojoOp:
         if RECIPES and inputs and inputs[0].__class__ in PLAIN_TENSORS and inputs[0].is_cuda:
             if self._recipe_epoch != direct._epoch:
                 self._forget_recipes()
-            if self._book is not None and not (out and _any_overlap(out, inputs)):
+            clash = bool(out) and _any_overlap(out, inputs)  # a replay never checks anything else
+            if self._book is not None and not clash:
                 # key, outputs, addresses and launches in C++ (replay.cpp); None: not seen there
                 found = self._book_call(self._book, inputs, None if params is None else tuple(params.items()), out)
                 if found is not None:
@@ -199,7 +200,7 @@ class MojoOp:
             key = _call_key(inputs, out, params)
             if key is not None:
                 found = self._recipes.get(key)
-                if found is not None and not (out and _any_overlap(out, inputs)):
+                if found is not None and not clash:
                     # seen before: checked then, planned then
                     outputs = found.allocate(out)
                     try:
