@@ -42,9 +42,13 @@ def route(*tensors) -> str:
     return AUTOGRAD if grad and torch.is_grad_enabled() else EAGER
 
 
-def function(name: str, forward: Callable, setup_context: Callable, backward: Callable) -> Callable:
+def function(
+    name: str, forward: Callable, setup_context: Callable, backward: Callable, programs: bool = False
+) -> Callable:
     """`apply` of an autograd.Function that runs `forward(*args)` (in no-grad mode, as
     autograd.Function forwards do) and the op's registered `setup_context`/`backward`.
+    `programs`: `backward` is a pure function of its context and gradients whose op calls
+    may be replayed from C++ (`programs.replayed_backward`).
 
     The ctx-first form, with setup_context called from forward: a Function that defines
     `setup_context` itself binds every call's arguments with `inspect.signature`, which
@@ -55,6 +59,10 @@ def function(name: str, forward: Callable, setup_context: Callable, backward: Ca
         setup_context(ctx, args, output)
         return output
 
+    if programs:
+        from .programs import replayed_backward
+
+        backward = replayed_backward(name, backward)
     fn = type(name, (torch.autograd.Function,), {"forward": staticmethod(run), "backward": staticmethod(backward)})
     # Function.apply is Python around the C++ apply: it binds arguments when a Function
     # defines setup_context (this one does not), and unwraps functorch tensors left over

@@ -26,7 +26,7 @@ from functools import lru_cache
 
 import torch
 
-from . import eager
+from . import eager, programs
 from .contract import FLOAT_DTYPES, SUPPORTED_DEVICES, OpSpec, TensorArg, same_device
 from .gemm_gpu import MAX_BATCH, gemm_gpu
 from .gemm_gpu import gemm_version as gemm_version  # the knob that forces a bf16/fp16 kernel
@@ -200,7 +200,7 @@ def _alpha_beta(alpha: float, beta: float, device: torch.device) -> torch.Tensor
 @lru_cache(maxsize=16)
 def _no_c(dtype: torch.dtype, device: torch.device, rank: int) -> torch.Tensor:
     """The c passed when there is none: one element, never read (beta is 0)."""
-    return torch.zeros((1,) * rank, dtype=dtype, device=device)
+    return programs.keep(torch.zeros((1,) * rank, dtype=dtype, device=device))
 
 
 def _stored(t: torch.Tensor, transpose: bool) -> tuple[torch.Tensor, bool]:
@@ -328,8 +328,15 @@ def column_sum(g: torch.Tensor) -> torch.Tensor:
     With few rows both kernels take a few microseconds and the host decides: torch.mv cost
     ~3x sum's host time in day 016's profile of a 64-token block."""
     if g.is_cuda and g.dtype in (torch.bfloat16, torch.float16) and g.shape[0] >= GEMV_MIN_ROWS:
-        return torch.mv(g.t(), ones_like_rows(g))
-    return g.sum(0)
+        gt, ones = g.t(), ones_like_rows(g)
+        summed = torch.mv(gt, ones)
+        if programs.recording:  # a backward being recorded: its program does the same in C++
+            programs.note_primitive("mv", (gt, ones), summed)
+        return summed
+    summed = g.sum(0)
+    if programs.recording:
+        programs.note_primitive("sum_rows", (g,), summed)
+    return summed
 
 
 GEMV_MIN_ROWS = 4096  # below: the host-cheaper sum
@@ -348,7 +355,7 @@ def ones_like_rows(g: torch.Tensor) -> torch.Tensor:
     if g.__class__ is torch.Tensor and not (g.is_cuda and torch.cuda.is_current_stream_capturing()):
         if len(_ONES) >= 32:
             _ONES.clear()
-        _ONES[key] = ones  # never written: callers only read it
+        _ONES[key] = programs.keep(ones)  # never written: callers only read it
     return ones
 
 
@@ -387,8 +394,8 @@ def _backward_with(batched: bool):
 
 _gemm_op.register_autograd(_backward_with(False), setup_context=_setup_context)
 _gemm_batched_op.register_autograd(_backward_with(True), setup_context=_setup_context)
-_gemm_autograd = eager.function("GEMM", _gemm_2d, _setup_context, _backward_with(False))
-_gemm_batched_autograd = eager.function("GEMMBatched", _gemm_3d, _setup_context, _backward_with(True))
+_gemm_autograd = eager.function("GEMM", _gemm_2d, _setup_context, _backward_with(False), programs=True)
+_gemm_batched_autograd = eager.function("GEMMBatched", _gemm_3d, _setup_context, _backward_with(True), programs=True)
 
 
 # -- public API -------------------------------------------------------------------------

@@ -115,12 +115,15 @@ def build_extension(
     libs: list[str] = (),
     salt: str = "",
     announce: str = "",
+    headers: tuple[Path, ...] = (),
 ) -> Path:
-    """Compile `source` (which may include launch_args.h) into the extension module `name`,
-    cached in `build_dir` by a hash of the source, the header, the flags and `salt`; raise
+    """Compile `source` (which may include launch_args.h and `headers`, next to it) into the
+    extension module `name`, cached in `build_dir` by a hash of the source, the headers, the
+    flags and `salt`; raise
     OSError saying why it cannot. `announce`, if given, is printed to stderr before a
     compile (not for a cached build). Also builds the C++ replay (`replay.py`)."""
-    h = hashlib.sha256(source.read_bytes() + HEADER.read_bytes() + repr((flags, list(libs), salt)).encode())
+    text = b"".join(f.read_bytes() for f in (source, HEADER, *headers))
+    h = hashlib.sha256(text + repr((flags, list(libs), salt)).encode())
     abi = ".abi3.so" if source.suffix == ".c" else sysconfig.get_config_var("EXT_SUFFIX")
     target = build_dir / f"{name}-{h.hexdigest()[:16]}{abi}"
     if target.exists():

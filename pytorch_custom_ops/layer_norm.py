@@ -493,7 +493,7 @@ def _backward(ctx, grad_y, _grad_mean, _grad_rstd):
 
 
 _layer_norm_op.register_autograd(_backward, setup_context=_setup_context)
-_layer_norm_autograd = eager.function("LayerNorm", _layer_norm_eager, _setup_context, _backward)
+_layer_norm_autograd = eager.function("LayerNorm", _layer_norm_eager, _setup_context, _backward, programs=True)
 
 
 # -- public API ---------------------------------------------------------------------------

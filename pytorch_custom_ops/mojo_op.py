@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from . import cuda_driver, direct, fallback, replay
+from . import cuda_driver, direct, fallback, programs, replay
 from .contract import PLAIN_TENSORS, OpSpec, _overlaps, declared_parameters
 from .library import load_kernel_library
 
@@ -180,8 +180,14 @@ class MojoOp:
         """
         if torch.autograd.profiler._is_profiler_enabled:  # name the call in profiles (free otherwise)
             with torch.profiler.record_function(f"gpu_days::{self.spec.name}"):
-                return self._call(inputs, out, torch_impl, params)
-        return self._call(inputs, out, torch_impl, params)
+                outputs = self._call(inputs, out, torch_impl, params)
+        elif not programs.recording:
+            return self._call(inputs, out, torch_impl, params)
+        else:
+            outputs = self._call(inputs, out, torch_impl, params)
+        if programs.recording:  # a program is being recorded (programs.py): it may hold this call
+            programs.note_call(self, inputs, out, params, outputs)
+        return outputs
 
     def _call(self, inputs, out, torch_impl, params) -> list[torch.Tensor]:
         # --8<-- [start:replay]
@@ -395,5 +401,5 @@ def device_constant(values: tuple[float, ...], dtype: torch.dtype, device: torch
         return t
     t = torch.tensor(values, dtype=dtype, device=device)
     if len(_constants) < 1024:
-        _constants[key] = t
+        _constants[key] = programs.keep(t)
     return t

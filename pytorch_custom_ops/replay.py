@@ -33,6 +33,7 @@ from .launcher import build_extension, load_extension
 
 ENV_REPLAY = "GPU_DAYS_REPLAY"
 SOURCE = Path(__file__).with_name("replay.cpp")
+HEADERS = tuple(SOURCE.with_name(name) for name in ("replay_book.h", "replay_programs.h"))
 BUILD_DIR = _LAUNCHER_DIR.with_name("replay")
 MODULE = "gpu_days_replay"
 
@@ -64,7 +65,9 @@ def build(build_dir: Path | None = None) -> Path:
     flags, libs = compile_flags()
     salt = f"torch {torch.__version__} python {sysconfig.get_config_var('EXT_SUFFIX')}"
     note = f"gpu-days: compiling the C++ replay for torch {torch.__version__} (once per machine, ~15 s)"
-    return build_extension(MODULE, SOURCE, cxx, flags, build_dir or BUILD_DIR, libs=libs, salt=salt, announce=note)
+    return build_extension(
+        MODULE, SOURCE, cxx, flags, build_dir or BUILD_DIR, libs=libs, salt=salt, announce=note, headers=HEADERS
+    )
 
 
 def load(path: Path, driver: tuple[int, int] | None = None, device=None, stream=None):

@@ -337,8 +337,8 @@ _softmax_backward_op.register_autograd(_softmax_backward_grad, setup_context=_sa
 _log_softmax_backward_op.register_autograd(_log_softmax_backward_grad, setup_context=_save_grad_and_output)
 
 
-_softmax_autograd = eager.function("Softmax", _softmax_eager, _save_output, _softmax_grad)
-_log_softmax_autograd = eager.function("LogSoftmax", _log_softmax_eager, _save_output, _log_softmax_grad)
+_softmax_autograd = eager.function("Softmax", _softmax_eager, _save_output, _softmax_grad, programs=True)
+_log_softmax_autograd = eager.function("LogSoftmax", _log_softmax_eager, _save_output, _log_softmax_grad, programs=True)
 _softmax_backward_autograd = eager.function(
     "SoftmaxBackward", _softmax_backward_eager, _save_grad_and_output, _softmax_backward_grad
 )

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from pytorch_custom_ops import cuda_driver as cu
-from pytorch_custom_ops import direct, launcher, replay
+from pytorch_custom_ops import direct, launcher, programs, replay
 from pytorch_custom_ops.gemm import _KERNELS as GEMM_OPS
 from pytorch_custom_ops.softmax_family import softmax_kernel as SOFTMAX
 
@@ -462,3 +462,169 @@ def test_a_replay_that_cannot_be_built_says_why_and_python_replays(tmp_path, mon
     monkeypatch.setenv(replay.ENV_REPLAY, "python")
     monkeypatch.setattr(replay, "_tried", False)
     assert replay.module() is None and replay.replay_kind() == "python (GPU_DAYS_REPLAY=python)"
+
+
+# -- programs (programs.py, replay_programs.h) ---------------------------------------------------
+# A program replays a function's op calls from C++: each step is looked up in its op's
+# recipe book by the key a call from Python would have, and launched through the same
+# stand-in driver. These build programs from real softmax recipes on CPU tensors.
+
+
+class BookOp:
+    """What `programs.note_call` reads of a MojoOp: its name and its C++ book."""
+
+    def __init__(self, module, book):
+        self.module, self._book = module, book
+        self.spec = type("Spec", (), {"name": "softmax"})()
+
+    def __call__(self, inputs):
+        outputs = self.module.call(self._book, inputs, None, ())
+        assert outputs.__class__ is list
+        if programs.recording:
+            programs.note_call(self, inputs, (), None, outputs)
+        return outputs
+
+
+@pytest.fixture
+def recorded(replayers, monkeypatch):
+    """(module, driver, op): the private replay as this process's, a softmax 8x128 op."""
+    module, driver = replayers
+    monkeypatch.setattr(replay, "module", lambda: module)
+    monkeypatch.setattr(programs, "ENABLED", True)
+    book, _, _ = _softmax_book(module)
+    return module, driver, BookOp(module, book)
+
+
+def _pointers(seen) -> list[int]:
+    return [int.from_bytes(raw, "little") for raw in seen[-1] if len(raw) == 8]
+
+
+@needs_cxx
+def test_a_program_replays_its_op_calls_views_and_primitives(recorded):
+    module, driver, op = recorded
+    pbook = module.new_program_book()
+    x = torch.randn(16, 128)
+    constants, steps = (
+        (),
+        (
+            (op._book, None, ((0, (8, 128), (128, 1), 8 * 128),), 1),  # softmax of x[8:]
+            ("sum_rows", None, (1,), 1),
+        ),
+    )
+    outputs = (1, (1, (1024,), (1,), 0), None, 2)
+    assert module.program_add(pbook, [x], ("k",), (constants, steps, outputs)) is True
+    assert module.program_call(pbook, [x], ("other",)) is None  # the params are part of the key
+    y, flat, nothing, summed = module.program_call(pbook, [x], ("k",))
+    assert y.shape == (8, 128) and nothing is None
+    assert flat.shape == (1024,) and flat.data_ptr() == y.data_ptr()
+    torch.testing.assert_close(summed, y.sum(0), rtol=0, atol=0, equal_nan=True)  # y: never written here
+    assert {y.data_ptr(), x[8:].data_ptr()} <= set(_pointers(driver.seen[-1]))
+    assert module.program_count(pbook) == 1
+    module.clear_programs(pbook)
+    assert module.program_count(pbook) == 0 and module.program_call(pbook, [x], ("k",)) is None
+
+
+@needs_cxx
+def test_a_bad_program_is_refused_when_added(recorded):
+    module, _, op = recorded
+    pbook, x = module.new_program_book(), torch.randn(8, 128)
+    bad = {
+        "a reference to a tensor not made yet": ((), ((op._book, None, (1,), 1),), ()),
+        "unknown step": ((), (("cumsum", None, (0,), 1),), ()),
+        "do not fit its kind": ((), (("sum_rows", None, (0, 0), 1),), ()),
+        "as many strides as sizes": ((), (), ((0, (8, 128), (1,), 0),)),
+        "constants must be tensors": ((3.0,), (), ()),
+    }
+    for message, program in bad.items():
+        with pytest.raises((ValueError, TypeError), match=message):
+            module.program_add(pbook, [x], None, program)
+    assert module.program_count(pbook) == 0
+
+
+def _body(op, transform=lambda x: x[8:]):
+    def body(x, c):
+        (y,) = op([transform(x)])
+        summed = y.sum(0)
+        programs.note_primitive("sum_rows", (y,), summed)
+        return (y, None, summed, c)
+
+    return body
+
+
+@needs_cxx
+def test_a_recorded_function_replays_from_cpp_with_new_tensors(recorded):
+    module, driver, op = recorded
+    program = programs.Program("test")
+    c = programs.keep(torch.randn(3))
+    x1, x2 = torch.randn(16, 128), torch.randn(16, 128)
+    assert program.call([x1], ("p",)) is None  # nothing stored: the caller records
+    got = program.record(_body(op), [x1], ("p",), x1, c)
+    assert len(program) == 1 and got[3] is c
+    n = len(driver.seen)
+    y, nothing, summed, c_again = program.call([x2], ("p",))
+    assert len(driver.seen) == n + 1 and x2[8:].data_ptr() in _pointers(driver.seen[-1])
+    assert y.data_ptr() in _pointers(driver.seen[-1])
+    assert nothing is None and c_again is c  # a kept constant is passed as itself
+    torch.testing.assert_close(summed, y.sum(0), rtol=0, atol=0, equal_nan=True)
+
+
+@needs_cxx
+@pytest.mark.parametrize(
+    "case",
+    ["a torch result as an op input", "a torch result returned", "two inputs the same tensor", "no recipe"],
+)
+def test_what_a_program_cannot_replay_runs_in_python_from_then_on(recorded, case):
+    module, driver, op = recorded
+    program = programs.Program("test")
+    x, c = torch.randn(16, 128), programs.keep(torch.randn(3))
+    tensors, body = [x], _body(op)
+    if case == "a torch result as an op input":
+        body = _body(op, lambda x: x[8:] * 2)
+    elif case == "a torch result returned":
+        c = torch.randn(3)  # not kept: made outside the recorded calls
+        tensors = [x]
+    elif case == "two inputs the same tensor":
+        tensors = [x, x]
+    else:
+        op._book = module.new_book()  # this op's book holds nothing
+
+        def body(x, c):
+            outputs = [torch.empty(8, 128)]
+            programs.note_call(op, [x[8:]], (), None, outputs)
+            return (outputs[0],)
+
+    program.record(body, tensors, ("p",), x, c)
+    assert len(program) == 1 and program.call(tensors, ("p",)) is False
+    assert program.last_reason
+
+
+@needs_cxx
+def test_a_program_whose_step_misses_or_fails_goes_back_to_python(recorded):
+    module, driver, op = recorded
+    program = programs.Program("test")
+    x, c = torch.randn(16, 128), programs.keep(torch.randn(3))
+    program.record(_body(op), [x], ("p",), x, c)
+    driver.code = 201  # CUDA_ERROR_INVALID_CONTEXT: the Python function retries and names it
+    assert program.call([x], ("p",)) is None
+    driver.code = 0
+    assert program.call([x], ("p",)).__class__ is list
+    module.clear(op._book)  # the op's recipes forgotten (new plans): the step misses
+    assert program.call([x], ("p",)) is None
+
+
+def test_a_backward_with_programs_runs_itself_off_the_gpu_and_in_grad_mode():
+    """What `replayed_backward` never replays: CPU tensors, a double backward (grad mode),
+    autocast. Each runs the Python backward, and nothing is stored."""
+    calls = []
+
+    def backward(ctx, g):
+        calls.append(torch.is_grad_enabled())
+        return (g * 2,)
+
+    run = programs.replayed_backward("test", backward)
+    ctx = type("Ctx", (), {"saved_tensors": (torch.randn(3),), "needs_input_grad": (True,)})()
+    with torch.no_grad():
+        assert torch.equal(run(ctx, torch.ones(3))[0], torch.full((3,), 2.0))
+    with torch.enable_grad():
+        run(ctx, torch.ones(3))
+    assert calls == [False, True] and len(run.program) == 0

@@ -1,0 +1,118 @@
+"""Backward nodes replayed as programs (day 016, part five; `programs.py`).
+
+The second backward through a gpu-days node with the same shapes runs no op call from
+Python: its op calls are replayed from C++ (`replay_programs.h`). These check, on a GPU,
+that such a backward gives exactly what the Python backward gives, that nothing of it
+goes through Python, and what makes a program be recorded again. Without a GPU they
+skip: the C++ side is checked with a stand-in driver in tests/test_launcher.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pytorch_custom_ops as pco
+from benchmark import gpt_block as G
+from pytorch_custom_ops import mojo_op, programs
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _attention_scores(q, k, mask):
+    return pco.gemm_batched(q, k, mask, 0.125, 1.0, False, True)
+
+
+CASES = {
+    "MojoGEMM 3-D input, bias, bf16": (lambda: pco.MojoGEMM(96, 80), (3, 17, 96), torch.bfloat16),
+    "MojoGEMM 2-D input, no bias, fp32": (lambda: pco.MojoGEMM(64, 48, bias=False), (37, 64), torch.float32),
+    "MojoGEMM many rows (gemv bias grad), bf16": (lambda: pco.MojoGEMM(64, 32), (4100, 64), torch.bfloat16),
+    "MojoLayerNorm, bf16": (lambda: pco.MojoLayerNorm(129), (5, 7, 129), torch.bfloat16),
+    "MojoSoftmax, fp32": (lambda: pco.MojoSoftmax(dim=-1), (6, 333), torch.float32),
+}
+
+
+def _count_op_calls(monkeypatch) -> list[str]:
+    """From now on, the name of every op call that goes through Python (MojoOp._call)."""
+    calls, real = [], mojo_op.MojoOp._call
+    monkeypatch.setattr(mojo_op.MojoOp, "_call", lambda self, *a: calls.append(self.spec.name) or real(self, *a))
+    return calls
+
+
+def _step(module, x, g):
+    out = module(x)
+    params = [p for p in module.parameters()]
+    return torch.autograd.grad(out, [x, *params], g)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_repeated_backward_runs_from_its_program_and_matches_python(case, monkeypatch):
+    make, shape, dtype = CASES[case]
+    torch.manual_seed(0)
+    module = make().to(device="cuda", dtype=dtype)
+    x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
+    out_shape = module(x).shape
+    g = torch.randn(out_shape, device="cuda", dtype=dtype)
+    monkeypatch.setattr(programs, "ENABLED", False)
+    python = _step(module, x, g)
+    monkeypatch.setattr(programs, "ENABLED", True)
+    _step(module, x, g)  # records (or finds the program recorded by an earlier test)
+    out = module(x)
+    calls = _count_op_calls(monkeypatch)
+    replayed = torch.autograd.grad(out, [x, *module.parameters()], g)
+    assert calls == [], f"op calls from Python in a replayed backward: {calls}"
+    for got, want in zip(replayed, python, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_gemm_batched_backward_with_a_broadcast_mask_replays(monkeypatch):
+    """The attention scores of the model benchmark: q and k are views of one tensor, the
+    mask a (1, s, s) c that needs no gradient."""
+    torch.manual_seed(0)
+    qk = torch.randn(2, 12, 64, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    mask = G.causal_mask(64, torch.bfloat16, "cuda")
+    g = torch.randn(12, 64, 64, device="cuda", dtype=torch.bfloat16)
+    grads = []
+    for i in range(3):
+        q, k = qk.unbind(0)
+        out = _attention_scores(q, k, mask)
+        calls = _count_op_calls(monkeypatch) if i == 2 else []
+        grads.append(torch.autograd.grad(out, [qk], g)[0])
+        assert calls == []
+    torch.testing.assert_close(grads[2], grads[0], rtol=0, atol=0)
+    q, k = qk.detach().double().unbind(0)
+    torch.testing.assert_close(grads[2][0].double(), g.double() @ k * 0.125, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(grads[2][1].double(), g.double().mT @ q * 0.125, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_gpt_block_train_step_is_the_same_with_and_without_programs(dtype, monkeypatch):
+    x = G.make_input((2, 64, 128), dtype, "cuda")
+    mask = G.causal_mask(64, dtype, "cuda")
+    block = G.make_block(128, G.GPU_DAYS, dtype, "cuda")
+    params = list(block.parameters())
+    xg = x.detach().clone().requires_grad_()
+    monkeypatch.setattr(programs, "ENABLED", False)
+    python = G.train_step(block, xg, mask, params)
+    monkeypatch.setattr(programs, "ENABLED", True)
+    for _ in range(3):  # record, then replay twice
+        replayed = G.train_step(block, xg, mask, params)
+    for got, want in zip(replayed, python, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_new_launch_plans_make_the_programs_record_again():
+    """A GEMM version forced by `gemm_version` changes the plans (direct.plans_changed):
+    the programs of every backward are forgotten with the recipes, and the next
+    backward runs the new version's kernels."""
+    torch.manual_seed(0)
+    lin = pco.MojoGEMM(256, 128).to(device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(256, 128, device="cuda", dtype=torch.bfloat16)
+    first = [_step(lin, x, g) for _ in range(2)][-1]
+    with pco.gemm_version("TMA_128x256"):
+        forced = _step(lin, x, g)
+    again = _step(lin, x, g)
+    want = g.double() @ lin.weight.detach().double()
+    for grads in (first, forced, again):
+        torch.testing.assert_close(grads[0].double(), want, rtol=2e-2, atol=2e-1)

@@ -1,0 +1,279 @@
+"""Programs: a function's op calls, recorded once, then replayed from C++ in one call.
+
+A backward node of gpu-days is Python: it unpacks its saved tensors and calls two or three
+ops, each through its public checks and then the C++ replay of its recipe. Each op call
+costs the launch plus ~5 us of Python on the H100's host, where torch's own backward is
+C++ throughout (day 016, part five). A *program* removes the Python between the
+launches: the first call of a function with a given key runs in Python while a recorder
+notes every op call it makes (which op's recipe book, which tensors, which parameters)
+and the torch functions it may use (`note_primitive`); the next call with the same key
+is one call into C++ (`replay_programs.h`), which looks each op call up in its op's
+recipe book and launches it, exactly as a call from Python would.
+
+    program = Program("GEMM.backward")
+    found = program.call(tensors, params)    # outputs | None (record now) | False (never replays)
+    outputs = program.record(fn, tensors, params, *args)   # runs fn(*args), keeps what replays
+
+The key is `call`'s key for `tensors` (shape, dtype, device, contiguity, alignment of
+each) and `params`, a hashable value standing for everything else the function reads
+(for a backward: its context's attributes, which inputs need a gradient, which gradients
+are None). A function whose result does not follow from its op calls (a torch function
+other than the primitives, a tensor made elsewhere) is stored as "does not replay", and
+then always runs in Python.
+
+Only pure functions may be recorded (no in-place writes, no side effects): what is not an
+op call is not replayed. `replayed_backward` is used for the backward of the ops whose
+backward is such a function (`eager.function(..., programs=True)`).
+GPU_DAYS_PROGRAMS=0 turns programs off.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import torch
+
+from . import direct, replay
+
+ENABLED = os.environ.get("GPU_DAYS_PROGRAMS", "1") != "0"
+MAX_PROGRAMS = 256  # per function: a model has a few dozen distinct calls; more is a sweep
+
+recording = 0  # recorders active in this process: MojoOp's cheap test before `note_call`
+_count_lock = threading.Lock()
+_local = threading.local()
+_kept: dict[int, torch.Tensor] = {}
+
+
+# -- constants ----------------------------------------------------------------------------------
+def keep(t: torch.Tensor) -> torch.Tensor:
+    """Mark `t` as a constant kept for the process (an alpha/beta pair, an unread c, a
+    vector of ones): a program holds it and passes it again, as the function would."""
+    if len(_kept) >= 4096:  # a sweep of shapes: programs hold what they use
+        _kept.clear()
+    _kept[id(t)] = t
+    return t
+
+
+def _is_kept(t) -> bool:
+    return _kept.get(id(t)) is t
+
+
+# -- recording ----------------------------------------------------------------------------------
+class _Unresolved(Exception):
+    """What was recorded does not make a program (the reason is the message)."""
+
+
+class Recorder:
+    def __init__(self):
+        self.steps: list[tuple] = []  # (book or primitive name, params, inputs, outputs)
+        self.broken: str | None = None
+
+
+def _recorder() -> Recorder | None:
+    return getattr(_local, "recorder", None)
+
+
+def note_call(op, inputs, out, params: dict | None, outputs) -> None:
+    """MojoOp calls this for each call while some thread records: the call joins this
+    thread's program if its op's C++ book holds a recipe for it (the recipe a replay
+    will find), else the program cannot replay."""
+    rec = _recorder()
+    if rec is None or rec.broken:
+        return
+    items = None if params is None else tuple(params.items())
+    module = replay.module()
+    if out:
+        rec.broken = f"{op.spec.name}: a call with destinations"
+    elif op._book is None or module is None or not module.has(op._book, inputs, items, ()):
+        rec.broken = f"{op.spec.name}: no recipe in the C++ book for this call"
+    else:
+        rec.steps.append((op._book, items, list(inputs), list(outputs)))
+
+
+PRIMITIVES = ("sum_rows", "mv")  # t.sum(0); torch.mv(a, v): what replay_programs.h runs itself
+
+
+def note_primitive(name: str, inputs, output: torch.Tensor) -> None:
+    """A torch function of `PRIMITIVES` that the recorded function called."""
+    rec = _recorder()
+    if rec is not None and not rec.broken:
+        rec.steps.append((name, None, list(inputs), [output]))
+
+
+# -- from a recording to a program --------------------------------------------------------------
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _build(rec: Recorder, inputs, result) -> tuple:
+    """(constants, steps, outputs) as replay_programs.h reads them; _Unresolved if a
+    tensor the function used or returned did not come from its inputs, its op calls, a
+    primitive or a kept constant."""
+    # symbolic references first ("in", i) / ("const", j) / ("step", k), numbered at the end
+    known: list[tuple[tuple, torch.Tensor]] = [(("in", i), t) for i, t in enumerate(inputs)]
+    constants: list[torch.Tensor] = []
+    n_made = 0
+
+    def ref(t):
+        if not isinstance(t, torch.Tensor):
+            raise _Unresolved(f"not a tensor: {type(t).__name__}")
+        same = [name for name, u in known if u is t]
+        if len(same) > 1:
+            raise _Unresolved("one tensor is two of the program's tensors")
+        if same:
+            return same[0]
+        if _is_kept(t):
+            constants.append(t)
+            known.append((("const", len(constants) - 1), t))
+            return known[-1][0]
+        bases = [(name, u) for name, u in known if _storage(u) == _storage(t) and u.dtype == t.dtype]
+        if len(bases) != 1:
+            raise _Unresolved("a tensor made outside the recorded calls" if not bases else "an ambiguous view")
+        name, base = bases[0]
+        offset = t.storage_offset() - base.storage_offset()
+        if not base.is_contiguous() or offset < 0:
+            raise _Unresolved("a view of a non-contiguous tensor")
+        return ("view", name, tuple(t.shape), tuple(t.stride()), offset)
+
+    steps = []
+    for what, params, step_inputs, step_outputs in rec.steps:
+        refs = [ref(t) for t in step_inputs]
+        steps.append((what, params, refs, len(step_outputs)))
+        for t in step_outputs:
+            known.append((("step", n_made), t))
+            n_made += 1
+    outputs = [None if t is None else ref(t) for t in result]
+
+    first_made = len(inputs) + len(constants)
+
+    def number(r):
+        if r is None:
+            return None
+        if r[0] == "view":
+            return (number(r[1]), r[2], r[3], r[4])
+        kind, i = r
+        return i if kind == "in" else len(inputs) + i if kind == "const" else first_made + i
+
+    return (
+        tuple(constants),
+        tuple((what, params, tuple(number(r) for r in refs), n) for what, params, refs, n in steps),
+        tuple(number(r) for r in outputs),
+    )
+
+
+# -- a function's programs ----------------------------------------------------------------------
+class Program:
+    """The programs of one function (one C++ program book), keyed by tensors and params."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._book = None
+        self._call = None
+        self._epoch = None
+
+    def call(self, tensors: list, params):
+        """The outputs (a list) | None: nothing stored for this key, record it |
+        False: this key does not replay (or programs are off here)."""
+        if not ENABLED:
+            return False
+        if self._epoch != direct._epoch:  # new launch plans: every recipe is forgotten
+            self._forget()
+        if self._book is None and not self._open():
+            return False
+        return self._call(self._book, tensors, params)
+
+    def _open(self) -> bool:
+        module = replay.module()
+        if module is not None:
+            self._book, self._call = module.new_program_book(), module.program_call
+            self._epoch = direct._epoch
+        return module is not None
+
+    def record(self, fn, tensors: list, params, *args):
+        """fn(*args), recorded; its program (or "does not replay") stored under the key."""
+        global recording
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return fn(*args)  # constants made now live in the graph's pool: record another time
+        rec = Recorder()
+        _local.recorder = rec
+        with _count_lock:
+            recording += 1
+        try:
+            result = fn(*args)
+        finally:
+            with _count_lock:
+                recording -= 1
+            _local.recorder = None
+        self._store(rec, tensors, params, result)
+        return result
+
+    def _store(self, rec: Recorder, tensors, params, result) -> None:
+        if self._book is None and not self._open():
+            return
+        module = replay.module()
+        if module.program_count(self._book) >= MAX_PROGRAMS:
+            return
+        outputs = result if isinstance(result, (tuple, list)) else (result,)
+        try:
+            if rec.broken:
+                raise _Unresolved(rec.broken)
+            spec = _build(rec, tensors, outputs)
+            if not isinstance(result, (tuple, list)):
+                raise _Unresolved("a function returning one tensor (programs return lists)")
+        except _Unresolved as exc:
+            spec, self.last_reason = None, str(exc)
+        try:
+            module.program_add(self._book, tensors, params, spec)
+        except TypeError:  # params that do not hash: nothing to store them under
+            pass
+
+    def _forget(self) -> None:
+        if self._book is not None:
+            replay.module().clear_programs(self._book)
+        self._epoch = direct._epoch
+
+    def __len__(self) -> int:
+        return 0 if self._book is None else replay.module().program_count(self._book)
+
+
+_HASHABLE = (bool, int, float, str, type(None), torch.dtype, torch.device)
+
+
+def _plain_value(v) -> bool:
+    """A parameter value that hashes and compares by value (tuples of such values too)."""
+    if isinstance(v, tuple):  # torch.Size too
+        return all(_plain_value(x) for x in v)
+    return isinstance(v, _HASHABLE)
+
+
+def replayed_backward(name: str, backward):
+    """`backward(ctx, *grads)` with its calls replayed as programs where they can be: the
+    key is the saved tensors and the gradients, and the params are the context's
+    attributes, `needs_input_grad` and which of them are None. A double backward
+    (grad mode on), autocast, a CPU call or attributes that are not plain values run
+    `backward` itself."""
+    program = Program(f"{name}.backward")
+
+    def run(ctx, *grads):
+        if torch.is_grad_enabled() or torch.is_autocast_enabled("cuda"):
+            return backward(ctx, *grads)
+        saved = ctx.saved_tensors
+        given = (*saved, *grads)
+        tensors = [t for t in given if t is not None]
+        if not tensors or not tensors[0].is_cuda:
+            return backward(ctx, *grads)
+        attrs = tuple(vars(ctx).items())
+        params = (attrs, ctx.needs_input_grad, tuple(t is None for t in given))
+        try:
+            found = program.call(tensors, params)
+        except TypeError:  # an attribute that does not hash: this call is Python's
+            return backward(ctx, *grads)
+        if found.__class__ is list:
+            return tuple(found)
+        if found is False or not _plain_value(attrs):
+            return backward(ctx, *grads)
+        return program.record(backward, tensors, params, ctx, *grads)
+
+    run.program = program
+    return run
