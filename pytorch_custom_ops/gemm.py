@@ -392,10 +392,19 @@ def _backward_with(batched: bool):
     return backward
 
 
+def _split(a, b, c, alpha, beta, transpose_a, transpose_b):
+    """A call's tensors and other arguments, as a program's key (programs.py)."""
+    return ([a, b] if c is None else [a, b, c]), (alpha, beta, transpose_a, transpose_b, c is None)
+
+
+_gemm_2d_replayed = programs.replayed_forward("gemm", _gemm_2d, _split)
+_gemm_3d_replayed = programs.replayed_forward("gemm_batched", _gemm_3d, _split)
 _gemm_op.register_autograd(_backward_with(False), setup_context=_setup_context)
 _gemm_batched_op.register_autograd(_backward_with(True), setup_context=_setup_context)
-_gemm_autograd = eager.function("GEMM", _gemm_2d, _setup_context, _backward_with(False), programs=True)
-_gemm_batched_autograd = eager.function("GEMMBatched", _gemm_3d, _setup_context, _backward_with(True), programs=True)
+_gemm_autograd = eager.function("GEMM", _gemm_2d_replayed, _setup_context, _backward_with(False), programs=True)
+_gemm_batched_autograd = eager.function(
+    "GEMMBatched", _gemm_3d_replayed, _setup_context, _backward_with(True), programs=True
+)
 
 
 # -- public API -------------------------------------------------------------------------
@@ -431,7 +440,7 @@ def _dispatch(op, batched, a, b, c, alpha, beta, transpose_a, transpose_b):
         a, b, c = eager.cast_floats(low, a, b, c)
     way = eager.route(a, b, c)
     if way is eager.EAGER:
-        return _gemm_eager(a, b, c, alpha, beta, transpose_a, transpose_b, batched)
+        return (_gemm_3d_replayed if batched else _gemm_2d_replayed)(a, b, c, alpha, beta, transpose_a, transpose_b)
     if way is eager.AUTOGRAD:
         fn = _gemm_batched_autograd if batched else _gemm_autograd
         return fn(a, b, c, alpha, beta, transpose_a, transpose_b)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from . import direct, eager
+from . import direct, eager, programs
 from .contract import FLOAT_DTYPES, OpSpec, TensorArg, check_float_tensor, same_device
 from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp, device_constant
@@ -493,7 +493,18 @@ def _backward(ctx, grad_y, _grad_mean, _grad_rstd):
 
 
 _layer_norm_op.register_autograd(_backward, setup_context=_setup_context)
-_layer_norm_autograd = eager.function("LayerNorm", _layer_norm_eager, _setup_context, _backward, programs=True)
+
+
+def _split_call(x, normalized_shape, weight, bias, eps):
+    """A call's tensors and other arguments, as a program's key (programs.py)."""
+    tensors = [x] if weight is None else [x, weight]
+    if bias is not None:
+        tensors.append(bias)
+    return tensors, (normalized_shape, eps, weight is None, bias is None)
+
+
+_layer_norm_replayed = programs.replayed_forward("layer_norm", _layer_norm_eager, _split_call, single=False)
+_layer_norm_autograd = eager.function("LayerNorm", _layer_norm_replayed, _setup_context, _backward, programs=True)
 
 
 # -- public API ---------------------------------------------------------------------------
@@ -511,7 +522,7 @@ def layer_norm(
         x, weight, bias = eager.cast_floats(torch.float32, x, weight, bias)
     way = eager.route(x, weight, bias)
     if way is eager.EAGER:
-        return _layer_norm_eager(x, normalized_shape, weight, bias, eps)[0]
+        return _layer_norm_replayed(x, normalized_shape, weight, bias, eps)[0]
     if way is eager.AUTOGRAD:
         return _layer_norm_autograd(x, normalized_shape, weight, bias, eps)[0]
     shape = check_layer_norm_args("layer_norm", x, normalized_shape, weight, bias, eps)

@@ -11,8 +11,10 @@ is one call into C++ (`replay_programs.h`), which looks each op call up in its o
 recipe book and launches it, exactly as a call from Python would.
 
     program = Program("GEMM.backward")
-    found = program.call(tensors, params)    # outputs | None (record now) | False (never replays)
-    outputs = program.record(fn, tensors, params, *args)   # runs fn(*args), keeps what replays
+    found = program.call(tensors, params)    # a list | None (record now) | False (never replays)
+    result = program.record(fn, tensors, params, *args)   # runs fn(*args), keeps what replays
+
+A program returns a list: the function's outputs (a tuple or list), or its one tensor.
 
 The key is `call`'s key for `tensors` (shape, dtype, device, contiguity, alignment of
 each) and `params`, a hashable value standing for everything else the function reads
@@ -22,8 +24,10 @@ other than the primitives, a tensor made elsewhere) is stored as "does not repla
 then always runs in Python.
 
 Only pure functions may be recorded (no in-place writes, no side effects): what is not an
-op call is not replayed. `replayed_backward` is used for the backward of the ops whose
-backward is such a function (`eager.function(..., programs=True)`).
+op call is not replayed. Two wrappers use programs: `replayed_backward`, for the backward
+of the ops whose backward is such a function (`eager.function(..., programs=True)`), and
+`replayed_forward`, for their eager implementations (after the public function's
+autocast and routing, before its checks: a key seen before passed them).
 GPU_DAYS_PROGRAMS=0 turns programs off.
 """
 
@@ -35,6 +39,7 @@ import threading
 import torch
 
 from . import direct, replay
+from .contract import PLAIN_TENSORS
 
 ENABLED = os.environ.get("GPU_DAYS_PROGRAMS", "1") != "0"
 MAX_PROGRAMS = 256  # per function: a model has a few dozen distinct calls; more is a sweep
@@ -219,8 +224,6 @@ class Program:
             if rec.broken:
                 raise _Unresolved(rec.broken)
             spec = _build(rec, tensors, outputs)
-            if not isinstance(result, (tuple, list)):
-                raise _Unresolved("a function returning one tensor (programs return lists)")
         except _Unresolved as exc:
             spec, self.last_reason = None, str(exc)
         try:
@@ -274,6 +277,31 @@ def replayed_backward(name: str, backward):
         if found is False or not _plain_value(attrs):
             return backward(ctx, *grads)
         return program.record(backward, tensors, params, ctx, *grads)
+
+    run.program = program
+    return run
+
+
+def replayed_forward(name: str, fn, split, single: bool = True):
+    """`fn(*args)`, an op's eager implementation, replayed as a program where it can be.
+    `split(*args)` -> (tensors, params): the tensor arguments (the key) and a hashable
+    value for all the others. `single`: fn returns one tensor (else a tuple)."""
+    program = Program(name)
+
+    def run(*args):
+        tensors, params = split(*args)
+        first = tensors[0]
+        if first.__class__ not in PLAIN_TENSORS or not first.is_cuda:  # programs are CUDA's
+            return fn(*args)
+        try:
+            found = program.call(tensors, params)
+        except TypeError:  # an argument that does not hash: this call is Python's
+            return fn(*args)
+        if found.__class__ is list:
+            return found[0] if single else tuple(found)
+        if found is False:
+            return fn(*args)
+        return program.record(fn, tensors, params, *args)
 
     run.program = program
     return run

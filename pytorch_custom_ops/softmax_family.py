@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import direct, eager
+from . import direct, eager, programs
 from .contract import FLOAT_DTYPES, OpSpec, TensorArg
 from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp
@@ -337,8 +337,12 @@ _softmax_backward_op.register_autograd(_softmax_backward_grad, setup_context=_sa
 _log_softmax_backward_op.register_autograd(_log_softmax_backward_grad, setup_context=_save_grad_and_output)
 
 
-_softmax_autograd = eager.function("Softmax", _softmax_eager, _save_output, _softmax_grad, programs=True)
-_log_softmax_autograd = eager.function("LogSoftmax", _log_softmax_eager, _save_output, _log_softmax_grad, programs=True)
+_softmax_replayed = programs.replayed_forward("softmax", _softmax_eager, lambda x, dim: ([x], dim))
+_log_softmax_replayed = programs.replayed_forward("log_softmax", _log_softmax_eager, lambda x, dim: ([x], dim))
+_softmax_autograd = eager.function("Softmax", _softmax_replayed, _save_output, _softmax_grad, programs=True)
+_log_softmax_autograd = eager.function(
+    "LogSoftmax", _log_softmax_replayed, _save_output, _log_softmax_grad, programs=True
+)
 _softmax_backward_autograd = eager.function(
     "SoftmaxBackward", _softmax_backward_eager, _save_grad_and_output, _softmax_backward_grad
 )
@@ -364,7 +368,7 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return eager.call(
         (x,),
         (x, dim),
-        eager=_softmax_eager,
+        eager=_softmax_replayed,
         autograd=_softmax_autograd,
         op=torch.ops.gpu_days.softmax,
         check=_CHECKS["softmax"],
@@ -378,7 +382,7 @@ def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return eager.call(
         (x,),
         (x, dim),
-        eager=_log_softmax_eager,
+        eager=_log_softmax_replayed,
         autograd=_log_softmax_autograd,
         op=torch.ops.gpu_days.log_softmax,
         check=_CHECKS["log_softmax"],

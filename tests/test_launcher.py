@@ -628,3 +628,14 @@ def test_a_backward_with_programs_runs_itself_off_the_gpu_and_in_grad_mode():
     with torch.enable_grad():
         run(ctx, torch.ones(3))
     assert calls == [False, True] and len(run.program) == 0
+
+
+def test_a_forward_with_programs_runs_itself_on_the_cpu(monkeypatch):
+    """`replayed_forward` replays CUDA calls only: a CPU call (or a bad argument) goes to
+    the function itself, and no replay module is loaded for it."""
+    monkeypatch.setattr(replay, "module", lambda: pytest.fail("no replay for a CPU call"))
+    run = programs.replayed_forward("test", lambda x, k: x * k, lambda x, k: ([x], k))
+    assert torch.equal(run(torch.ones(3), 2.0), torch.full((3,), 2.0))
+    with pytest.raises(TypeError):
+        run("not a tensor", 2.0)
+    assert len(run.program) == 0

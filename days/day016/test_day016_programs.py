@@ -1,7 +1,7 @@
-"""Backward nodes replayed as programs (day 016, part five; `programs.py`).
+"""Forwards and backward nodes replayed as programs (day 016, part five; `programs.py`).
 
-The second backward through a gpu-days node with the same shapes runs no op call from
-Python: its op calls are replayed from C++ (`replay_programs.h`). These check, on a GPU,
+The second forward or backward through a gpu-days op with the same shapes runs no op call
+from Python: its op calls are replayed from C++ (`replay_programs.h`). These check, on a GPU,
 that such a backward gives exactly what the Python backward gives, that nothing of it
 goes through Python, and what makes a program be recorded again. Without a GPU they
 skip: the C++ side is checked with a stand-in driver in tests/test_launcher.py.
@@ -63,6 +63,25 @@ def test_a_repeated_backward_runs_from_its_program_and_matches_python(case, monk
     assert calls == [], f"op calls from Python in a replayed backward: {calls}"
     for got, want in zip(replayed, python, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("case", CASES)
+def test_a_repeated_forward_runs_from_its_program_and_matches_python(case, grad, monkeypatch):
+    make, shape, dtype = CASES[case]
+    torch.manual_seed(1)
+    module = make().to(device="cuda", dtype=dtype)
+    x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=grad)
+    with torch.set_grad_enabled(grad):
+        monkeypatch.setattr(programs, "ENABLED", False)
+        python = module(x)
+        monkeypatch.setattr(programs, "ENABLED", True)
+        module(x)  # records
+        calls = _count_op_calls(monkeypatch)
+        replayed = module(x)
+    assert calls == [], f"op calls from Python in a replayed forward: {calls}"
+    assert replayed.requires_grad == grad and (replayed.grad_fn is None) != grad
+    torch.testing.assert_close(replayed, python, rtol=0, atol=0)
 
 
 def test_a_gemm_batched_backward_with_a_broadcast_mask_replays(monkeypatch):
