@@ -504,6 +504,16 @@ def _split_call(x, normalized_shape, weight, bias, eps):
 
 
 _layer_norm_replayed = programs.replayed_forward("layer_norm", _layer_norm_eager, _split_call, single=False)
+
+
+def _split_backward_call(grad_out, x, normalized_shape, weight, mean, rstd):
+    tensors = [grad_out, x, mean, rstd] if weight is None else [grad_out, x, mean, rstd, weight]
+    return tensors, (normalized_shape, weight is None)
+
+
+_layer_norm_backward_replayed = programs.replayed_forward(
+    "layer_norm_backward", _layer_norm_backward_eager, _split_backward_call, single=False
+)
 _layer_norm_autograd = eager.function("LayerNorm", _layer_norm_replayed, _setup_context, _backward, programs=True)
 
 
@@ -540,7 +550,7 @@ def layer_norm_backward(
     """(grad_x, grad_weight, grad_bias) of `layer_norm` from the mean and rstd that
     `torch.ops.gpu_days.layer_norm` returned (the Mojo backward kernels)."""
     if eager.route(grad_out, x, weight, mean, rstd) is eager.EAGER:
-        return _layer_norm_backward_eager(grad_out, x, normalized_shape, weight, mean, rstd)
+        return _layer_norm_backward_replayed(grad_out, x, normalized_shape, weight, mean, rstd)
     # the registered op (it has no autograd of its own: no double backward through it)
     shape = check_layer_norm_args("layer_norm_backward", x, normalized_shape, weight, None, 0.0)
     return torch.ops.gpu_days.layer_norm_backward(grad_out, x, list(shape), weight, mean, rstd)

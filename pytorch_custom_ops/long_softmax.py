@@ -21,7 +21,7 @@ import dataclasses
 
 import torch
 
-from . import direct, eager, softmax
+from . import direct, eager, programs, softmax
 from .contract import FLOAT_DTYPES, OpSpec, TensorArg
 from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp
@@ -274,7 +274,12 @@ def _backward(ctx, grad):
 
 
 _long_softmax.register_autograd(_backward, setup_context=softmax._setup_context)
-_long_softmax_autograd = eager.function("LongSoftmax", _long_softmax_eager, softmax._setup_context, _backward)
+_long_softmax_replayed = programs.replayed_forward(
+    "long_softmax", _long_softmax_eager, lambda x, dim, pipeline="fused": ([x], (dim, pipeline))
+)
+_long_softmax_autograd = eager.function(
+    "LongSoftmax", _long_softmax_replayed, softmax._setup_context, _backward, programs=True
+)
 
 
 def long_softmax(x: torch.Tensor, dim: int = -1, pipeline: str = "fused") -> torch.Tensor:
@@ -282,7 +287,7 @@ def long_softmax(x: torch.Tensor, dim: int = -1, pipeline: str = "fused") -> tor
     return eager.call(
         (x,),
         (x, dim, pipeline),
-        eager=_long_softmax_eager,
+        eager=_long_softmax_replayed,
         autograd=_long_softmax_autograd,
         op=torch.ops.gpu_days.long_softmax,
         check=_check_long_softmax,

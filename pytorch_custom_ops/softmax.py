@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from . import direct, eager
+from . import direct, eager, programs
 from .contract import FLOAT_DTYPES, OpSpec, TensorArg, check_float_tensor
 from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp
@@ -112,7 +112,10 @@ def _backward(ctx, grad):
 
 
 _online_softmax.register_autograd(_backward, setup_context=_setup_context)
-_online_softmax_autograd = eager.function("OnlineSoftmax", _online_softmax_eager, _setup_context, _backward)
+_online_softmax_replayed = programs.replayed_forward("online_softmax", _online_softmax_eager, lambda x, dim: ([x], dim))
+_online_softmax_autograd = eager.function(
+    "OnlineSoftmax", _online_softmax_replayed, _setup_context, _backward, programs=True
+)
 
 
 def online_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -120,7 +123,7 @@ def online_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return eager.call(
         (x,),
         (x, dim),
-        eager=_online_softmax_eager,
+        eager=_online_softmax_replayed,
         autograd=_online_softmax_autograd,
         op=torch.ops.gpu_days.online_softmax,
         check=_check_online_softmax,

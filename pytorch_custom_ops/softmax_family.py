@@ -343,6 +343,12 @@ _softmax_autograd = eager.function("Softmax", _softmax_replayed, _save_output, _
 _log_softmax_autograd = eager.function(
     "LogSoftmax", _log_softmax_replayed, _save_output, _log_softmax_grad, programs=True
 )
+_softmax_backward_replayed = programs.replayed_forward(
+    "softmax_backward", _softmax_backward_eager, lambda g, y, dim: ([g, y], dim)
+)
+_log_softmax_backward_replayed = programs.replayed_forward(
+    "log_softmax_backward", _log_softmax_backward_eager, lambda g, y, dim: ([g, y], dim)
+)
 _softmax_backward_autograd = eager.function(
     "SoftmaxBackward", _softmax_backward_eager, _save_grad_and_output, _softmax_backward_grad
 )
@@ -394,7 +400,7 @@ def softmax_backward(grad_output: torch.Tensor, output: torch.Tensor, dim: int =
     return eager.call(
         (grad_output, output),
         (grad_output, output, dim),
-        eager=_softmax_backward_eager,
+        eager=_softmax_backward_replayed,
         autograd=_softmax_backward_autograd,
         op=torch.ops.gpu_days.softmax_backward,
         check=_CHECKS["softmax_backward"],
@@ -406,7 +412,7 @@ def log_softmax_backward(grad_output: torch.Tensor, output: torch.Tensor, dim: i
     return eager.call(
         (grad_output, output),
         (grad_output, output, dim),
-        eager=_log_softmax_backward_eager,
+        eager=_log_softmax_backward_replayed,
         autograd=_log_softmax_backward_autograd,
         op=torch.ops.gpu_days.log_softmax_backward,
         check=_CHECKS["log_softmax_backward"],

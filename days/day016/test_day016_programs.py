@@ -84,6 +84,43 @@ def test_a_repeated_forward_runs_from_its_program_and_matches_python(case, grad,
     torch.testing.assert_close(replayed, python, rtol=0, atol=0)
 
 
+def _ln_backward_args():
+    x = torch.randn(4, 9, 130, device="cuda")
+    _, mean, rstd = torch.ops.gpu_days.layer_norm(x, [130], torch.randn(130, device="cuda"), None, 1e-5)
+    return torch.randn_like(x), x, (130,), torch.randn(130, device="cuda"), mean, rstd
+
+
+FUNCTIONS = {
+    "softmax_backward": (pco.softmax_backward, lambda: (torch.randn(7, 300, device="cuda"),) * 2 + (-1,)),
+    "log_softmax_backward": (
+        pco.log_softmax_backward,
+        lambda: (torch.randn(7, 300, device="cuda"), torch.randn(7, 300, device="cuda").log_softmax(-1), 0),
+    ),
+    "layer_norm_backward": (pco.layer_norm_backward, _ln_backward_args),
+    "online_softmax": (pco.online_softmax, lambda: (torch.randn(5, 3, 77, device="cuda"), 1)),
+    "long_softmax": (pco.long_softmax, lambda: (torch.randn(2, 5000, device="cuda"),)),
+    "gemm, transposed b, alpha": (
+        pco.gemm,
+        lambda: (torch.randn(33, 40, device="cuda"), torch.randn(50, 40, device="cuda"), None, 0.5, 0.0, False, True),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_a_repeated_public_call_runs_from_its_program(name, monkeypatch):
+    fn, make = FUNCTIONS[name]
+    torch.manual_seed(2)
+    args = make()
+    monkeypatch.setattr(programs, "ENABLED", False)
+    python = fn(*args)
+    monkeypatch.setattr(programs, "ENABLED", True)
+    fn(*args)  # records
+    calls = _count_op_calls(monkeypatch)
+    replayed = fn(*args)
+    assert calls == [], f"op calls from Python in a replayed call: {calls}"
+    torch.testing.assert_close(replayed, python, rtol=0, atol=0)
+
+
 def test_a_gemm_batched_backward_with_a_broadcast_mask_replays(monkeypatch):
     """The attention scores of the model benchmark: q and k are views of one tensor, the
     mask a (1, s, s) c that needs no gradient."""
