@@ -295,6 +295,7 @@ PyObject *program_call(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
     std::vector<at::Tensor> step_inputs, made;
     std::vector<const at::Tensor *> pointers;
     std::vector<int64_t> step_key;
+    // --8<-- [start:program_steps]
     for (const ProgramStep &step : program->steps) {
         step_inputs.clear();
         for (const Ref &ref : step.inputs) step_inputs.push_back(resolve(ref, table));
@@ -336,6 +337,7 @@ PyObject *program_call(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
         if (code != 0 || made.size() < static_cast<size_t>(step.n_outputs)) Py_RETURN_NONE;
         for (int i = 0; i < step.n_outputs; i++) table.push_back(std::move(made[i]));
     }
+    // --8<-- [end:program_steps]
     PyObject *list = PyList_New(static_cast<Py_ssize_t>(program->outputs.size()));
     if (list == nullptr) return nullptr;
     for (size_t i = 0; i < program->outputs.size(); i++) {
