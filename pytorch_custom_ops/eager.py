@@ -77,6 +77,7 @@ def function(
             return fn.apply(*args)
         return raw(*args)
 
+    apply.backward_program = getattr(backward, "program", None)  # for tests and tools
     return apply
 
 

@@ -79,6 +79,13 @@ def _recorder() -> Recorder | None:
     return getattr(_local, "recorder", None)
 
 
+def _inside_a_recording() -> bool:
+    """A replayed function called by a function being recorded (a backward calling a
+    public function) runs itself, so that its op calls join the outer recording: a
+    program of its own would hide them, and the outer function would not replay."""
+    return recording > 0 and _recorder() is not None
+
+
 def note_call(op, inputs, out, params: dict | None, outputs) -> None:
     """MojoOp calls this for each call while some thread records: the call joins this
     thread's program if its op's C++ book holds a recipe for it (the recipe a replay
@@ -179,7 +186,8 @@ class Program:
 
     def call(self, tensors: list, params):
         """The outputs (a list) | None: nothing stored for this key, record it |
-        False: this key does not replay (or programs are off here)."""
+        False: this key does not replay, its ops' device is not the current one, or
+        programs are off here."""
         if not ENABLED:
             return False
         if self._epoch != direct._epoch:  # new launch plans: every recipe is forgotten
@@ -259,7 +267,7 @@ def replayed_backward(name: str, backward):
     program = Program(f"{name}.backward")
 
     def run(ctx, *grads):
-        if torch.is_grad_enabled() or torch.is_autocast_enabled("cuda"):
+        if torch.is_grad_enabled() or torch.is_autocast_enabled("cuda") or _inside_a_recording():
             return backward(ctx, *grads)
         saved = ctx.saved_tensors
         given = (*saved, *grads)
@@ -289,6 +297,8 @@ def replayed_forward(name: str, fn, split, single: bool = True):
     program = Program(name)
 
     def run(*args):
+        if _inside_a_recording():
+            return fn(*args)
         tensors, params = split(*args)
         first = tensors[0]
         if first.__class__ not in PLAIN_TENSORS or not first.is_cuda:  # programs are CUDA's

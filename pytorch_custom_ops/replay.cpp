@@ -101,21 +101,7 @@ PyObject *add(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
     Py_INCREF(argv[2]);
     entry->recipe = recipe;
     entry->params = argv[2];
-    for (auto &old : *book) {  // the same key again (after plans_changed): the new recipe wins
-        int same = old->hash == entry->hash && old->key == entry->key
-                       ? PyObject_RichCompareBool(old->params, entry->params, Py_EQ)
-                       : 0;
-        if (same < 0) {
-            release(*entry);
-            return nullptr;
-        }
-        if (same) {
-            std::swap(old, entry);
-            release(*entry);
-            Py_RETURN_TRUE;
-        }
-    }
-    book->push_back(std::move(entry));
+    if (!store_keyed(*book, std::move(entry))) return nullptr;
     Py_RETURN_TRUE;
     END_HANDLE_TH_ERRORS
 }

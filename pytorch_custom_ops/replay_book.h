@@ -301,9 +301,14 @@ PyObject *wrap_all(std::vector<at::Tensor> &tensors, size_t first, size_t count)
 
 // The entry of `book` stored under this key and these parameters: nullptr when there is
 // none, or when comparing the parameters raised (then `failed` is set).
-Entry *find_entry(Book &book, const std::vector<int64_t> &key, uint64_t hash, PyObject *params, bool &failed) {
+// Books hold entries (recipes) and programs, each under a key, its hash and parameters.
+// The item of `items` stored under this key and these parameters: nullptr when there is
+// none, or when comparing the parameters raised (then `failed` is set).
+template <typename T>
+T *find_keyed(const std::vector<std::unique_ptr<T>> &items, const std::vector<int64_t> &key, uint64_t hash,
+              PyObject *params, bool &failed) {
     failed = false;
-    for (auto &e : book) {
+    for (auto &e : items) {
         if (e->hash != hash || e->key != key) continue;
         int same = e->params == params ? 1 : PyObject_RichCompareBool(e->params, params, Py_EQ);
         if (same < 0) {
@@ -313,6 +318,30 @@ Entry *find_entry(Book &book, const std::vector<int64_t> &key, uint64_t hash, Py
         if (same) return e.get();
     }
     return nullptr;
+}
+
+// Store `item`; one already stored under the same key and parameters is replaced (the
+// same key added again, after new plans or a new recording: the new one wins). False
+// with a Python error set when comparing the parameters raised.
+template <typename T>
+bool store_keyed(std::vector<std::unique_ptr<T>> &items, std::unique_ptr<T> item) {
+    bool failed;
+    T *old = find_keyed(items, item->key, item->hash, item->params, failed);
+    if (failed) {
+        release(*item);
+        return false;
+    }
+    if (old == nullptr) {
+        items.push_back(std::move(item));
+        return true;
+    }
+    release(*old);
+    *old = std::move(*item);
+    return true;
+}
+
+Entry *find_entry(Book &book, const std::vector<int64_t> &key, uint64_t hash, PyObject *params, bool &failed) {
+    return find_keyed(book, key, hash, params, failed);
 }
 
 // torch's current device, and its current raw stream (false with an error set).

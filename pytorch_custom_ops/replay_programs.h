@@ -18,7 +18,8 @@ namespace {
 //   program_call(pbook, inputs, params) -> list   the outputs (None where the function returned None)
 //                                       -> None   no program for this key, or a step missed: the
 //                                                 Python function runs (and records again)
-//                                       -> False  a call known not to replay
+//                                       -> False  a call known not to replay, or one on
+//                                                 another device than the current one
 //
 // A program's tensors are numbered: its inputs, its constants, then each step's outputs in
 // order. A reference is an index, or (index, sizes, strides, offset): a view of that tensor
@@ -235,21 +236,7 @@ PyObject *program_add(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
         release(*program);
         return nullptr;
     }
-    for (auto &old : *book) {  // the same key again (recorded anew after a step missed): the new one wins
-        int same = old->hash == program->hash && old->key == program->key
-                       ? PyObject_RichCompareBool(old->params, program->params, Py_EQ)
-                       : 0;
-        if (same < 0) {
-            release(*program);
-            return nullptr;
-        }
-        if (same) {
-            std::swap(old, program);
-            release(*program);
-            Py_RETURN_TRUE;
-        }
-    }
-    book->push_back(std::move(program));
+    if (!store_keyed(*book, std::move(program))) return nullptr;
     Py_RETURN_TRUE;
     END_HANDLE_TH_ERRORS
 }
@@ -273,16 +260,9 @@ PyObject *program_call(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
     uint64_t hash;
     if (!make_key(no_destinations(), argv[1], key, inputs)) Py_RETURN_FALSE;  // no key: Python's
     if (!full_hash(key, argv[2], hash)) return nullptr;
-    Program *program = nullptr;
-    for (auto &p : *book) {
-        if (p->hash != hash || p->key != key) continue;
-        int same = p->params == argv[2] ? 1 : PyObject_RichCompareBool(p->params, argv[2], Py_EQ);
-        if (same < 0) return nullptr;
-        if (same) {
-            program = p.get();
-            break;
-        }
-    }
+    bool failed;
+    Program *program = find_keyed(*book, key, hash, argv[2], failed);
+    if (failed) return nullptr;
     if (program == nullptr) Py_RETURN_NONE;
     if (!program->replays) Py_RETURN_FALSE;
 
@@ -316,18 +296,17 @@ PyObject *program_call(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
             if (!key_tensor(t, step_key)) Py_RETURN_NONE;
             pointers.push_back(&t);
         }
-        bool failed;
         Entry *entry = find_entry(*book_of(step.book), step_key, hash_key(step_key) ^ step.params_hash, step.params, failed);
         if (failed) return nullptr;
         if (entry == nullptr) Py_RETURN_NONE;  // e.g. the op's recipes were forgotten (new plans)
+        // another current device: the function runs in Python, which switches to the
+        // tensors' device (nothing to record again: False)
         if (device < 0) {
             if (!current_device_index(device)) return nullptr;
-            if (device != entry->device_index || !current_stream_of(device, stream)) {
-                if (PyErr_Occurred()) return nullptr;
-                Py_RETURN_NONE;
-            }
+            if (device != entry->device_index) Py_RETURN_FALSE;
+            if (!current_stream_of(device, stream)) return nullptr;
         } else if (device != entry->device_index) {
-            Py_RETURN_NONE;
+            Py_RETURN_FALSE;
         }
         size_t failed_step = 0;
         int code = run_entry(*entry, pointers, 0, stream, made, failed_step);

@@ -612,6 +612,33 @@ def test_a_program_whose_step_misses_or_fails_goes_back_to_python(recorded):
     assert program.call([x], ("p",)) is None
 
 
+@needs_cxx
+def test_a_replayed_function_called_while_recording_joins_the_outer_program(recorded):
+    """A backward that calls a public function (itself replayed): its op calls must join
+    the backward's program, or the backward's result would come from nowhere."""
+    module, driver, op = recorded
+    inner = programs.replayed_forward("inner", lambda rows: op([rows])[0], lambda rows: ([rows], None))
+    outer = programs.Program("outer")
+    x = torch.randn(16, 128)
+    outer.record(lambda x: (inner(x[8:]),), [x], ("p",), x)
+    assert len(inner.program) == 0  # the inner function ran itself
+    n = len(driver.seen)
+    (y,) = outer.call([x], ("p",))
+    assert len(driver.seen) == n + 1 and y.data_ptr() in _pointers(driver.seen[-1])
+
+
+@needs_cxx
+def test_a_program_on_another_current_device_runs_in_python_without_recording(recorded, private_builds):
+    module, driver, op = recorded
+    program = programs.Program("test")
+    x, c = torch.randn(16, 128), programs.keep(torch.randn(3))
+    program.record(_body(op), [x], ("p",), x, c)
+    addresses = (driver.address(driver.plain), driver.address(driver.ex))
+    moved = replay.load(private_builds["replay"], addresses, device=lambda: 1, stream=lambda i: STREAM)
+    n = len(driver.seen)
+    assert moved.program_call(program._book, [x], ("p",)) is False and len(driver.seen) == n
+
+
 def test_a_backward_with_programs_runs_itself_off_the_gpu_and_in_grad_mode():
     """What `replayed_backward` never replays: CPU tensors, a double backward (grad mode),
     autocast. Each runs the Python backward, and nothing is stored."""

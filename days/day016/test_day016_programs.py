@@ -65,6 +65,32 @@ def test_a_repeated_backward_runs_from_its_program_and_matches_python(case, monk
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize(
+    "function, make",
+    [
+        ("layer_norm", lambda: (pco.MojoLayerNorm(130), (3, 5, 130))),  # its backward calls layer_norm_backward
+        ("softmax", lambda: (pco.MojoSoftmax(-1), (4, 77))),  # its backward calls softmax_backward
+    ],
+)
+def test_a_backward_calling_a_replayed_function_is_one_program(function, make, monkeypatch):
+    """The node's backward calls a public function that is replayed itself: recorded
+    inside the backward's recording, its op calls belong to the backward's program, and
+    a repeated backward is that one program."""
+    module, shape = make()
+    module = module.cuda()
+    program = getattr(pco, function).__globals__[f"_{function}_autograd"].backward_program
+    results = []
+    real = programs.Program.call
+    monkeypatch.setattr(
+        programs.Program, "call", lambda self, *a: results.append((self is program, real(self, *a))) or results[-1][1]
+    )
+    x = torch.randn(shape, device="cuda", requires_grad=True)
+    for _ in range(3):
+        module(x).sum().backward()
+    mine = [found for is_mine, found in results if is_mine]
+    assert len(mine) == 3 and mine[-1].__class__ is list, mine
+
+
 @pytest.mark.parametrize("grad", [False, True])
 @pytest.mark.parametrize("case", CASES)
 def test_a_repeated_forward_runs_from_its_program_and_matches_python(case, grad, monkeypatch):
