@@ -210,7 +210,7 @@ def _stored(t: torch.Tensor, transpose: bool) -> tuple[torch.Tensor, bool]:
         return t, transpose
     if t.mT.is_contiguous():
         return t.mT, not transpose
-    return t.contiguous(), transpose
+    return programs.contiguous(t), transpose
 
 
 def _gemm_eager(a, b, c, alpha, beta, transpose_a, transpose_b, batched: bool) -> torch.Tensor:
@@ -369,7 +369,7 @@ def _backward_with(batched: bool):
     def backward(ctx, g):
         a, b = ctx.saved_tensors
         alpha, ta, tb = ctx.alpha, ctx.ta, ctx.tb
-        g = g.contiguous()
+        g = programs.contiguous(g)
         grad_a = grad_b = grad_c = None
         if ctx.needs_input_grad[0]:
             # op(a) = g @ op(b)^T; stored a is op(a) or its transpose

@@ -383,7 +383,7 @@ def _layer_norm_eager(
     shape = check_layer_norm_args("layer_norm", x, normalized_shape, weight, bias, eps)
     lead, rows, cols = _split(x, shape)
     as_is = x.dim() == 2 and len(shape) == 1 and x.is_contiguous()  # already (rows, cols)
-    x2 = x if as_is else x.contiguous().view(rows, cols)
+    x2 = x if as_is else programs.contiguous(x).view(rows, cols)
     if rows == 0 or cols == 0:
         y = torch.empty_like(x2)
         # what torch.native_layer_norm gives for an empty normalized shape
@@ -440,8 +440,8 @@ def _layer_norm_backward_eager(
         x2 = x
     else:
         lead, rows, cols = _split(x, shape)
-        go2 = grad_out.to(x.dtype).contiguous().view(rows, cols)
-        x2 = x.contiguous().view(rows, cols)
+        go2 = programs.contiguous(grad_out.to(x.dtype)).view(rows, cols)
+        x2 = programs.contiguous(x).view(rows, cols)
     if rows == 0 or cols == 0:
         gx = torch.empty_like(x2)
         gw = torch.zeros(cols, dtype=x.dtype, device=x.device)

@@ -103,7 +103,7 @@ def note_call(op, inputs, out, params: dict | None, outputs) -> None:
         rec.steps.append((op._book, items, list(inputs), list(outputs)))
 
 
-PRIMITIVES = ("sum_rows", "mv")  # t.sum(0); torch.mv(a, v): what replay_programs.h runs itself
+PRIMITIVES = ("sum_rows", "mv", "contiguous")  # t.sum(0), torch.mv(a, v), t.contiguous(): run in C++
 
 
 def note_primitive(name: str, inputs, output: torch.Tensor) -> None:
@@ -111,6 +111,15 @@ def note_primitive(name: str, inputs, output: torch.Tensor) -> None:
     rec = _recorder()
     if rec is not None and not rec.broken:
         rec.steps.append((name, None, list(inputs), [output]))
+
+
+def contiguous(t: torch.Tensor) -> torch.Tensor:
+    """t.contiguous(), noted as a program step when it copies (a gradient that autograd
+    expanded, e.g. from `.sum()`, or rows moved to the last dim)."""
+    c = t.contiguous()
+    if recording and c is not t:
+        note_primitive("contiguous", (t,), c)
+    return c
 
 
 # -- from a recording to a program --------------------------------------------------------------

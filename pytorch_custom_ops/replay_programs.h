@@ -25,10 +25,10 @@ namespace {
 // order. A reference is an index, or (index, sizes, strides, offset): a view of that tensor
 // (offset in elements from its storage offset). A step is (book, params, refs, n_outputs):
 // one op call replayed from that op's recipe book, by the same key as `call`; or
-// (name, None, refs, 1): one of torch's functions below.
+// (name, None, refs, 1): one of torch's functions below (sum_rows, mv, contiguous).
 constexpr const char *kProgramBookName = "gpu_days.program_book";
 
-enum Primitive { kOpCall = 0, kSumRows = 1, kMatVec = 2 };
+enum Primitive { kOpCall = 0, kSumRows = 1, kMatVec = 2, kContiguous = 3 };
 
 struct Ref {
     int index = -1;  // -1: None (an output the function did not return)
@@ -168,9 +168,10 @@ bool read_program(PyObject *spec, Program &program) {
         ProgramStep step;
         PyObject *what = PyTuple_GET_ITEM(row, 0);
         if (PyUnicode_Check(what)) {
-            step.kind = PyUnicode_CompareWithASCIIString(what, "sum_rows") == 0 ? kSumRows
-                        : PyUnicode_CompareWithASCIIString(what, "mv") == 0     ? kMatVec
-                                                                                : kOpCall;
+            step.kind = PyUnicode_CompareWithASCIIString(what, "sum_rows") == 0     ? kSumRows
+                        : PyUnicode_CompareWithASCIIString(what, "mv") == 0         ? kMatVec
+                        : PyUnicode_CompareWithASCIIString(what, "contiguous") == 0 ? kContiguous
+                                                                                    : kOpCall;
             if (step.kind == kOpCall) {
                 PyErr_Format(PyExc_ValueError, "program: unknown step %R", what);
                 ok = false;
@@ -197,7 +198,7 @@ bool read_program(PyObject *spec, Program &program) {
             step.n_outputs = static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(row, 3)));
             ok = !PyErr_Occurred();
         }
-        size_t arity = step.kind == kSumRows ? 1 : step.kind == kMatVec ? 2 : step.inputs.size();
+        size_t arity = step.kind == kMatVec ? 2 : step.kind == kOpCall ? step.inputs.size() : 1;
         if (ok && (step.n_outputs < 0 || (step.kind != kOpCall && step.n_outputs != 1) || step.inputs.size() != arity)) {
             PyErr_SetString(PyExc_ValueError, "program: a step's inputs or outputs do not fit its kind");
             ok = false;
@@ -285,6 +286,10 @@ PyObject *program_call(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
         }
         if (step.kind == kMatVec) {
             table.push_back(at::mv(step_inputs[0], step_inputs[1]));
+            continue;
+        }
+        if (step.kind == kContiguous) {
+            table.push_back(step_inputs[0].contiguous());
             continue;
         }
         // an op call: its recipe, found by the key `call` would compute (no destinations)

@@ -67,7 +67,7 @@ def _as_rows(x: torch.Tensor, dim: int) -> torch.Tensor:
         return x.reshape(1, 1)
     moved = x if dim == x.dim() - 1 else x.movedim(dim, -1)  # the common case costs no call
     n = moved.shape[-1]
-    return moved.contiguous().view(math.prod(moved.shape[:-1]), n)  # not -1: ambiguous when n == 0
+    return programs.contiguous(moved).view(math.prod(moved.shape[:-1]), n)  # not -1: ambiguous when n == 0
 
 
 def _from_rows(out2d: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -79,7 +79,7 @@ def _from_rows(out2d: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
     if dim == ndim - 1:
         return out2d.view(x.shape)
     shape = list(x.movedim(dim, -1).shape)
-    return out2d.view(shape).movedim(-1, dim).contiguous()
+    return programs.contiguous(out2d.view(shape).movedim(-1, dim))
 
 
 def _online_softmax_eager(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -108,7 +108,7 @@ def _backward(ctx, grad):
     from .softmax_family import softmax_backward
 
     (y,) = ctx.saved_tensors
-    return softmax_backward(grad.contiguous(), y, ctx.dim), None
+    return softmax_backward(programs.contiguous(grad), y, ctx.dim), None
 
 
 _online_softmax.register_autograd(_backward, setup_context=_setup_context)

@@ -301,12 +301,12 @@ def _save_grad_and_output(ctx, inputs, output):
 # --8<-- [start:autograd]
 def _softmax_grad(ctx, grad):
     (y,) = ctx.saved_tensors
-    return softmax_backward(grad.contiguous(), y, ctx.dim), None
+    return softmax_backward(programs.contiguous(grad), y, ctx.dim), None
 
 
 def _log_softmax_grad(ctx, grad):
     (y,) = ctx.saved_tensors
-    return log_softmax_backward(grad.contiguous(), y, ctx.dim), None
+    return log_softmax_backward(programs.contiguous(grad), y, ctx.dim), None
 
 
 def _softmax_backward_grad(ctx, h):

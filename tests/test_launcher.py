@@ -613,6 +613,25 @@ def test_a_program_whose_step_misses_or_fails_goes_back_to_python(recorded):
 
 
 @needs_cxx
+def test_a_copy_to_contiguous_is_a_program_step(recorded):
+    """A transposed (non-contiguous) input made contiguous before the op call: C++ makes
+    the same copy, and the op reads it."""
+    module, driver, op = recorded
+    program = programs.Program("test")
+
+    def body(x):
+        rows = programs.contiguous(x.t())
+        return (op([rows])[0], rows)
+
+    x1, x2 = torch.randn(128, 8), torch.randn(128, 8)
+    program.record(body, [x1], None, x1)
+    y, rows = program.call([x2], None)
+    assert rows.is_contiguous() and torch.equal(rows, x2.t())
+    assert rows.data_ptr() in _pointers(driver.seen[-1])
+    assert programs.contiguous(rows) is rows  # already contiguous: no copy, no step
+
+
+@needs_cxx
 def test_a_replayed_function_called_while_recording_joins_the_outer_program(recorded):
     """A backward that calls a public function (itself replayed): its op calls must join
     the backward's program, or the backward's result would come from nowhere."""

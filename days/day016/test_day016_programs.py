@@ -75,7 +75,8 @@ def test_a_repeated_backward_runs_from_its_program_and_matches_python(case, monk
 def test_a_backward_calling_a_replayed_function_is_one_program(function, make, monkeypatch):
     """The node's backward calls a public function that is replayed itself: recorded
     inside the backward's recording, its op calls belong to the backward's program, and
-    a repeated backward is that one program."""
+    a repeated backward is that one program. (`.sum()`'s gradient is expanded: the
+    backward's `contiguous` is a step too.)"""
     module, shape = make()
     module = module.cuda()
     program = getattr(pco, function).__globals__[f"_{function}_autograd"].backward_program
@@ -128,9 +129,11 @@ FUNCTIONS = {
     "online_softmax": (pco.online_softmax, lambda: (_cuda(5, 3, 77), -1), True),
     "long_softmax": (pco.long_softmax, lambda: (_cuda(2, 5000),), True),
     "gemm, transposed b, alpha": (pco.gemm, lambda: (_cuda(33, 40), _cuda(50, 40), None, 0.5, 0.0, False, True), True),
-    # not replayed: the rows of a dim other than the last are a copy (a torch op), and one
-    # tensor passed twice is ambiguous for a recording (a shape no other case records)
-    "online_softmax over dim 1": (pco.online_softmax, lambda: (_cuda(5, 3, 77), 1), False),
+    # the rows of a dim other than the last are a copy: a `contiguous` step of the program
+    "online_softmax over dim 1": (pco.online_softmax, lambda: (_cuda(5, 3, 77), 1), True),
+    # not replayed: an empty inner dim is torch.zeros (a torch op), and one tensor passed
+    # twice is ambiguous for a recording (a shape no other case records)
+    "gemm with K = 0": (pco.gemm, lambda: (_cuda(5, 0), _cuda(0, 7)), False),
     "softmax_backward, one tensor twice": (pco.softmax_backward, lambda: (_cuda(7, 301),) * 2 + (-1,), False),
 }
 
