@@ -500,7 +500,7 @@ def _split_call(x, normalized_shape, weight, bias, eps):
     tensors = [x] if weight is None else [x, weight]
     if bias is not None:
         tensors.append(bias)
-    return tensors, (normalized_shape, eps, weight is None, bias is None)
+    return tensors, (normalized_shape, eps, eps.__class__, weight is None, bias is None)
 
 
 _layer_norm_replayed = programs.replayed_forward("layer_norm", _layer_norm_eager, _split_call, single=False)

@@ -275,7 +275,7 @@ def _backward(ctx, grad):
 
 _long_softmax.register_autograd(_backward, setup_context=softmax._setup_context)
 _long_softmax_replayed = programs.replayed_forward(
-    "long_softmax", _long_softmax_eager, lambda x, dim, pipeline="fused": ([x], (dim, pipeline))
+    "long_softmax", _long_softmax_eager, lambda x, dim, pipeline="fused": ([x], (dim, dim.__class__, pipeline))
 )
 _long_softmax_autograd = eager.function(
     "LongSoftmax", _long_softmax_replayed, softmax._setup_context, _backward, programs=True

@@ -299,10 +299,17 @@ def replayed_backward(name: str, backward):
     return run
 
 
+def split_one(x, dim):
+    """The key of a call (x, dim): dim with its type (True == 1, and a check tells them apart)."""
+    return [x], (dim, dim.__class__)
+
+
 def replayed_forward(name: str, fn, split, single: bool = True):
     """`fn(*args)`, an op's eager implementation, replayed as a program where it can be.
     `split(*args)` -> (tensors, params): the tensor arguments (the key) and a hashable
-    value for all the others. `single`: fn returns one tensor (else a tuple)."""
+    value for all the others, with their types where the checks read them (a replay skips
+    the checks: True must not find the program of 1). `single`: fn returns one tensor
+    (else a tuple)."""
     program = Program(name)
 
     def run(*args):

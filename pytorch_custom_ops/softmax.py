@@ -112,7 +112,7 @@ def _backward(ctx, grad):
 
 
 _online_softmax.register_autograd(_backward, setup_context=_setup_context)
-_online_softmax_replayed = programs.replayed_forward("online_softmax", _online_softmax_eager, lambda x, dim: ([x], dim))
+_online_softmax_replayed = programs.replayed_forward("online_softmax", _online_softmax_eager, programs.split_one)
 _online_softmax_autograd = eager.function(
     "OnlineSoftmax", _online_softmax_replayed, _setup_context, _backward, programs=True
 )

@@ -337,17 +337,17 @@ _softmax_backward_op.register_autograd(_softmax_backward_grad, setup_context=_sa
 _log_softmax_backward_op.register_autograd(_log_softmax_backward_grad, setup_context=_save_grad_and_output)
 
 
-_softmax_replayed = programs.replayed_forward("softmax", _softmax_eager, lambda x, dim: ([x], dim))
-_log_softmax_replayed = programs.replayed_forward("log_softmax", _log_softmax_eager, lambda x, dim: ([x], dim))
+_softmax_replayed = programs.replayed_forward("softmax", _softmax_eager, programs.split_one)
+_log_softmax_replayed = programs.replayed_forward("log_softmax", _log_softmax_eager, programs.split_one)
 _softmax_autograd = eager.function("Softmax", _softmax_replayed, _save_output, _softmax_grad, programs=True)
 _log_softmax_autograd = eager.function(
     "LogSoftmax", _log_softmax_replayed, _save_output, _log_softmax_grad, programs=True
 )
 _softmax_backward_replayed = programs.replayed_forward(
-    "softmax_backward", _softmax_backward_eager, lambda g, y, dim: ([g, y], dim)
+    "softmax_backward", _softmax_backward_eager, lambda g, y, dim: ([g, y], (dim, dim.__class__))
 )
 _log_softmax_backward_replayed = programs.replayed_forward(
-    "log_softmax_backward", _log_softmax_backward_eager, lambda g, y, dim: ([g, y], dim)
+    "log_softmax_backward", _log_softmax_backward_eager, lambda g, y, dim: ([g, y], (dim, dim.__class__))
 )
 _softmax_backward_autograd = eager.function(
     "SoftmaxBackward", _softmax_backward_eager, _save_grad_and_output, _softmax_backward_grad

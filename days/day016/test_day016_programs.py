@@ -205,3 +205,18 @@ def test_new_launch_plans_make_the_programs_record_again():
     want = g.double() @ lin.weight.detach().double()
     for grads in (first, forced, again):
         torch.testing.assert_close(grads[0].double(), want, rtol=2e-2, atol=2e-1)
+
+
+def test_a_replay_never_skips_a_check_that_would_fail():
+    """A program skips the public checks: only calls equal to one that passed them may
+    find it. True == 1 == 1.0 in Python, so each scalar's type is part of the key."""
+    a, b = _cuda(16, 32), _cuda(32, 8)
+    for _ in range(2):  # recorded, then replayed
+        pco.gemm(a, b, None, 1.0, 0.0, False, False)
+        pco.softmax(a, -1)
+    with pytest.raises(TypeError, match="alpha must be a real number"):
+        pco.gemm(a, b, None, True, 0.0, False, False)
+    with pytest.raises(TypeError, match="transpose_a must be a bool"):
+        pco.gemm(a, b, None, 1.0, 0.0, 0, False)
+    with pytest.raises((TypeError, ValueError), match="dim"):
+        pco.softmax(a, -1.0)
