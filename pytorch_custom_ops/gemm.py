@@ -395,8 +395,8 @@ def _backward_with(batched: bool):
 def _split(a, b, c, alpha, beta, transpose_a, transpose_b):
     """A call's tensors and other arguments, as a program's key (programs.py). Each value
     with its type: True == 1 == 1.0 in Python, and the checks a replay skips tell them apart."""
-    scalars = (alpha, beta, transpose_a, transpose_b)
-    return ([a, b] if c is None else [a, b, c]), (scalars, tuple(v.__class__ for v in scalars), c is None)
+    types = (alpha.__class__, beta.__class__, transpose_a.__class__, transpose_b.__class__)
+    return ([a, b] if c is None else [a, b, c]), (alpha, beta, transpose_a, transpose_b, types, c is None)
 
 
 _gemm_2d_replayed = programs.replayed_forward("gemm", _gemm_2d, _split)

@@ -313,7 +313,7 @@ def replayed_forward(name: str, fn, split, single: bool = True):
     program = Program(name)
 
     def run(*args):
-        if _inside_a_recording():
+        if recording and _recorder() is not None:  # _inside_a_recording, on the hot path
             return fn(*args)
         tensors, params = split(*args)
         first = tensors[0]
