@@ -54,15 +54,21 @@ def function(
     `setup_context` itself binds every call's arguments with `inspect.signature`, which
     cost ~20 us a call."""
 
+    nodes = None
+    if programs:
+        from .programs import Nodes, replayed_backward
+
+        backward = replayed_backward(name, backward)
+        if hasattr(forward, "split"):  # a replayed forward (programs.replayed_forward)
+            nodes = Nodes(forward, setup_context, backward)
+
     def run(ctx, *args):
         output = forward(*args)
         setup_context(ctx, args, output)
+        if nodes is not None:
+            nodes.note(args, output)
         return output
 
-    if programs:
-        from .programs import replayed_backward
-
-        backward = replayed_backward(name, backward)
     fn = type(name, (torch.autograd.Function,), {"forward": staticmethod(run), "backward": staticmethod(backward)})
     # Function.apply is Python around the C++ apply: it binds arguments when a Function
     # defines setup_context (this one does not), and unwraps functorch tensors left over
@@ -75,9 +81,14 @@ def function(
     def apply(*args):
         if _transforms_active():
             return fn.apply(*args)
+        if nodes is not None:
+            found = nodes.call(args)  # a call seen before: its node in C++ (programs.Nodes)
+            if found is not None:
+                return found
         return raw(*args)
 
     apply.backward_program = getattr(backward, "program", None)  # for tests and tools
+    apply.nodes = nodes
     return apply
 
 

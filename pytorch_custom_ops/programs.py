@@ -29,6 +29,10 @@ of the ops whose backward is such a function (`eager.function(..., programs=True
 `replayed_forward`, for their eager implementations (after the public function's
 autocast and routing, before its checks: a key seen before passed them).
 GPU_DAYS_PROGRAMS=0 turns programs off.
+
+`Nodes` goes one step further for an op called in grad mode: the forward's program and
+the autograd node in one C++ call (`replay_nodes.h`), the node's backward a program too.
+GPU_DAYS_NODES=0 turns the C++ nodes off (the programs stay).
 """
 
 from __future__ import annotations
@@ -329,5 +333,141 @@ def replayed_forward(name: str, fn, split, single: bool = True):
             return fn(*args)
         return program.record(fn, tensors, params, *args)
 
-    run.program = program
+    run.program, run.split = program, split
     return run
+
+
+# -- nodes: the autograd node in C++ (replay_nodes.h) ------------------------------------------
+NODES = os.environ.get("GPU_DAYS_NODES", "1") != "0"
+
+
+class _SetupSpy:
+    """What an op's setup_context does to its context, noted (`Nodes.note`)."""
+
+    __slots__ = ("to_save", "non_differentiable", "materialize", "dirty", "__dict__")
+
+    def __init__(self):
+        self.to_save, self.non_differentiable, self.materialize, self.dirty = (), (), True, False
+
+    def save_for_backward(self, *tensors):
+        self.to_save = tensors
+
+    def mark_non_differentiable(self, *tensors):
+        self.non_differentiable = tensors
+
+    def set_materialize_grads(self, value: bool):
+        self.materialize = bool(value)
+
+    def mark_dirty(self, *tensors):
+        self.dirty = True
+
+
+class NodeContext:
+    """The context a C++ node hands the op's Python backward when its program does not
+    replay: what an autograd.Function's context offers that backward (vars() gives the
+    attributes setup_context set, as for the Function's own context)."""
+
+    __slots__ = ("saved_tensors", "needs_input_grad", "__dict__")
+
+
+def _make_context(saved: tuple, needs_input_grad: tuple, attrs: tuple) -> NodeContext:
+    ctx = NodeContext()
+    ctx.saved_tensors, ctx.needs_input_grad = saved, needs_input_grad
+    ctx.__dict__.update(attrs)
+    return ctx
+
+
+def _position(t, tensors) -> int | None:
+    found = [i for i, u in enumerate(tensors) if u is t]
+    return found[0] if len(found) == 1 else None
+
+
+class Nodes:
+    """The C++ autograd nodes of one op (`eager.function(..., programs=True)`): a call in
+    grad mode whose forward replays as a program is one C++ call (`node_call`), which
+    makes torch's C++ custom-function node; its backward replays the backward's program.
+    The first such call of a key runs the autograd.Function and `note` records what its
+    setup_context did: saved tensors (each an input or an output), non-differentiable
+    outputs, materialized gradients, attributes."""
+
+    def __init__(self, forward, setup_context, backward):
+        self.forward, self.setup_context, self.backward = forward, setup_context, backward
+        self._book = None
+        self._call = None
+
+    def _key(self, args):
+        """(tensors, params) of a call that may have a node here, else None."""
+        if not (ENABLED and NODES) or (recording and _recorder() is not None):
+            return None
+        tensors, params = self.forward.split(*args)
+        first = tensors[0]
+        if first.__class__ not in PLAIN_TENSORS or not first.is_cuda:
+            return None
+        if self._book is None:
+            module = replay.module()
+            if module is None:
+                return None
+            self._book, self._call = module.new_node_book(), module.node_call
+        return tensors, params
+
+    def call(self, args):
+        """The outputs, with their C++ node; None: the autograd.Function runs."""
+        key = self._key(args)
+        if key is None:
+            return None
+        try:
+            return self._call(self._book, *key)
+        except TypeError:  # a parameter that does not hash
+            return None
+
+    def note(self, args, output) -> None:
+        """After the autograd.Function ran a call: the node spec of its key, if none yet."""
+        key = self._key(args)
+        if key is None:
+            return
+        tensors, params = key
+        module = replay.module()
+        try:
+            if module.node_known(self._book, tensors, params):
+                return
+            replays = module.program_known(self.forward.program._book, tensors, params)
+        except TypeError:
+            return
+        if replays is None:  # the forward's program is recorded by its own first call
+            return
+        module.node_add(self._book, tensors, params, self._spec(args, tensors, output) if replays else None)
+
+    def _spec(self, args, tensors, output) -> tuple | None:
+        spy = _SetupSpy()
+        self.setup_context(spy, args, output)
+        outputs = output if isinstance(output, tuple) else (output,)
+        attrs = tuple(vars(spy).items())
+        arg_of_tensor = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        in_order = len(arg_of_tensor) == len(tensors) and all(
+            args[i] is t for i, t in zip(arg_of_tensor, tensors, strict=True)
+        )
+        if spy.dirty or not _plain_value(attrs) or not in_order:
+            return None
+        saved = []
+        for t in spy.to_save:
+            i, o = (None, None) if t is None else (_position(t, tensors), _position(t, outputs))
+            if t is not None and (i is None) == (o is None):  # neither, or ambiguous
+                return None
+            saved.append(("n", 0) if t is None else ("i", i) if i is not None else ("o", o))
+        non_differentiable = [_position(t, outputs) for t in spy.non_differentiable]
+        backward_program = self.backward.program
+        if None in non_differentiable or (backward_program._book is None and not backward_program._open()):
+            return None
+        return (
+            self.forward.program._book,
+            backward_program._book,
+            attrs,
+            tuple(saved),
+            tuple(non_differentiable),
+            spy.materialize,
+            not isinstance(output, tuple),
+            tuple(arg_of_tensor),
+            len(args),
+            _make_context,
+            self.backward,
+        )

@@ -25,6 +25,7 @@
  * so the books need no lock.
  */
 #include "replay_book.h"
+#include "replay_nodes.h"
 #include "replay_programs.h"
 
 namespace {
@@ -196,6 +197,13 @@ PyMethodDef methods[] = {
     {"clear_programs", clear_programs, METH_O, "clear_programs(pbook)"},
     {"program_add", (PyCFunction)(void (*)(void))program_add, METH_FASTCALL,
      "program_add(pbook, inputs, params, (constants, steps, outputs) or None) -> stored"},
+    {"program_known", (PyCFunction)(void (*)(void))program_known, METH_FASTCALL,
+     "program_known(pbook, inputs, params) -> True (replays) | False | None (not stored)"},
+    {"new_node_book", new_node_book, METH_NOARGS, "new_node_book() -> an empty node book"},
+    {"node_add", (PyCFunction)(void (*)(void))node_add, METH_FASTCALL, "node_add(nbook, inputs, params, spec or None)"},
+    {"node_known", (PyCFunction)(void (*)(void))node_known, METH_FASTCALL, "node_known(nbook, inputs, params)"},
+    {"node_call", (PyCFunction)(void (*)(void))node_call, METH_FASTCALL,
+     "node_call(nbook, inputs, params) -> outputs (with their C++ autograd node) | None"},
     {"program_call", (PyCFunction)(void (*)(void))program_call, METH_FASTCALL,
      "program_call(pbook, inputs, params) -> outputs | None (no program, or a step missed) | False"},
     {nullptr, nullptr, 0, nullptr},

@@ -33,7 +33,7 @@ from .launcher import build_extension, load_extension
 
 ENV_REPLAY = "GPU_DAYS_REPLAY"
 SOURCE = Path(__file__).with_name("replay.cpp")
-HEADERS = tuple(SOURCE.with_name(name) for name in ("replay_book.h", "replay_programs.h"))
+HEADERS = tuple(SOURCE.with_name(name) for name in ("replay_book.h", "replay_programs.h", "replay_nodes.h"))
 BUILD_DIR = _LAUNCHER_DIR.with_name("replay")
 MODULE = "gpu_days_replay"
 

@@ -248,6 +248,28 @@ at::Tensor resolve(const Ref &ref, const std::vector<at::Tensor> &table) {
     return base.as_strided(ref.sizes, ref.strides, base.storage_offset() + ref.offset);
 }
 
+// True: a program replays this call; False: it is known not to; None: nothing stored.
+PyObject *program_known(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
+    HANDLE_TH_ERRORS
+    if (argc != 3) {
+        PyErr_SetString(PyExc_TypeError, "program_known(pbook, inputs, params)");
+        return nullptr;
+    }
+    ProgramBook *book = program_book_of(argv[0]);
+    if (book == nullptr) return nullptr;
+    std::vector<int64_t> key;
+    std::vector<const at::Tensor *> inputs;
+    uint64_t hash;
+    bool failed;
+    if (!make_key(no_destinations(), argv[1], key, inputs)) Py_RETURN_FALSE;
+    if (!full_hash(key, argv[2], hash)) return nullptr;
+    Program *program = find_keyed(*book, key, hash, argv[2], failed);
+    if (failed) return nullptr;
+    if (program == nullptr) Py_RETURN_NONE;
+    return PyBool_FromLong(program->replays);
+    END_HANDLE_TH_ERRORS
+}
+
 PyObject *program_call(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
     HANDLE_TH_ERRORS
     if (argc != 3) {

@@ -685,3 +685,78 @@ def test_a_forward_with_programs_runs_itself_on_the_cpu(monkeypatch):
     with pytest.raises(TypeError):
         run("not a tensor", 2.0)
     assert len(run.program) == 0
+
+
+# -- C++ autograd nodes (programs.Nodes, replay_nodes.h) ------------------------------------------
+# A "softmax" whose node saves its output; its backward is either a program (here the
+# softmax recipe again, applied to the gradient: what it computes does not matter, only
+# which tensors reach the driver) or the Python backward, called with a NodeContext.
+
+
+@pytest.fixture
+def node_parts(recorded):
+    module, driver, op = recorded
+    forward = module.new_program_book()
+    x0 = torch.randn(8, 128)
+    assert module.program_add(forward, [x0], ("fwd",), ((), ((op._book, None, (0,), 1),), (1,)))
+    calls = []
+
+    def backward(ctx, g):
+        calls.append((ctx.saved_tensors, ctx.needs_input_grad, vars(ctx)))
+        return g * 3, None
+
+    spec = (forward, module.new_program_book(), (("dim", -1),), (("o", 0),), (), True, True, (0,), 2)
+    return module, driver, op, spec + (programs._make_context, backward), calls
+
+
+@needs_cxx
+def test_a_cpp_node_runs_the_python_backward_when_no_program_replays(node_parts):
+    module, driver, op, spec, calls = node_parts
+    nbook = module.new_node_book()
+    x = torch.randn(8, 128, requires_grad=True)
+    assert module.node_call(nbook, [x], ("fwd",)) is None  # no spec yet
+    assert module.node_add(nbook, [x], ("fwd",), spec) is True and module.node_known(nbook, [x], ("fwd",))
+    y = module.node_call(nbook, [x], ("fwd",))
+    assert y.requires_grad and y.grad_fn is not None and len(y.grad_fn.next_functions) >= 1
+    assert y.data_ptr() in _pointers(driver.seen[-1])  # the forward's program launched
+    g = torch.randn(8, 128)
+    y.backward(g)
+    ((saved, needs, attrs),) = calls
+    assert saved[0] is not None and saved[0].data_ptr() == y.data_ptr()
+    assert needs == (True, False) and attrs == {"dim": -1}
+    torch.testing.assert_close(x.grad, g * 3)
+
+
+@needs_cxx
+def test_a_cpp_node_replays_its_backward_program(node_parts):
+    module, driver, op, spec, calls = node_parts
+    nbook = module.new_node_book()
+    x = torch.randn(8, 128, requires_grad=True)
+    module.node_add(nbook, [x], ("fwd",), spec)
+    y = module.node_call(nbook, [x], ("fwd",))
+    g = torch.randn(8, 128)
+    key = ((("dim", -1),), (True, False), (False, False))  # programs.replayed_backward's params
+    assert module.program_add(spec[1], [y.detach(), g], key, ((), ((op._book, None, (1,), 1),), (2, None)))
+    n = len(driver.seen)
+    y.backward(g)
+    assert calls == [] and len(driver.seen) == n + 1
+    assert x.grad.shape == (8, 128) and x.grad.data_ptr() in _pointers(driver.seen[-1])  # the program's output
+    assert g.data_ptr() in _pointers(driver.seen[-1])
+
+
+@needs_cxx
+def test_a_cpp_node_keeps_autograd_semantics(node_parts):
+    """No grad needed: no node. Saved tensors modified in place: torch's error. A key
+    stored as 'no node': the Python path."""
+    module, driver, op, spec, calls = node_parts
+    nbook = module.new_node_book()
+    x = torch.randn(8, 128)
+    module.node_add(nbook, [x], ("fwd",), spec)
+    assert module.node_call(nbook, [x], ("fwd",)).grad_fn is None  # x needs no gradient
+    xg = x.clone().requires_grad_()
+    y = module.node_call(nbook, [xg], ("fwd",))
+    y.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward(torch.randn(8, 128))
+    module.node_add(nbook, [x], ("fwd",), None)
+    assert module.node_call(nbook, [xg], ("fwd",)) is None and module.node_known(nbook, [x], ("fwd",))

@@ -220,3 +220,23 @@ def test_a_replay_never_skips_a_check_that_would_fail():
         pco.gemm(a, b, None, 1.0, 0.0, 0, False)
     with pytest.raises((TypeError, ValueError), match="dim"):
         pco.softmax(a, -1.0)
+
+
+@pytest.mark.parametrize("nodes", [True, False])
+def test_a_repeated_call_in_grad_mode_makes_a_cpp_node(nodes, monkeypatch):
+    """With programs.NODES on, the third call of a key in grad mode is one C++ call: its
+    node is torch's C++ custom-function node (whose backward replays the backward's
+    program). Off, it is the autograd.Function's Python node. Both give the same grads,
+    also in a double backward (the C++ node runs the Python backward in grad mode)."""
+    monkeypatch.setattr(programs, "NODES", nodes)
+    torch.manual_seed(3)
+    lin = pco.MojoGEMM(40, 24).to(device="cuda", dtype=torch.float64)
+    x = torch.randn(9, 40, device="cuda", dtype=torch.float64, requires_grad=True)
+    for _ in range(3):
+        y = lin(x)
+    assert ("CppNode" in type(y.grad_fn).__name__) == nodes, type(y.grad_fn).__name__
+    g = torch.randn_like(y, requires_grad=True)
+    (gx,) = torch.autograd.grad(y, [x], g, create_graph=True)
+    torch.testing.assert_close(gx, g @ lin.weight, rtol=1e-12, atol=1e-12)
+    (ggw,) = torch.autograd.grad(gx.sum(), [lin.weight])  # through the backward's own graph
+    torch.testing.assert_close(ggw, g.sum(0, keepdim=True).T.expand(24, 40), rtol=1e-12, atol=1e-12)
