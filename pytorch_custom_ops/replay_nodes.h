@@ -77,7 +77,13 @@ struct SpecHolder : torch::CustomClassHolder {
     throw std::move(err);
 }
 
-struct ProgramFunction : public torch::autograd::Function<ProgramFunction> {
+}  // namespace
+
+// In a named namespace: the node's name is its type's, what profiles and grad_fn.name()
+// show: torch::autograd::CppNode<gpu_days::ReplayedBackward>.
+namespace gpu_days {
+
+struct ReplayedBackward : public torch::autograd::Function<ReplayedBackward> {
     // the outputs were computed by the forward's program before `apply` (it runs this in
     // no-grad mode, as autograd.Function forwards do): here only what setup_context did
     static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx,
@@ -98,10 +104,18 @@ struct ProgramFunction : public torch::autograd::Function<ProgramFunction> {
                                                    torch::autograd::variable_list grads);
 };
 
+}  // namespace gpu_days
+
+namespace {
+
 PyObject *wrap_or_none(const at::Tensor &t) { return t.defined() ? THPVariable_Wrap(t) : Py_NewRef(Py_None); }
 
-torch::autograd::variable_list ProgramFunction::backward(torch::autograd::AutogradContext *ctx,
-                                                         torch::autograd::variable_list grads) {
+}  // namespace
+
+namespace gpu_days {
+
+torch::autograd::variable_list ReplayedBackward::backward(torch::autograd::AutogradContext *ctx,
+                                                   torch::autograd::variable_list grads) {
     auto holder = ctx->saved_data["spec"].toCapsule();
     std::shared_ptr<NodeSpec> spec = static_cast<SpecHolder *>(holder.get())->spec;
     torch::autograd::variable_list saved = ctx->get_saved_variables();
@@ -170,6 +184,10 @@ torch::autograd::variable_list ProgramFunction::backward(torch::autograd::Autogr
     PyGILState_Release(gil);
     return result;
 }
+
+}  // namespace gpu_days
+
+namespace {
 
 bool read_node_spec(PyObject *spec, NodeSpec &node) {
     PyObject *forward_pbook, *backward_pbook, *attrs, *saved, *nondiff, *arg_of_tensor, *make_ctx, *backward;
@@ -321,7 +339,7 @@ PyObject *node_call(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
         outputs.push_back(THPVariable_Unpack(o));
     }
     Py_DECREF(outputs_list);
-    torch::autograd::variable_list wrapped = ProgramFunction::apply(spec, at::TensorList(inputs), &outputs);
+    torch::autograd::variable_list wrapped = gpu_days::ReplayedBackward::apply(spec, at::TensorList(inputs), &outputs);
     if (spec->single) return THPVariable_Wrap(wrapped[0]);
     PyObject *tuple = PyTuple_New(static_cast<Py_ssize_t>(wrapped.size()));
     for (size_t i = 0; i < wrapped.size(); i++) PyTuple_SET_ITEM(tuple, i, THPVariable_Wrap(wrapped[i]));

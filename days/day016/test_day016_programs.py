@@ -235,7 +235,7 @@ def test_a_repeated_call_in_grad_mode_makes_a_cpp_node(nodes, monkeypatch):
     x = torch.randn(9, 40, device="cuda", dtype=torch.float64, requires_grad=True)
     for _ in range(3):
         y = lin(x)
-    assert (y.grad_fn.name() == "ProgramFunction") == nodes, y.grad_fn.name()
+    assert ("ReplayedBackward" in y.grad_fn.name()) == nodes, y.grad_fn.name()
     g = torch.randn_like(y, requires_grad=True)
     (gx,) = torch.autograd.grad(y, [x], g, create_graph=True)
     torch.testing.assert_close(gx, g @ lin.weight, rtol=1e-12, atol=1e-12)
