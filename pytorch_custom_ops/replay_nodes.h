@@ -339,6 +339,11 @@ PyObject *node_call(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
         outputs.push_back(THPVariable_Unpack(o));
     }
     Py_DECREF(outputs_list);
+    for (auto [kind, k] : spec->saved)  // what the spec names must exist (else: the Python path)
+        if ((kind == 'i' && k >= static_cast<int>(inputs.size())) || (kind == 'o' && k >= static_cast<int>(outputs.size())))
+            Py_RETURN_NONE;
+    for (int k : spec->non_differentiable)
+        if (k < 0 || k >= static_cast<int>(outputs.size())) Py_RETURN_NONE;
     torch::autograd::variable_list wrapped = gpu_days::ReplayedBackward::apply(spec, at::TensorList(inputs), &outputs);
     if (spec->single) return THPVariable_Wrap(wrapped[0]);
     PyObject *tuple = PyTuple_New(static_cast<Py_ssize_t>(wrapped.size()));

@@ -760,3 +760,15 @@ def test_a_cpp_node_keeps_autograd_semantics(node_parts):
         y.backward(torch.randn(8, 128))
     module.node_add(nbook, [x], ("fwd",), None)
     assert module.node_call(nbook, [xg], ("fwd",)) is None and module.node_known(nbook, [x], ("fwd",))
+
+
+@needs_cxx
+def test_a_bad_node_spec_is_refused_or_never_used(node_parts):
+    module, driver, op, spec, calls = node_parts
+    nbook, x = module.new_node_book(), torch.randn(8, 128, requires_grad=True)
+    with pytest.raises(ValueError, match="argument out of range"):
+        module.node_add(nbook, [x], ("fwd",), spec[:7] + ((5,),) + spec[8:])
+    with pytest.raises(ValueError, match="saved tensor"):
+        module.node_add(nbook, [x], ("fwd",), spec[:3] + ((("x", 0),),) + spec[4:])
+    module.node_add(nbook, [x], ("fwd",), spec[:3] + ((("o", 3),),) + spec[4:])  # the forward has one output
+    assert module.node_call(nbook, [x], ("fwd",)) is None
