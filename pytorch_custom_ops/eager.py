@@ -48,7 +48,8 @@ def function(
     """`apply` of an autograd.Function that runs `forward(*args)` (in no-grad mode, as
     autograd.Function forwards do) and the op's registered `setup_context`/`backward`.
     `programs`: `backward` is a pure function of its context and gradients whose op calls
-    may be replayed from C++ (`programs.replayed_backward`).
+    may be replayed from C++ (`programs.replayed_backward`); with a replayed `forward`, a
+    grad-mode call seen before also makes its autograd node in C++ (`programs.Nodes`).
 
     The ctx-first form, with setup_context called from forward: a Function that defines
     `setup_context` itself binds every call's arguments with `inspect.signature`, which

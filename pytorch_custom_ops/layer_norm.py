@@ -507,7 +507,7 @@ _layer_norm_replayed = programs.replayed_forward("layer_norm", _layer_norm_eager
 
 
 def _split_backward_call(grad_out, x, normalized_shape, weight, mean, rstd):
-    tensors = [grad_out, x, mean, rstd] if weight is None else [grad_out, x, mean, rstd, weight]
+    tensors = [grad_out, x, mean, rstd] if weight is None else [grad_out, x, weight, mean, rstd]  # argument order
     return tensors, (normalized_shape, weight is None)
 
 
