@@ -304,9 +304,9 @@ PyObject *wrap_all(std::vector<at::Tensor> &tensors, size_t first, size_t count)
 // Books hold entries (recipes) and programs, each under a key, its hash and parameters.
 // The item of `items` stored under this key and these parameters: nullptr when there is
 // none, or when comparing the parameters raised (then `failed` is set).
-template <typename T>
-T *find_keyed(const std::vector<std::unique_ptr<T>> &items, const std::vector<int64_t> &key, uint64_t hash,
-              PyObject *params, bool &failed) {
+template <typename Ptr>
+auto find_keyed(const std::vector<Ptr> &items, const std::vector<int64_t> &key, uint64_t hash, PyObject *params,
+                bool &failed) -> decltype(items.front().get()) {
     failed = false;
     for (auto &e : items) {
         if (e->hash != hash || e->key != key) continue;

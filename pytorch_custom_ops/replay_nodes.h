@@ -242,16 +242,7 @@ NodeSpec *find_node(NodeBook &book, PyObject *inputs, PyObject *params, bool &fa
         failed = true;
         return nullptr;
     }
-    for (auto &spec : book) {
-        if (spec->hash != hash || spec->key != key) continue;
-        int same = spec->params == params ? 1 : PyObject_RichCompareBool(spec->params, params, Py_EQ);
-        if (same < 0) {
-            failed = true;
-            return nullptr;
-        }
-        if (same) return spec.get();
-    }
-    return nullptr;
+    return find_keyed(book, key, hash, params, failed);
 }
 
 PyObject *node_add(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
