@@ -427,6 +427,8 @@ class Nodes:
             return
         tensors, params = key
         module = replay.module()
+        if self.forward.program._book is None:  # the forward's program book is opened by its first call
+            return
         try:
             if module.node_known(self._book, tensors, params):
                 return
