@@ -89,7 +89,6 @@ def function(
         return raw(*args)
 
     apply.backward_program = getattr(backward, "program", None)  # for tests and tools
-    apply.nodes = nodes
     return apply
 
 

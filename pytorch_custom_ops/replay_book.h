@@ -299,14 +299,12 @@ PyObject *wrap_all(std::vector<at::Tensor> &tensors, size_t first, size_t count)
     return list;
 }
 
-// The entry of `book` stored under this key and these parameters: nullptr when there is
-// none, or when comparing the parameters raised (then `failed` is set).
-// Books hold entries (recipes) and programs, each under a key, its hash and parameters.
-// The item of `items` stored under this key and these parameters: nullptr when there is
-// none, or when comparing the parameters raised (then `failed` is set).
+// Books hold entries (recipes), programs and node specs, each under a key, its hash and
+// its parameters. The slot of `items` holding this key and these parameters: nullptr when
+// there is none, or when comparing the parameters raised (then `failed` is set).
 template <typename Ptr>
-auto find_keyed(const std::vector<Ptr> &items, const std::vector<int64_t> &key, uint64_t hash, PyObject *params,
-                bool &failed) -> decltype(items.front().get()) {
+Ptr *find_slot(std::vector<Ptr> &items, const std::vector<int64_t> &key, uint64_t hash, PyObject *params,
+               bool &failed) {
     failed = false;
     for (auto &e : items) {
         if (e->hash != hash || e->key != key) continue;
@@ -315,33 +313,34 @@ auto find_keyed(const std::vector<Ptr> &items, const std::vector<int64_t> &key, 
             failed = true;
             return nullptr;
         }
-        if (same) return e.get();
+        if (same) return &e;
     }
     return nullptr;
 }
 
 // Store `item`; one already stored under the same key and parameters is replaced (the
-// same key added again, after new plans or a new recording: the new one wins). False
-// with a Python error set when comparing the parameters raised.
-template <typename T>
-bool store_keyed(std::vector<std::unique_ptr<T>> &items, std::unique_ptr<T> item) {
+// same key added again, after new plans or a new recording: the new one wins) and
+// released. False with a Python error set when comparing the parameters raised.
+template <typename Ptr>
+bool store_keyed(std::vector<Ptr> &items, Ptr item) {
     bool failed;
-    T *old = find_keyed(items, item->key, item->hash, item->params, failed);
+    Ptr *slot = find_slot(items, item->key, item->hash, item->params, failed);
     if (failed) {
         release(*item);
         return false;
     }
-    if (old == nullptr) {
+    if (slot == nullptr) {
         items.push_back(std::move(item));
         return true;
     }
-    release(*old);
-    *old = std::move(*item);
+    std::swap(*slot, item);
+    release(*item);
     return true;
 }
 
 Entry *find_entry(Book &book, const std::vector<int64_t> &key, uint64_t hash, PyObject *params, bool &failed) {
-    return find_keyed(book, key, hash, params, failed);
+    auto *slot = find_slot(book, key, hash, params, failed);
+    return slot == nullptr ? nullptr : slot->get();
 }
 
 // torch's current device, and its current raw stream (false with an error set).

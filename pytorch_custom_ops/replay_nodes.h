@@ -55,8 +55,11 @@ struct NodeSpec {
     }
 };
 
-// Nodes hold their spec: a spec replaced in its book lives on while they do.
+// Nodes hold their spec: a spec replaced in its book lives on while they do, and lets go of
+// its Python objects in its destructor (store_keyed's release has nothing to do).
 using NodeBook = std::vector<std::shared_ptr<NodeSpec>>;
+
+void release(NodeSpec &) {}
 
 NodeBook *node_book_of(PyObject *capsule) { return static_cast<NodeBook *>(PyCapsule_GetPointer(capsule, kNodeBookName)); }
 
@@ -232,19 +235,6 @@ bool read_node_spec(PyObject *spec, NodeSpec &node) {
     return true;
 }
 
-// The spec stored under this call's key (nullptr: none; `failed`: a Python error).
-NodeSpec *find_node(NodeBook &book, PyObject *inputs, PyObject *params, bool &failed, std::vector<int64_t> &key,
-                    std::vector<const at::Tensor *> &tensors) {
-    uint64_t hash;
-    failed = false;
-    if (!make_key(no_destinations(), inputs, key, tensors)) return nullptr;
-    if (!full_hash(key, params, hash)) {
-        failed = true;
-        return nullptr;
-    }
-    return find_keyed(book, key, hash, params, failed);
-}
-
 PyObject *node_add(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
     HANDLE_TH_ERRORS
     if (argc != 4) {
@@ -259,16 +249,7 @@ PyObject *node_add(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
     if (!full_hash(spec->key, argv[2], spec->hash)) return nullptr;
     spec->params = Py_NewRef(argv[2]);
     if (argv[3] != Py_None && !read_node_spec(argv[3], *spec)) return nullptr;
-    bool failed;
-    std::vector<int64_t> key;
-    NodeSpec *old = find_node(*book, argv[1], argv[2], failed, key, tensors);
-    if (failed) return nullptr;
-    for (auto &stored : *book)
-        if (stored.get() == old) {
-            stored = spec;  // nodes made from the old spec keep it alive
-            Py_RETURN_TRUE;
-        }
-    book->push_back(spec);
+    if (!store_keyed(*book, std::move(spec))) return nullptr;
     Py_RETURN_TRUE;
     END_HANDLE_TH_ERRORS
 }
@@ -281,12 +262,12 @@ PyObject *node_known(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
     }
     NodeBook *book = node_book_of(argv[0]);
     if (book == nullptr) return nullptr;
-    bool failed;
+    bool keyed, failed;
     std::vector<int64_t> key;
     std::vector<const at::Tensor *> tensors;
-    NodeSpec *spec = find_node(*book, argv[1], argv[2], failed, key, tensors);
+    auto *slot = find_call(*book, argv[1], argv[2], key, tensors, keyed, failed);
     if (failed) return nullptr;
-    return PyBool_FromLong(spec != nullptr);
+    return PyBool_FromLong(slot != nullptr);
     END_HANDLE_TH_ERRORS
 }
 
@@ -298,15 +279,13 @@ PyObject *node_call(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
     }
     NodeBook *book = node_book_of(argv[0]);
     if (book == nullptr) return nullptr;
-    bool failed;
+    bool keyed, failed;
     thread_local std::vector<int64_t> key;
     thread_local std::vector<const at::Tensor *> tensors;
-    NodeSpec *found = find_node(*book, argv[1], argv[2], failed, key, tensors);
+    auto *slot = find_call(*book, argv[1], argv[2], key, tensors, keyed, failed);
     if (failed) return nullptr;
-    if (found == nullptr || !found->makes_node) Py_RETURN_NONE;
-    std::shared_ptr<NodeSpec> spec;
-    for (auto &stored : *book)
-        if (stored.get() == found) spec = stored;
+    if (slot == nullptr || !(*slot)->makes_node) Py_RETURN_NONE;
+    std::shared_ptr<NodeSpec> spec = *slot;  // the node holds it: a later node_add may replace it in the book
     std::vector<at::Tensor> inputs;
     for (const at::Tensor *t : tensors) inputs.push_back(*t);
     PyObject *program_argv[3] = {spec->forward_pbook, argv[1], argv[2]};

@@ -248,6 +248,23 @@ at::Tensor resolve(const Ref &ref, const std::vector<at::Tensor> &table) {
     return base.as_strided(ref.sizes, ref.strides, base.storage_offset() + ref.offset);
 }
 
+// The slot of `items` stored under a call's key (its tensors, no destinations) and
+// `params`. `keyed` false: the call has no key (a subclass, a non-tensor...: Python's);
+// nullptr with `failed` set: a Python error.
+template <typename Ptr>
+Ptr *find_call(std::vector<Ptr> &items, PyObject *inputs, PyObject *params, std::vector<int64_t> &key,
+               std::vector<const at::Tensor *> &tensors, bool &keyed, bool &failed) {
+    uint64_t hash;
+    failed = false;
+    keyed = make_key(no_destinations(), inputs, key, tensors);
+    if (!keyed) return nullptr;
+    if (!full_hash(key, params, hash)) {
+        failed = true;
+        return nullptr;
+    }
+    return find_slot(items, key, hash, params, failed);
+}
+
 // True: a program replays this call; False: it is known not to; None: nothing stored.
 PyObject *program_known(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
     HANDLE_TH_ERRORS
@@ -259,14 +276,12 @@ PyObject *program_known(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
     if (book == nullptr) return nullptr;
     std::vector<int64_t> key;
     std::vector<const at::Tensor *> inputs;
-    uint64_t hash;
-    bool failed;
-    if (!make_key(no_destinations(), argv[1], key, inputs)) Py_RETURN_FALSE;
-    if (!full_hash(key, argv[2], hash)) return nullptr;
-    Program *program = find_keyed(*book, key, hash, argv[2], failed);
+    bool keyed, failed;
+    auto *slot = find_call(*book, argv[1], argv[2], key, inputs, keyed, failed);
     if (failed) return nullptr;
-    if (program == nullptr) Py_RETURN_NONE;
-    return PyBool_FromLong(program->replays);
+    if (!keyed) Py_RETURN_FALSE;
+    if (slot == nullptr) Py_RETURN_NONE;
+    return PyBool_FromLong((*slot)->replays);
     END_HANDLE_TH_ERRORS
 }
 
@@ -280,13 +295,12 @@ PyObject *program_call(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
     if (book == nullptr) return nullptr;
     thread_local std::vector<int64_t> key;
     thread_local std::vector<const at::Tensor *> inputs;
-    uint64_t hash;
-    if (!make_key(no_destinations(), argv[1], key, inputs)) Py_RETURN_FALSE;  // no key: Python's
-    if (!full_hash(key, argv[2], hash)) return nullptr;
-    bool failed;
-    Program *program = find_keyed(*book, key, hash, argv[2], failed);
+    bool keyed, failed;
+    auto *slot = find_call(*book, argv[1], argv[2], key, inputs, keyed, failed);
     if (failed) return nullptr;
-    if (program == nullptr) Py_RETURN_NONE;
+    if (!keyed) Py_RETURN_FALSE;  // no key: Python's
+    if (slot == nullptr) Py_RETURN_NONE;
+    Program *program = slot->get();
     if (!program->replays) Py_RETURN_FALSE;
 
     std::vector<at::Tensor> table;
