@@ -89,6 +89,7 @@ def function(
         return raw(*args)
 
     apply.backward_program = getattr(backward, "program", None)  # for tests and tools
+    apply.nodes = nodes  # for tools (days/day016/replay_parts.py)
     return apply
 
 

@@ -204,8 +204,10 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         "day018.attention_fwd_kernel.float16.64.*": (
             r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.f16\.f16\s*\{[^}]*\},\s*\{%r\d+, %r\d+, %r\d+, %r\d+\}",
         ),
-        # version 3: the consumers' turns through named barriers
-        "day018.attention_fwd_kernel.*.3.[23].*": (r"bar\.sync\s+%r\d+, 256;", r"bar\.arrive\s+%r\d+, 256;"),
+        # versions 3 and 4: the consumers' turns through named barriers
+        "day018.attention_fwd_kernel.*.[34].[23].*": (r"bar\.sync\s+%r\d+, 256;", r"bar\.arrive\s+%r\d+, 256;"),
+        # version 4, persistent: the block walks its work tiles by the grid's size
+        "day018.attention_fwd_kernel.*.4.[23].*": (r"mov\.u32\s+%r\d+, %nctaid\.x;",),
         # the backward: the same frame, 64-row streamed tiles (n64 products), P and dS from
         # registers (m64nDk16 register-A), two consumers
         "day018.attention_bwd_kernel.*": (

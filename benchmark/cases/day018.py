@@ -3,8 +3,8 @@ torch's SDPA backends, in the same run. Same ops, shapes, FLOP count and float64
 day 017 (benchmark/cases/day017.py): `attention_{fwd,fwd_bwd}_d{64,128}[_causal]`, batch x seq =
 16384 tokens, heads x head_dim = 2048, bfloat16.
 
-Impls: `mojo_v1`, `mojo_v2`, `mojo_v3` (pco.attention with each forward version, 3 the
-default, and the Mojo backward),
+Impls: `mojo_v1` ... `mojo_v4` (pco.attention with each forward version, and the Mojo
+backward; pytorch_custom_ops.attention_gpu.DEFAULT_VERSION is the default),
 `triton` (day 017), `torch` (SDPA's default dispatch, the speedup baseline), `sdpa_flash`,
 `sdpa_cudnn` (SDPA's fastest on the H100 at long sequences). The O(seq^2) impls stay in day 017.
 """
@@ -28,7 +28,8 @@ def _mojo(version: int):
 IMPLS = {
     "mojo_v1": _mojo(1),
     "mojo_v2": _mojo(2),
-    "mojo_v3": _mojo(3),  # pco.attention's default
+    "mojo_v3": _mojo(3),
+    "mojo_v4": _mojo(4),
     "torch": ATTENTION["torch"],
     **IMPLS_FOR_TIMING,
 }

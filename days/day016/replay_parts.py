@@ -7,7 +7,9 @@ For softmax, layer_norm and gemm on tiny inputs (the GPU idles: this is host tim
 microseconds per call: the public function; the op's call (`MojoOp`, after the public
 function's checks); and the pieces of a Python replay: the recipe key, the outputs'
 allocation, the launch loop, the C launch alone. With the C++ replay on, also the C++
-call alone (key, allocation and launch in one call). CUDA only.
+call alone (key, allocation and launch in one call). Then the same for a module's forward
+in grad mode, layer by layer, from `MojoLayerNorm(x)` down to the C++ node call, next to
+`nn.LayerNorm`. CUDA only.
 """
 
 from __future__ import annotations
@@ -87,6 +89,30 @@ def parts(public, op, inputs) -> dict[str, float]:
     return found
 
 
+def grad_mode_parts() -> dict[str, float]:
+    """MojoLayerNorm's forward in grad mode (8 x 128), layer by layer, and torch's."""
+    layer_norm_module = sys.modules["pytorch_custom_ops.layer_norm"]
+    mojo = pco.MojoLayerNorm(128, device="cuda")
+    ref = torch.nn.LayerNorm(128, device="cuda")
+    x = torch.randn(8, 128, device="cuda", requires_grad=True)
+    args = (x, mojo.normalized_shape, mojo.weight, mojo.bias, mojo.eps)
+    apply = layer_norm_module._layer_norm_autograd
+    nodes = apply.nodes
+    found = {"module": per_call_us(lambda: mojo(x))}  # the first calls record the programs and the node
+    found["public"] = per_call_us(lambda: pco.layer_norm(*args))
+    found["autograd apply"] = per_call_us(lambda: apply(*args))
+    found["Nodes.call"] = per_call_us(lambda: nodes.call(args))
+    tensors, params = layer_norm_module._layer_norm_replayed.split(*args)
+    found["c++ node_call"] = per_call_us(lambda: nodes._call(nodes._book, tensors, params))
+    with torch.no_grad():
+        found["forward, no grad"] = per_call_us(lambda: layer_norm_module._layer_norm_replayed(*args))
+    found["torch module"] = per_call_us(lambda: ref(x))
+    found["torch F.layer_norm"] = per_call_us(lambda: torch.nn.functional.layer_norm(x, (128,), ref.weight, ref.bias))
+    with torch.no_grad():
+        found["torch, no grad"] = per_call_us(lambda: torch.nn.functional.layer_norm(x, (128,), ref.weight, ref.bias))
+    return found
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("replay_parts: needs a CUDA GPU", file=sys.stderr)
@@ -99,6 +125,9 @@ def main() -> int:
     print(f"{'us per call':18s}" + "".join(f"{c:>12s}" for c in columns))
     for name, found in rows.items():
         print(f"{name:18s}" + "".join(f"{found.get(c, float('nan')):12.1f}" for c in columns))
+    print("MojoLayerNorm(128) forward in grad mode, 8x128, us per call:")
+    for part, us in grad_mode_parts().items():
+        print(f"  {part:22s}{us:8.1f}")
     return 0
 
 

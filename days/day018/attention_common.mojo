@@ -392,13 +392,33 @@ def produce[
     are the same, so either operand form can read either stream. Barriers: fixed,
     full_0[STAGES], full_1[STAGES], empty[STAGES]; the streams count their bytes
     apart so that a product on stream 0 can start while stream 1 lands."""
+    produce_fixed[dtype, D, N_FIXED, NC](
+        f0_map, f1_map, sfix, bars, f_row, f_head, b
+    )
+    produce_stream[dtype, D, BN, STAGES](
+        s0_map, s1_map, skv, bars, b, s_head0, s_row0, per_head, 0, 0, n_tiles
+    )
+
+
+@always_inline
+def produce_fixed[
+    dtype: DType, D: Int, N_FIXED: Int, NC: Int
+](
+    f0_map: OpaquePointer[mut=False, _],
+    f1_map: OpaquePointer[mut=False, _],
+    sfix: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    fixed: Pointer[
+        Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    f_row: Int,
+    f_head: Int,
+    b: Int,
+):
+    """The fixed tiles (`produce`) onto barrier `fixed`."""
     comptime DB = D // TMA_BK
-    comptime T_ELEMS = BN * D
     comptime F_ELEMS = NC * DB * BOX
-    var fixed = bars
-    var full0 = bars.unsafe_offset(1)
-    var full1 = bars.unsafe_offset(1 + STAGES)
-    var empty = bars.unsafe_offset(1 + 2 * STAGES)
     mbarrier_arrive_expect_tx_shared(
         fixed, Int32(N_FIXED * F_ELEMS * size_of[dtype]())
     )
@@ -414,10 +434,39 @@ def produce[
                     f_head,
                     b,
                 )
-    for j in range(n_tiles):
-        var s = j % STAGES
-        if j >= STAGES:
-            mbar_wait(empty.unsafe_offset(s), (j // STAGES - 1) % 2)
+
+
+@always_inline
+def produce_stream[
+    dtype: DType, D: Int, BN: Int, STAGES: Int
+](
+    s0_map: OpaquePointer[mut=False, _],
+    s1_map: OpaquePointer[mut=False, _],
+    skv: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    bars: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+    b: Int,
+    s_head0: Int,
+    s_row0: Int,
+    per_head: Int,
+    it0: Int,
+    j_begin: Int,
+    j_end: Int,
+):
+    """Streamed tiles j_begin <= j < j_end (`produce`). A persistent block's stream
+    goes on across its work tiles: tile j is the block's (it0 + j)-th, which names its
+    stage and the phase of the stage's barriers."""
+    comptime DB = D // TMA_BK
+    comptime T_ELEMS = BN * D
+    var full0 = bars.unsafe_offset(1)
+    var full1 = bars.unsafe_offset(1 + STAGES)
+    var empty = bars.unsafe_offset(1 + 2 * STAGES)
+    for j in range(j_begin, j_end):
+        var g = it0 + j
+        var s = g % STAGES
+        if g >= STAGES:
+            mbar_wait(empty.unsafe_offset(s), (g // STAGES - 1) % 2)
         var st0 = skv.unsafe_offset(s * 2 * T_ELEMS)
         var st1 = st0.unsafe_offset(T_ELEMS)
         var head = s_head0 + j // per_head

@@ -5,6 +5,9 @@
 #   attention_v1_serial.mojo   S, softmax, P V one after another
 #   attention_v2_overlap.mojo  the softmax of tile j overlaps P V of tile j-1 and S_j;
 #                              version 3 adds the ping-pong between the two consumers
+# Version 4 is version 3 in a persistent grid (one block per SM, each walking work
+# tiles, `work_tile`): the K/V stream and the mbarrier phases go on across a block's
+# tiles, and the next Q loads while the consumers store the last tile's output.
 #
 # Builds on day 014's version 3 (TMA into 128-byte swizzled tiles, mbarrier phases,
 # setmaxnreg, the tile descriptors): its helpers are imported, not copied.
@@ -14,7 +17,7 @@
 #   Q      2 consumers x D/64 boxes of 64 rows x 64          (k-major A operand)
 #   stage  K: D/64 boxes of BN keys x 64                      (k-major B operand)
 #          V: BN/64 key slices x D/64 boxes of 64 keys x 64   (mn-major B operand)
-#   barriers  q_full, full_k[STAGES], full_v[STAGES], empty[STAGES]
+#   barriers  q_full, full_k[STAGES], full_v[STAGES], empty[STAGES], q_empty
 
 from max.gpu import (
     MAX_THREADS_PER_BLOCK_METADATA,
@@ -27,7 +30,7 @@ from max.gpu import (
 )
 from max.gpu.host.nvidia.tma import TMADescriptor
 from max.gpu.memory import external_memory
-from max.gpu.sync import mbarrier_init
+from max.gpu.sync import mbarrier_arrive, mbarrier_init
 from std.math import ceildiv
 from std.sys import size_of
 from std.utils import StaticTuple
@@ -45,10 +48,35 @@ from days.day018.attention_common import (
     BOX,
     NEG_INF,
     produce,
+    produce_fixed,
+    produce_stream,
     store_o_lse,
 )
 from days.day018.attention_v1_serial import consume_v1
 from days.day018.attention_v2_overlap import consume_v2
+
+
+# --8<-- [start:work_tile]
+@always_inline
+def work_tile[
+    CAUSAL: Bool, PERSISTENT: Bool
+](w: Int, n_qblocks: Int, heads: Int, batch: Int) -> Tuple[Int, Int, Int]:
+    """(query block, head, batch) of the block's work tile w. One tile a block: from the
+    grid (w unused). Persistent: tile w of the block's walk over all of them, query
+    blocks fastest (the blocks at work together read the same head's K and V) or,
+    causal, the longest rows first over every head, so that a round of the grid runs
+    tiles of one length and the short ones come last."""
+    comptime if not PERSISTENT:
+        var qb = n_qblocks - 1 - block_idx.x if CAUSAL else block_idx.x
+        return (qb, block_idx.y, block_idx.z)
+    comptime if CAUSAL:
+        var hb = w % (heads * batch)
+        return (n_qblocks - 1 - w // (heads * batch), hb % heads, hb // heads)
+    var hb = w // n_qblocks
+    return (w % n_qblocks, hb % heads, hb // heads)
+
+
+# --8<-- [end:work_tile]
 
 
 # --8<-- [start:kernel]
@@ -77,13 +105,16 @@ def attention_fwd_kernel[
     lse: Pointer[Float32, MutAnyOrigin],
     lq: Int64,
     lk: Int64,
+    heads: Int64,
+    batch: Int64,
     group: Int64,
     o_bs: Int64,
     o_hs: Int64,
     o_rs: Int64,
     scale_log2: Float32,
 ):
-    """Grid (ceil(Lq / (64 NC)), q heads, batch), 128 (1 + NC) threads (NC consumer
+    """Grid (ceil(Lq / (64 NC)), q heads, batch), or for version 4 (persistent) up to
+    one block per SM walking the work tiles; 128 (1 + NC) threads (NC consumer
     warpgroups of 64 query rows: 2 at head_dim 128, 3 at 64), SMEM bytes of dynamic
     shared memory. q/k/v maps: 4-D views (head_dim, seq, heads, batch) with boxes of
     64 x 64 (q, v) and 64 x BN (k). dst: (batch, q heads, Lq, D) by the strides given
@@ -92,30 +123,26 @@ def attention_fwd_kernel[
     comptime BM = 64 * NC  # query rows per block
     comptime Q_ELEMS = NC * DB * BOX
     comptime KV_ELEMS = 2 * BN * D
+    comptime PERSISTENT = VERSION == 4
     comptime assert D == 64 or D == 128, "head dim 64 or 128"
     comptime assert BN == 128, "kv tile 128"
     comptime assert STAGES >= 2, "at least two stages"
-    comptime assert VERSION >= 1 and VERSION <= 3, "versions 1 to 3"
+    comptime assert VERSION >= 1 and VERSION <= 4, "versions 1 to 4"
     comptime assert SMEM == (Q_ELEMS + STAGES * KV_ELEMS) * size_of[
         dtype
-    ]() + 8 * (1 + 3 * STAGES), "Q, stages, barriers"
+    ]() + 8 * (2 + 3 * STAGES), "Q, stages, barriers"
     comptime assert TMA_BK * size_of[dtype]() == 128, "16-bit elements"
 
     var Lq = Int(lq)
     var Lk = Int(lk)
+    var H = Int(heads)
     var n_qblocks = ceildiv(Lq, BM)
-    # causal: the longest rows first, so the last wave is short blocks
-    var qb = n_qblocks - 1 - block_idx.x if CAUSAL else block_idx.x
-    var q0 = qb * BM
-    var h = block_idx.y
-    var b = block_idx.z
-    var kv_end = min(Lk, q0 + BM) if CAUSAL else Lk
-    var n_tiles = ceildiv(kv_end, BN)
 
     var smem = external_memory[
         Scalar[dtype], address_space=AddressSpace.SHARED, alignment=1024
     ]()
     var skv = smem.unsafe_offset(Q_ELEMS)
+    # q_full, full_k[STAGES], full_v[STAGES], empty[STAGES], q_empty
     var bars = smem.unsafe_offset(Q_ELEMS + STAGES * KV_ELEMS).unsafe_bitcast[
         Int64
     ]()
@@ -125,73 +152,223 @@ def attention_fwd_kernel[
             mbarrier_init(bars.unsafe_offset(1 + s), 1)
             mbarrier_init(bars.unsafe_offset(1 + STAGES + s), 1)
             mbarrier_init(bars.unsafe_offset(1 + 2 * STAGES + s), Int32(NC * 4))
+        mbarrier_init(bars.unsafe_offset(1 + 3 * STAGES), Int32(NC * 4))
         fence_mbarrier_init()
     barrier()
 
     var wg = thread_idx.x // WG_THREADS
-    # 2 consumers: day 014's split (40 / 232); 3: what 512 threads x 128 registers allow
-    comptime PRODUCER_REGS = TMA_PRODUCER_REGS if NC == 2 else 24
-    comptime CONSUMER_REGS = TMA_CONSUMER_REGS if NC == 2 else 160
+    # 2 consumers: day 014's split (40 / 232); 3: what 512 threads x 128 registers allow.
+    # The persistent producer keeps its walk's state too: at 40 (or 24) it spills.
+    comptime PRODUCER_REGS = (
+        56 if PERSISTENT else TMA_PRODUCER_REGS
+    ) if NC == 2 else (32 if PERSISTENT else 24)
+    comptime CONSUMER_REGS = (
+        224 if PERSISTENT else TMA_CONSUMER_REGS
+    ) if NC == 2 else 160
     comptime assert WG_THREADS * (PRODUCER_REGS + NC * CONSUMER_REGS) <= 65536
     if wg == 0:
         set_max_registers[False, PRODUCER_REGS]()
         if thread_idx.x == 0:
             var qmap = Pointer(to=q_map).unsafe_bitcast[NoneType]()
-            produce[dtype, D, BN, STAGES, 1, NC](
-                qmap,
-                qmap,
-                Pointer(to=k_map).unsafe_bitcast[NoneType](),
-                Pointer(to=v_map).unsafe_bitcast[NoneType](),
-                smem,
-                skv,
-                bars,
-                q0,
-                h,
-                b,
-                n_tiles,
-                h // Int(group),
-                0,
-                max(n_tiles, 1),
-            )
+            var kmap = Pointer(to=k_map).unsafe_bitcast[NoneType]()
+            var vmap = Pointer(to=v_map).unsafe_bitcast[NoneType]()
+            comptime if PERSISTENT:
+                var it = 0  # K/V tiles streamed so far
+                var t = 0  # work tiles so far
+                for w in range(
+                    block_idx.x, n_qblocks * H * Int(batch), grid_dim.x
+                ):
+                    var tile = work_tile[CAUSAL, True](
+                        w, n_qblocks, H, Int(batch)
+                    )
+                    var q0 = tile[0] * BM
+                    var n_tiles = kv_tiles[BM, BN, CAUSAL](q0, Lk)
+                    if t > 0:  # the consumers are done with the last Q
+                        mbar_wait(
+                            bars.unsafe_offset(1 + 3 * STAGES), (t - 1) % 2
+                        )
+                    produce_fixed[dtype, D, 1, NC](
+                        qmap, qmap, smem, bars, q0, tile[1], tile[2]
+                    )
+                    produce_stream[dtype, D, BN, STAGES](
+                        kmap,
+                        vmap,
+                        skv,
+                        bars,
+                        tile[2],
+                        tile[1] // Int(group),
+                        0,
+                        n_tiles,
+                        it,
+                        0,
+                        n_tiles,
+                    )
+                    it += n_tiles
+                    t += 1
+            else:
+                var tile = work_tile[CAUSAL, False](0, n_qblocks, H, Int(batch))
+                var q0 = tile[0] * BM
+                var n_tiles = kv_tiles[BM, BN, CAUSAL](q0, Lk)
+                produce[dtype, D, BN, STAGES, 1, NC](
+                    qmap,
+                    qmap,
+                    kmap,
+                    vmap,
+                    smem,
+                    skv,
+                    bars,
+                    q0,
+                    tile[1],
+                    tile[2],
+                    n_tiles,
+                    tile[1] // Int(group),
+                    0,
+                    max(n_tiles, 1),
+                )
     else:
         set_max_registers[True, CONSUMER_REGS]()
         var cw = wg - 1
-        var row0 = q0 + cw * 64  # this consumer's first query row
-        var my_row = row0 + (warp_id() % 4) * 16 + lane_id() // 4
-        var sq = smem.unsafe_offset(cw * DB * BOX)
-        var o = SIMD[DType.float32, D // 2](0)
-        var m = SIMD[DType.float32, 2](NEG_INF)
-        var l = SIMD[DType.float32, 2](0)
-        mbar_wait(bars, 0)
-        comptime if VERSION == 1:
-            consume_v1[dtype, D, BN, STAGES, CAUSAL](
-                sq, skv, bars, n_tiles, row0, my_row, Lk, scale_log2, o, m, l
-            )
+        comptime if PERSISTENT:
+            var it = 0
+            var t = 0
+            for w in range(block_idx.x, n_qblocks * H * Int(batch), grid_dim.x):
+                it += consume_tile[
+                    dtype, D, BN, STAGES, CAUSAL, VERSION, NC, PERSISTENT
+                ](
+                    smem,
+                    bars,
+                    cw,
+                    w,
+                    it,
+                    t,
+                    n_qblocks,
+                    Lq,
+                    Lk,
+                    H,
+                    Int(batch),
+                    scale_log2,
+                    dst,
+                    lse,
+                    Int(o_bs),
+                    Int(o_hs),
+                    Int(o_rs),
+                )
+                t += 1
         else:
-            consume_v2[dtype, D, BN, STAGES, CAUSAL, VERSION == 3, NC](
-                sq,
-                skv,
+            _ = consume_tile[
+                dtype, D, BN, STAGES, CAUSAL, VERSION, NC, PERSISTENT
+            ](
+                smem,
                 bars,
-                n_tiles,
-                row0,
-                my_row,
-                Lk,
-                scale_log2,
-                o,
-                m,
-                l,
                 cw,
+                0,
+                0,
+                0,
+                n_qblocks,
+                Lq,
+                Lk,
+                H,
+                Int(batch),
+                scale_log2,
+                dst,
+                lse,
+                Int(o_bs),
+                Int(o_hs),
+                Int(o_rs),
             )
-        store_o_lse[dtype, D](
-            o,
-            l,
-            m,
-            dst.unsafe_offset(b * Int(o_bs) + h * Int(o_hs)),
-            lse.unsafe_offset((b * grid_dim.y + h) * Lq),
-            row0,
-            Lq,
-            Int(o_rs),
+
+
+@always_inline
+def kv_tiles[BM: Int, BN: Int, CAUSAL: Bool](q0: Int, Lk: Int) -> Int:
+    """K/V tiles a work tile of query rows from q0 reads: causal, up to its last row.
+    """
+    return ceildiv(min(Lk, q0 + BM) if CAUSAL else Lk, BN)
+
+
+@always_inline
+def consume_tile[
+    dtype: DType,
+    D: Int,
+    BN: Int,
+    STAGES: Int,
+    CAUSAL: Bool,
+    VERSION: Int,
+    NC: Int,
+    PERSISTENT: Bool,
+](
+    smem: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    bars: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+    cw: Int,
+    w: Int,
+    it: Int,
+    t: Int,
+    n_qblocks: Int,
+    Lq: Int,
+    Lk: Int,
+    H: Int,
+    batch: Int,
+    scale_log2: Float32,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    lse: Pointer[Float32, MutAnyOrigin],
+    o_bs: Int,
+    o_hs: Int,
+    o_rs: Int,
+) -> Int:
+    """Consumer cw's part of work tile w, the block's t-th, after `it` streamed K/V
+    tiles: its 64 query rows' output and log-sum-exp. Returns the tile's K/V tiles.
+    """
+    comptime DB = D // TMA_BK
+    comptime BM = 64 * NC
+    var tile = work_tile[CAUSAL, PERSISTENT](w, n_qblocks, H, batch)
+    var q0 = tile[0] * BM
+    var h = tile[1]
+    var b = tile[2]
+    var n_tiles = kv_tiles[BM, BN, CAUSAL](q0, Lk)
+    var row0 = q0 + cw * 64  # this consumer's first query row
+    var my_row = row0 + (warp_id() % 4) * 16 + lane_id() // 4
+    var sq = smem.unsafe_offset(cw * DB * BOX)
+    var skv = smem.unsafe_offset(NC * DB * BOX)
+    var o = SIMD[DType.float32, D // 2](0)
+    var m = SIMD[DType.float32, 2](NEG_INF)
+    var l = SIMD[DType.float32, 2](0)
+    mbar_wait(bars, t % 2)
+    comptime if VERSION == 1:
+        consume_v1[dtype, D, BN, STAGES, CAUSAL](
+            sq, skv, bars, n_tiles, row0, my_row, Lk, scale_log2, o, m, l
         )
+    else:
+        consume_v2[dtype, D, BN, STAGES, CAUSAL, VERSION >= 3, NC](
+            sq,
+            skv,
+            bars,
+            n_tiles,
+            row0,
+            my_row,
+            Lk,
+            scale_log2,
+            o,
+            m,
+            l,
+            cw,
+            it,
+            t == 0,
+        )
+    comptime if PERSISTENT:  # this Q is read: the producer may load the next one
+        if lane_id() == 0:
+            _ = mbarrier_arrive(bars.unsafe_offset(1 + 3 * STAGES))
+    store_o_lse[dtype, D](
+        o,
+        l,
+        m,
+        dst.unsafe_offset(b * o_bs + h * o_hs),
+        lse.unsafe_offset((b * H + h) * Lq),
+        row0,
+        Lq,
+        o_rs,
+    )
+    return n_tiles
 
 
 # --8<-- [end:kernel]

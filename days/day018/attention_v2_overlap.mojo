@@ -74,22 +74,29 @@ def consume_v2[
     mut m: SIMD[DType.float32, 2],
     mut l: SIMD[DType.float32, 2],
     cw: Int,
+    it0: Int = 0,
+    open_turns: Bool = True,
 ):
     """cw: this consumer (of NC); with PINGPONG the consumers issue in turn, 0 first:
-    each waits at its own barrier and then opens the next one's."""
+    each waits at its own barrier and then opens the next one's. it0: the block's
+    streamed tiles before this work tile (a persistent block's stages and phases go
+    on). open_turns: the last consumer opens consumer 0's first turn (once a block:
+    after that, its last turn of a work tile opens the next tile's first)."""
     var mine = SCHED_BAR + cw
     var other = SCHED_BAR + (cw + 1) % NC
     comptime if PINGPONG:
-        if cw == NC - 1:
+        if open_turns and cw == NC - 1:
             sched_arrive(other)
     var full_k = bars.unsafe_offset(1)
     var full_v = bars.unsafe_offset(1 + STAGES)
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
     # tile 0: S alone, softmax (O is 0: nothing to rescale)
-    mbar_wait(full_k, 0)
+    mbar_wait(full_k.unsafe_offset(it0 % STAGES), (it0 // STAGES) % 2)
     comptime if PINGPONG:
         sched_sync(mine)
-    var sc = s_wgmma[dtype, D, BN](sq, skv)
+    var sc = s_wgmma[dtype, D, BN](
+        sq, skv.unsafe_offset((it0 % STAGES) * 2 * BN * D)
+    )
     comptime if PINGPONG:
         sched_arrive(other)
     wgmma_wait_group_sync[0]()
@@ -99,11 +106,12 @@ def consume_v2[
     _ = online_softmax[BN](sc, m, l, scale_log2)
     var p = p_fragments[dtype, BN](sc)
     for j in range(1, n_tiles):
-        var prev = (j - 1) % STAGES
-        var s = j % STAGES
+        var g = it0 + j
+        var prev = (g - 1) % STAGES
+        var s = g % STAGES
         var sk = skv.unsafe_offset(s * 2 * BN * D)
-        mbar_wait(full_k.unsafe_offset(s), (j // STAGES) % 2)
-        mbar_wait(full_v.unsafe_offset(prev), ((j - 1) // STAGES) % 2)
+        mbar_wait(full_k.unsafe_offset(s), (g // STAGES) % 2)
+        mbar_wait(full_v.unsafe_offset(prev), ((g - 1) // STAGES) % 2)
         comptime if PINGPONG:
             sched_sync(mine)
         sc = s_wgmma[dtype, D, BN](sq, sk)
@@ -121,8 +129,8 @@ def consume_v2[
         if lane_id() == 0:
             _ = mbarrier_arrive(empty.unsafe_offset(prev))
         p = p_fragments[dtype, BN](sc)
-    var last = (n_tiles - 1) % STAGES
-    mbar_wait(full_v.unsafe_offset(last), ((n_tiles - 1) // STAGES) % 2)
+    var last = (it0 + n_tiles - 1) % STAGES
+    mbar_wait(full_v.unsafe_offset(last), ((it0 + n_tiles - 1) // STAGES) % 2)
     var sv_last = skv.unsafe_offset(last * 2 * BN * D + BN * D)
     o = pv_issue[dtype, D, BN](p, v_descs[dtype, D, BN](sv_last), o)
     o = pv_wait[D, BN](p, o)

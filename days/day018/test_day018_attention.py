@@ -117,7 +117,7 @@ def test_bad_scale(scale):
 
 
 def test_unknown_version():
-    with pytest.raises(ValueError, match="version"), attention_version(4):
+    with pytest.raises(ValueError, match="version"), attention_version(5):
         pass
 
 
@@ -142,7 +142,15 @@ def test_launch_plan_on_cpu():
     assert q_map.dims == (128, 300, 4, 2) and q_map.box == (64, 64, 1, 1)
     assert k_map.dims == (128, 260, 2, 2) and k_map.box == (64, 128, 1, 1)
     assert q_map.byte_strides == (256, 300 * 256, 4 * 300 * 256)
-    assert launch.args[5:11] == (300, 260, 2, 4 * 300 * 128, 300 * 128, 128)
+    assert launch.args[5:13] == (300, 260, 4, 2, 2, 4 * 300 * 128, 300 * 128, 128)
+    with attention_version(4):  # persistent: at most a block per SM, one per work tile at most
+        (launch,) = attention_gpu([out, lse], [q, k, v], {"CAUSAL": True, "SCALE_LOG2": 0.1})
+        assert launch.grid == (3 * 4 * 2, 1, 1) and launch.kernel.params[5] == 4
+        big = torch.empty(4, 16, 4096, 128, dtype=BF16)
+        (launch,) = attention_gpu(
+            [big, torch.empty(4, 16, 4096)], [big, big, big], {"CAUSAL": False, "SCALE_LOG2": 0.1}
+        )
+        assert launch.grid == (132, 1, 1)
     q64 = q[..., :64].contiguous()  # head_dim 64: three consumers, 192 query rows per block
     (launch,) = attention_gpu(
         [q64.clone(), lse],
@@ -183,7 +191,7 @@ def test_backward_plan_on_cpu():
 
 # -- CUDA: the Mojo kernel ---------------------------------------------------------------------------
 @needs_cuda
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 @pytest.mark.parametrize("dtype", [BF16, FP16])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("causal", [False, True])
@@ -197,7 +205,7 @@ def test_cuda_forward_matches_float64(version, dtype, shape, causal):
 
 
 @needs_cuda
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 @pytest.mark.parametrize("d", [64, 128])
 def test_cuda_long_sequences_and_large_logits(version, d):
     q, k, v = make(1, 2, 2, 1000, 2100, d, BF16, "cuda", spread=8.0)  # scores in the hundreds
@@ -205,6 +213,20 @@ def test_cuda_long_sequences_and_large_logits(version, d):
         with attention_version(version):
             out = pco.attention(q, k, v, causal=causal)
         close(out, reference(q, k, v, causal), BF16)
+
+
+@needs_cuda
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_persistent_blocks_walk_several_tiles(d, causal):
+    """Version 4 with more work tiles than SMs: each block runs two or three tiles in a
+    row (ragged, GQA, causal rows of different lengths), its stages and mbarrier phases
+    going on from one tile to the next."""
+    q, k, v = make(2, 9, 3, 1999, 1531, d, BF16, "cuda")
+    with attention_version(4):
+        out, lse = torch.ops.gpu_days.attention(q, k, v, causal, None)
+    close(out, reference(q, k, v, causal), BF16)
+    torch.testing.assert_close(lse.double(), lse2_reference(q, k, causal, 1 / math.sqrt(d)), atol=2e-3, rtol=1e-4)
 
 
 @needs_cuda

@@ -4,8 +4,8 @@ flash and cuDNN backends, bf16, TFLOP/s by kernel time (CUPTI, benchmark.timing)
     PYTHONPATH=$PWD python days/day018/time_versions.py [--quick]
 
 Shapes as in the benchmark (batch x seq = 16384, heads x head_dim = 2048). Each impl is
-first checked against SDPA's math in float32 on one (batch, head) slice. `mojo_v1` and
-`mojo_v2` are the ladder's rungs (pytorch_custom_ops.attention_gpu.attention_version). The
+first checked against SDPA's math in float32 on one (batch, head) slice. `mojo_v1`,
+`mojo_v2`, ... are the ladder's rungs (pytorch_custom_ops.attention_gpu.attention_version). The
 stored rows come from `python -m benchmark --day day018`; this is the quick look while a
 kernel changes.
 """
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import pytorch_custom_ops as pco
 from benchmark.cases.day017 import IMPLS_FOR_TIMING, flops, shapes_for
 from benchmark.timing import kernel_time_ms
-from pytorch_custom_ops.attention_gpu import attention_version
+from pytorch_custom_ops.attention_gpu import DEFAULT_VERSION, VERSIONS, attention_version
 
 
 def _mojo(version):
@@ -31,7 +31,7 @@ def _mojo(version):
     return run
 
 
-IMPLS = {"mojo_v1": _mojo(1), "mojo_v2": _mojo(2), "mojo_v3": _mojo(3), **IMPLS_FOR_TIMING}
+IMPLS = {f"mojo_v{v}": _mojo(v) for v in VERSIONS} | IMPLS_FOR_TIMING
 
 
 def check(fn, q, k, v, causal) -> float:
@@ -64,7 +64,7 @@ def main() -> None:
 
 
 def time_backward(quick: bool) -> None:
-    impls = {"mojo": IMPLS["mojo_v3"], **IMPLS_FOR_TIMING}
+    impls = {"mojo": IMPLS[f"mojo_v{DEFAULT_VERSION}"], **IMPLS_FOR_TIMING}
     print(f"{torch.cuda.get_device_name()}; bf16 forward + backward; TFLOP/s by kernel time (max |dq err| vs fp32)")
     print(f"{'d':>4} {'causal':>6} {'seq':>6} " + " ".join(f"{n:>18}" for n in impls))
     for d in (128, 64):
