@@ -82,6 +82,17 @@ def fence_mbarrier_init():
 
 
 @always_inline
+def ring_slot[STAGES: Int](i: Int) -> Tuple[Int, Int]:
+    """(stage, phase parity) of the i-th use (i >= 0) of a ring of STAGES buffers.
+
+    In 32-bit unsigned arithmetic: `i % STAGES` on a signed 64-bit Int is a sign fix-up
+    at 4 stages and a ~25-instruction multiply-high sequence at 3, 5 or 7, on the vector
+    ALUs, in every k-loop iteration (seen in the SASS, days 018 and 019)."""
+    var u = UInt32(i)
+    return (Int(u % UInt32(STAGES)), Int((u // UInt32(STAGES)) % 2))
+
+
+@always_inline
 def mbar_wait(
     bar: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
     parity: Int,

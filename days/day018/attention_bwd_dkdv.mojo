@@ -14,7 +14,7 @@ from max.gpu.compute.mma import wgmma_wait_group_sync
 from max.gpu.sync import mbarrier_arrive
 from std.math import exp2
 
-from days.day014.gemm_v3_tma import mbar_wait
+from days.day014.gemm_v3_tma import mbar_wait, ring_slot
 from days.day018.attention_common import (
     hold,
     p_fragments,
@@ -60,8 +60,9 @@ def consume_dkdv[
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
     var t = lane_id() % 4
     for j in range(n_tiles):
-        var s = j % STAGES
-        var phase = (j // STAGES) % 2
+        var slot = ring_slot[STAGES](j)
+        var s = slot[0]
+        var phase = slot[1]
         var sq = stream.unsafe_offset(s * 2 * BQ * D)
         var sdo = sq.unsafe_offset(BQ * D)
         var q0 = q_start + (j % per_head) * BQ

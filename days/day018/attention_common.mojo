@@ -27,7 +27,7 @@ from std.math import exp2, log2
 from std.memory import bitcast
 from std.utils import IndexList
 
-from days.day014.gemm_v3_tma import TMA_BK, mbar_wait, tma_desc
+from days.day014.gemm_v3_tma import TMA_BK, mbar_wait, ring_slot, tma_desc
 from days.day018.operand_hold import hold_32, hold_64
 from days.day018.pv_wgmma_64x128 import pv_wgmma_issue_64x128, pv_wait_64x128
 from days.day018.pv_wgmma_64x64 import pv_wgmma_issue_64x64, pv_wait_64x64
@@ -464,9 +464,9 @@ def produce_stream[
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
     for j in range(j_begin, j_end):
         var g = it0 + j
-        var s = g % STAGES
+        var s = ring_slot[STAGES](g)[0]
         if g >= STAGES:
-            mbar_wait(empty.unsafe_offset(s), (g // STAGES - 1) % 2)
+            mbar_wait(empty.unsafe_offset(s), ring_slot[STAGES](g - STAGES)[1])
         var st0 = skv.unsafe_offset(s * 2 * T_ELEMS)
         var st1 = st0.unsafe_offset(T_ELEMS)
         var head = s_head0 + j // per_head

@@ -7,7 +7,7 @@ from max.gpu.compute.mma import wgmma_wait_group_sync
 from max.gpu.sync import mbarrier_arrive
 from max.gpu import lane_id
 
-from days.day014.gemm_v3_tma import mbar_wait
+from days.day014.gemm_v3_tma import mbar_wait, ring_slot
 from days.day018.attention_common import (
     hold,
     mask_tile,
@@ -47,8 +47,9 @@ def consume_v1[
     var full_v = bars.unsafe_offset(1 + STAGES)
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
     for j in range(n_tiles):
-        var s = j % STAGES
-        var phase = (j // STAGES) % 2
+        var slot = ring_slot[STAGES](j)
+        var s = slot[0]
+        var phase = slot[1]
         var sk = skv.unsafe_offset(s * 2 * BN * D)
         mbar_wait(full_k.unsafe_offset(s), phase)
         var sc = s_wgmma[dtype, D, BN](sq, sk)

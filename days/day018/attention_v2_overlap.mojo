@@ -15,7 +15,7 @@ from max.gpu.sync import mbarrier_arrive
 from max.gpu import lane_id
 from std.sys._assembly import inlined_assembly
 
-from days.day014.gemm_v3_tma import mbar_wait
+from days.day014.gemm_v3_tma import mbar_wait, ring_slot
 from days.day018.attention_common import (
     hold,
     mask_tile,
@@ -91,12 +91,11 @@ def consume_v2[
     var full_v = bars.unsafe_offset(1 + STAGES)
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
     # tile 0: S alone, softmax (O is 0: nothing to rescale)
-    mbar_wait(full_k.unsafe_offset(it0 % STAGES), (it0 // STAGES) % 2)
+    var first = ring_slot[STAGES](it0)
+    mbar_wait(full_k.unsafe_offset(first[0]), first[1])
     comptime if PINGPONG:
         sched_sync(mine)
-    var sc = s_wgmma[dtype, D, BN](
-        sq, skv.unsafe_offset((it0 % STAGES) * 2 * BN * D)
-    )
+    var sc = s_wgmma[dtype, D, BN](sq, skv.unsafe_offset(first[0] * 2 * BN * D))
     comptime if PINGPONG:
         sched_arrive(other)
     wgmma_wait_group_sync[0]()
@@ -107,11 +106,13 @@ def consume_v2[
     var p = p_fragments[dtype, BN](sc)
     for j in range(1, n_tiles):
         var g = it0 + j
-        var prev = (g - 1) % STAGES
-        var s = g % STAGES
+        var before = ring_slot[STAGES](g - 1)
+        var now = ring_slot[STAGES](g)
+        var prev = before[0]
+        var s = now[0]
         var sk = skv.unsafe_offset(s * 2 * BN * D)
-        mbar_wait(full_k.unsafe_offset(s), (g // STAGES) % 2)
-        mbar_wait(full_v.unsafe_offset(prev), ((g - 1) // STAGES) % 2)
+        mbar_wait(full_k.unsafe_offset(s), now[1])
+        mbar_wait(full_v.unsafe_offset(prev), before[1])
         comptime if PINGPONG:
             sched_sync(mine)
         sc = s_wgmma[dtype, D, BN](sq, sk)
@@ -129,8 +130,9 @@ def consume_v2[
         if lane_id() == 0:
             _ = mbarrier_arrive(empty.unsafe_offset(prev))
         p = p_fragments[dtype, BN](sc)
-    var last = (it0 + n_tiles - 1) % STAGES
-    mbar_wait(full_v.unsafe_offset(last), ((it0 + n_tiles - 1) // STAGES) % 2)
+    var end = ring_slot[STAGES](it0 + n_tiles - 1)
+    var last = end[0]
+    mbar_wait(full_v.unsafe_offset(last), end[1])
     var sv_last = skv.unsafe_offset(last * 2 * BN * D + BN * D)
     o = pv_issue[dtype, D, BN](p, v_descs[dtype, D, BN](sv_last), o)
     o = pv_wait[D, BN](p, o)

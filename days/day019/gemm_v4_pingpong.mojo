@@ -45,6 +45,7 @@ from days.day014.gemm_v3_tma import (
     TMA_CONSUMER_REGS,
     fence_mbarrier_init,
     mbar_wait,
+    ring_slot,
     set_max_registers,
     tma_desc,
     tma_load_operand,
@@ -265,10 +266,11 @@ def gemm_pingpong_kernel[
                 var tile = tile_coords[GROUP_M](t % per_batch, num_m, num_n)
                 var tn = tile[1] * CLUSTER + rank
                 for kt in range(units.kb, units.ke):
-                    var s = it % STAGES
+                    var s = ring_slot[STAGES](it)[0]
                     if it >= STAGES:  # the consumers released round r-1
                         mbar_wait(
-                            empty.unsafe_offset(s), (it // STAGES - 1) % 2
+                            empty.unsafe_offset(s),
+                            ring_slot[STAGES](it - STAGES)[1],
                         )
                     mbarrier_arrive_expect_tx_shared(
                         full.unsafe_offset(s), Int32(STAGE_BYTES)
@@ -362,8 +364,9 @@ def gemm_pingpong_kernel[
             var acc1 = SIMD[DType.float32, ROW_BLOCKS * FRAG1](0)
             for kt in range(kb, ke):
                 var it = it0 + kt - kb
-                var s = it % STAGES
-                mbar_wait(full.unsafe_offset(s), (it // STAGES) % 2)
+                var slot = ring_slot[STAGES](it)
+                var s = slot[0]
+                mbar_wait(full.unsafe_offset(s), slot[1])
                 var sa_k = sa.unsafe_offset(s * A_ELEMS)
                 var sb_k = sb.unsafe_offset(s * B_ELEMS)
                 # one descriptor per operand and k-step; each wgmma adds a constant
@@ -381,7 +384,9 @@ def gemm_pingpong_kernel[
                 wgmma_commit_group_sync()
                 wgmma_wait_group_sync[1]()
                 if kt > kb and lane_id() == 0:
-                    release[CLUSTER](empty.unsafe_offset((it - 1) % STAGES))
+                    release[CLUSTER](
+                        empty.unsafe_offset(ring_slot[STAGES](it - 1)[0])
+                    )
             # every wgmma of this tile is issued: the other consumer may start
             comptime if not COOP:
                 if lane_id() == 0:
@@ -389,7 +394,7 @@ def gemm_pingpong_kernel[
             wgmma_wait_group_sync[0]()
             if lane_id() == 0:
                 release[CLUSTER](
-                    empty.unsafe_offset((it0 + ke - kb - 1) % STAGES)
+                    empty.unsafe_offset(ring_slot[STAGES](it0 + ke - kb - 1)[0])
                 )
             round += 1
             comptime if STREAM_K:
