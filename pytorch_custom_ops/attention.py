@@ -107,16 +107,16 @@ def _forward_eager(q, k, v, causal, scale):
 
 
 def _backward_cuda(do, q, k, v, out, lse2, causal, scale):
-    q, k, v, do = (t if tma_ready(t) else t.contiguous() for t in (q, k, v, do))
+    q, k, v, do, out = (t if tma_ready(t) else t.contiguous() for t in (q, k, v, do, out))
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if dq.numel() == 0:  # no query: no gradient reaches k or v
         return dq, dk.zero_(), dv.zero_()
-    # delta = rowsum(dO * O): one memory-bound pass, left to torch
-    delta = (do.float() * out.float()).sum(-1)
+    # delta = rowsum(dO * O), written by the dQ pass for the dK/dV pass
+    delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     params = {"CAUSAL": causal, "SCALE": scale}
-    launches = attention_bwd_gpu([dq, dk, dv], [q, k, v, do, lse2.contiguous(), delta], params)
+    launches = attention_bwd_gpu([dq, dk, dv, delta], [q, k, v, do, lse2.contiguous(), out], params)
     direct.run(launches, q.get_device())
     return dq, dk, dv
 

@@ -155,8 +155,9 @@ def bwd_smem_bytes(d: int, itemsize: int = 2) -> int:
 BWD_KERNEL = KernelFamily(
     BWD_MODULE,
     "attention_bwd_kernel",
-    # f0, f1, s0, s1 maps, dst0, dst1, lse, delta, Lq, Lk, group, d_bs, d_hs, d_rs, scale_log2, scale
-    args=("tensormap",) * 4 + ("ptr",) * 4 + ("i64",) * 6 + ("f32",) * 2,
+    # f0, f1, s0, s1 maps, dst0, dst1, lse, delta, o, do, Lq, Lk, group,
+    # d_bs, d_hs, d_rs, o_bs, o_hs, o_rs, do_bs, do_hs, do_rs, scale_log2, scale
+    args=("tensormap",) * 4 + ("ptr",) * 6 + ("i64",) * 12 + ("f32",) * 2,
     variants=tuple(  # (dtype, D, STAGES, CAUSAL, DQ, SMEM)
         (dtype, d, BWD_STAGES, causal, dq, bwd_smem_bytes(d))
         for dtype in DTYPES
@@ -169,22 +170,25 @@ BWD_KERNEL = KernelFamily(
 
 @direct.plan(BWD_KERNEL)
 def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
-    """dK and dV (grid: 128 keys per block, kv heads, batch), then dQ (128 queries per
-    block, q heads, batch). inputs: q, k, v, do, lse2, delta (rowsum(dO * O), float32)."""
-    dq, dk, dv = outputs
-    q, k, v, do, lse, delta = inputs
+    """dQ (grid: 128 queries per block, q heads, batch), which also writes delta =
+    rowsum(dO * O) (float32, (b, q heads, Lq)), then dK and dV (128 keys per block, kv
+    heads, batch), which read it. inputs: q, k, v, do, lse2, out (the forward's output;
+    do and out TMA-ready: 16-byte aligned rows); outputs: dq, dk, dv, delta."""
+    dq, dk, dv, delta = outputs
+    q, k, v, do, lse, out = inputs
     b, hq, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     causal = params["CAUSAL"]
     smem = bwd_smem_bytes(d)
-    tail = (lse.data_ptr(), delta.data_ptr(), lq, lk, hq // hkv)
+    tail = (lse.data_ptr(), delta.data_ptr(), out.data_ptr(), do.data_ptr(), lq, lk, hq // hkv)
+    row_strides = (*out.stride()[:3], *do.stride()[:3])
     scales = (params["SCALE"] * LOG2E, params["SCALE"])
     maps_kv = (tma_map(k, BOX), tma_map(v, BOX))
     maps_q = (tma_map(q, BOX), tma_map(do, BOX))
 
     def one_pass(dq_pass: bool, fixed, streamed, dst0, dst1, rows: int, heads: int) -> direct.Launch:
-        args = (*fixed, *streamed, dst0.data_ptr(), dst1.data_ptr(), *tail, *dst0.stride()[:3], *scales)
+        args = (*fixed, *streamed, dst0.data_ptr(), dst1.data_ptr(), *tail, *dst0.stride()[:3], *row_strides, *scales)
         kernel = BWD_KERNEL[q.dtype, d, BWD_STAGES, causal, dq_pass, smem]
         return direct.Launch(kernel, (-(-rows // BLOCK_M), heads, b), THREADS, args, smem)
 
-    return [one_pass(False, maps_kv, maps_q, dk, dv, lk, hkv), one_pass(True, maps_q, maps_kv, dq, dq, lq, hq)]
+    return [one_pass(True, maps_q, maps_kv, dq, dq, lq, hq), one_pass(False, maps_kv, maps_q, dk, dv, lk, hkv)]

@@ -20,6 +20,7 @@ from max.gpu.memory import (
     external_memory,
 )
 from max.gpu.host.nvidia.tma import TMADescriptor, TensorMapSwizzle
+from max.gpu.primitives import warp
 from max.gpu.sync import (
     mbarrier_init,
     mbarrier_arrive,
@@ -90,6 +91,19 @@ def ring_slot[STAGES: Int](i: Int) -> Tuple[Int, Int]:
     ALUs, in every k-loop iteration (seen in the SASS, days 018 and 019)."""
     var u = UInt32(i)
     return (Int(u % UInt32(STAGES)), Int((u // UInt32(STAGES)) % 2))
+
+
+@always_inline
+def consumer_index(wg: Int) -> Int:
+    """A consumer warpgroup's index (wg - 1), broadcast from lane 0.
+
+    `thread_idx.x // 128` is the same in every lane of a warp, but ptxas cannot prove
+    it, so every wgmma descriptor built from it is a vector value moved into a uniform
+    register (`R2UR`) in each k-loop iteration. A value broadcast with `shfl.sync` is
+    provably warp-uniform and keeps that arithmetic on the uniform datapath
+    (CUTLASS's "canonical" warpgroup index; seen in the SASS, days 018 and 019).
+    """
+    return Int(warp.broadcast(Int32(wg - 1)))
 
 
 @always_inline
@@ -295,7 +309,7 @@ def gemm_tma_kernel[
         set_max_registers[True, TMA_CONSUMER_REGS]()
         var alpha = alpha_beta[unsafe_offset=0]  # loaded while the k-loop runs
         var beta = alpha_beta[unsafe_offset=1]
-        var cw = wg - 1  # this consumer's 64 rows of the block tile
+        var cw = consumer_index(wg)  # this consumer's 64 rows of the block tile
         var acc = SIMD[DType.float32, BN // 2](0)
         for kt in range(num_k):
             var s = kt % STAGES

@@ -7,7 +7,8 @@
 #               streams K, V tiles; it writes dQ once.
 # Recomputing S and dP in both passes costs two extra products of the seven, but no
 # float32 atomics or dQ accumulator in global memory (FlashAttention-2/3 use one
-# pass with atomic dQ). delta = rowsum(dO * O) comes in precomputed.
+# pass with atomic dQ). delta = rowsum(dO * O) is computed by the dQ pass, which
+# therefore runs first, and read by the dK/dV pass.
 #
 # Streamed tiles are 64 rows, so a stage's two tiles have the same layout whether a
 # product reads them k-major (as the B of S^T = K Q^T) or mn-major (as the B of
@@ -34,6 +35,7 @@ from days.day014.gemm_v3_tma import (
     TMA_BK,
     TMA_CONSUMER_REGS,
     TMA_PRODUCER_REGS,
+    consumer_index,
     fence_mbarrier_init,
     mbar_wait,
     set_max_registers,
@@ -46,7 +48,7 @@ from days.day018.attention_common import (
     store_rows,
 )
 from days.day018.attention_bwd_dkdv import consume_dkdv
-from days.day018.attention_bwd_dq import consume_dq
+from days.day018.attention_bwd_dq import consume_dq, row_delta
 
 comptime BT = 64  # rows of a streamed tile
 
@@ -77,12 +79,20 @@ def attention_bwd_kernel[
     dst1: Pointer[Scalar[dtype], MutAnyOrigin],
     lse: Pointer[Float32, MutAnyOrigin],
     delta: Pointer[Float32, MutAnyOrigin],
+    o: Pointer[Scalar[dtype], MutAnyOrigin],
+    do: Pointer[Scalar[dtype], MutAnyOrigin],
     lq: Int64,
     lk: Int64,
     group: Int64,
     d_bs: Int64,
     d_hs: Int64,
     d_rs: Int64,
+    o_bs: Int64,
+    o_hs: Int64,
+    o_rs: Int64,
+    do_bs: Int64,
+    do_hs: Int64,
+    do_rs: Int64,
     scale_log2: Float32,
     scale: Float32,
 ):
@@ -90,7 +100,9 @@ def attention_bwd_kernel[
     dst0 = dK, dst1 = dV, (batch, kv heads, Lk, D) by d_bs/d_hs/d_rs.
     DQ = True: grid (ceil(Lq / 128), q heads, batch); f0/f1 = Q/dO, s0/s1 = K/V;
     dst0 = dQ (batch, q heads, Lq, D) by the same strides; dst1 unused.
-    lse (the forward's lse2) and delta: (batch, q heads, Lq) float32, contiguous.
+    lse (the forward's lse2) and delta: (batch, q heads, Lq) float32, contiguous; the
+    dQ pass writes delta = rowsum(dO * O) from o and do ((batch, q heads, Lq, D) by
+    their strides, 16-byte aligned rows), the dK/dV pass reads it.
     Maps: 4-D views (head_dim, seq, heads, batch), boxes of 64 x 64."""
     comptime DB = D // TMA_BK
     comptime F_ELEMS = CONSUMERS * DB * BOX
@@ -160,24 +172,33 @@ def attention_bwd_kernel[
             )
     else:
         set_max_registers[True, TMA_CONSUMER_REGS]()
-        var cw = wg - 1
+        var cw = consumer_index(wg)
         var row0 = r0 + cw * 64
         var my_row = row0 + (warp_id() % 4) * 16 + lane_id() // 4
         var f0 = smem.unsafe_offset(cw * DB * BOX)
         var f1 = smem.unsafe_offset(F_ELEMS + cw * DB * BOX)
         var out0 = dst0.unsafe_offset(b * Int(d_bs) + h * Int(d_hs))
         var ones = SIMD[DType.float32, 2](scale)
-        mbar_wait(bars, 0)
         comptime if DQ:
             var base = (b * n_heads + h) * Lq
+            # while the fixed Q and dO tiles land
+            var delta_r = row_delta[dtype, D](
+                o.unsafe_offset(b * Int(o_bs) + h * Int(o_hs)),
+                do.unsafe_offset(b * Int(do_bs) + h * Int(do_hs)),
+                Int(o_rs),
+                Int(do_rs),
+                my_row,
+                Lq,
+            )
             var lse_r = SIMD[DType.float32, 2](Float32.MAX)
-            var delta_r = SIMD[DType.float32, 2](0)
             comptime for half in range(2):
                 if my_row + 8 * half < Lq:
                     lse_r[half] = lse[unsafe_offset=base + my_row + 8 * half]
-                    delta_r[half] = delta[
-                        unsafe_offset=base + my_row + 8 * half
-                    ]
+                    if lane_id() % 4 == 0:  # for the dK/dV pass
+                        delta[unsafe_offset=base + my_row + 8 * half] = delta_r[
+                            half
+                        ]
+            mbar_wait(bars, 0)
             var dq = SIMD[DType.float32, D // 2](0)
             consume_dq[dtype, D, STAGES, CAUSAL](
                 f0,
@@ -194,6 +215,7 @@ def attention_bwd_kernel[
             )
             store_rows[dtype, D](dq, ones, out0, row0, Lq, Int(d_rs))
         else:
+            mbar_wait(bars, 0)
             var base = (b * n_heads * G + h * G) * Lq
             var dk = SIMD[DType.float32, D // 2](0)
             var dv = SIMD[DType.float32, D // 2](0)

@@ -40,6 +40,7 @@ from days.day014.gemm_v3_tma import (
     TMA_BK,
     TMA_CONSUMER_REGS,
     TMA_PRODUCER_REGS,
+    consumer_index,
     fence_mbarrier_init,
     mbar_wait,
     set_max_registers,
@@ -227,7 +228,7 @@ def attention_fwd_kernel[
                 )
     else:
         set_max_registers[True, CONSUMER_REGS]()
-        var cw = wg - 1
+        var cw = consumer_index(wg)
         comptime if PERSISTENT:
             var it = 0
             var t = 0

@@ -174,18 +174,22 @@ def test_tma_ready_layouts():
 
 
 def test_backward_plan_on_cpu():
-    """dK/dV over 128-key blocks of kv heads, then dQ over 128-query blocks of q heads."""
+    """dQ over 128-query blocks of q heads (it writes delta), then dK/dV over 128-key
+    blocks of kv heads (they read it); O and dO by their own strides."""
     from pytorch_custom_ops.attention_gpu import BWD_KERNEL, attention_bwd_gpu, bwd_smem_bytes
 
     q, k, v = make(2, 4, 2, 300, 260, 64, FP16, "cpu")
     do, lse, delta = torch.empty_like(q), torch.empty(2, 4, 300), torch.empty(2, 4, 300)
+    out = torch.empty(2, 300, 4, 64, dtype=FP16).transpose(1, 2)  # (B, S, H, D) stored
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    dkdv, dql = attention_bwd_gpu([dq, dk, dv], [q, k, v, do, lse, delta], {"CAUSAL": False, "SCALE": 0.125})
+    dql, dkdv = attention_bwd_gpu([dq, dk, dv, delta], [q, k, v, do, lse, out], {"CAUSAL": False, "SCALE": 0.125})
     assert dkdv.grid == (3, 2, 2) and dql.grid == (3, 4, 2)
     assert dkdv.kernel is BWD_KERNEL[FP16, 64, 4, False, False, bwd_smem_bytes(64)]
     assert dql.kernel.params[4] is True and dkdv.smem == dql.smem == bwd_smem_bytes(64)
     assert dkdv.args[4:6] == (dk.data_ptr(), dv.data_ptr()) and dql.args[4] == dq.data_ptr()
-    assert dkdv.args[8:11] == (300, 260, 2) and dkdv.args[-1] == 0.125
+    assert dql.args[6:10] == (lse.data_ptr(), delta.data_ptr(), out.data_ptr(), do.data_ptr())
+    assert dkdv.args[10:13] == (300, 260, 2) and dkdv.args[-1] == 0.125
+    assert dql.args[13:22] == (*dq.stride()[:3], 300 * 4 * 64, 64, 4 * 64, *do.stride()[:3])
     assert dkdv.args[0].dims == (64, 260, 2, 2) and dkdv.args[2].dims == (64, 300, 4, 2)
 
 
@@ -273,6 +277,23 @@ def test_cuda_grads(dtype, shape, causal):
     want = torch.autograd.grad(ref, (q, k, v), g.double())
     for a, r in zip(got, want, strict=True):
         close(a, r, dtype, factor=2)
+
+
+@needs_cuda
+@pytest.mark.parametrize("d", [64, 128])
+def test_cuda_grads_of_a_strided_incoming_gradient(d):
+    """The dQ pass reads dO and O by their strides for delta = rowsum(dO * O): a
+    (batch, seq, heads, head_dim) view, and one TMA cannot read (copied first)."""
+    q, k, v = (t.requires_grad_() for t in make(2, 3, 3, 200, 170, d, BF16, "cuda"))
+    want_out = reference(q, k, v, False)
+    for g in (
+        torch.randn(2, 200, 3, d, device="cuda", dtype=BF16).transpose(1, 2),
+        torch.randn(2, 3, 200, d + 8, device="cuda", dtype=BF16)[..., 4 : d + 4],  # rows off by 8 B
+    ):
+        got = torch.autograd.grad(pco.attention(q, k, v), (q, k, v), g)
+        want = torch.autograd.grad(want_out, (q, k, v), g.double(), retain_graph=True)
+        for a, r in zip(got, want, strict=True):
+            close(a, r, BF16, factor=2)
 
 
 @needs_cuda
