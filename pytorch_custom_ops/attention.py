@@ -27,7 +27,7 @@ from torch import Tensor
 
 from . import direct, eager, fallback
 from .attention_checks import check_qkv
-from .attention_gpu import HEAD_DIMS, LOG2E, attention_bwd_gpu, attention_gpu, tma_ready
+from .attention_gpu import HEAD_DIMS, LOG2E, attention_bwd_gpu, attention_gpu, bwd_version, tma_ready
 from .flash_attention import attention_backward_with, attention_outputs_like, setup_attention_context
 
 OP = "attention"
@@ -108,17 +108,20 @@ def _forward_eager(q, k, v, causal, scale):
 
 def _backward_cuda(do, q, k, v, out, lse2, causal, scale):
     q, k, v, do, out = (t if tma_ready(t) else t.contiguous() for t in (q, k, v, do, out))
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    if dq.numel() == 0:  # no query: no gradient reaches k or v
-        return dq, dk.zero_(), dv.zero_()
-    # delta = rowsum(dO * O), written by the dQ pass for the dK/dV pass
+    if q.numel() == 0:  # no query: no gradient reaches k or v
+        return torch.empty_like(q), dk.zero_(), dv.zero_()
+    version = bwd_version()
+    # version 1 writes dq; version 2 adds into a float32 dQ (atomics), cast at the end
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if version == 1 else None
+    dq32 = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if version == 2 else None
+    # delta = rowsum(dO * O), written by the first launch for the dK/dV pass
     delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-    params = {"CAUSAL": causal, "SCALE": scale}
-    launches = attention_bwd_gpu([dq, dk, dv, delta], [q, k, v, do, lse2.contiguous(), out], params)
+    params = {"CAUSAL": causal, "SCALE": scale, "VERSION": version}
+    launches = attention_bwd_gpu([dq, dk, dv, delta, dq32], [q, k, v, do, lse2.contiguous(), out], params)
     direct.run(launches, q.get_device())
-    return dq, dk, dv
+    return (dq if version == 1 else dq32.to(q.dtype)), dk, dv
 
 
 def _backward_eager(do, q, k, v, out, lse2, causal, scale):

@@ -141,46 +141,79 @@ def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
     return [direct.Launch(kernel, grid, 128 * (1 + nc), args, smem)]
 
 
-# -- the backward: two launches of one kernel (days/day018/attention_bwd.mojo) -------------------
+# -- the backward (days/day018/attention_bwd.mojo) ------------------------------------------------
+# 1: two passes of one kernel, dQ (which also computes delta) then dK/dV; 7 products a tile
+# pair. 2: delta, then one pass that also adds dQ's share into float32 with atomics; 5.
+BWD_VERSIONS = (1, 2)
+DEFAULT_BWD_VERSION = 1
 BWD_TILE = 64  # rows of a streamed tile
 BWD_STAGES = 4
 
 
-def bwd_smem_bytes(d: int, itemsize: int = 2) -> int:
+def bwd_smem_bytes(d: int, itemsize: int = 2, fused: bool = False) -> int:
     """Two fixed tensors (2 x 64 rows x d each), BWD_STAGES x two streamed 64 x d tiles,
-    1 + 3 stages mbarriers."""
-    return (2 * 2 * 64 * d + BWD_STAGES * 2 * BWD_TILE * d) * itemsize + 8 * (1 + 3 * BWD_STAGES)
+    with `fused` (version 2) a 64 x 64 dS box per consumer, 1 + 3 stages mbarriers."""
+    ds = 2 * 64 * 64 if fused else 0
+    return (2 * 2 * 64 * d + BWD_STAGES * 2 * BWD_TILE * d + ds) * itemsize + 8 * (1 + 3 * BWD_STAGES)
 
 
 BWD_KERNEL = KernelFamily(
     BWD_MODULE,
     "attention_bwd_kernel",
-    # f0, f1, s0, s1 maps, dst0, dst1, lse, delta, o, do, Lq, Lk, group,
+    # f0, f1, s0, s1 maps, dst0, dst1, lse, delta, o, do, dq32, Lq, Lk, group,
     # d_bs, d_hs, d_rs, o_bs, o_hs, o_rs, do_bs, do_hs, do_rs, scale_log2, scale
-    args=("tensormap",) * 4 + ("ptr",) * 6 + ("i64",) * 12 + ("f32",) * 2,
-    variants=tuple(  # (dtype, D, STAGES, CAUSAL, DQ, SMEM)
-        (dtype, d, BWD_STAGES, causal, dq, bwd_smem_bytes(d))
+    args=("tensormap",) * 4 + ("ptr",) * 7 + ("i64",) * 12 + ("f32",) * 2,
+    variants=tuple(  # (dtype, D, STAGES, CAUSAL, DQ, FUSED, SMEM)
+        (dtype, d, BWD_STAGES, causal, dq, fused, bwd_smem_bytes(d, fused=fused))
         for dtype in DTYPES
         for d in HEAD_DIMS
         for causal in (False, True)
-        for dq in (False, True)
+        for dq, fused in ((False, False), (True, False), (False, True))
     ),
 )
+DELTA_KERNEL = KernelFamily(
+    BWD_MODULE,
+    "attention_delta_kernel",
+    args=("ptr",) * 3 + ("i64",) * 7,  # delta, o, do, Lq, o_bs, o_hs, o_rs, do_bs, do_hs, do_rs
+    variants=tuple((dtype, d) for dtype in DTYPES for d in HEAD_DIMS),
+)
+_bwd_version = DEFAULT_BWD_VERSION
 
 
-@direct.plan(BWD_KERNEL)
+@contextmanager
+def attention_bwd_version(version: int):
+    """Run backward version `version` (1 or 2) inside the block (benchmarks, tests)."""
+    global _bwd_version
+    if version not in BWD_VERSIONS:
+        raise ValueError(f"attention_bwd_version: unknown version {version!r}; known: {BWD_VERSIONS}")
+    before, _bwd_version = _bwd_version, version
+    try:
+        yield
+    finally:
+        _bwd_version = before
+
+
+def bwd_version() -> int:
+    return _bwd_version
+
+
+@direct.plan(BWD_KERNEL, DELTA_KERNEL)
 def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
-    """dQ (grid: 128 queries per block, q heads, batch), which also writes delta =
-    rowsum(dO * O) (float32, (b, q heads, Lq)), then dK and dV (128 keys per block, kv
-    heads, batch), which read it. inputs: q, k, v, do, lse2, out (the forward's output;
-    do and out TMA-ready: 16-byte aligned rows); outputs: dq, dk, dv, delta."""
-    dq, dk, dv, delta = outputs
+    """Version 1 (params["VERSION"]): dQ (grid: 128 queries per block, q heads, batch),
+    which also writes delta = rowsum(dO * O) (float32, (b, q heads, Lq)), then dK and dV
+    (128 keys per block, kv heads, batch), which read it. Version 2: delta (64 rows per
+    block), then dK and dV, which also add scale * dS K into dq32.
+    inputs: q, k, v, do, lse2, out (the forward's output; do and out TMA-ready: 16-byte
+    aligned rows); outputs: dq (version 1), dk, dv, delta, dq32 (version 2: float32,
+    contiguous, zeroed)."""
+    dq, dk, dv, delta, dq32 = outputs
     q, k, v, do, lse, out = inputs
     b, hq, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
-    causal = params["CAUSAL"]
-    smem = bwd_smem_bytes(d)
-    tail = (lse.data_ptr(), delta.data_ptr(), out.data_ptr(), do.data_ptr(), lq, lk, hq // hkv)
+    causal, fused = params["CAUSAL"], params.get("VERSION", 1) == 2
+    smem = bwd_smem_bytes(d, fused=fused)
+    dq32_ptr = dq32.data_ptr() if fused else 0
+    tail = (lse.data_ptr(), delta.data_ptr(), out.data_ptr(), do.data_ptr(), dq32_ptr, lq, lk, hq // hkv)
     row_strides = (*out.stride()[:3], *do.stride()[:3])
     scales = (params["SCALE"] * LOG2E, params["SCALE"])
     maps_kv = (tma_map(k, BOX), tma_map(v, BOX))
@@ -188,7 +221,11 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
 
     def one_pass(dq_pass: bool, fixed, streamed, dst0, dst1, rows: int, heads: int) -> direct.Launch:
         args = (*fixed, *streamed, dst0.data_ptr(), dst1.data_ptr(), *tail, *dst0.stride()[:3], *row_strides, *scales)
-        kernel = BWD_KERNEL[q.dtype, d, BWD_STAGES, causal, dq_pass, smem]
+        kernel = BWD_KERNEL[q.dtype, d, BWD_STAGES, causal, dq_pass, fused, smem]
         return direct.Launch(kernel, (-(-rows // BLOCK_M), heads, b), THREADS, args, smem)
 
-    return [one_pass(True, maps_q, maps_kv, dq, dq, lq, hq), one_pass(False, maps_kv, maps_q, dk, dv, lk, hkv)]
+    dkdv = one_pass(False, maps_kv, maps_q, dk, dv, lk, hkv)
+    if not fused:
+        return [one_pass(True, maps_q, maps_kv, dq, dq, lq, hq), dkdv]
+    delta_args = (delta.data_ptr(), out.data_ptr(), do.data_ptr(), lq, *row_strides)
+    return [direct.Launch(DELTA_KERNEL[q.dtype, d], (-(-lq // 64), hq, b), 128, delta_args, 0), dkdv]

@@ -69,6 +69,7 @@ def attention_bwd_kernel[
     STAGES: Int,
     CAUSAL: Bool,
     DQ: Bool,
+    FUSED: Bool,
     SMEM: Int,
 ](
     f0_map: TMADescriptor,
@@ -81,6 +82,7 @@ def attention_bwd_kernel[
     delta: Pointer[Float32, MutAnyOrigin],
     o: Pointer[Scalar[dtype], MutAnyOrigin],
     do: Pointer[Scalar[dtype], MutAnyOrigin],
+    dq32: Pointer[Float32, MutAnyOrigin],
     lq: Int64,
     lk: Int64,
     group: Int64,
@@ -103,14 +105,21 @@ def attention_bwd_kernel[
     lse (the forward's lse2) and delta: (batch, q heads, Lq) float32, contiguous; the
     dQ pass writes delta = rowsum(dO * O) from o and do ((batch, q heads, Lq, D) by
     their strides, 16-byte aligned rows), the dK/dV pass reads it.
+    FUSED (version 2, with DQ = False): the dK/dV pass also adds scale * dS K into
+    dq32 (float32, (batch, q heads, Lq, D) contiguous, zeroed), and delta comes from
+    `attention_delta_kernel`; there is no dQ pass.
     Maps: 4-D views (head_dim, seq, heads, batch), boxes of 64 x 64."""
     comptime DB = D // TMA_BK
     comptime F_ELEMS = CONSUMERS * DB * BOX
     comptime T_ELEMS = BT * D
+    comptime DS_ELEMS = CONSUMERS * BOX if FUSED else 0  # dS^T boxes
     comptime assert D == 64 or D == 128, "head dim 64 or 128"
-    comptime assert SMEM == (2 * F_ELEMS + STAGES * 2 * T_ELEMS) * size_of[
-        dtype
-    ]() + 8 * (1 + 3 * STAGES), "fixed tiles, stages, barriers"
+    comptime assert not (FUSED and DQ), "version 2 has no dQ pass"
+    comptime assert SMEM == (
+        2 * F_ELEMS + STAGES * 2 * T_ELEMS + DS_ELEMS
+    ) * size_of[dtype]() + 8 * (
+        1 + 3 * STAGES
+    ), "fixed tiles, stages, dS, barriers"
 
     var Lq = Int(lq)
     var Lk = Int(lk)
@@ -136,9 +145,8 @@ def attention_bwd_kernel[
         Scalar[dtype], address_space=AddressSpace.SHARED, alignment=1024
     ]()
     var stream = smem.unsafe_offset(2 * F_ELEMS)
-    var bars = stream.unsafe_offset(STAGES * 2 * T_ELEMS).unsafe_bitcast[
-        Int64
-    ]()
+    var ds_boxes = stream.unsafe_offset(STAGES * 2 * T_ELEMS)
+    var bars = ds_boxes.unsafe_offset(DS_ELEMS).unsafe_bitcast[Int64]()
     if thread_idx.x == 0:
         mbarrier_init(bars, 1)
         comptime for s in range(STAGES):
@@ -219,7 +227,7 @@ def attention_bwd_kernel[
             var base = (b * n_heads * G + h * G) * Lq
             var dk = SIMD[DType.float32, D // 2](0)
             var dv = SIMD[DType.float32, D // 2](0)
-            consume_dkdv[dtype, D, STAGES, CAUSAL](
+            consume_dkdv[dtype, D, STAGES, CAUSAL, FUSED](
                 f0,
                 f1,
                 stream,
@@ -234,6 +242,9 @@ def attention_bwd_kernel[
                 scale_log2,
                 dk,
                 dv,
+                ds_boxes.unsafe_offset(cw * BOX),
+                dq32.unsafe_offset(base * D),
+                scale,
             )
             store_rows[dtype, D](dk, ones, out0, row0, Lk, Int(d_rs))
             var out1 = dst1.unsafe_offset(b * Int(d_bs) + h * Int(d_hs))
@@ -243,3 +254,46 @@ def attention_bwd_kernel[
 
 
 # --8<-- [end:kernel]
+
+
+# --8<-- [start:delta]
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(WG_THREADS))
+)
+def attention_delta_kernel[
+    dtype: DType, D: Int
+](
+    delta: Pointer[Float32, MutAnyOrigin],
+    o: Pointer[Scalar[dtype], MutAnyOrigin],
+    do: Pointer[Scalar[dtype], MutAnyOrigin],
+    lq: Int64,
+    o_bs: Int64,
+    o_hs: Int64,
+    o_rs: Int64,
+    do_bs: Int64,
+    do_hs: Int64,
+    do_rs: Int64,
+):
+    """Backward version 2's first launch: delta = rowsum(dO * O), float32 (batch,
+    q heads, Lq) contiguous; grid (ceil(Lq / 64), q heads, batch), 128 threads, the
+    dQ pass's `row_delta` on 64 rows a block."""
+    var Lq = Int(lq)
+    var h = block_idx.y
+    var b = block_idx.z
+    var my_row = block_idx.x * 64 + warp_id() * 16 + lane_id() // 4
+    var d = row_delta[dtype, D](
+        o.unsafe_offset(b * Int(o_bs) + h * Int(o_hs)),
+        do.unsafe_offset(b * Int(do_bs) + h * Int(do_hs)),
+        Int(o_rs),
+        Int(do_rs),
+        my_row,
+        Lq,
+    )
+    if lane_id() % 4 == 0:
+        var base = (b * Int(grid_dim.y) + h) * Lq
+        comptime for half in range(2):
+            if my_row + 8 * half < Lq:
+                delta[unsafe_offset=base + my_row + 8 * half] = d[half]
+
+
+# --8<-- [end:delta]

@@ -8,6 +8,8 @@
 #   dK  += dS^T Q                wgmma, dS^T from registers
 # Everything is computed with keys as rows, so no product needs a transpose of a
 # register tile: the forward's two wgmma forms cover all four. (dQ is pass 2.)
+# FUSED (backward version 2): also dQ += scale dS K, through shared memory and float32
+# atomics (attention_bwd_dq.mojo), and there is no pass 2.
 
 from max.gpu import lane_id, warp_id
 from max.gpu.compute.mma import wgmma_wait_group_sync
@@ -15,6 +17,13 @@ from max.gpu.sync import mbarrier_arrive
 from std.math import exp2
 
 from days.day014.gemm_v3_tma import mbar_wait, ring_slot
+from days.day018.attention_bwd_dq import (
+    dq_red_add,
+    dq_wgmma,
+    ds_store,
+    fence_async_shared,
+    warpgroup_sync,
+)
 from days.day018.attention_common import (
     hold,
     p_fragments,
@@ -30,7 +39,7 @@ comptime BQ = 64  # queries per streamed tile
 # --8<-- [start:consume]
 @always_inline
 def consume_dkdv[
-    dtype: DType, D: Int, STAGES: Int, CAUSAL: Bool
+    dtype: DType, D: Int, STAGES: Int, CAUSAL: Bool, FUSED: Bool = False
 ](
     sk: Pointer[
         Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
@@ -52,9 +61,15 @@ def consume_dkdv[
     scale_log2: Float32,
     mut dk: SIMD[DType.float32, D // 2],
     mut dv: SIMD[DType.float32, D // 2],
+    ds_box: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    dq: Pointer[Float32, MutAnyOrigin],
+    scale: Float32,
 ):
-    """`lse` and `delta` point at the group's first query head (row 0); my_key is
-    this thread's row g (g + 8 is the other)."""
+    """`lse`, `delta` and (FUSED) `dq` point at the group's first query head (row 0);
+    my_key is this thread's row g (g + 8 is the other); sk is this consumer's 64 keys
+    and ds_box (FUSED) its 64 x 64 box for dS^T."""
     var full0 = bars.unsafe_offset(1)
     var full1 = bars.unsafe_offset(1 + STAGES)
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
@@ -104,7 +119,23 @@ def consume_dkdv[
                 st[i] = st[i] * (dpt[i] - dl[2 * jj + e % 2])
         var dsf = p_fragments[dtype, BQ](st)
         dk = pv_issue[dtype, D, BQ](dsf, v_descs[dtype, D, BQ](sq), dk)
-        dk = pv_wait[D, BQ](dsf, dk)
+        comptime if FUSED:
+            # dS^T to shared memory while dK runs (the box's last reader, the
+            # previous tile's dQ product, has retired), then dQ's share from it
+            ds_store(
+                rebind[SIMD[DType.uint32, 16]](dsf),
+                ds_box.unsafe_bitcast[UInt32](),
+            )
+            fence_async_shared()
+            warpgroup_sync(
+                1 + Int(warp_id()) // 4
+            )  # barrier 2 or 3: my warpgroup
+            var dqt = dq_wgmma[dtype, D](ds_box, sk)
+            dk = pv_wait[D, BQ](dsf, dk)  # waits for both products
+            dqt = hold(dqt)
+            dq_red_add[D](dqt, scale, dq.unsafe_offset(head_off * D), q0, Lq)
+        else:
+            dk = pv_wait[D, BQ](dsf, dk)
         if lane_id() == 0:
             _ = mbarrier_arrive(empty.unsafe_offset(s))
 

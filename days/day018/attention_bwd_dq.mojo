@@ -6,13 +6,19 @@
 # Before the loop each block computes delta = rowsum(dO * O) of its rows (`row_delta`)
 # and stores it for the dK/dV pass, which runs after this one.
 
-from max.gpu import lane_id
-from max.gpu.compute.mma import wgmma_wait_group_sync
+from max.gpu import lane_id, warp_id
+from max.gpu.compute.mma import (
+    wgmma_async,
+    wgmma_commit_group_sync,
+    wgmma_fence_aligned,
+    wgmma_wait_group_sync,
+)
 from max.gpu.primitives import warp
 from max.gpu.sync import mbarrier_arrive
 from std.math import exp2
+from std.sys._assembly import inlined_assembly
 
-from days.day014.gemm_v3_tma import mbar_wait, ring_slot
+from days.day014.gemm_v3_tma import TMA_BK, mbar_wait, ring_slot, tma_desc
 from days.day018.attention_common import (
     hold,
     p_fragments,
@@ -130,3 +136,110 @@ def consume_dq[
 
 
 # --8<-- [end:consume]
+
+
+# -- backward version 2: dQ inside the dK/dV pass (attention_bwd_dkdv.mojo, FUSED) ---------
+# Each consumer adds its 64 keys' share of dQ for the query tile it just did,
+#   dQ[q0:q0+64] += scale * dS K,   dS = (dS^T)^T: 64 queries x the consumer's 64 keys,
+# into a float32 dQ in global memory (red.global.add: every key block adds to the same
+# rows). wgmma reads A only from registers in the accumulator's row order (queries here,
+# keys in dS^T) or from shared memory, so dS^T goes through a 64 x 64 shared box, stored
+# as an mn-major A (rows = keys, 128 bytes of queries, 128-byte swizzle: what TMA would
+# write), and K is the fixed tile as an mn-major B (keys x head_dim), as V is in P V.
+
+
+@always_inline
+def ds_store(
+    dsf: SIMD[DType.uint32, 16],
+    box: Pointer[UInt32, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+):
+    """dS^T (bf16 pairs as `p_fragments` packs them: element 2 j + half holds row
+    g + 8 half, columns 8 j + 2 t, + 1) into a 64 x 64 box: row r at 128 r bytes,
+    16-byte chunk c at c ^ (r % 8). One warp store covers 8 rows, each in another
+    chunk: all 32 banks once."""
+    var g = lane_id() // 4
+    var t = lane_id() % 4
+    comptime for j in range(8):
+        comptime for half in range(2):
+            var r = (warp_id() % 4) * 16 + g + 8 * half  # r % 8 == g
+            box[unsafe_offset=r * 32 + (j ^ g) * 4 + t] = dsf[2 * j + half]
+
+
+@always_inline
+def fence_async_shared():
+    """Make generic-proxy shared-memory stores visible to wgmma (the async proxy).
+    """
+    inlined_assembly[
+        "fence.proxy.async.shared::cta;", NoneType, constraints=""
+    ]()
+
+
+@always_inline
+def warpgroup_sync(id: Int):
+    """Named barrier `id` for one warpgroup's 128 threads."""
+    inlined_assembly["bar.sync $0, 128;", NoneType, constraints="r"](Int32(id))
+
+
+@always_inline
+def dq_wgmma[
+    dtype: DType, D: Int
+](
+    ds_box: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    sk: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+) -> SIMD[DType.float32, D // 2]:
+    """Issue dS K (64 queries x D; 4 k steps over the consumer's 64 keys; A and B both
+    mn-major from shared memory) and commit it; the caller waits and `hold`s it.
+    """
+    var acc = SIMD[DType.float32, D // 2](0)
+    wgmma_fence_aligned()
+    comptime for ks in range(TMA_BK // 16):
+        acc = wgmma_async[
+            64,
+            D,
+            16,
+            a_type=dtype,
+            b_type=dtype,
+            layout_a="col",
+            layout_b="row",
+        ](
+            tma_desc[dtype, False](ds_box, 0, ks),
+            tma_desc[dtype, False](sk, 0, ks),
+            acc,
+        )
+    wgmma_commit_group_sync()
+    return acc
+
+
+@always_inline
+def dq_red_add[
+    D: Int
+](
+    acc: SIMD[DType.float32, D // 2],
+    scale: Float32,
+    dq: Pointer[Float32, MutAnyOrigin],
+    row0: Int,
+    rows: Int,
+):
+    """dq[row] += scale * acc for this thread's rows (row0 = the tile's first row,
+    relative to `dq`, rows of D floats; rows at or past `rows` are skipped), two
+    adjacent columns per `red.global.add.v2.f32`."""
+    var g = lane_id() // 4
+    var t = lane_id() % 4
+    comptime for half in range(2):
+        var row = row0 + (warp_id() % 4) * 16 + g + 8 * half
+        if row < rows:
+            var p = dq.unsafe_offset(row * D + 2 * t)
+            comptime for j in range(D // 8):
+                inlined_assembly[
+                    "red.global.add.v2.f32 [$0], {$1, $2};",
+                    NoneType,
+                    constraints="l,f,f,~{memory}",
+                ](
+                    p.unsafe_offset(8 * j),
+                    acc[4 * j + 2 * half] * scale,
+                    acc[4 * j + 2 * half + 1] * scale,
+                )

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import pytorch_custom_ops as pco
 from pytorch_custom_ops.attention import check_attention_args
-from pytorch_custom_ops.attention_gpu import attention_version
+from pytorch_custom_ops.attention_gpu import attention_bwd_version, attention_version
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -182,15 +182,41 @@ def test_backward_plan_on_cpu():
     do, lse, delta = torch.empty_like(q), torch.empty(2, 4, 300), torch.empty(2, 4, 300)
     out = torch.empty(2, 300, 4, 64, dtype=FP16).transpose(1, 2)  # (B, S, H, D) stored
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    dql, dkdv = attention_bwd_gpu([dq, dk, dv, delta], [q, k, v, do, lse, out], {"CAUSAL": False, "SCALE": 0.125})
+    dql, dkdv = attention_bwd_gpu([dq, dk, dv, delta, None], [q, k, v, do, lse, out], {"CAUSAL": False, "SCALE": 0.125})
     assert dkdv.grid == (3, 2, 2) and dql.grid == (3, 4, 2)
-    assert dkdv.kernel is BWD_KERNEL[FP16, 64, 4, False, False, bwd_smem_bytes(64)]
+    assert dkdv.kernel is BWD_KERNEL[FP16, 64, 4, False, False, False, bwd_smem_bytes(64)]
     assert dql.kernel.params[4] is True and dkdv.smem == dql.smem == bwd_smem_bytes(64)
     assert dkdv.args[4:6] == (dk.data_ptr(), dv.data_ptr()) and dql.args[4] == dq.data_ptr()
-    assert dql.args[6:10] == (lse.data_ptr(), delta.data_ptr(), out.data_ptr(), do.data_ptr())
-    assert dkdv.args[10:13] == (300, 260, 2) and dkdv.args[-1] == 0.125
-    assert dql.args[13:22] == (*dq.stride()[:3], 300 * 4 * 64, 64, 4 * 64, *do.stride()[:3])
+    assert dql.args[6:11] == (lse.data_ptr(), delta.data_ptr(), out.data_ptr(), do.data_ptr(), 0)
+    assert dkdv.args[11:14] == (300, 260, 2) and dkdv.args[-1] == 0.125
+    assert dql.args[14:23] == (*dq.stride()[:3], 300 * 4 * 64, 64, 4 * 64, *do.stride()[:3])
     assert dkdv.args[0].dims == (64, 260, 2, 2) and dkdv.args[2].dims == (64, 300, 4, 2)
+
+
+def test_backward_version_2_plan_on_cpu():
+    """Version 2: delta over 64-row blocks of q heads, then one dK/dV pass that adds dQ
+    into a float32 tensor (with room for a dS box per consumer)."""
+    from pytorch_custom_ops.attention_gpu import BWD_KERNEL, DELTA_KERNEL, attention_bwd_gpu, bwd_smem_bytes
+
+    q, k, v = make(2, 4, 2, 300, 260, 128, BF16, "cpu")
+    do, lse, delta, out = torch.empty_like(q), torch.empty(2, 4, 300), torch.empty(2, 4, 300), torch.empty_like(q)
+    dk, dv, dq32 = torch.empty_like(k), torch.empty_like(v), torch.zeros(q.shape)
+    params = {"CAUSAL": True, "SCALE": 0.1, "VERSION": 2}
+    dl, dkdv = attention_bwd_gpu([None, dk, dv, delta, dq32], [q, k, v, do, lse, out], params)
+    assert dl.kernel is DELTA_KERNEL[BF16, 128] and dl.grid == (5, 4, 2) and dl.block == 128
+    assert dl.args == (delta.data_ptr(), out.data_ptr(), do.data_ptr(), 300, *out.stride()[:3], *do.stride()[:3])
+    smem = bwd_smem_bytes(128, fused=True)
+    assert dkdv.kernel is BWD_KERNEL[BF16, 128, 4, True, False, True, smem] and dkdv.grid == (3, 2, 2)
+    assert smem == bwd_smem_bytes(128) + 2 * 64 * 64 * 2 and dkdv.smem == smem
+    assert dkdv.args[10] == dq32.data_ptr()
+
+
+def test_unknown_backward_version():
+    from pytorch_custom_ops.attention_gpu import attention_bwd_version
+
+    with pytest.raises(ValueError, match="unknown version 3"):
+        with attention_bwd_version(3):
+            pass
 
 
 # -- CUDA: the Mojo kernel ---------------------------------------------------------------------------
@@ -263,25 +289,32 @@ def test_cuda_strided_layouts():
     close(pco.attention(qt, k, v, causal=True), reference(q, k, v, True), BF16)
 
 
+# many key blocks: version 2's blocks add into the same dQ rows (atomics)
+LONG_GRAD_SHAPES = [(1, 4, 2, 1100, 1300, 128), (2, 2, 1, 900, 700, 64)]
+
+
 @needs_cuda
+@pytest.mark.parametrize("bwd", [1, 2])
 @pytest.mark.parametrize("dtype", [BF16, FP16])
-@pytest.mark.parametrize("shape", SHAPES + [(1, 4, 1, 700, 333, 64), (2, 2, 2, 64, 64, 128)])
+@pytest.mark.parametrize("shape", SHAPES + [(1, 4, 1, 700, 333, 64), (2, 2, 2, 64, 64, 128)] + LONG_GRAD_SHAPES)
 @pytest.mark.parametrize("causal", [False, True])
-def test_cuda_grads(dtype, shape, causal):
+def test_cuda_grads(bwd, dtype, shape, causal):
     b, hq, hkv, lq, lk, d = shape
     q, k, v = (t.requires_grad_() for t in make(b, hq, hkv, lq, lk, d, dtype, "cuda"))
     out = pco.attention(q, k, v, causal=causal)
     ref = reference(q, k, v, causal)
     g = torch.randn_like(out)
-    got = torch.autograd.grad(out, (q, k, v), g)
+    with attention_bwd_version(bwd):
+        got = torch.autograd.grad(out, (q, k, v), g)
     want = torch.autograd.grad(ref, (q, k, v), g.double())
     for a, r in zip(got, want, strict=True):
         close(a, r, dtype, factor=2)
 
 
 @needs_cuda
+@pytest.mark.parametrize("bwd", [1, 2])
 @pytest.mark.parametrize("d", [64, 128])
-def test_cuda_grads_of_a_strided_incoming_gradient(d):
+def test_cuda_grads_of_a_strided_incoming_gradient(bwd, d):
     """The dQ pass reads dO and O by their strides for delta = rowsum(dO * O): a
     (batch, seq, heads, head_dim) view, and one TMA cannot read (copied first)."""
     q, k, v = (t.requires_grad_() for t in make(2, 3, 3, 200, 170, d, BF16, "cuda"))
@@ -290,15 +323,22 @@ def test_cuda_grads_of_a_strided_incoming_gradient(d):
         torch.randn(2, 200, 3, d, device="cuda", dtype=BF16).transpose(1, 2),
         torch.randn(2, 3, 200, d + 8, device="cuda", dtype=BF16)[..., 4 : d + 4],  # rows off by 8 B
     ):
-        got = torch.autograd.grad(pco.attention(q, k, v), (q, k, v), g)
+        with attention_bwd_version(bwd):
+            got = torch.autograd.grad(pco.attention(q, k, v), (q, k, v), g)
         want = torch.autograd.grad(want_out, (q, k, v), g.double(), retain_graph=True)
         for a, r in zip(got, want, strict=True):
             close(a, r, BF16, factor=2)
 
 
 @needs_cuda
-def test_cuda_grads_strided_and_graph():
+@pytest.mark.parametrize("bwd", [1, 2])
+def test_cuda_grads_strided_and_graph(bwd):
     """Grads of (batch, seq, heads, head_dim) views, and a captured forward + backward."""
+    with attention_bwd_version(bwd):
+        grads_strided_and_graph()
+
+
+def grads_strided_and_graph():
     x = torch.randn(2, 150, 3, 2, 64, device="cuda", dtype=BF16, requires_grad=True)
     q, k, v = x.permute(2, 0, 3, 1, 4).unbind(0)
     g = torch.randn(2, 2, 150, 64, device="cuda", dtype=BF16)
