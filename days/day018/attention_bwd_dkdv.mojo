@@ -3,7 +3,7 @@
 #   S^T  = K Q^T                 wgmma, shared x shared (keys are the rows)
 #   P^T  = exp2(S^T * scale log2 e - lse2[query])    rebuilt from the forward's lse2
 #   dV  += P^T dO                wgmma, P^T from registers (the forward's P V form)
-#   dP^T = V dO^T                wgmma, shared x shared
+#   dP^T = V dO^T                wgmma, shared x shared (issued with S^T)
 #   dS^T = P^T (dP^T - delta[query])                 delta = rowsum(dO * O)
 #   dK  += dS^T Q                wgmma, dS^T from registers
 # Everything is computed with keys as rows, so no product needs a transpose of a
@@ -92,10 +92,15 @@ def consume_dkdv[
                 if col < Lq:
                     lc[2 * jj + e] = lse[unsafe_offset=head_off + col]
                     dl[2 * jj + e] = delta[unsafe_offset=head_off + col]
+        # both score-shaped products first, back to back: dP^T = V dO^T does not
+        # need P^T, so the tensor cores run two products between the waits
         mbar_wait(full0.unsafe_offset(s), phase)
         var st = s_wgmma[dtype, D, BQ](sk, sq)
+        mbar_wait(full1.unsafe_offset(s), phase)
+        var dpt = s_wgmma[dtype, D, BQ](sv, sdo)
         wgmma_wait_group_sync[0]()
         st = hold(st) * scale_log2
+        dpt = hold(dpt)
         comptime for jj in range(BQ // 8):
             comptime for e in range(2):
                 var col = q0 + 8 * jj + 2 * t + e
@@ -108,19 +113,16 @@ def consume_dkdv[
                             p = 0
                     st[i] = p
         var pf = p_fragments[dtype, BQ](st)
-        mbar_wait(full1.unsafe_offset(s), phase)
-        dv = pv_issue[dtype, D, BQ](pf, v_descs[dtype, D, BQ](sdo), dv)
-        var dpt = s_wgmma[dtype, D, BQ](sv, sdo)
-        dv = pv_wait[D, BQ](pf, dv)  # waits for both products
-        dpt = hold(dpt)
         comptime for jj in range(BQ // 8):
             comptime for e in range(4):
                 var i = 4 * jj + e
                 st[i] = st[i] * (dpt[i] - dl[2 * jj + e % 2])
         var dsf = p_fragments[dtype, BQ](st)
+        # then the two register-A products, back to back
+        dv = pv_issue[dtype, D, BQ](pf, v_descs[dtype, D, BQ](sdo), dv)
         dk = pv_issue[dtype, D, BQ](dsf, v_descs[dtype, D, BQ](sq), dk)
         comptime if FUSED:
-            # dS^T to shared memory while dK runs (the box's last reader, the
+            # dS^T to shared memory while dV and dK run (the box's last reader, the
             # previous tile's dQ product, has retired), then dQ's share from it
             ds_store(
                 rebind[SIMD[DType.uint32, 16]](dsf),
@@ -131,10 +133,12 @@ def consume_dkdv[
                 1 + Int(warp_id()) // 4
             )  # barrier 2 or 3: my warpgroup
             var dqt = dq_wgmma[dtype, D](ds_box, sk)
-            dk = pv_wait[D, BQ](dsf, dk)  # waits for both products
+            dv = pv_wait[D, BQ](pf, dv)  # wait_group 0: all three products
+            dk = pv_wait[D, BQ](dsf, dk)
             dqt = hold(dqt)
             dq_red_add[D](dqt, scale, dq.unsafe_offset(head_off * D), q0, Lq)
         else:
+            dv = pv_wait[D, BQ](pf, dv)  # wait_group 0: dK is done too
             dk = pv_wait[D, BQ](dsf, dk)
         if lane_id() == 0:
             _ = mbarrier_arrive(empty.unsafe_offset(s))
