@@ -71,21 +71,24 @@ FWD_KERNEL = KernelFamily(
         for version in VERSIONS
     ),
 )
-_version = DEFAULT_VERSION
+_chosen = {"forward": DEFAULT_VERSION}  # and "backward", below
 
 
 @contextmanager
-def attention_version(version: int):
-    """Run day 018's forward version `version` (1 to 4) inside the block: the ladder's
-    rungs for benchmarks and tests. The default is the fastest measured (DEFAULT_VERSION)."""
-    global _version
-    if version not in VERSIONS:
-        raise ValueError(f"attention_version: unknown version {version!r}; known: {VERSIONS}")
-    before, _version = _version, version
+def _choose(which: str, name: str, version: int, known: tuple[int, ...]):
+    if version not in known:
+        raise ValueError(f"{name}: unknown version {version!r}; known: {known}")
+    before, _chosen[which] = _chosen[which], version
     try:
         yield
     finally:
-        _version = before
+        _chosen[which] = before
+
+
+def attention_version(version: int):
+    """Run day 018's forward version `version` (1 to 4) inside the block: the ladder's
+    rungs for benchmarks and tests. The default is the fastest measured (DEFAULT_VERSION)."""
+    return _choose("forward", "attention_version", version, VERSIONS)
 
 
 def tma_map(t: torch.Tensor, box_rows: int) -> TensorMapSpec:
@@ -118,7 +121,8 @@ def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
     hkv, lk = k.shape[1], k.shape[2]
     causal = params["CAUSAL"]
     nc, stages, smem = fwd_config(d)
-    kernel = FWD_KERNEL[q.dtype, d, BN, stages, causal, _version, nc, smem]
+    version = _chosen["forward"]
+    kernel = FWD_KERNEL[q.dtype, d, BN, stages, causal, version, nc, smem]
     args = (
         tma_map(q, BOX),
         tma_map(k, BN),
@@ -136,7 +140,7 @@ def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
         params["SCALE_LOG2"],
     )
     grid = (-(-lq // (64 * nc)), hq, b)
-    if _version == 4:
+    if version == 4:
         grid = (min(grid[0] * hq * b, sm_count(q.get_device())), 1, 1)
     return [direct.Launch(kernel, grid, 128 * (1 + nc), args, smem)]
 
@@ -177,24 +181,16 @@ DELTA_KERNEL = KernelFamily(
     args=("ptr",) * 3 + ("i64",) * 7,  # delta, o, do, Lq, o_bs, o_hs, o_rs, do_bs, do_hs, do_rs
     variants=tuple((dtype, d) for dtype in DTYPES for d in HEAD_DIMS),
 )
-_bwd_version = DEFAULT_BWD_VERSION
+_chosen["backward"] = DEFAULT_BWD_VERSION
 
 
-@contextmanager
 def attention_bwd_version(version: int):
     """Run backward version `version` (1 or 2) inside the block (benchmarks, tests)."""
-    global _bwd_version
-    if version not in BWD_VERSIONS:
-        raise ValueError(f"attention_bwd_version: unknown version {version!r}; known: {BWD_VERSIONS}")
-    before, _bwd_version = _bwd_version, version
-    try:
-        yield
-    finally:
-        _bwd_version = before
+    return _choose("backward", "attention_bwd_version", version, BWD_VERSIONS)
 
 
 def bwd_version() -> int:
-    return _bwd_version
+    return _chosen["backward"]
 
 
 @direct.plan(BWD_KERNEL, DELTA_KERNEL)
