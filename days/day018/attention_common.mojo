@@ -396,7 +396,7 @@ def produce[
         f0_map, f1_map, sfix, bars, f_row, f_head, b
     )
     produce_stream[dtype, D, BN, STAGES](
-        s0_map, s1_map, skv, bars, b, s_head0, s_row0, per_head, 0, 0, n_tiles
+        s0_map, s1_map, skv, bars, b, s_head0, s_row0, per_head, 0, n_tiles
     )
 
 
@@ -451,10 +451,9 @@ def produce_stream[
     s_row0: Int,
     per_head: Int,
     it0: Int,
-    j_begin: Int,
-    j_end: Int,
+    n_tiles: Int,
 ):
-    """Streamed tiles j_begin <= j < j_end (`produce`). A persistent block's stream
+    """Streamed tiles 0 <= j < n_tiles (`produce`). A persistent block's stream
     goes on across its work tiles: tile j is the block's (it0 + j)-th, which names its
     stage and the phase of the stage's barriers."""
     comptime DB = D // TMA_BK
@@ -462,7 +461,7 @@ def produce_stream[
     var full0 = bars.unsafe_offset(1)
     var full1 = bars.unsafe_offset(1 + STAGES)
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
-    for j in range(j_begin, j_end):
+    for j in range(n_tiles):
         var g = it0 + j
         var s = ring_slot[STAGES](g)[0]
         if g >= STAGES:

@@ -201,7 +201,6 @@ def attention_fwd_kernel[
                         0,
                         n_tiles,
                         it,
-                        0,
                         n_tiles,
                     )
                     it += n_tiles
