@@ -16,12 +16,12 @@ from max.gpu.compute.mma import wgmma_wait_group_sync
 from max.gpu.sync import mbarrier_arrive
 from std.math import exp2
 
+from days.day014.gemm_v2_wgmma import fence_async_shared
 from days.day014.gemm_v3_tma import mbar_wait, ring_slot
 from days.day018.attention_bwd_dq import (
     dq_red_add,
     dq_wgmma,
     ds_store,
-    fence_async_shared,
     warpgroup_sync,
 )
 from days.day018.attention_common import (

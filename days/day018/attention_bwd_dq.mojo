@@ -13,7 +13,6 @@ from max.gpu.compute.mma import (
     wgmma_fence_aligned,
     wgmma_wait_group_sync,
 )
-from max.gpu.primitives import warp
 from max.gpu.sync import mbarrier_arrive
 from std.math import exp2
 from std.sys._assembly import inlined_assembly
@@ -21,6 +20,7 @@ from std.sys._assembly import inlined_assembly
 from days.day014.gemm_v3_tma import TMA_BK, mbar_wait, ring_slot, tma_desc
 from days.day018.attention_common import (
     hold,
+    quad_sum,
     p_fragments,
     pv_issue,
     pv_wait,
@@ -63,12 +63,7 @@ def row_delta[
                 var x = o.unsafe_load[width=8, alignment=16](row * o_rs + col)
                 var g = do.unsafe_load[width=8, alignment=16](row * do_rs + col)
                 acc += x.cast[DType.float32]() * g.cast[DType.float32]()
-        var part = acc.reduce_add()
-        part += warp.shuffle_xor(
-            part, UInt32(1)
-        )  # every lane: outside the `if`
-        part += warp.shuffle_xor(part, UInt32(2))
-        out[half] = part
+        out[half] = quad_sum(acc.reduce_add())  # every lane: outside the `if`
     return out
 
 
@@ -163,15 +158,6 @@ def ds_store(
         comptime for half in range(2):
             var r = (warp_id() % 4) * 16 + g + 8 * half  # r % 8 == g
             box[unsafe_offset=r * 32 + (j ^ g) * 4 + t] = dsf[2 * j + half]
-
-
-@always_inline
-def fence_async_shared():
-    """Make generic-proxy shared-memory stores visible to wgmma (the async proxy).
-    """
-    inlined_assembly[
-        "fence.proxy.async.shared::cta;", NoneType, constraints=""
-    ]()
 
 
 @always_inline
