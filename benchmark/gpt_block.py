@@ -44,6 +44,10 @@ class Ops:
     scores: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]  # (q, k, mask, scale)
     softmax: Callable[[torch.Tensor], torch.Tensor]  # over the last dim
     bmm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (p, v) -> p @ v
+    # fused: the second residual add goes into the LayerNorm after it (layer_norm is an
+    # add-LayerNorm: ln(x, delta) -> (x + delta, normalised)), and the MLP is one `mlp`
+    # call with GELU in its GEMMs' epilogues (day 020's GPT-2 block)
+    fused: bool = False
 
 
 GPU_DAYS = Ops(
@@ -62,7 +66,16 @@ TORCH = Ops(
     softmax=lambda s: torch.softmax(s, -1),
     bmm=torch.bmm,
 )
-BUILDS = {ops.name: ops for ops in (GPU_DAYS, TORCH)}
+GPU_DAYS_FUSED = Ops(
+    name="gpu_days_fused",
+    layer_norm=pco.MojoAddLayerNorm,
+    linear=pco.MojoLinear,
+    scores=GPU_DAYS.scores,
+    softmax=GPU_DAYS.softmax,
+    bmm=GPU_DAYS.bmm,
+    fused=True,
+)
+BUILDS = {ops.name: ops for ops in (GPU_DAYS, GPU_DAYS_FUSED, TORCH)}
 
 
 def causal_mask(seq: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -101,12 +114,31 @@ class GPTBlock(nn.Module):
         (a benchmark passes one made once, so that no call allocates it)."""
         if x.dim() != 3 or x.shape[-1] != self.d:
             raise ValueError(f"GPTBlock: expected (batch, seq, {self.d}), got {tuple(x.shape)}")
-        b, s, d = x.shape
-        h, hd = self.heads, HEAD_DIM
         if mask is None:
-            mask = causal_mask(s, x.dtype, x.device)
+            mask = causal_mask(x.shape[1], x.dtype, x.device)
         with self._stage("ln1"):
-            a = self.ln1(x)
+            a = self.ln1(x)[1] if self.ops.fused else self.ln1(x)
+        o = self._attention(a, mask)
+        if self.ops.fused:
+            with self._stage("proj_residual_ln2"):
+                x, a = self.ln2(x, self.proj(o))
+            with self._stage("mlp_residual"):
+                return x + pco.mlp(a, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias)
+        with self._stage("proj_residual"):
+            x = x + self.proj(o)
+        with self._stage("ln2"):
+            a = self.ln2(x)
+        with self._stage("fc1"):
+            a = self.fc1(a)
+        with self._stage("gelu"):
+            a = F.gelu(a, approximate="tanh")
+        with self._stage("fc2_residual"):
+            return x + self.fc2(a)
+
+    def _attention(self, a: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The heads' causal attention of the normalised input, heads merged: (b, s, d)."""
+        b, s, d = a.shape
+        h, hd = self.heads, HEAD_DIM
         with self._stage("qkv"):
             qkv = self.qkv(a)
         with self._stage("split_heads"):  # one copy: (b, s, 3, h, hd) -> (3, b*h, s, hd)
@@ -118,17 +150,7 @@ class GPTBlock(nn.Module):
         with self._stage("pv"):
             o = self.ops.bmm(p, v)
         with self._stage("merge_heads"):
-            o = o.view(b, h, s, hd).transpose(1, 2).reshape(b, s, d)
-        with self._stage("proj_residual"):
-            x = x + self.proj(o)
-        with self._stage("ln2"):
-            a = self.ln2(x)
-        with self._stage("fc1"):
-            a = self.fc1(a)
-        with self._stage("gelu"):
-            a = F.gelu(a, approximate="tanh")
-        with self._stage("fc2_residual"):
-            return x + self.fc2(a)
+            return o.view(b, h, s, hd).transpose(1, 2).reshape(b, s, d)
 
 
 def make_block(d: int, ops: Ops | str, dtype: torch.dtype, device, seed: int = 0) -> GPTBlock:

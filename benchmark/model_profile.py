@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmark.model_profile", description=__doc__.splitlines()[0])
     parser.add_argument("--shape", action="append", type=_shape, help="batch x seq x d (repeatable)")
     parser.add_argument("--dtype", action="append", choices=["float32", "bfloat16"], help="(repeatable)")
-    parser.add_argument("--build", action="append", choices=sorted(G.BUILDS), help="default: both")
+    parser.add_argument("--build", action="append", choices=sorted(G.BUILDS), help="default: gpu_days and torch")
     parser.add_argument("--steps", type=int, default=5, help="profiled steps (default 5)")
     parser.add_argument("--no-store", action="store_true", help="print only")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)

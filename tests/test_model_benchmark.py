@@ -25,13 +25,14 @@ def test_builds_agree_with_float64_and_each_other(dtype, device):
     x = G.make_input(SHAPE, dtype, device)
     want, names = G.reference(x)
     assert len(want) == len(names) == 14  # output, grad x, 12 parameters
-    got = {build: _train(build, x) for build in ("gpu_days", "torch")}
+    got = {build: _train(build, x) for build in ("gpu_days", "gpu_days_fused", "torch")}
     errs = {build: G.check(g, want, names, dtype, build) for build, g in got.items()}
     if dtype == torch.float32:
         assert max(errs.values()) < 2e-5, errs
-    # the builds against each other, tensor by tensor (both are near float64, so near each other)
-    for name, a, b in zip(names, got["gpu_days"], got["torch"], strict=True):
-        assert G.relative_error(a, b.double()) <= 2 * G.TOLERANCE[dtype], name
+    # the builds against each other, tensor by tensor (all are near float64, so near each other)
+    for build in ("gpu_days", "gpu_days_fused"):
+        for name, a, b in zip(names, got[build], got["torch"], strict=True):
+            assert G.relative_error(a, b.double()) <= 2 * G.TOLERANCE[dtype], (build, name)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -67,7 +68,7 @@ def test_runner_registered_and_quick_run_stores_rows_and_plots(tmp_path):
     rows = df[df["op"] != "copy_bandwidth"]
     assert set(rows["op"]) == {"gpt_block", "gpt_block_train"}
     assert set(rows["status"]) == {"ok"}, rows[["op", "impl", "reason"]]
-    assert set(rows["impl"]) == ({"torch", "gpu_days"} if not torch.cuda.is_available() else set(day016.IMPLS))
+    assert set(rows["impl"]) == ({"torch", "gpu_days", "gpu_days_fused"} if not torch.cuda.is_available() else set(day016.IMPLS))
     assert set(rows["shape"]) == {"2x13x128"} and (rows["run_id"] == rows["run_id"].iloc[0]).all()
     tokens = 2 * 13 / (rows["ms_median"] * 1e-3)
     assert ((rows["tokens_per_s"] - tokens).abs() <= 1e-4 * tokens).all()

@@ -8,9 +8,13 @@ Two ops, each a sweep of shapes (batch x seq x d) and dtypes:
 Implementations (the `impl` column):
 - `torch`: the torch build, eager (the baseline of `speedup_vs_torch`);
 - `gpu_days`: the gpu-days build, eager;
+- `gpu_days_fused`: the gpu-days build with day 019-020's fused modules (since
+  2026-11-26): the second residual add inside the LayerNorm after it (MojoAddLayerNorm),
+  the MLP as one `mlp` call (GELU and its gradient in the GEMM epilogues), the biases in
+  the epilogues (MojoLinear); eager;
 - `torch_compile`: torch.compile(torch build), default mode, dynamic=False: one compile
   per shape, dtype and op, done before timing (its seconds are in the note);
-- `torch_graph`, `gpu_days_graph`, `torch_compile_graph`: the eager or compiled step
+- `torch_graph`, `gpu_days_graph`, `gpu_days_fused_graph`, `torch_compile_graph`: the eager or compiled step
   captured whole (forward, or forward + backward) by torch.cuda.graph after 3 warm-up
   steps on a side stream, then replayed. The compiled block is captured by hand rather
   than through mode="reduce-overhead": the same capture for every build, and no second
@@ -52,9 +56,18 @@ SHAPES = {
     "full": [(1, 64, 768), (8, 128, 768), (8, 1024, 768), (32, 128, 1024), (4, 2048, 1024)],
 }
 DTYPES = {"cpu": [torch.float32], "cuda": [torch.float32, torch.bfloat16]}
-IMPLS = ("torch", "gpu_days", "torch_compile", "torch_graph", "gpu_days_graph", "torch_compile_graph")
-CUDA_ONLY = ("torch_compile", "torch_graph", "gpu_days_graph", "torch_compile_graph")
-EAGER = ("torch", "gpu_days", "torch_compile")  # kernel_ms and peak memory are measured for these
+IMPLS = (
+    "torch",
+    "gpu_days",
+    "gpu_days_fused",
+    "torch_compile",
+    "torch_graph",
+    "gpu_days_graph",
+    "gpu_days_fused_graph",
+    "torch_compile_graph",
+)
+CUDA_ONLY = ("torch_compile", "torch_graph", "gpu_days_graph", "gpu_days_fused_graph", "torch_compile_graph")
+EAGER = ("torch", "gpu_days", "gpu_days_fused", "torch_compile")  # kernel_ms and peak memory are measured for these
 # timing budget per (op, shape, dtype), all impls interleaved: large steps get fewer reps
 # idle_start: each step from an idle GPU (timing.time_cuda), so that at the host-bound shapes
 # no build hides host time behind the kernels another build left queued (before 2026-11-26,
@@ -162,6 +175,7 @@ def problem_rows(op: str, shape, dtype, device: str, impls=IMPLS) -> list[dict]:
         blocks = {
             "torch": G.make_block(d, G.TORCH, dtype, device),
             "gpu_days": G.make_block(d, G.GPU_DAYS, dtype, device),
+            "gpu_days_fused": G.make_block(d, G.GPU_DAYS_FUSED, dtype, device),
         }
         if any(i.startswith("torch_compile") for i in impls):
             blocks["torch_compile"] = torch.compile(blocks["torch"], dynamic=False)
