@@ -189,6 +189,8 @@ def test_forced_versions_apply_where_their_conditions_hold():
         "COOP_MULTICAST_256x128": "coop 256x128",  # 3 tiles of 128 in n: no pairs
         "COOP_256x192": "coop 256x192",
         "COOP_128x192": "coop 128x192",
+        "COOP_256x64": "coop 256x64",
+        "PINGPONG_128x64": "pingpong 128x64",
         "STREAMK_256x128": "streamk 256x128",
         "SPLITK_256x128": "splitk 256x128",
     }
