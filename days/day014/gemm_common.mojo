@@ -272,23 +272,33 @@ def wg_store_acc[
     comptime for half in range(2):
         var row = wrow + half * 8
         var row_in = row < M
-        # c's row, addressed once per half: per value only col * c_cs is left (160
-        # fewer SASS instructions in the 256 x 128 cooperative kernel, about 2% at
-        # K = 768 on the H100: day 020)
-        var c_row = c_t.unsafe_offset(row * c_rs)
-        # GELU_GRAD's c (full, contiguous, aligned: its caller's promise), a pair per
-        # 4-byte load, all of the half's loads issued before the first use and none
-        # behind a branch: out-of-range lanes read row M - 1 / column N - 2 instead,
-        # and their results are never stored. (Loads behind per-pair branches ran one
-        # at a time: this product took 402 us at 16384 x 768 -> 3072 on the H100.)
-        var gq = SIMD[DType.uint32, BN // 8]()
+        # The half's pairs of c, all loaded before the first store and none behind a
+        # per-pair branch: out-of-range lanes read row M - 1 / column N - 2 instead, and
+        # their results are never stored. (Loads between the stores ran one at a time,
+        # since a store may write what the next load reads: GELU_GRAD's product took
+        # 402 us at 16384 x 768 -> 3072 on the H100, day 020, and adding a (1, s, s)
+        # causal mask to attention scores cost 3x the product itself, day 016.)
+        # GELU_GRAD's c is full, contiguous and aligned (its caller's promise): a pair
+        # per 4-byte load. beta's c may have any strides: two 2-byte loads.
+        var safe = c_t.unsafe_offset(min(row, M - 1) * c_rs)
+        var cq = SIMD[DType.uint32, BN // 8]()
         comptime if GELU_GRAD:
-            var safe = c_t.unsafe_offset(min(row, M - 1) * c_rs)
             comptime for j in range(BN // 8):
                 var col = min(n0 + j * 8 + 2 * t, N - 2)
-                gq[j] = bitcast[DType.uint32, 1](
+                cq[j] = bitcast[DType.uint32, 1](
                     safe.unsafe_load[width=2, alignment=4](col)
                 )[0]
+        else:
+            if with_c:  # beta: the same in every lane
+                comptime for j in range(BN // 8):
+                    var p = safe.unsafe_offset(
+                        min(n0 + j * 8 + 2 * t, N - 2) * c_cs
+                    )
+                    cq[j] = bitcast[DType.uint32, 1](
+                        SIMD[dtype, 2](
+                            p[unsafe_offset=0], p[unsafe_offset=c_cs]
+                        )
+                    )[0]
         comptime for jq in range(BN // 32):
             var res = SIMD[DType.uint32, 4]()
             var pre = SIMD[DType.uint32, 4]()  # GELU's input, for aux
@@ -302,14 +312,14 @@ def wg_store_acc[
                     var kept = gelu_tanh_grad(v, sig) if aux == 2 else v
                     pre[jj] = _packed[dtype](kept)
                     v = v * sig
+                var cv = bitcast[dtype, 2](SIMD[DType.uint32, 1](cq[j])).cast[
+                    DType.float32
+                ]()
                 comptime if GELU_GRAD:
-                    v *= bitcast[dtype, 2](SIMD[DType.uint32, 1](gq[j])).cast[
-                        DType.float32
-                    ]()
-                if with_c and row_in and col < N:
-                    var cp = c_row.unsafe_offset(col * c_cs)
-                    v[0] += beta * cp[unsafe_offset=0].cast[DType.float32]()
-                    v[1] += beta * cp[unsafe_offset=c_cs].cast[DType.float32]()
+                    v *= cv
+                else:
+                    if with_c:
+                        v += beta * cv
                 comptime if F32_OUT:
                     if row_in and col < N:
                         store_streaming(o32.unsafe_offset(row * N + col), v)
