@@ -122,8 +122,11 @@ AUTO = [
     ((768, 3072, 16384, BF16, None), "coop 128x192"),  # the 124M step's other 3072-wide dW
     ((64, 2304, 768, BF16, None), "tma 128x128"),  # 64 tokens: a 256-row tile would be 3/4 empty
     ((1000, 1000, 1000, BF16, None), "tma 128x128"),
-    ((1, 8, 8, BF16, None), "tma 128x128"),
-    ((4097, 8, 8, BF16, None), "tma 128x128"),
+    ((1, 8, 8, BF16, None), "pingpong 128x64"),  # at most 64 wide: no half-empty tiles
+    ((4097, 8, 8, BF16, None), "pingpong 128x64"),
+    ((1024, 64, 1024, BF16, 96), "pingpong 128x64"),  # day 016's attention: P V of 96 heads
+    ((128, 64, 128, FP16, 512), "pingpong 128x64"),
+    ((1024, 72, 1024, BF16, 96), "coop 256x128"),  # wider than 64: the cost model
     ((17, 1000, 33, BF16, None), "mma 64 novec"),  # K = 33: rows are not 16-byte multiples
     ((2000, 2000, 33, FP16, None), "mma 128 novec"),  # 256 tiles of 128x128
     ((8, 12, 8, BF16, None), "mma 64 novec"),  # N % 8 != 0
@@ -163,12 +166,12 @@ def test_every_shape_transpose_and_alignment_gives_a_valid_launch(dtype):
 
 
 def test_huge_and_batched_shapes():
-    assert choice(plan(2**20, 8, 8, BF16)) == "coop 256x128"  # K = 8, 4096 wide tiles
-    assert choice(plan(2**20, 8, 2048, BF16, ta=True, tb=True)) == "coop 256x128"  # 4096 wide tiles, 8192 square
+    assert choice(plan(2**20, 8, 8, BF16)) == "pingpong 128x64"  # K = 8, 8192 narrow tiles
+    assert choice(plan(2**20, 8, 2048, BF16, ta=True, tb=True)) == "pingpong 128x64"
     launch = plan(2**22, 1, 1, FP32)  # 32768 blocks in x
     assert direct.dim3(launch.grid) == (32768, 1, 1)
     for ta, tb in PAIRS:
-        assert choice(plan(40, 24, 16, BF16, ta, tb, batch=3)) == "tma 128x128"
+        assert choice(plan(40, 24, 16, BF16, ta, tb, batch=3)) == "pingpong 128x64"
         assert choice(plan(40, 24, 16, FP32, ta, tb, batch=3)) == "simt 64 vec"
 
 
