@@ -267,9 +267,6 @@ def wg_store_acc[
                 out[4 * j + 2] += b[0]
                 out[4 * j + 3] += b[1]
     var with_c = beta != 0
-    # c's rows contiguous and every pair 4-byte aligned: one load per pair (the same
-    # in every lane; a causal mask added to attention scores is such a c)
-    var pairs = with_c and c_cs == 1 and c_rs % 2 == 0 and Int(c_t) % 4 == 0
     # GELU goes pair by pair: applied to all 128 values at once it needed three times
     # their registers and spilled.
     comptime for half in range(2):
@@ -282,7 +279,7 @@ def wg_store_acc[
         # 402 us at 16384 x 768 -> 3072 on the H100, day 020, and adding a (1, s, s)
         # causal mask to attention scores cost 3x the product itself, day 016.)
         # GELU_GRAD's c is full, contiguous and aligned (its caller's promise): a pair
-        # per 4-byte load; beta's c too where `pairs`, else two 2-byte loads.
+        # per 4-byte load. beta's c may have any strides: two 2-byte loads.
         var safe = c_t.unsafe_offset(min(row, M - 1) * c_rs)
         var cq = SIMD[DType.uint32, BN // 8]()
         comptime if GELU_GRAD:
@@ -292,13 +289,7 @@ def wg_store_acc[
                     safe.unsafe_load[width=2, alignment=4](col)
                 )[0]
         else:
-            if pairs:  # beta's c, contiguous rows: as GELU_GRAD's
-                comptime for j in range(BN // 8):
-                    var col = min(n0 + j * 8 + 2 * t, N - 2)
-                    cq[j] = bitcast[DType.uint32, 1](
-                        safe.unsafe_load[width=2, alignment=4](col)
-                    )[0]
-            elif with_c:  # any strides (a broadcast row or column of c)
+            if with_c:  # beta: the same in every lane
                 comptime for j in range(BN // 8):
                     var p = safe.unsafe_offset(
                         min(n0 + j * 8 + 2 * t, N - 2) * c_cs
