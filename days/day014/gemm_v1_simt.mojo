@@ -229,22 +229,6 @@ def gemm_simt_kernel[
     var o_t = dst.unsafe_offset(bt * M * N)
     var c_t = c.unsafe_offset(bt * Int(c_bs))
     comptime for g in range(GM):
-        # c of the group's 4 rows, loaded before any of their stores (a store may write
-        # what a later load reads, so loads between stores run one at a time: adding a
-        # causal mask to attention scores cost more than the product, day 016). Lanes
-        # past the edge read row M - 1 / column N - 1 instead; those are never stored.
-        var cg = Array[SIMD[acc, 4], 4 * GN](fill=0)
-        if beta != 0:
-            comptime for r in range(4):
-                var c_row = c_t.unsafe_offset(
-                    min(m0 + g * (BM // GM) + ty * 4 + r, M - 1) * Int(c_rs)
-                )
-                comptime for h in range(GN):
-                    var col = n0 + h * (BN // GN) + tx * 4
-                    comptime for e in range(4):
-                        cg[r * GN + h][e] = c_row[
-                            unsafe_offset=min(col + e, N - 1) * Int(c_cs)
-                        ].cast[acc]()
         comptime for r in range(4):
             var row = m0 + g * (BM // GM) + ty * 4 + r
             if row < M:
@@ -252,7 +236,15 @@ def gemm_simt_kernel[
                     var col = n0 + h * (BN // GN) + tx * 4
                     var v = accs[(g * 4 + r) * GN + h] * alpha
                     if beta != 0:
-                        v += beta * cg[r * GN + h]
+                        comptime for e in range(4):
+                            if col + e < N:
+                                v[e] += (
+                                    beta
+                                    * c_t[
+                                        unsafe_offset=row * Int(c_rs)
+                                        + (col + e) * Int(c_cs)
+                                    ].cast[acc]()
+                                )
                     var o = v.cast[dtype]()
                     var stored = False
                     comptime if VEC and dtype == DType.float32:
