@@ -392,7 +392,7 @@ AUTO_TILES = (
 # every tile above; version 4's ping-pong 128 x 64 computes no empty half and overlaps each
 # tile's epilogue with the other consumer's k-loop. Measured on the H100 (day 016's block,
 # batch x seq x 64, K = seq): 10 us against 19 (512 x 128 x 64), 86 against 89 (96 x 1024
-# x 64), 206 against 209 (64 x 2048 x 64): results/nvidia-h100-80gb-hbm3/day016_attention_gemms.txt.
+# x 64), 206 against 216 (64 x 2048 x 64): results/nvidia-h100-80gb-hbm3/day016_attention_gemms.txt.
 NARROW_TILE = ("pingpong", 128, 64)
 # Split-K (part 3), for few output tiles and a long K (GPT-2's weight gradients): each
 # 256 x 128 tile's k-steps are cut into S aligned pieces, one block each, all in one
