@@ -68,7 +68,9 @@ def test_runner_registered_and_quick_run_stores_rows_and_plots(tmp_path):
     rows = df[df["op"] != "copy_bandwidth"]
     assert set(rows["op"]) == {"gpt_block", "gpt_block_train"}
     assert set(rows["status"]) == {"ok"}, rows[["op", "impl", "reason"]]
-    assert set(rows["impl"]) == ({"torch", "gpu_days", "gpu_days_fused"} if not torch.cuda.is_available() else set(day016.IMPLS))
+    assert set(rows["impl"]) == (
+        {"torch", "gpu_days", "gpu_days_fused"} if not torch.cuda.is_available() else set(day016.IMPLS)
+    )
     assert set(rows["shape"]) == {"2x13x128"} and (rows["run_id"] == rows["run_id"].iloc[0]).all()
     tokens = 2 * 13 / (rows["ms_median"] * 1e-3)
     assert ((rows["tokens_per_s"] - tokens).abs() <= 1e-4 * tokens).all()

@@ -54,7 +54,7 @@ def main() -> None:
     for name in BUILDS:
         params = list(blocks["torch" if name == "torch_compile" else name].parameters())
         xg = x.detach().clone().requires_grad_()
-        times = kernel_times(lambda block=blocks[name]: G.train_step(block, xg, mask, params))
+        times = kernel_times(lambda b=blocks[name], xg=xg, p=params: G.train_step(b, xg, mask, p))
         total = sum(us for us, _ in times.values())
         launches = sum(n for _, n in times.values())
         print(f"== {name} {args.shape} {args.dtype}: kernels {total:.0f} us/step, {launches} launches")
