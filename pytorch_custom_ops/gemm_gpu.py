@@ -394,6 +394,13 @@ AUTO_TILES = (
 # batch x seq x 64, K = seq): 10 us against 19 (512 x 128 x 64), 86 against 89 (96 x 1024
 # x 64), 206 against 216 (64 x 2048 x 64): results/nvidia-h100-80gb-hbm3/day016_attention_gemms.txt.
 NARROW_TILE = ("pingpong", 128, 64)
+# Where AUTO picks version 3's 128 x 128 for more than one round of tiles with a short K
+# (at most two k-steps), each block of version 3 loads, multiplies and stores one tile in
+# turn; version 4's ping-pong 128 x 128 overlaps a tile's epilogue with the next one's
+# loads and k-steps. Day 016's 512 heads of 128 x 128 x 64: 12.6 us against 17.0
+# (day016_attention_gemms.txt); one round or less (96 heads) stays on version 3 (4.6 us
+# against 6.0).
+SHORT_K = 128
 # Split-K (part 3), for few output tiles and a long K (GPT-2's weight gradients): each
 # 256 x 128 tile's k-steps are cut into S aligned pieces, one block each, all in one
 # wave (stream-K's walk on a grid of tiles x S: its even shares fall on the split
@@ -441,6 +448,8 @@ def auto_tile(
         if s > 1 and split_cost < SPLIT_K_MARGIN * best:
             return "coop_splitk", 256, 128
     kind, bm, bn, _ = tiles[next(i for i, c in enumerate(cost) if c <= 1.02 * best)]
+    if kind == "tma" and k <= SHORT_K and _cdiv(m, 128) * _cdiv(n, 128) * batch > sms:
+        return "pingpong", 128, 128  # more than a round of short tiles: overlap their epilogues
     return kind, bm, bn
 
 

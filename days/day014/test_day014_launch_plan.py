@@ -126,6 +126,9 @@ AUTO = [
     ((4097, 8, 8, BF16, None), "pingpong 128x64"),
     ((1024, 64, 1024, BF16, 96), "pingpong 128x64"),  # day 016's attention: P V of 96 heads
     ((128, 64, 128, FP16, 512), "pingpong 128x64"),
+    ((128, 128, 64, BF16, 512), "pingpong 128x128"),  # 512 tiles of two k-steps or less
+    ((128, 128, 64, BF16, 96), "tma 128x128"),  # one round: nothing to overlap
+    ((128, 128, 192, BF16, 512), "tma 128x128"),  # three k-steps
     ((1024, 72, 1024, BF16, 96), "coop 256x128"),  # wider than 64: the cost model
     ((17, 1000, 33, BF16, None), "mma 64 novec"),  # K = 33: rows are not 16-byte multiples
     ((2000, 2000, 33, FP16, None), "mma 128 novec"),  # 256 tiles of 128x128
