@@ -314,7 +314,7 @@ BRANCHES = [
     ("COOP_128x192", BF16, None, 1000, 1032, 200, "coop 128x192"),  # 8 x 6 tiles, tails in m, n, k
     ("COOP_128x192", FP16, 2, 136, 392, 4104, "coop 128x192"),  # a long K, 2 x 3 tiles per batch
     ("AUTO", FP16, None, 8000, 768, 72, "coop 256x192"),  # 128 tiles of 256x192: one round
-    ("AUTO", BF16, 200, 136, 136, 72, "pingpong 128x128"),  # 800 tiles, K = 72: ping-pong (SHORT_K)
+    ("AUTO", BF16, 200, 120, 128, 72, "pingpong 128x128"),  # 200 tiles, K = 72: ping-pong (SHORT_K)
     ("AUTO", FP16, 7, 296, 40, 520, "pingpong 128x64"),  # at most 64 wide (NARROW_TILE)
     ("COOP_256x64", BF16, None, 1000, 200, 200, "coop 256x64"),  # 4 x 4 tiles, tails in m, n, k
     ("COOP_256x64", FP16, 5, 296, 64, 1032, "coop 256x64"),  # attention's P V: 64 wide, a long K
