@@ -213,7 +213,9 @@ SPLIT_K_SUM_KERNEL = KernelFamily(
     "days.day019.stream_k",
     "split_k_sum_kernel",
     args=("ptr",) * 4 + ("i64",) * 7,  # dst, ws, c, alpha_beta, m, n, batch, splits, c_bs, c_rs, c_cs
-    variants=tuple((dtype, out) for dtype in TC_DTYPES for out in (dtype, torch.float32)),  # (dtype, odtype)
+    # (dtype, odtype); float32 -> float32 sums the SIMT kernel's split-K pieces
+    variants=tuple((dtype, out) for dtype in TC_DTYPES for out in (dtype, torch.float32))
+    + ((torch.float32, torch.float32),),
 )
 
 # -- which bf16/fp16 kernel: AUTO, or one forced for benchmarks -----------------------------
@@ -547,6 +549,60 @@ def pingpong_launch(
     return launches
 
 
+# --8<-- [start:simt_split]
+# fp32 weight gradients (dW = dY^T X: few output tiles, K = the tokens) left most SMs idle:
+# 768 x 768 x 8192 is 36 tiles of 128 x 128 for 132 SMs, and ran at 37% of cuBLAS (day 016,
+# part six). Split-K: S pieces of K / S each, as a batch of S GEMMs over consecutive row
+# blocks of both stored operands (A = dY stored (K, M) read transposed, B = X stored (K, N):
+# piece s starts s * K / S rows down, so the SIMT kernel's batch strides do it), into a
+# float32 workspace (S, M, N); day 019's sum kernel then adds the pieces in order and
+# applies alpha, beta and c. S minimises the time in rounds of full-K 128 x 128 blocks (one
+# block per SM: 168+ registers a thread): rounds(S) / S, plus the workspace's traffic
+# (S M N float32 written and read) in the same unit. On the H100 a round takes K x 128^2 x 2
+# flops at ~0.34 TFLOP/s per SM and the workspace moves at ~3 TB/s, so an element of it
+# costs SIMT_SPLIT_WS / K rounds.
+SIMT_SPLIT_MAX = 16
+SIMT_SPLIT_MIN_K = 512  # each piece keeps at least this much of K
+SIMT_SPLIT_WS = 2.8e-5
+
+
+def simt_split_k(m: int, n: int, k: int, sms: int) -> int:
+    """S for a float32 GEMM whose operands both run along K in memory (1: no split)."""
+    tiles = _cdiv(m, SIMT_LARGE[0]) * _cdiv(n, SIMT_LARGE[0])
+
+    def cost(s: int) -> float:
+        return _cdiv(tiles * s, sms) / s + (s * m * n * SIMT_SPLIT_WS / k if s > 1 else 0.0)
+
+    options = [s for s in range(2, SIMT_SPLIT_MAX + 1) if k % s == 0 and k // s >= SIMT_SPLIT_MIN_K]
+    best = min(options, key=cost, default=1)
+    if tiles < SMALL_GRID:  # unsplit, these would run as 64 x 64 tiles (37-47% of cuBLAS)
+        return best
+    return best if cost(best) < SPLIT_K_MARGIN * cost(1) else 1  # only where it clearly wins
+
+
+def simt_split_launches(out, ptrs, sizes, pieces: int) -> list[direct.Launch]:
+    """The pieces (the SIMT kernel on a batch of S, alpha 1, beta 0, into the workspace),
+    then the sum kernel (alpha * sum + beta * c into out). `ptrs`: the op's (out, a, b, c,
+    alpha_beta); `sizes`: (m, n, k, c_rs, c_cs)."""
+    from .mojo_op import device_constant  # (mojo_op imports the plans' modules)
+
+    m, n, k, c_rs, c_cs = sizes
+    ks = k // pieces
+    ws = direct.scratch((pieces, m, n), torch.float32, out.device)
+    plain = device_constant((1.0, 0.0), torch.float32, out.device)
+    bm, bk, tt = SIMT_LARGE
+    kernel = SIMT_KERNEL[torch.float32, True, False, True, bm, bm, bk, tt, tt]
+    piece_args = (ws.data_ptr(), ptrs[1], ptrs[2], ptrs[3], plain.data_ptr(), m, n, ks, ks * m, ks * n, 0, 0, 0)
+    grid = (_cdiv(m, bm) * _cdiv(n, bm), 1, pieces)
+    sum_grid = max(1, min(_cdiv(m * n // 4, SPLIT_K_SUM_THREADS), 8 * sm_count(out.get_device())))
+    sum_args = (ptrs[0], ws.data_ptr(), ptrs[3], ptrs[4], m, n, 1, pieces, 0, c_rs, c_cs)
+    return [
+        direct.Launch(kernel, grid, SIMT_THREADS, piece_args),
+        direct.Launch(SPLIT_K_SUM_KERNEL[torch.float32, torch.float32], sum_grid, SPLIT_K_SUM_THREADS, sum_args),
+    ]
+
+
+# --8<-- [end:simt_split]
 @direct.plan(SIMT_KERNEL, TC_KERNEL, WG_KERNEL, TMA_KERNEL, PINGPONG_KERNEL, SPLIT_K_SUM_KERNEL)
 def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
     """One launch: grid (output tiles, 1, batch) for versions 1-3 (tiles walked in groups
@@ -584,6 +640,9 @@ def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
         return [direct.Launch(kernel, (_cdiv(m, bm) * _cdiv(n, bn), 1, batch), threads, args, smem)]
 
     if dtype not in TC_DTYPES:  # fp32, fp64: the SIMT kernel
+        pieces = simt_split_k(m, n, k, sm_count(out.get_device()))
+        if dtype == torch.float32 and vec and ta and not tb and batch == 1 and pieces > 1:
+            return simt_split_launches(out, ptrs, (m, n, k, c_rs, c_cs), pieces)
         bm, bk, tt = SIMT_FP64 if dtype == torch.float64 else SIMT_SMALL if small else SIMT_LARGE
         return tiled(SIMT_KERNEL[dtype, ta, tb, vec, bm, bm, bk, tt, tt], bm, bm, SIMT_THREADS)
 

@@ -406,3 +406,21 @@ def test_cuda_graph_capture_with_new_alpha_beta(dtype):
     graph.replay()
     torch.cuda.synchronize()
     check(y, a, b, c, 0.3125, -2.75)
+
+
+@needs_cuda
+@pytest.mark.parametrize("m,n,k,c_shape", [(776, 768, 8192, (776, 768)), (300, 1028, 4096, (1028,)), (124, 36, 2048, (124, 1))])
+def test_cuda_fp32_weight_gradient_split_k(m, n, k, c_shape):
+    # few output tiles and a long K, both operands along K in memory (A read transposed):
+    # pieces of K through the SIMT kernel, then day 019's sum kernel (alpha, beta, c)
+    from pytorch_custom_ops.gemm_gpu import simt_split_k, sm_count
+
+    assert simt_split_k(m, n, k, sm_count(0)) > 1
+    torch.manual_seed(m + n)
+    a, b = rand(m, k, device="cuda"), rand(k, n, device="cuda")
+    c = rand(*c_shape, device="cuda")
+    sa = stored(a, True)
+    assert _planned(sa, b, c.reshape((1,) * (2 - c.dim()) + c.shape), True, False) == "simt 128 vec"
+    check(pco.gemm(sa, b, c, alpha=0.75, beta=-1.5, transpose_a=True), a, b, c, 0.75, -1.5)
+    nan_c = torch.full_like(c, float("nan"))  # beta == 0: c is never read
+    check(pco.gemm(sa, b, nan_c, alpha=2.0, beta=0.0, transpose_a=True), a, b, None, 2.0)

@@ -34,6 +34,12 @@ def plan(m, n, k, dtype, ta=False, tb=False, batch=None, c_shape=None, a_offset=
     c = tensor(c_shape or (1,) * (2 + len(lead)), dtype)
     out = tensor((*lead, m, n), dtype)
     launches = gemm_gpu.gemm_gpu([out], [a, b, c, torch.empty(2)], {"TRANSPOSE_A": ta, "TRANSPOSE_B": tb})
+    if len(launches) == 2 and launches[0].kernel.family is gemm_gpu.SIMT_KERNEL:  # fp32 split-K
+        pieces, total = launches
+        assert total.kernel.family is gemm_gpu.SPLIT_K_SUM_KERNEL and total.args[0] == out.data_ptr()
+        assert total.args[1] == pieces.args[0] and total.args[7] == direct.dim3(pieces.grid)[2]  # workspace, S
+        check_launch(pieces, m, n, direct.dim3(pieces.grid)[2])
+        return pieces
     if len(launches) == 2:  # split-K: the GEMM, then the kernel that sums its pieces
         gemm, total = launches
         assert gemm.kernel.params[-2] == 2 and total.kernel.family is gemm_gpu.SPLIT_K_SUM_KERNEL
@@ -166,6 +172,20 @@ def test_every_shape_transpose_and_alignment_gives_a_valid_launch(dtype):
             assert kind.startswith(("tma", "pingpong", "coop", "streamk", "splitk")) == (vec and k > 0)
         # an unaligned a (one element into its storage) never takes the vector paths
         assert "novec" in choice(plan(m, n, k, dtype, ta, tb, a_offset=1))
+
+
+def test_fp32_weight_gradients_split_k_where_few_tiles_meet_a_long_k():
+    # dW = dY^T X: both operands run along K (the tokens) in memory, so piece s of K is
+    # batch entry s of the SIMT kernel (strides K/S rows); day 019's sum kernel adds them
+    for m, n, k, pieces in ((768, 768, 8192, 16), (3072, 768, 8192, 8), (768, 1024, 4096, 8), (1024, 1024, 4096, 2)):
+        launch = plan(m, n, k, FP32, ta=True)
+        assert direct.dim3(launch.grid)[2] == pieces and launch.kernel.params[:4] == (FP32, True, False, True)
+        ks = k // pieces
+        assert launch.args[5:10] == (m, n, ks, ks * m, ks * n)  # m, n, k, a_bs, b_bs of one piece
+    assert direct.dim3(plan(4096, 4096, 4096, FP32, ta=True).grid)[2] == 1  # enough tiles: no split
+    assert direct.dim3(plan(768, 768, 8192, FP32).grid)[2] == 1  # A along M: a piece is not a batch entry
+    assert direct.dim3(plan(768, 768, 8209, FP32, ta=True).grid)[2] == 1  # no S divides K into >= 512
+    assert direct.dim3(plan(768, 768, 8192, FP64, ta=True).grid)[2] == 1  # float64 has no sum kernel
 
 
 def test_huge_and_batched_shapes():
