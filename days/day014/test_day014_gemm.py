@@ -409,7 +409,9 @@ def test_cuda_graph_capture_with_new_alpha_beta(dtype):
 
 
 @needs_cuda
-@pytest.mark.parametrize("m,n,k,c_shape", [(776, 768, 8192, (776, 768)), (300, 1028, 4096, (1028,)), (124, 36, 2048, (124, 1))])
+@pytest.mark.parametrize(
+    "m,n,k,c_shape", [(776, 768, 8192, (776, 768)), (300, 1028, 4096, (1028,)), (124, 36, 2048, (124, 1))]
+)
 def test_cuda_fp32_weight_gradient_split_k(m, n, k, c_shape):
     # few output tiles and a long K, both operands along K in memory (A read transposed):
     # pieces of K through the SIMT kernel, then day 019's sum kernel (alpha, beta, c)
