@@ -22,6 +22,7 @@ import torch
 
 from . import cuda_driver, direct
 from .gpu_kernels import KernelFamily
+from .mojo_op import device_constant
 
 # one Mojo file per kernel version (days/day014/gemm_v*.mojo)
 SIMT_MODULE = "days.day014.gemm_v1_simt"
@@ -584,8 +585,6 @@ def simt_split_launches(out, ptrs, sizes, pieces: int) -> list[direct.Launch]:
     """The pieces (the SIMT kernel on a batch of S, alpha 1, beta 0, into the workspace),
     then the sum kernel (alpha * sum + beta * c into out). `ptrs`: the op's (out, a, b, c,
     alpha_beta); `sizes`: (m, n, k, c_rs, c_cs)."""
-    from .mojo_op import device_constant  # (mojo_op imports the plans' modules)
-
     m, n, k, c_rs, c_cs = sizes
     ks = k // pieces
     ws = direct.scratch((pieces, m, n), torch.float32, out.device)
