@@ -470,6 +470,15 @@ def sm_count(device_index: int | None) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def split_k_sum_launch(kernel, args: tuple, out) -> direct.Launch:
+    """The launch of a split_k_sum_kernel variant: 4 outputs a thread, a few blocks per SM.
+    `args` as the kernel takes them (dst, ws, c, alpha_beta, m, n, batch, splits, c_bs,
+    c_rs, c_cs)."""
+    outputs = args[4] * args[5] * args[6]
+    grid = max(1, min(_cdiv(outputs // 4, SPLIT_K_SUM_THREADS), 8 * sm_count(out.get_device())))
+    return direct.Launch(kernel, grid, SPLIT_K_SUM_THREADS, args)
+
+
 def pingpong_launch(
     a,
     b,
@@ -543,10 +552,8 @@ def pingpong_launch(
     args = (a_map, b_map, *ptrs, *sizes, 0 if aux is None else 2 if aux_derivative else 1)
     launches = [direct.Launch(kernel, grid, PP_THREADS, args, smem, cluster if cluster > 1 else None)]
     if split == 2:  # the second kernel: 4 outputs a thread, a few blocks per SM
-        sum_grid = max(1, min(_cdiv(batch * m * n // 4, SPLIT_K_SUM_THREADS), 8 * sm_count(out.get_device())))
         sum_args = (out.data_ptr(), partials, c.data_ptr(), alpha_beta.data_ptr(), m, n, batch, pieces, *sizes[4:])
-        sum_kernel = SPLIT_K_SUM_KERNEL[dtype, out.dtype]
-        launches.append(direct.Launch(sum_kernel, sum_grid, SPLIT_K_SUM_THREADS, sum_args))
+        launches.append(split_k_sum_launch(SPLIT_K_SUM_KERNEL[dtype, out.dtype], sum_args, out))
     return launches
 
 
@@ -593,11 +600,10 @@ def simt_split_launches(out, ptrs, sizes, pieces: int) -> list[direct.Launch]:
     kernel = SIMT_KERNEL[torch.float32, True, False, True, bm, bm, bk, tt, tt]
     piece_args = (ws.data_ptr(), ptrs[1], ptrs[2], ptrs[3], plain.data_ptr(), m, n, ks, ks * m, ks * n, 0, 0, 0)
     grid = (_cdiv(m, bm) * _cdiv(n, bm), 1, pieces)
-    sum_grid = max(1, min(_cdiv(m * n // 4, SPLIT_K_SUM_THREADS), 8 * sm_count(out.get_device())))
     sum_args = (ptrs[0], ws.data_ptr(), ptrs[3], ptrs[4], m, n, 1, pieces, 0, c_rs, c_cs)
     return [
         direct.Launch(kernel, grid, SIMT_THREADS, piece_args),
-        direct.Launch(SPLIT_K_SUM_KERNEL[torch.float32, torch.float32], sum_grid, SPLIT_K_SUM_THREADS, sum_args),
+        split_k_sum_launch(SPLIT_K_SUM_KERNEL[torch.float32, torch.float32], sum_args, out),
     ]
 
 
@@ -639,9 +645,10 @@ def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
         return [direct.Launch(kernel, (_cdiv(m, bm) * _cdiv(n, bn), 1, batch), threads, args, smem)]
 
     if dtype not in TC_DTYPES:  # fp32, fp64: the SIMT kernel
-        pieces = simt_split_k(m, n, k, sm_count(out.get_device()))
-        if dtype == torch.float32 and vec and ta and not tb and batch == 1 and pieces > 1:
-            return simt_split_launches(out, ptrs, (m, n, k, c_rs, c_cs), pieces)
+        if dtype == torch.float32 and vec and ta and not tb and batch == 1:  # K runs along both in memory
+            pieces = simt_split_k(m, n, k, sm_count(out.get_device()))
+            if pieces > 1:
+                return simt_split_launches(out, ptrs, (m, n, k, c_rs, c_cs), pieces)
         bm, bk, tt = SIMT_FP64 if dtype == torch.float64 else SIMT_SMALL if small else SIMT_LARGE
         return tiled(SIMT_KERNEL[dtype, ta, tb, vec, bm, bm, bk, tt, tt], bm, bm, SIMT_THREADS)
 
