@@ -3,9 +3,10 @@ torch.matmul (cuBLAS, TF32 off), by kernel time, on a GPU.
 
     PYTHONPATH=$PWD python days/day014/time_fp32.py [label]
 
-The shapes are squares and GPT-2 small's linear layers at 8192 tokens: forward y = x W^T,
-dX = dY W and dW = dY^T X (the transposed-A rows, where split-K applies). Each result is
-checked against float64, then timed by CUPTI (benchmark.timing.kernel_time_ms).
+The shapes are day 014's squares and GPT-2 small's linear layers at 8192 tokens: forward
+y = x W^T, dX = dY W and dW = dY^T X (the transposed-A rows, where split-K applies). Each
+result is checked on sampled entries against float64 (day 014's `sampled_error`), then
+timed by CUPTI (benchmark.timing.kernel_time_ms).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import torch
 
 import pytorch_custom_ops as pco
 from benchmark.timing import kernel_time_ms
+from days.day014.time_versions import SQUARES, sampled_error
 
-SHAPES = [(4096, 4096, 4096, False, False), (8192, 8192, 8192, False, False), (1024, 1024, 1024, False, False)]
-SHAPES += [
+SHAPES = SQUARES + [
     shape
     for d_in, d_out in ((768, 2304), (768, 768), (768, 3072), (3072, 768))
     for shape in ((8192, d_out, d_in, False, True), (8192, d_in, d_out, False, False), (d_out, d_in, 8192, True, False))
@@ -33,9 +34,7 @@ def main() -> None:
         a = torch.randn(*((k, m) if ta else (m, k)), device="cuda")
         b = torch.randn(*((n, k) if tb else (k, n)), device="cuda")
         pa, pb = (a.mT if ta else a), (b.mT if tb else b)
-        want = pa.double() @ pb.double()
-        got = pco.gemm(a, b, transpose_a=ta, transpose_b=tb)
-        err = ((got.double() - want).abs().max() / want.abs().max()).item()
+        err = sampled_error(pco.gemm(a, b, transpose_a=ta, transpose_b=tb), a, b, ta, tb)
         t = kernel_time_ms(lambda: torch.matmul(pa, pb), 5)  # noqa: B023 (called before the next shape)
         o = kernel_time_ms(lambda: pco.gemm(a, b, transpose_a=ta, transpose_b=tb), 5)  # noqa: B023
         if (m, n) != (8192, 8192):
