@@ -10,8 +10,10 @@ The two builds differ only in the ops in `Ops`: gpu-days' build uses MojoLayerNo
 MojoGEMM, and adds the mask inside the batched GEMM (its `c` input, beta = 1, read as a
 broadcast (1, s, s) row block); torch's uses nn.LayerNorm, nn.Linear and torch.baddbmm,
 the same single call in cuBLAS (it copies the mask into the output, then beta = 1). Each
-linear adds its bias inside its GEMM in both builds (MojoGEMM's c, cuBLAS's addmm); GELU,
-the residual adds and the head reshapes are torch ops in both.
+linear adds its bias inside its GEMM in both builds (MojoGEMM's c, cuBLAS's addmm); GELU
+and the residual adds are torch ops in both. The heads' split and merge are two copies in
+both: torch's `.permute(...).contiguous()`, and day 016's `permute_copy` in gpu-days'
+(since part seven; torch's generic copy ran them at ~1.2 TB/s).
 
 It lives in benchmark/ rather than pytorch_custom_ops/: it is a workload for measuring
 the ops, not an op, and the package should not grow a model API by accident.
@@ -44,6 +46,8 @@ class Ops:
     scores: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]  # (q, k, mask, scale)
     softmax: Callable[[torch.Tensor], torch.Tensor]  # over the last dim
     bmm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (p, v) -> p @ v
+    # x.permute(dims).contiguous(): the heads' split and merge
+    permute: Callable[[torch.Tensor, tuple[int, ...]], torch.Tensor]
     # fused: the second residual add goes into the LayerNorm after it (layer_norm is an
     # add-LayerNorm: ln(x, delta) -> (x + delta, normalised)), and the MLP is one `mlp`
     # call with GELU in its GEMMs' epilogues (day 020's GPT-2 block)
@@ -57,6 +61,7 @@ GPU_DAYS = Ops(
     scores=lambda q, k, mask, scale: pco.gemm_batched(q, k, mask, scale, 1.0, False, True),
     softmax=lambda s: pco.softmax(s, -1),
     bmm=pco.gemm_batched,
+    permute=pco.permute_copy,
 )
 TORCH = Ops(
     name="torch",
@@ -65,6 +70,7 @@ TORCH = Ops(
     scores=lambda q, k, mask, scale: torch.baddbmm(mask, q, k.mT, alpha=scale),
     softmax=lambda s: torch.softmax(s, -1),
     bmm=torch.bmm,
+    permute=lambda x, dims: x.permute(dims).contiguous(),
 )
 GPU_DAYS_FUSED = Ops(
     name="gpu_days_fused",
@@ -73,6 +79,7 @@ GPU_DAYS_FUSED = Ops(
     scores=GPU_DAYS.scores,
     softmax=GPU_DAYS.softmax,
     bmm=GPU_DAYS.bmm,
+    permute=GPU_DAYS.permute,
     fused=True,
 )
 BUILDS = {ops.name: ops for ops in (GPU_DAYS, GPU_DAYS_FUSED, TORCH)}
@@ -142,15 +149,15 @@ class GPTBlock(nn.Module):
         with self._stage("qkv"):
             qkv = self.qkv(a)
         with self._stage("split_heads"):  # one copy: (b, s, 3, h, hd) -> (3, b*h, s, hd)
-            q, k, v = qkv.view(b, s, 3, h, hd).permute(2, 0, 3, 1, 4).reshape(3, b * h, s, hd).unbind(0)
+            q, k, v = self.ops.permute(qkv.view(b, s, 3, h, hd), (2, 0, 3, 1, 4)).view(3, b * h, s, hd).unbind(0)
         with self._stage("scores"):
             scores = self.ops.scores(q, k, mask, 1.0 / math.sqrt(hd))
         with self._stage("softmax"):
             p = self.ops.softmax(scores)
         with self._stage("pv"):
             o = self.ops.bmm(p, v)
-        with self._stage("merge_heads"):
-            return o.view(b, h, s, hd).transpose(1, 2).reshape(b, s, d)
+        with self._stage("merge_heads"):  # one copy: (b, h, s, hd) -> (b, s, h, hd)
+            return self.ops.permute(o.view(b, h, s, hd), (0, 2, 1, 3)).view(b, s, d)
 
 
 def make_block(d: int, ops: Ops | str, dtype: torch.dtype, device, seed: int = 0) -> GPTBlock:

@@ -10,6 +10,7 @@
     y = pco.mlp(x, w1, b1, w2, b2)         # day020: GPT-2's MLP, no GELU kernel either way
     with pco.gemm_version("TMA_128x256"):   # force one of day014's GEMM versions
     y = pco.long_softmax(v)                # day015: a few very long rows (e.g. 2^28)
+    q, k, v = pco.permute_copy(qkv.view(b, s, 3, h, hd), (2, 0, 3, 1, 4))  # day016: heads split
     o = pco.flash_attention(q, k, v, causal=True)  # day017: Triton FlashAttention, fwd + bwd
     o = pco.flash_attention_qkvpacked(qkv, causal=True)  # the same from (B, L, 3, H, D), no copies
     o = pco.attention(q, k, v, causal=True)        # day018: Mojo FlashAttention for Hopper
@@ -38,6 +39,7 @@ from .library import KernelBuildError, build_library
 from .linear import MojoLinear, linear
 from .long_softmax import MojoLongSoftmax, long_softmax, long_softmax_kernel
 from .mlp import MojoMLP, mlp
+from .permute_copy import permute_copy, permute_copy_kernel
 from .softmax import online_softmax, online_softmax_kernel
 from .softmax_family import (
     MojoLogSoftmax,
@@ -58,6 +60,7 @@ KERNELS = {
         gemm_kernel,  # day014
         gemm_batched_kernel,
         long_softmax_kernel,  # day015
+        permute_copy_kernel((0, 1, 2, 3)),  # day016 (one op per permutation; this one stands for all)
         cross_entropy_kernel,  # day020
         cross_entropy_backward_kernel,
         cross_entropy_with_grad_kernel,
@@ -116,6 +119,8 @@ __all__ = [
     "mlp",
     "online_softmax",
     "online_softmax_kernel",
+    "permute_copy",
+    "permute_copy_kernel",
     "softmax",
     "softmax_backward",
     "strict",

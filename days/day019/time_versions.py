@@ -2,10 +2,12 @@
 
     PYTHONPATH=$PWD python days/day019/time_versions.py [--quick]
     PYTHONPATH=$PWD python days/day019/time_versions.py --tokens 16384 --versions AUTO COOP_256x128
+    PYTHONPATH=$PWD python days/day019/time_versions.py --tokens 4096 --width 1024
 
 The issue's squares and GPT-2 small's linear layers at 8192 tokens (forward, dX, dW);
 `--tokens` times instead every linear layer of a GPT-2 124M step at that many tokens (the
-four layers and the tied head, each forward, dX and dW) and prints what they add up to;
+four layers and the tied head, each forward, dX and dW) and prints what they add up to, or
+with `--width` those of one day 016 block of that width (d -> 3d, d -> d, d -> 4d, 4d -> d);
 each version is checked on sampled entries against float64, then timed by kernel time
 (CUPTI), as day 014's script does. The stored rows come from
 `python -m benchmark --day day019`; this is the quick look while a kernel changes.
@@ -30,6 +32,8 @@ VERSIONS = (
     "COOP_MULTICAST_256x128",
     "COOP_256x192",
     "COOP_128x192",
+    "PINGPONG_128x64",
+    "COOP_256x64",
     "STREAMK_256x128",
     "SPLITK_256x128",
     "AUTO",
@@ -40,10 +44,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer shapes, shorter timing")
     parser.add_argument("--tokens", type=int, default=None, help="a 124M step's layers at this many tokens")
+    parser.add_argument("--width", type=int, default=None, help="with --tokens: one day 016 block of this width")
     parser.add_argument("--versions", nargs="+", default=list(VERSIONS), choices=VERSIONS)
     args = parser.parse_args()
     if args.tokens:
-        step_layers(args.tokens, args.versions)
+        layers = block_layers(args.width) if args.width else STEP_LAYERS
+        step_layers(args.tokens, args.versions, layers)
         return
     gpt2 = [s for s in GPT2 if 8192 in s[:3]]
     shapes = SQUARES[1:2] + gpt2[:3] if args.quick else SQUARES[1:] + gpt2
@@ -56,12 +62,17 @@ def main() -> None:
 STEP_LAYERS = ((768, 2304, 12), (768, 768, 12), (768, 3072, 12), (3072, 768, 12), (768, 50304, 1))
 
 
-def step_layers(tokens: int, versions: list[str]) -> None:
-    """Every GEMM of a 124M training step at `tokens` tokens: per shape and pass the % of
-    cuBLAS, and the step's total GEMM time per version (the versions' sum of calls)."""
+def block_layers(d: int) -> tuple[tuple[int, int, int], ...]:
+    """The linear layers of one day 016 block of width d (benchmark/gpt_block.py)."""
+    return ((d, 3 * d, 1), (d, d, 1), (d, 4 * d, 1), (4 * d, d, 1))
+
+
+def step_layers(tokens: int, versions: list[str], layers=STEP_LAYERS) -> None:
+    """Every GEMM of `layers` at `tokens` tokens: per shape and pass the % of cuBLAS, and
+    the total GEMM time per version (the versions' sum of calls)."""
     print(f"{torch.cuda.get_device_name()}; bf16; {tokens} tokens; TFLOP/s (% of torch.matmul)")
     totals: dict[str, float] = {"best version per shape": 0.0}
-    for d_in, d_out, calls in STEP_LAYERS:
+    for d_in, d_out, calls in layers:
         passes = (
             (tokens, d_out, d_in, False, True),  # forward: x W^T
             (tokens, d_in, d_out, False, False),  # dX = dY W

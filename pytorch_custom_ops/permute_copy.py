@@ -1,0 +1,154 @@
+"""`permute_copy(x, dims)`: `x.permute(dims).contiguous()` by day 016's Mojo kernel, for
+permutations that keep the last dim last (rank 1 to 5).
+
+A model's attention splits its fused QKV projection into heads and merges them back:
+
+    q, k, v = permute_copy(qkv.view(b, s, 3, h, hd), (2, 0, 3, 1, 4))   # (3, b, h, s, hd)
+    o = permute_copy(o.view(b, h, s, hd), (0, 2, 1, 3)).view(b, s, h * hd)
+
+torch's generic copy kernel moves such permutations at ~1.2 TB/s on the H100 (day 016's
+per-kernel profile of the GPT block); this kernel moves each row of the last dim as
+16-byte vectors. The gradient is the inverse permutation, by the same kernel, written in
+x's own layout, so a `view` before the copy costs nothing in backward either. A
+non-contiguous `x` is made contiguous first (one copy more).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+
+from . import direct, eager, programs
+from .contract import FLOAT_DTYPES, SUPPORTED_DEVICES, OpSpec, TensorArg
+from .gpu_kernels import KernelFamily
+from .mojo_op import MojoOp
+
+RANK = 5  # the kernel's rank: smaller tensors get leading dims of 1
+THREADS = 256  # PERMUTE_THREADS in days/day016/permute_copy.mojo
+MAX_GRID_YZ = 65535  # the kernel loops over the rest
+
+# --8<-- [start:gpu_plan]
+PERMUTE_COPY_KERNEL = KernelFamily(
+    "days.day016.permute_copy",
+    "permute_copy_kernel",
+    args=("ptr", "ptr") + ("i64",) * 9,  # dst, src, n0, n1, n2, n3, d, s0, s1, s2, s3
+    variants=tuple((dtype, vw) for dtype in FLOAT_DTYPES for vw in sorted({1, 16 // dtype.itemsize})),
+)
+
+
+@direct.plan(PERMUTE_COPY_KERNEL)
+def _permute_copy_gpu(outputs, inputs, params) -> list[direct.Launch]:
+    """One block per row (i0, i1, i2) of the output: grid (n2, n1, n0), capped at 65535 in
+    y and z (the kernel loops over the rest). 16-byte vectors where the last dim, every
+    stride and both addresses allow them."""
+    (out,), (x,) = outputs, inputs
+    perm = (params["P0"], params["P1"], params["P2"], params["P3"])
+    n0, n1, n2, n3, d = out.shape
+    strides = tuple(x.stride(p) for p in perm)
+    vw = 16 // x.element_size()
+    aligned = out.data_ptr() % 16 == 0 and x.data_ptr() % 16 == 0
+    if not (aligned and d % vw == 0 and all(s % vw == 0 for s in strides)):
+        vw = 1
+    if n3 * (d // vw) >= 2**31:
+        raise ValueError(f"permute_copy: rows of {n3} x {d} elements are too long for the kernel (< 2^31 vectors)")
+    grid = (n2, min(n1, MAX_GRID_YZ), min(n0, MAX_GRID_YZ))
+    args = (out.data_ptr(), x.data_ptr(), n0, n1, n2, n3, d, *strides)
+    return [direct.Launch(PERMUTE_COPY_KERNEL[x.dtype, vw], grid, THREADS, args)]
+
+
+# --8<-- [end:gpu_plan]
+@cache
+def permute_copy_kernel(perm: tuple[int, int, int, int]) -> MojoOp:
+    """The op for one permutation of a contiguous rank-5 tensor's first four dims."""
+    dims = tuple(f"d{i}" for i in range(RANK))
+    spec = OpSpec(
+        name="permute_copy",
+        outputs=(TensorArg("output", (*(dims[p] for p in perm), dims[4])),),
+        inputs=(TensorArg("x", dims),),
+        params={f"P{i}": p for i, p in enumerate(perm)},
+    )
+    return MojoOp(spec, gpu=_permute_copy_gpu)
+
+
+def check_permute_args(name: str, x, dims) -> tuple[int, ...]:
+    """Validate like torch's permute, with messages that name the op; dims as ints >= 0."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: 'x' must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name}: 'x' has dtype {x.dtype}; supported: float32, float16, bfloat16, float64")
+    if x.device.type not in SUPPORTED_DEVICES:
+        raise ValueError(f"{name}: device {x.device} is not supported (cpu, cuda)")
+    rank = x.dim()
+    if not 1 <= rank <= RANK:
+        raise ValueError(f"{name}: 'x' must have rank 1 to {RANK}, got shape {tuple(x.shape)}")
+    if not isinstance(dims, (tuple, list)) or not all(isinstance(p, int) and not isinstance(p, bool) for p in dims):
+        raise TypeError(f"{name}: dims must be a sequence of ints, got {dims!r}")
+    if len(dims) != rank:
+        raise ValueError(f"{name}: dims {tuple(dims)} has {len(dims)} entries for a tensor of rank {rank}")
+    if any(not -rank <= p < rank for p in dims):
+        raise IndexError(f"{name}: dims {tuple(dims)} are out of range for a tensor of rank {rank}")
+    norm = tuple(p % rank for p in dims)
+    if sorted(norm) != list(range(rank)):
+        raise ValueError(f"{name}: dims {tuple(dims)} is not a permutation of 0..{rank - 1}")
+    if norm[-1] != rank - 1:
+        raise ValueError(f"{name}: the last dim must stay last (dims {tuple(dims)}); use .permute(...).contiguous()")
+    return norm
+
+
+def _padded(dims: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """A rank-r permutation as one of the kernel's rank 5 (leading dims of 1 stay put)."""
+    lead = RANK - len(dims)
+    return tuple(range(lead)) + tuple(p + lead for p in dims[:-1])
+
+
+def _permute_copy_eager(x: torch.Tensor, dims: list[int]) -> torch.Tensor:
+    norm = check_permute_args("permute_copy", x, dims)
+    shape = tuple(x.shape[p] for p in norm)
+    if norm == tuple(range(x.dim())) and x.is_contiguous():
+        return x.clone()  # nothing to permute (a fresh tensor, as the op promises)
+    perm = _padded(norm)
+    x5 = programs.contiguous(x).view((1,) * (RANK - x.dim()) + tuple(x.shape))
+    (out,) = permute_copy_kernel(perm)([x5], torch_impl=lambda: [x5.permute(*perm, 4).contiguous()])
+    return out.view(shape)
+
+
+_op = torch.library.custom_op("gpu_days::permute_copy", _permute_copy_eager, mutates_args=())
+
+
+@_op.register_fake
+def _(x: torch.Tensor, dims: list[int]) -> torch.Tensor:
+    norm = check_permute_args("permute_copy", x, dims)
+    return x.new_empty([x.shape[p] for p in norm])
+
+
+def _inverse(dims) -> list[int]:
+    inverse = [0] * len(dims)
+    for i, p in enumerate(dims):
+        inverse[p % len(dims)] = i
+    return inverse
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.inverse = _inverse(inputs[1])
+
+
+def _backward(ctx, grad):
+    return permute_copy(grad, ctx.inverse), None
+
+
+_op.register_autograd(_backward, setup_context=_setup_context)
+_autograd = eager.function("PermuteCopy", _permute_copy_eager, _setup_context, _backward)
+
+
+def permute_copy(x: torch.Tensor, dims) -> torch.Tensor:
+    """`x.permute(dims).contiguous()` (a new tensor, always), by day 016's Mojo kernel.
+    `dims` must keep the last dim last; rank 1 to 5; float dtypes; differentiable."""
+    dims = list(dims) if isinstance(dims, tuple) else dims
+    return eager.call(
+        (x,), (x, dims), eager=_permute_copy_eager, autograd=_autograd, op=torch.ops.gpu_days.permute_copy, check=_check
+    )
+
+
+def _check(x, dims) -> None:
+    check_permute_args("permute_copy", x, dims)
