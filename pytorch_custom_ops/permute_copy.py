@@ -20,7 +20,7 @@ from functools import cache
 import torch
 
 from . import direct, eager, programs
-from .contract import FLOAT_DTYPES, SUPPORTED_DEVICES, OpSpec, TensorArg
+from .contract import FLOAT_DTYPES, OpSpec, TensorArg, check_float_tensor
 from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp
 
@@ -73,12 +73,7 @@ def permute_copy_kernel(perm: tuple[int, int, int, int]) -> MojoOp:
 
 def check_permute_args(name: str, x, dims) -> tuple[int, ...]:
     """Validate like torch's permute, with messages that name the op; dims as ints >= 0."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name}: 'x' must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name}: 'x' has dtype {x.dtype}; supported: float32, float16, bfloat16, float64")
-    if x.device.type not in SUPPORTED_DEVICES:
-        raise ValueError(f"{name}: device {x.device} is not supported (cpu, cuda)")
+    check_float_tensor(name, x)
     rank = x.dim()
     if not 1 <= rank <= RANK:
         raise ValueError(f"{name}: 'x' must have rank 1 to {RANK}, got shape {tuple(x.shape)}")
