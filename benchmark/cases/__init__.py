@@ -7,7 +7,20 @@ from dataclasses import dataclass
 
 import torch
 
-from . import day009, day012, day013, day014, day015, day016, day017, day018, day019, day020, day020_train
+from . import (
+    day009,
+    day012,
+    day013,
+    day014,
+    day015,
+    day016,
+    day016_permute,
+    day017,
+    day018,
+    day019,
+    day020,
+    day020_train,
+)
 
 
 @dataclass
@@ -32,6 +45,7 @@ CASES = [
     *day013.CASES,
     *day014.CASES,
     *day015.CASES,
+    *day016_permute.CASES,
     *day017.CASES,
     *day018.CASES,
     *day019.CASES,
