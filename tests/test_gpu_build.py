@@ -22,6 +22,11 @@ from pytorch_custom_ops.library import REPO_ROOT
 # day -> {kernel-key glob: PTX regexes that must all appear in the PTX of those kernels}
 PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
     "day009": {"day009.online_softmax_kernel.*": (r"shfl\.sync", r"bar\.sync")},
+    # the heads' copies: 16-byte rows where they fit, else element by element
+    "day016": {
+        "day016.permute_copy_kernel.bfloat16.8": (r"ld\.global\.v4\.b32", r"st\.global\.v4\.b32"),
+        "day016.permute_copy_kernel.bfloat16.1": (r"ld\.global\.b16", r"st\.global\.b16"),
+    },
     "day012": {
         # a warp per row: butterfly shuffles, 16-byte vectors, 128-thread blocks (no barrier: below)
         "day012.softmax_rows_kernel.float32.0.4.8.32.128": (
