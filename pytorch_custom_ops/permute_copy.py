@@ -117,14 +117,17 @@ def _(x: torch.Tensor, dims: list[int]) -> torch.Tensor:
     return x.new_empty([x.shape[p] for p in norm])
 
 
-def _inverse(dims) -> list[int]:
+def _inverse(dims) -> tuple[int, ...]:
     inverse = [0] * len(dims)
     for i, p in enumerate(dims):
         inverse[p % len(dims)] = i
-    return inverse
+    return tuple(inverse)
 
 
 def _setup_context(ctx, inputs, output):
+    # a tuple, not a list: the C++ node and the backward's program take only plain
+    # (hashable) attributes; a list sent every grad-mode call through Python (34.5 us
+    # against torch's 21.9 on the H100)
     ctx.inverse = _inverse(inputs[1])
 
 

@@ -188,3 +188,18 @@ def test_cuda_compiles_fullgraph_with_grads():
     (gx,) = torch.autograd.grad(y.sum(), x)
     assert torch.equal(y, x.permute(2, 0, 3, 1, 4).sum(0) * 2)
     assert torch.equal(gx, torch.full_like(x, 2.0))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_a_repeated_grad_mode_call_makes_a_cpp_node():
+    """The third call of a key in grad mode is one C++ call whose node replays the
+    backward's program (programs.py): the context holds only plain values (a tuple)."""
+    x = rand((2, 6, 3, 2, 64), torch.bfloat16, "cuda").requires_grad_()
+    dims = (2, 0, 3, 1, 4)
+    for _ in range(3):
+        y = pco.permute_copy(x, dims)
+    assert "ReplayedBackward" in y.grad_fn.name(), y.grad_fn.name()
+    g = rand(y.shape, torch.bfloat16, "cuda", seed=2)
+    for _ in range(3):  # the backward's program is recorded, then replayed
+        (gx,) = torch.autograd.grad(pco.permute_copy(x, dims), x, g)
+        assert torch.equal(gx, g.permute(1, 3, 0, 2, 4))
