@@ -130,8 +130,10 @@ def _plan(x5: torch.Tensor, perm):
 def test_plan_uses_16_byte_vectors_where_rows_and_strides_allow():
     launch, out = _plan(torch.empty(2, 128, 3, 16, 64, dtype=torch.bfloat16), (2, 0, 3, 1))
     assert launch.kernel.params == (torch.bfloat16, 8)
-    assert launch.grid == (16, 2, 3)  # (n2, n1, n0): one block per (w, b, h) row
+    assert launch.grid == (16, 2, 3)  # (n2 x chunks, n1, n0): a (w, b, h) row is 1024 vectors, one chunk
     assert launch.args[2:] == (3, 2, 16, 128, 64, 64 * 16, 128 * 3 * 16 * 64, 64, 3 * 16 * 64)
+    launch, _ = _plan(torch.empty(1, 2048, 3, 16, 64, dtype=torch.bfloat16), (2, 0, 3, 1))
+    assert launch.grid == (16 * 16, 1, 3)  # 16384 vectors a row: 16 chunks
     launch, _ = _plan(torch.empty(2, 5, 3, 4, 9, dtype=torch.bfloat16), (2, 0, 3, 1))
     assert launch.kernel.params == (torch.bfloat16, 1)  # 9-wide rows: element by element
 
