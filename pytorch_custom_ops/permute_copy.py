@@ -26,7 +26,7 @@ from .mojo_op import MojoOp
 
 RANK = 5  # the kernel's rank: smaller tensors get leading dims of 1
 THREADS = 256  # PERMUTE_THREADS in days/day016/permute_copy.mojo
-CHUNK = THREADS * 4  # PERMUTE_CHUNK there: the vectors of a row one block moves
+CHUNK = THREADS * 4  # PERMUTE_CHUNK there: the vectors one block moves
 MAX_GRID_YZ = 65535  # the kernel loops over the rest
 
 # --8<-- [start:gpu_plan]
@@ -40,9 +40,10 @@ PERMUTE_COPY_KERNEL = KernelFamily(
 
 @direct.plan(PERMUTE_COPY_KERNEL)
 def _permute_copy_gpu(outputs, inputs, params) -> list[direct.Launch]:
-    """One block per chunk of CHUNK vectors of a row (i0, i1, i2) of the output: grid
-    (n2 x chunks, n1, n0), capped at 65535 in y and z (the kernel loops over the rest).
-    16-byte vectors where the last dim, every stride and both addresses allow them."""
+    """For each (i0, i1) the output's n2 x n3 x d elements are one contiguous run; a block
+    copies CHUNK vectors of it: grid (ceil(run / CHUNK), n1, n0), capped at 65535 in y and
+    z (the kernel loops over the rest). 16-byte vectors where the last dim, every stride
+    and both addresses allow them."""
     (out,), (x,) = outputs, inputs
     perm = (params["P0"], params["P1"], params["P2"], params["P3"])
     n0, n1, n2, n3, d = out.shape
@@ -51,11 +52,10 @@ def _permute_copy_gpu(outputs, inputs, params) -> list[direct.Launch]:
     aligned = out.data_ptr() % 16 == 0 and x.data_ptr() % 16 == 0
     if not (aligned and d % vw == 0 and all(s % vw == 0 for s in strides)):
         vw = 1
-    per_row = n3 * (d // vw)
-    blocks = n2 * -(-per_row // CHUNK)
-    if per_row >= 2**31 or blocks >= 2**31:
-        raise ValueError(f"permute_copy: {n2} rows of {n3} x {d} elements are too many for the kernel's grid")
-    grid = (blocks, min(n1, MAX_GRID_YZ), min(n0, MAX_GRID_YZ))
+    run = n2 * n3 * (d // vw)
+    if run >= 2**31:  # the kernel splits a run's index in 32 bits
+        raise ValueError(f"permute_copy: {n2} x {n3} x {d} elements are too many for one run of the kernel")
+    grid = (-(-run // CHUNK), min(n1, MAX_GRID_YZ), min(n0, MAX_GRID_YZ))
     args = (out.data_ptr(), x.data_ptr(), n0, n1, n2, n3, d, *strides)
     return [direct.Launch(PERMUTE_COPY_KERNEL[x.dtype, vw], grid, THREADS, args)]
 

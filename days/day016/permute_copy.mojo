@@ -11,7 +11,6 @@
 from extensibility import register, InputTensor, OutputTensor
 from max.gpu import thread_idx, block_idx, grid_dim
 from max.gpu.host import DeviceContext
-from std.math import ceildiv
 from std.sys import size_of
 from std.utils import IndexList
 
@@ -19,7 +18,7 @@ comptime PERMUTE_THREADS = 256
 # vectors a thread moves, all loaded before any is stored (a store may alias a later
 # load as far as the compiler knows, so a plain loop would wait on each load in turn)
 comptime PERMUTE_UNROLL = 4
-comptime PERMUTE_CHUNK = PERMUTE_THREADS * PERMUTE_UNROLL  # vectors a block moves per row
+comptime PERMUTE_CHUNK = PERMUTE_THREADS * PERMUTE_UNROLL  # vectors a block moves
 
 
 # --8<-- [start:gpu_kernel]
@@ -38,35 +37,38 @@ def permute_copy_kernel[
     s2: Int64,
     s3: Int64,
 ):
-    """Launch with grid (n2 x chunks, min(n1, 65535), min(n0, 65535)) and
-    PERMUTE_THREADS threads, chunks = ceil(n3 d / VW / PERMUTE_CHUNK): a block copies
-    one chunk of dst's rows (i0, i1, i2), n3 x d elements each, VW at a time (VW > 1:
-    d and every stride are multiples of VW, both pointers 16-byte aligned; the launch
-    plan checks). Chunks keep every SM busy when rows are few and long."""
+    """Launch with grid (ceil(n2 n3 d / VW / PERMUTE_CHUNK), min(n1, 65535),
+    min(n0, 65535)) and PERMUTE_THREADS threads. For each (i0, i1), dst's n2 x n3 x d
+    elements are one contiguous run, and block x copies its PERMUTE_CHUNK vectors of VW
+    elements (VW > 1: d and every stride are multiples of VW, both pointers 16-byte
+    aligned; the launch plan checks, and that a run has < 2^31 vectors). So every block
+    moves the same bytes, whether the rows are long (the heads' split: s x 64 per head)
+    or short (the merge: heads x 64 per token)."""
     comptime ALIGN = VW * size_of[dtype]()
     var vecs = Int32(d) // Int32(VW)  # vectors per innermost row
-    var per_row = Int(n3) * Int(vecs)  # vectors per (i0, i1, i2)
-    var chunks = ceildiv(per_row, PERMUTE_CHUNK)
-    var i2 = block_idx.x // chunks
-    var first = (block_idx.x - i2 * chunks) * PERMUTE_CHUNK + thread_idx.x
+    var per_row = Int32(n3) * vecs  # vectors per (i0, i1, i2)
+    var run = Int(n2) * Int(per_row)  # vectors per (i0, i1)
+    var first = block_idx.x * PERMUTE_CHUNK + thread_idx.x
     for i0 in range(block_idx.z, Int(n0), grid_dim.z):
         for i1 in range(block_idx.y, Int(n1), grid_dim.y):
-            var out_row = ((i0 * Int(n1) + i1) * Int(n2) + i2) * per_row * VW
-            var in_row = i0 * Int(s0) + i1 * Int(s1) + i2 * Int(s2)
+            var out_run = (i0 * Int(n1) + i1) * run * VW
+            var in_run = i0 * Int(s0) + i1 * Int(s1)
             var vals = Array[SIMD[dtype, VW], PERMUTE_UNROLL](fill=0)
             comptime for u in range(PERMUTE_UNROLL):
                 var j = first + u * PERMUTE_THREADS
-                if j < per_row:
-                    # 32-bit: the row's index splits with one cheap division
-                    var i3 = Int32(j) // vecs
-                    var e = (Int32(j) - i3 * vecs) * Int32(VW)
+                if j < run:
+                    # 32-bit: the run's index splits with two cheap divisions
+                    var i2 = Int32(j) // per_row
+                    var k = Int32(j) - i2 * per_row
+                    var i3 = k // vecs
+                    var e = (k - i3 * vecs) * Int32(VW)
                     vals[u] = src.unsafe_load[width=VW, alignment=ALIGN](
-                        in_row + Int(i3) * Int(s3) + Int(e)
+                        in_run + Int(i2) * Int(s2) + Int(i3) * Int(s3) + Int(e)
                     )
             comptime for u in range(PERMUTE_UNROLL):
                 var j = first + u * PERMUTE_THREADS
-                if j < per_row:
-                    dst.unsafe_store[alignment=ALIGN](out_row + j * VW, vals[u])
+                if j < run:
+                    dst.unsafe_store[alignment=ALIGN](out_run + j * VW, vals[u])
 
 
 # --8<-- [end:gpu_kernel]
