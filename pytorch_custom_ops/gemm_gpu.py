@@ -404,6 +404,13 @@ NARROW_TILE = ("pingpong", 128, 64)
 # (day016_attention_gemms.txt); one round or less (96 heads) stays on version 3 (4.6 us
 # against 6.0).
 SHORT_K = 128
+# Where AUTO picks version 3's 128 x 128 for less than half a round of tiles (a dW with a
+# small output: 1024 x 1024 is 64 tiles for 132 SMs), half the SMs idle; the ping-pong
+# 128 x 64 (NARROW_TILE) makes twice the tiles and still runs them in one round. Measured
+# on the H100, bf16, % of cuBLAS (days/day016/README.md, part seven): dW 1024 x 1024 x 4096
+# 54 -> 69%, 1024 x 1024 x 1024 58 -> 70%, 768 x 768 x 1024 48 -> 59%. With more tiles
+# (768 x 2304 x 8192: 108) it lost (78 -> 51%), and where AUTO splits K it keeps splitting.
+FEW_TILES = 0.5  # of a round
 # Split-K (part 3), for few output tiles and a long K (GPT-2's weight gradients): each
 # 256 x 128 tile's k-steps are cut into S aligned pieces, one block each, all in one
 # wave (stream-K's walk on a grid of tiles x S: its even shares fall on the split
@@ -451,7 +458,10 @@ def auto_tile(
         if s > 1 and split_cost < SPLIT_K_MARGIN * best:
             return "coop_splitk", 256, 128
     kind, bm, bn, _ = tiles[next(i for i, c in enumerate(cost) if c <= 1.02 * best)]
-    if kind == "tma" and k <= SHORT_K and _cdiv(m, 128) * _cdiv(n, 128) * batch > sms:
+    tiles128 = _cdiv(m, 128) * _cdiv(n, 128) * batch
+    if kind == "tma" and tiles is AUTO_TILES and tiles128 <= FEW_TILES * sms:
+        return NARROW_TILE  # under half a round: twice the tiles, every SM busy
+    if kind == "tma" and k <= SHORT_K and tiles128 > sms:
         return "pingpong", 128, 128  # more than a round of short tiles: overlap their epilogues
     return kind, bm, bn
 

@@ -112,7 +112,7 @@ def choice(launch) -> str:
 AUTO = [
     # day 019, part 2: version 4's cooperative 256 x 128 tile wherever it fills the SMs
     ((4096, 4096, 4096, BF16, None), "coop 256x128"),  # 16 x 32 wide tiles: 4 waves (8 of 128x128)
-    ((1024, 1024, 1024, BF16, None), "tma 128x128"),  # 32 tiles of 256x128: too few
+    ((1024, 1024, 1024, BF16, None), "pingpong 128x64"),  # 64 square tiles, half a round: 128 of 128 x 64 (FEW_TILES)
     ((1536, 2816, 64, FP16, None), "coop 256x128"),  # 132 wide tiles: one wave; 264 square: two
     ((8192, 2304, 768, BF16, None), "coop 256x128"),  # GPT-2's QKV: 576 wide tiles (5 rounds); 384 of 256x192 (3)
     ((8192, 768, 768, BF16, None), "coop 256x192"),  # 128 tiles: one round; 192 wide: 2, 384 square: 3
@@ -126,8 +126,9 @@ AUTO = [
     ((768, 2304, 16384, BF16, None), "splitk 256x128"),  # ... but do at twice the K (the 124M step)
     ((3072, 768, 8192, BF16, None), "coop 128x192"),  # 72 wide tiles (55% of the SMs), 96 of 128 x 192
     ((768, 3072, 16384, BF16, None), "coop 128x192"),  # the 124M step's other 3072-wide dW
-    ((64, 2304, 768, BF16, None), "tma 128x128"),  # 64 tokens: a 256-row tile would be 3/4 empty
-    ((1000, 1000, 1000, BF16, None), "tma 128x128"),
+    ((64, 2304, 768, BF16, None), "pingpong 128x64"),  # 64 tokens: 18 square tiles, 36 of 128 x 64 (FEW_TILES)
+    ((1000, 1000, 1000, BF16, None), "pingpong 128x64"),  # 64 square tiles (FEW_TILES)
+    ((1152, 1152, 1024, BF16, None), "tma 128x128"),  # 81 square tiles: more than half a round
     ((1, 8, 8, BF16, None), "pingpong 128x64"),  # at most 64 wide: no half-empty tiles
     ((4097, 8, 8, BF16, None), "pingpong 128x64"),
     ((1024, 64, 1024, BF16, 96), "pingpong 128x64"),  # day 016's attention: P V of 96 heads
@@ -200,7 +201,7 @@ def test_huge_and_batched_shapes():
 
 def test_forced_versions_apply_where_their_conditions_hold():
     want = {
-        "AUTO": "tma 128x128",
+        "AUTO": "pingpong 128x64",  # 2 x 3 square tiles: FEW_TILES
         "MMA_SYNC": "mma 64 vec",
         "WG_64x128": "wgmma 64x128",
         "WG_128x128": "wgmma 128x128",
@@ -269,7 +270,7 @@ def test_gpt2_linear_layers_take_tensor_cores_in_bf16():
             (d_out, d_in, tokens, True, False),
         ):
             kind = choice(plan(m, n, k, BF16, ta, tb))
-            assert kind.startswith(("tma", "coop", "splitk")), (tokens, d_in, d_out, ta, tb)
+            assert kind.startswith(("tma", "coop", "splitk", "pingpong 128x64")), (tokens, d_in, d_out, ta, tb)
             if tokens >= 8192 and k <= 1024:  # short K, many tiles: day 019's version 4
                 assert kind.startswith("coop 256x"), (tokens, d_in, d_out, ta, tb)
             assert choice(plan(m, n, k, FP32, ta, tb)).startswith("simt")
