@@ -3,11 +3,13 @@
     PYTHONPATH=$PWD python days/day019/time_versions.py [--quick]
     PYTHONPATH=$PWD python days/day019/time_versions.py --tokens 16384 --versions AUTO COOP_256x128
     PYTHONPATH=$PWD python days/day019/time_versions.py --tokens 4096 --width 1024
+    PYTHONPATH=$PWD python days/day019/time_versions.py --small --versions AUTO TMA_128x128
 
 The issue's squares and GPT-2 small's linear layers at 8192 tokens (forward, dX, dW);
 `--tokens` times instead every linear layer of a GPT-2 124M step at that many tokens (the
 four layers and the tied head, each forward, dX and dW) and prints what they add up to, or
 with `--width` those of one day 016 block of that width (d -> 3d, d -> d, d -> 4d, 4d -> d);
+`--small` times the problems of few output tiles that AUTO's FEW_TILES rule is about;
 each version is checked on sampled entries against float64, then timed by kernel time
 (CUPTI), as day 014's script does. The stored rows come from
 `python -m benchmark --day day019`; this is the quick look while a kernel changes.
@@ -44,6 +46,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer shapes, shorter timing")
     parser.add_argument("--tokens", type=int, default=None, help="a 124M step's layers at this many tokens")
+    parser.add_argument("--small", action="store_true", help="few output tiles (FEW_TILES)")
     parser.add_argument("--width", type=int, default=None, help="with --tokens: one day 016 block of this width")
     parser.add_argument("--versions", nargs="+", default=list(VERSIONS), choices=VERSIONS)
     args = parser.parse_args()
@@ -51,11 +54,37 @@ def main() -> None:
         layers = block_layers(args.width) if args.width else STEP_LAYERS
         step_layers(args.tokens, args.versions, layers)
         return
+    if args.small:
+        print(f"{torch.cuda.get_device_name()}; bf16; TFLOP/s (% of torch.matmul)")
+        for m, n, k, ta, tb in SMALL:
+            print_row(m, n, k, ta, tb, time_shape(m, n, k, ta, tb, args.versions, quick=True))
+        return
     gpt2 = [s for s in GPT2 if 8192 in s[:3]]
     shapes = SQUARES[1:2] + gpt2[:3] if args.quick else SQUARES[1:] + gpt2
     print(f"{torch.cuda.get_device_name()}; bf16; TFLOP/s (% of torch.matmul)")
     for m, n, k, ta, tb in shapes:
         print_row(m, n, k, ta, tb, time_shape(m, n, k, ta, tb, VERSIONS, args.quick))
+
+
+# (m, n, k, ta, tb) with few output tiles: small-output weight gradients, and the linear
+# layers of day 016's blocks at 64 to 1024 tokens (forward, dX, dW)
+SMALL = (
+    (1024, 1024, 4096, True, False),
+    (768, 768, 1024, True, False),
+    (1024, 1024, 1024, True, False),
+    (1024, 768, 768, False, True),
+    (1024, 768, 768, False, False),
+    (1024, 768, 3072, False, False),
+    (1024, 768, 3072, False, True),
+    (64, 2304, 768, False, True),
+    (64, 768, 768, False, True),
+    (64, 768, 3072, False, True),
+    (64, 3072, 768, False, True),
+    (768, 768, 64, True, False),
+    (2304, 768, 64, True, False),
+    (512, 768, 768, False, True),
+    (1024, 1024, 4096, False, True),
+)
 
 
 # (d_in, d_out, calls per step): GPT-2 124M's linear layers, 12 blocks, and the tied head
