@@ -407,7 +407,7 @@ SHORT_K = 128
 # Where AUTO picks version 3's 128 x 128 for less than half a round of tiles (a dW with a
 # small output: 1024 x 1024 is 64 tiles for 132 SMs), half the SMs idle; the ping-pong
 # 128 x 64 (NARROW_TILE) makes twice the tiles and still runs them in one round. Measured
-# on the H100, bf16, % of cuBLAS (days/day016/README.md, part seven): dW 1024 x 1024 x 4096
+# on the H100, bf16, % of cuBLAS (days/day019/README.md, part 8): dW 1024 x 1024 x 4096
 # 54 -> 69%, 1024 x 1024 x 1024 58 -> 70%, 768 x 768 x 1024 48 -> 59%. With more tiles
 # (768 x 2304 x 8192: 108) it lost (78 -> 51%), and where AUTO splits K it keeps splitting.
 FEW_TILES = 0.5  # of a round
