@@ -11,14 +11,11 @@ this measures both in one run.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
-from benchmark import gpt_block as G
 from benchmark.cases.day016 import cuda_graph
+from days.day016.kernels_by_build import shape_args, train_steps
 
-BUILDS = ("torch", "gpu_days", "gpu_days_fused", "torch_compile")
 REPLAYS = 5
 
 
@@ -41,22 +38,10 @@ def idle_us(replay) -> tuple[float, float, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("shape", help="batch x seq x d, e.g. 32x128x1024")
-    parser.add_argument("dtype", choices=["bfloat16", "float32"])
-    args = parser.parse_args()
-    shape = tuple(int(v) for v in args.shape.split("x"))
-    dtype = getattr(torch, args.dtype)
-    x = G.make_input(shape, dtype, "cuda")
-    mask = G.causal_mask(shape[1], dtype, "cuda")
-    blocks = {name: G.make_block(shape[-1], name, dtype, "cuda") for name in BUILDS if name != "torch_compile"}
-    blocks["torch_compile"] = torch.compile(blocks["torch"], dynamic=False)
+    args = shape_args(__doc__, "32x128x1024")
     device = torch.cuda.get_device_name()
     print(f"{device}; {args.shape} {args.dtype}; graphed train step, per replay (median of {REPLAYS})")
-    for name in BUILDS:
-        params = list(blocks["torch" if name == "torch_compile" else name].parameters())
-        xg = x.detach().clone().requires_grad_()
-        step = lambda b=blocks[name], xg=xg, p=params: G.train_step(b, xg, mask, p)  # noqa: E731
+    for name, step in train_steps(args.shape, args.dtype):
         if name == "torch_compile":
             step()  # compile outside the capture
         kernel, span, count = idle_us(cuda_graph(step))

@@ -40,13 +40,18 @@ def kernel_times(step) -> dict[str, tuple[float, int]]:
     return {name: (us, n // STEPS) for name, (us, n) in per.items()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("shape", help="batch x seq x d, e.g. 8x1024x768")
+def shape_args(doc: str, example: str) -> argparse.Namespace:
+    """The command line of this script and graph_idle.py: a block shape and a dtype."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("shape", help=f"batch x seq x d, e.g. {example}")
     parser.add_argument("dtype", choices=["bfloat16", "float32"])
-    args = parser.parse_args()
-    shape = tuple(int(v) for v in args.shape.split("x"))
-    dtype = getattr(torch, args.dtype)
+    return parser.parse_args()
+
+
+def train_steps(shape_text: str, dtype_name: str):
+    """(build, one train step of its block) for every build in BUILDS, on one input."""
+    shape = tuple(int(v) for v in shape_text.split("x"))
+    dtype = getattr(torch, dtype_name)
     x = G.make_input(shape, dtype, "cuda")
     mask = G.causal_mask(shape[1], dtype, "cuda")
     blocks = {name: G.make_block(shape[-1], name, dtype, "cuda") for name in BUILDS if name != "torch_compile"}
@@ -54,7 +59,13 @@ def main() -> None:
     for name in BUILDS:
         params = list(blocks["torch" if name == "torch_compile" else name].parameters())
         xg = x.detach().clone().requires_grad_()
-        times = kernel_times(lambda b=blocks[name], xg=xg, p=params: G.train_step(b, xg, mask, p))
+        yield name, lambda b=blocks[name], xg=xg, p=params: G.train_step(b, xg, mask, p)
+
+
+def main() -> None:
+    args = shape_args(__doc__, "8x1024x768")
+    for name, step in train_steps(args.shape, args.dtype):
+        times = kernel_times(step)
         total = sum(us for us, _ in times.values())
         launches = sum(n for _, n in times.values())
         print(f"== {name} {args.shape} {args.dtype}: kernels {total:.0f} us/step, {launches} launches")
