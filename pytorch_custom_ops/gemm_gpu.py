@@ -148,10 +148,17 @@ TMA_KERNEL = KernelFamily(
     args=("tensormap", "tensormap") + ("ptr",) * 3 + ("i64",) * 6,
     variants=tuple(  # (dtype, TA, TB, BM, BN, STAGES, SMEM)
         (dtype, ta, tb, bm, bn, tma_stages(dtype, bm, bn), tma_smem_bytes(dtype, bm, bn))
-        for dtype in TC_DTYPES
-        for ta, tb in PAIRS
+        for dtype, pairs in ((torch.bfloat16, PAIRS), (torch.float16, PAIRS), (torch.float32, ((False, True),)))
+        for ta, tb in pairs  # float32: 3xTF32 over k-major tf32 planes (day 019, part 9)
         for bm, bn in TMA_TILES
     ),
+)
+TF32_SPLIT_THREADS, TF32_SPLIT_TILE = 256, 32
+TF32_SPLIT_KERNEL = KernelFamily(
+    "days.day019.tf32_split",
+    "tf32_split_kernel",
+    args=("ptr",) * 2 + ("i64",) * 4,  # planes, src, mn, k, kp, src_bs
+    variants=((False,), (True,)),  # K_CONTIG: the operand is stored with K innermost
 )
 # (BM, BN, CLUSTER, COOP, SPLIT): a block's tile, the CTAs of a cluster sharing A's
 # tile, whether both consumers split each tile (COOP) or take turns with whole tiles
@@ -240,6 +247,10 @@ VERSIONS = {  # name: (kind, BM, BN)
     "PINGPONG_128x64": ("pingpong", 128, 64),
     "STREAMK_256x128": ("coop_streamk", 256, 128),  # COOP_256x128 with the k-steps shared evenly (stream-K)
     "SPLITK_256x128": ("coop_splitk", 256, 128),  # ... cut into equal pieces per tile, one wave (split-K)
+    # float32 (other names leave float32 to AUTO, which is 3xTF32 where tf32x3_fits)
+    "SIMT": ("simt", 0, 0),  # version 1's SIMT kernel: IEEE float32 products
+    "TF32X3_128x128": ("tf32x3", 128, 128),  # 3xTF32 on version 3's kernel (day 019, part 9)
+    "TF32X3_128x256": ("tf32x3", 128, 256),
 }
 V4_KINDS = ("pingpong", "multicast", "coop", "coop_multicast", "coop_streamk", "coop_splitk")  # version 4's kinds
 _version = "AUTO"
@@ -270,6 +281,7 @@ def gemm_version(name: str):
 _TMA_DTYPES = {
     torch.bfloat16: cuda_driver.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
     torch.float16: cuda_driver.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+    torch.float32: cuda_driver.CU_TENSOR_MAP_DATA_TYPE_FLOAT32,  # tf32 planes
 }
 
 
@@ -618,7 +630,50 @@ def simt_split_launches(out, ptrs, sizes, pieces: int) -> list[direct.Launch]:
 
 
 # --8<-- [end:simt_split]
-@direct.plan(SIMT_KERNEL, TC_KERNEL, WG_KERNEL, TMA_KERNEL, PINGPONG_KERNEL, SPLIT_K_SUM_KERNEL)
+
+
+# --8<-- [start:tf32x3]
+# float32 on tensor cores (day 019, part 9): each operand is split into tf32 planes, hi
+# and lo (days/day019/tf32_split.mojo, which also transposes it k-major), and version 3's
+# kernel multiplies lo*hi + hi*lo + hi*hi in three passes over K. Its tile: 128 x 256
+# where those fill a round of SMs, else 128 x 128.
+def tf32x3_fits(m: int, n: int, k: int, out: torch.Tensor) -> bool:
+    """Can the 3xTF32 launches run this float32 problem? (8-byte pair stores, a split
+    grid's y <= 65535 tiles, and no empty tensor map.)"""
+    return m > 0 and n > 0 and k > 0 and n % 2 == 0 and out.data_ptr() % 8 == 0 and max(m, n) <= TF32_SPLIT_TILE * 65535
+
+
+def tf32x3_tile(m: int, n: int, batch: int, sms: int) -> tuple[int, int]:
+    wide = n > 128 and _cdiv(m, 128) * _cdiv(n, 256) * batch >= sms
+    return (128, 256) if wide else (128, 128)
+
+
+def tf32_planes(x: torch.Tensor, k_contiguous: bool, mn: int, k: int, batch: int, bs: int, bmn: int):
+    """The split launch of one operand and the tensor map of its planes (2 batch, MN, K)."""
+    kp = _cdiv(k, 4) * 4  # 16-byte rows for the tensor map
+    planes = direct.scratch((batch, 2, mn, kp), torch.float32, x.device)
+    grid = (_cdiv(k, TF32_SPLIT_TILE), _cdiv(mn, TF32_SPLIT_TILE), batch)
+    args = (planes.data_ptr(), x.data_ptr(), mn, k, kp, bs)
+    split = direct.Launch(TF32_SPLIT_KERNEL[k_contiguous], grid, TF32_SPLIT_THREADS, args)
+    spec = TensorMapSpec(torch.float32, planes.data_ptr(), (k, mn, 2 * batch), (kp * 4, mn * kp * 4), (32, bmn, 1))
+    return split, spec
+
+
+def tf32x3_launches(out, a, b, c, alpha_beta, sizes, ta: bool, tb: bool, tile) -> list[direct.Launch]:
+    m, n, k, a_bs, b_bs, c_bs, c_rs, c_cs = sizes
+    batch = a.shape[0] if a.dim() == 3 else 1
+    bm, bn = tile or tf32x3_tile(m, n, batch, sm_count(out.get_device()))
+    split_a, a_map = tf32_planes(a, not ta, m, k, batch, a_bs, bm)
+    split_b, b_map = tf32_planes(b, tb, n, k, batch, b_bs, bn)
+    stages, smem = tma_stages(torch.float32, bm, bn), tma_smem_bytes(torch.float32, bm, bn)
+    kernel = TMA_KERNEL[torch.float32, False, True, bm, bn, stages, smem]
+    args = (a_map, b_map, out.data_ptr(), c.data_ptr(), alpha_beta.data_ptr(), m, n, k, c_bs, c_rs, c_cs)
+    grid = (_cdiv(m, bm) * _cdiv(n, bn), 1, batch)
+    return [split_a, split_b, direct.Launch(kernel, grid, (1 + bm // 64) * WG_THREADS, args, smem)]
+
+
+# --8<-- [end:tf32x3]
+@direct.plan(SIMT_KERNEL, TC_KERNEL, WG_KERNEL, TMA_KERNEL, PINGPONG_KERNEL, SPLIT_K_SUM_KERNEL, TF32_SPLIT_KERNEL)
 def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
     """One launch: grid (output tiles, 1, batch) for versions 1-3 (tiles walked in groups
     of 8 tile rows inside the kernel, tile_coords, so the grid is flat in x), or day 019's
@@ -654,7 +709,11 @@ def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
     def tiled(kernel, bm, bn, threads, smem=0, args=ptrs + sizes):
         return [direct.Launch(kernel, (_cdiv(m, bm) * _cdiv(n, bn), 1, batch), threads, args, smem)]
 
-    if dtype not in TC_DTYPES:  # fp32, fp64: the SIMT kernel
+    kind, bm, bn = VERSIONS[_version]
+    if dtype == torch.float32 and kind != "simt" and tf32x3_fits(m, n, k, out):
+        tile = (bm, bn) if kind == "tf32x3" else None
+        return tf32x3_launches(out, a, b, c, alpha_beta, sizes, ta, tb, tile)
+    if dtype not in TC_DTYPES:  # fp64, and float32 where 3xTF32 does not fit: the SIMT kernel
         if dtype == torch.float32 and vec and ta and not tb and batch == 1:  # K runs along both in memory
             pieces = simt_split_k(m, n, k, sm_count(out.get_device()))
             if pieces > 1:
@@ -662,7 +721,6 @@ def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
         bm, bk, tt = SIMT_FP64 if dtype == torch.float64 else SIMT_SMALL if small else SIMT_LARGE
         return tiled(SIMT_KERNEL[dtype, ta, tb, vec, bm, bm, bk, tt, tt], bm, bm, SIMT_THREADS)
 
-    kind, bm, bn = VERSIONS[_version]
     # the TMA maps view A and B as (batch, rows, cols) with packed batches, and a tensor
     # map cannot have a dimension of size 0 (K == 0: out = beta * c)
     tma = vec and k > 0 and (batch == 1 or (a_bs == m * k and b_bs == k * n))

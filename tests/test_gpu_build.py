@@ -129,9 +129,15 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         "day014.gemm_tma_kernel.bfloat16.*.128.256.*": (
             r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16",
         ),
+        # float32: 3xTF32 over tf32 planes, k8 per wgmma
+        "day014.gemm_tma_kernel.float32.*.128.256.*": (r"wgmma\.mma_async\.sync\.aligned\.m64n256k8\.f32\.tf32\.tf32",),
+        "day014.gemm_tma_kernel.float32.*.128.128.*": (r"wgmma\.mma_async\.sync\.aligned\.m64n128k8\.f32\.tf32\.tf32",),
         "day014.gemm_simt_kernel.float64.*": (r"fma\.rn\.f64",),
     },
     "day019": {
+        # the 3xTF32 split: hi and lo rounded to tf32; the transposing form through shared memory
+        "day019.tf32_split_kernel.*": (r"cvt\.rna\.tf32\.f32",),
+        "day019.tf32_split_kernel.0": (r"bar\.sync", r"ld\.shared\.b32"),
         # version 4: persistent (a grid-stride loop over tiles), TMA + mbarriers as version 3,
         # the producer's register hand-over, and one m64nBN wgmma per k16 step per consumer
         "day019.gemm_pingpong_kernel.*": (
@@ -288,6 +294,7 @@ PTX_ABSENT: dict[str, dict[str, tuple[str, ...]]] = {  # a warp per row needs no
         # GELU_GRAD multiplies by the saved derivative: no exp left in the backward's epilogue
         "day019.gemm_pingpong_kernel.bfloat16.0.0.256.128.*.0.0.1.1.1.0.0": (r"ex2\.approx",),
         "day019.gemm_pingpong_kernel.*.1.1.2.0": (r"atom\.global", r"fence\.acq_rel"),  # split-K: none needed
+        "day019.tf32_split_kernel.1": (r"bar\.sync",),  # k-major already: no transpose
     },
     # the forward writes no gradient (no 16-byte global stores), the backward merges nothing
     "day020": {

@@ -345,6 +345,47 @@ def wg_store_acc[
 
 
 @always_inline
+def wg_store_acc_f32[
+    BN: Int
+](
+    acc: SIMD[DType.float32, BN // 2],
+    o_t: Pointer[Float32, MutAnyOrigin],
+    c_t: Pointer[Float32, MutAnyOrigin],
+    alpha: Float32,
+    beta: Float32,
+    row0: Int,
+    n0: Int,
+    M: Int,
+    N: Int,
+    c_rs: Int,
+    c_cs: Int,
+):
+    """wg_store_acc's plain epilogue for a float32 output (3xTF32, day 019):
+    out = alpha * acc + beta * c, each lane storing its pairs (8 bytes; N % 4 == 0
+    and o_t 16-byte aligned, the plan's promise). Same accumulator layout."""
+    var g = lane_id() // 4
+    var t = lane_id() % 4
+    var wrow = row0 + (warp_id() % 4) * 16 + g
+    var out = acc * alpha
+    var with_c = beta != 0
+    comptime for half in range(2):
+        var row = wrow + half * 8
+        var safe = c_t.unsafe_offset(min(row, M - 1) * c_rs)
+        comptime for j in range(BN // 8):
+            var col = n0 + j * 8 + 2 * t
+            var v = out.slice[2, offset=4 * j + 2 * half]()
+            if (
+                with_c
+            ):  # beta: the same in every lane; out-of-range lanes read in range
+                var q = safe.unsafe_offset(min(col, N - 2) * c_cs)
+                v += beta * SIMD[DType.float32, 2](
+                    q[unsafe_offset=0], q[unsafe_offset=c_cs]
+                )
+            if row < M and col < N:
+                o_t.unsafe_store[alignment=8](row * N + col, v)
+
+
+@always_inline
 def prefetch_l2_rows[
     dtype: DType, ROWS: Int, COLS: Int
 ](

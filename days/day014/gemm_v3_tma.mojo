@@ -31,7 +31,7 @@ from std.sys import size_of
 from std.sys._assembly import inlined_assembly
 from std.utils import IndexList, StaticTuple
 
-from days.day014.gemm_common import tile_coords, wg_store_acc
+from days.day014.gemm_common import tile_coords, wg_store_acc, wg_store_acc_f32
 from days.day014.gemm_v2_wgmma import WG_THREADS
 
 
@@ -67,6 +67,22 @@ comptime TMA_BK = 64  # k per stage: one 128-byte swizzled row of 16-bit element
 comptime TMA_BOX = 64  # mn width of one box of an mn-contiguous operand (128 B)
 comptime TMA_CONSUMER_REGS = 232  # setmaxnreg: what each consumer thread grows to
 comptime TMA_PRODUCER_REGS = 40  # ... and each producer thread shrinks to
+
+
+@always_inline
+def tma_bk[dtype: DType]() -> Int:
+    """k per stage for `dtype`: one 128-byte swizzled row (64 16-bit elements, or 32
+    float32 ones for the 3xTF32 form below)."""
+    return 128 // size_of[dtype]()
+
+
+@always_inline
+def wgmma_k[dtype: DType]() -> Int:
+    """k of one wgmma instruction: 32 bytes of a row (k16 for 16-bit, k8 for tf32).
+    """
+    return 32 // size_of[dtype]()
+
+
 # The stage count (how many fit in the shared-memory budget) and the tensor maps (one
 # per operand, viewed as (batch, rows, cols) as stored, box BMN x 64 or 64 x 64, 128-byte
 # swizzle) are the launch plan's, in pytorch_custom_ops/gemm_gpu.py; STAGES and SMEM
@@ -183,12 +199,17 @@ def tma_desc[
 ) -> WGMMADescriptor[dtype]:
     """Descriptor of the slice at row `mn` (a multiple of 64), k step `ks` of a
     swizzled tile. `create[SBO, LBO]` takes both in 16-byte units."""
-    comptime row_bytes = TMA_BK * size_of[dtype]()  # 128
+    comptime row_bytes = 128  # one swizzle span
+    comptime BK = tma_bk[dtype]()
     comptime if K_CONTIG:
         return WGMMADescriptor[dtype].create[
             8 * row_bytes // 16, 1, TensorMapSwizzle.SWIZZLE_128B
-        ](tile.unsafe_offset(mn * TMA_BK + ks * 16))
+        ](tile.unsafe_offset(mn * BK + ks * wgmma_k[dtype]()))
     else:
+        comptime assert (
+            size_of[dtype]() == 2
+        ), "tf32 wgmma reads k-major tiles only"
+
         return WGMMADescriptor[dtype].create[
             8 * row_bytes // 16,
             TMA_BOX * row_bytes // 16,
@@ -236,19 +257,31 @@ def gemm_tma_kernel[
     threads and SMEM bytes of dynamic shared memory: STAGES stage buffers, then a
     `full` and an `empty` mbarrier (8 B each) per stage. The launch plan picks
     STAGES (as many as its budget holds) and builds a_map and b_map with boxes of
-    this kernel's tiles."""
+    this kernel's tiles.
+
+    float32 is 3xTF32 (day 019, part 9): a and b are not the operands but their
+    tf32 planes, written by day 019's split kernel, each (2 * batch, MN, K)
+    k-major: plane 2 bt holds tf32(x) ("hi"), plane 2 bt + 1 tf32(x - hi) ("lo").
+    The k-loop runs three passes over K, lo·hi, hi·lo, hi·hi (small terms first),
+    into one float32 accumulator; lo·lo, ~2^-22 of a product, is left out."""
     comptime CONSUMERS = BM // 64
     comptime A_KC = not TA  # A is k-contiguous when stored (M, K)
     comptime B_KC = TB  # B is k-contiguous when stored (N, K)
-    comptime A_ELEMS = BM * TMA_BK
-    comptime B_ELEMS = BN * TMA_BK
+    comptime PLANES = dtype == DType.float32  # 3xTF32
+    comptime PASSES = 3 if PLANES else 1
+    comptime BK = tma_bk[dtype]()
+    comptime A_ELEMS = BM * BK
+    comptime B_ELEMS = BN * BK
     comptime STAGE_BYTES = (A_ELEMS + B_ELEMS) * size_of[dtype]()
     comptime assert BM % 64 == 0 and BN % 64 == 0 and BN <= 256, "tile shape"
     comptime assert STAGES >= 2, "at least two stages"
     comptime assert SMEM == STAGES * (STAGE_BYTES + 16), "stages + mbarriers"
     comptime assert (
-        TMA_BK * size_of[dtype]() == 128
+        BK * size_of[dtype]() == 128
     ), "a k row is one 128-byte swizzle span (the tensor maps' box width)"
+    comptime assert not PLANES or (
+        A_KC and B_KC
+    ), "tf32 planes are k-major (wgmma has no transposed tf32 form)"
 
     var M = Int(m)
     var N = Int(n)
@@ -257,7 +290,8 @@ def gemm_tma_kernel[
     var m0 = tile[0] * BM
     var n0 = tile[1] * BN
     var bt = block_idx.z
-    var num_k = ceildiv(K, TMA_BK)
+    var num_k = ceildiv(K, BK)
+    var steps = PASSES * num_k  # k-steps, all passes
 
     var smem = external_memory[
         Scalar[dtype], address_space=AddressSpace.SHARED, alignment=1024
@@ -282,28 +316,36 @@ def gemm_tma_kernel[
         if thread_idx.x == 0:
             var a_ptr = Pointer(to=a_map).unsafe_bitcast[NoneType]()
             var b_ptr = Pointer(to=b_map).unsafe_bitcast[NoneType]()
-            for kt in range(num_k):
+            for kt in range(steps):
                 var s = kt % STAGES
                 if kt >= STAGES:  # wait until the consumers released round r-1
                     mbar_wait(empty.unsafe_offset(s), (kt // STAGES - 1) % 2)
                 mbarrier_arrive_expect_tx_shared(
                     full.unsafe_offset(s), Int32(STAGE_BYTES)
                 )
+                var k0 = kt * BK
+                var a_bt = bt
+                var b_bt = bt
+                comptime if PLANES:  # pass p: planes (lo, hi), (hi, lo), (hi, hi)
+                    var p = kt // num_k
+                    k0 = (kt - p * num_k) * BK
+                    a_bt = 2 * bt + Int(p == 0)
+                    b_bt = 2 * bt + Int(p == 1)
                 tma_load_operand[dtype, A_KC, BM](
                     a_ptr,
                     sa.unsafe_offset(s * A_ELEMS),
                     full.unsafe_offset(s),
                     m0,
-                    kt * TMA_BK,
-                    bt,
+                    k0,
+                    a_bt,
                 )
                 tma_load_operand[dtype, B_KC, BN](
                     b_ptr,
                     sb.unsafe_offset(s * B_ELEMS),
                     full.unsafe_offset(s),
                     n0,
-                    kt * TMA_BK,
-                    bt,
+                    k0,
+                    b_bt,
                 )
     else:
         set_max_registers[True, TMA_CONSUMER_REGS]()
@@ -311,17 +353,17 @@ def gemm_tma_kernel[
         var beta = alpha_beta[unsafe_offset=1]
         var cw = consumer_index(wg)  # this consumer's 64 rows of the block tile
         var acc = SIMD[DType.float32, BN // 2](0)
-        for kt in range(num_k):
+        for kt in range(steps):
             var s = kt % STAGES
             mbar_wait(full.unsafe_offset(s), (kt // STAGES) % 2)
             var sa_k = sa.unsafe_offset(s * A_ELEMS)
             var sb_k = sb.unsafe_offset(s * B_ELEMS)
             wgmma_fence_aligned()
-            comptime for ks in range(TMA_BK // 16):
-                acc = wgmma_async[
+            comptime for ks in range(BK // wgmma_k[dtype]()):
+                acc = wgmma_async[  # float32 operands: the tf32 form
                     64,
                     BN,
-                    16,
+                    wgmma_k[dtype](),
                     a_type=dtype,
                     b_type=dtype,
                     layout_a="row" if A_KC else "col",
@@ -338,6 +380,21 @@ def gemm_tma_kernel[
             if kt > 0 and lane_id() == 0:
                 _ = mbarrier_arrive(empty.unsafe_offset((kt - 1) % STAGES))
         wgmma_wait_group_sync[0]()
+        comptime if PLANES:
+            wg_store_acc_f32[BN](
+                acc,
+                dst.unsafe_bitcast[Float32]().unsafe_offset(bt * M * N),
+                c.unsafe_bitcast[Float32]().unsafe_offset(bt * Int(c_bs)),
+                alpha,
+                beta,
+                m0 + cw * 64,
+                n0,
+                M,
+                N,
+                Int(c_rs),
+                Int(c_cs),
+            )
+            return
         wg_store_acc[dtype, BN](
             acc,
             dst.unsafe_offset(bt * M * N),

@@ -327,8 +327,14 @@ BRANCHES = [
     ("STREAMK_256x128", BF16, None, 296, 264, 4104, "streamk 256x128"),  # 6 tiles x 65 k-steps
     ("SPLITK_256x128", FP16, None, 296, 264, 4104, "splitk 256x128"),  # 6 tiles x 22 pieces
     ("AUTO", BF16, None, 776, 520, 16392, "splitk 256x128"),  # a dW's shape: 12 tiles, split in pieces
-    ("AUTO", FP32, None, 300, 200, 136, "simt 64 vec"),
-    ("AUTO", FP32, None, 1600, 1604, 24, "simt 128 vec"),
+    # float32: 3xTF32 (day 019, part 9) where N is even, else the SIMT kernel
+    ("AUTO", FP32, None, 300, 200, 136, "tf32x3 128x128"),
+    ("AUTO", FP32, None, 1600, 1604, 24, "tf32x3 128x128"),
+    ("AUTO", FP32, 3, 301, 202, 37, "tf32x3 128x128"),  # K = 37: the planes' rows padded to 40
+    ("TF32X3_128x256", FP32, None, 1000, 1032, 200, "tf32x3 128x256"),
+    ("TF32X3_128x256", FP32, 2, 136, 392, 4103, "tf32x3 128x256"),  # a long, odd K
+    ("SIMT", FP32, None, 300, 200, 136, "simt 64 vec"),
+    ("SIMT", FP32, None, 1600, 1604, 24, "simt 128 vec"),
     ("AUTO", FP32, 2, 301, 199, 37, "simt 64 novec"),
     ("AUTO", FP32, None, 1601, 1601, 17, "simt 128 novec"),
     ("AUTO", FP64, None, 300, 200, 136, "simt 64 vec"),
@@ -339,11 +345,12 @@ BRANCHES = [
 def _planned(a, b, c, ta, tb):
     """What the launch plan picks for these tensors (days/day014/test_day014_launch_plan.py names it)."""
     from days.day014.test_day014_launch_plan import choice
-    from pytorch_custom_ops.gemm_gpu import gemm_gpu
+    from pytorch_custom_ops.gemm_gpu import TF32_SPLIT_KERNEL, gemm_gpu
 
     out = torch.empty(0, dtype=a.dtype, device=a.device)  # only its data_ptr is read: aligned
     params = {"TRANSPOSE_A": ta, "TRANSPOSE_B": tb}
-    return choice(gemm_gpu([out], [a, b, c, torch.empty(2, device=a.device)], params)[0])
+    launches = gemm_gpu([out], [a, b, c, torch.empty(2, device=a.device)], params)
+    return choice(launches[2] if launches[0].kernel.family is TF32_SPLIT_KERNEL else launches[0])
 
 
 @needs_cuda
@@ -423,7 +430,51 @@ def test_cuda_fp32_weight_gradient_split_k(m, n, k, c_shape):
     a, b = rand(m, k, device="cuda"), rand(k, n, device="cuda")
     c = rand(*c_shape, device="cuda")
     sa = stored(a, True)
-    assert _planned(sa, b, c.reshape((1,) * (2 - c.dim()) + c.shape), True, False) == "simt 128 vec"
-    check(pco.gemm(sa, b, c, alpha=0.75, beta=-1.5, transpose_a=True), a, b, c, 0.75, -1.5)
-    nan_c = torch.full_like(c, float("nan"))  # beta == 0: c is never read
-    check(pco.gemm(sa, b, nan_c, alpha=2.0, beta=0.0, transpose_a=True), a, b, None, 2.0)
+    for version, want in (("SIMT", "simt 128 vec"), ("AUTO", "tf32x3 128x128")):
+        with pco.gemm_version(version):
+            assert _planned(sa, b, c.reshape((1,) * (2 - c.dim()) + c.shape), True, False) == want
+            check(pco.gemm(sa, b, c, alpha=0.75, beta=-1.5, transpose_a=True), a, b, c, 0.75, -1.5)
+            nan_c = torch.full_like(c, float("nan"))  # beta == 0: c is never read
+            check(pco.gemm(sa, b, nan_c, alpha=2.0, beta=0.0, transpose_a=True), a, b, None, 2.0)
+
+
+@needs_cuda
+@pytest.mark.parametrize("ta,tb", TRANSPOSES)
+@pytest.mark.parametrize("m,n,k", [(4096, 1024, 4096), (768, 2304, 8192), (257, 130, 20000)])
+def test_cuda_3xtf32_is_as_accurate_as_float32(m, n, k, ta, tb):
+    # 3xTF32 drops lo*lo (~2^-22 of a product) and accumulates in the tensor cores: its
+    # error against float64 must stay within a small factor of cuBLAS's IEEE float32
+    # (torch.mm, allow_tf32 off), never near tf32's own ~1e-3
+    torch.manual_seed(m + k)
+    a, b = rand(m, k, device="cuda"), rand(k, n, device="cuda")
+    sa, sb = stored(a, ta), stored(b, tb)
+    assert _planned(sa, sb, torch.zeros(1, 1, device="cuda"), ta, tb).startswith("tf32x3")
+    want = a.double() @ b.double()
+    scale = a.double().abs() @ b.double().abs()
+    ours = ((pco.gemm(sa, sb, transpose_a=ta, transpose_b=tb).double() - want).abs() / scale).max().item()
+    allow_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        theirs = ((a @ b).double() - want).abs().div(scale).max().item()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    print(f"max |error| / (|a| @ |b|): 3xTF32 {ours:.2e}, cuBLAS float32 {theirs:.2e}")
+    assert ours <= max(4 * theirs, 1e-6)
+
+
+@needs_cuda
+def test_cuda_3xtf32_special_values():
+    # an inf or a NaN in an operand makes its row / column of the output non-finite (as in
+    # float32, though an inf comes out as NaN: lo = inf - inf); large and small magnitudes
+    # keep 3xTF32's accuracy while the lo products stay normal (above ~1e-38)
+    a, b = rand(64, 96, device="cuda"), rand(96, 128, device="cuda")
+    a[3, 5] = float("inf")
+    b[7, 9] = float("nan")
+    y = pco.gemm(a, b)
+    assert not torch.isfinite(y[3]).any() and not torch.isfinite(y[:, 9]).any()
+    finite = torch.ones_like(y, dtype=torch.bool)
+    finite[3], finite[:, 9] = False, False
+    assert torch.isfinite(y[finite]).all()
+    for sa, sb in ((1e18, 1e17), (1e-16, 1e-16)):  # products of 1e35 and of 1e-32
+        big_a, big_b = rand(64, 96, device="cuda", scale=sa), rand(96, 128, device="cuda", scale=sb)
+        check(pco.gemm(big_a, big_b), big_a, big_b)

@@ -3,7 +3,8 @@
 The plan reads only shapes, dtypes and data pointers, so it runs on CPU tensors: every
 launch must name a declared kernel with a launchable grid, block and shared memory, the
 argument list the kernel takes, and the kernel the rules pick (TMA, wgmma, mma.sync or
-SIMT, and the tile) for the shape, dtype, alignment and forced version.
+SIMT, and the tile) for the shape, dtype, alignment and forced version. float32 runs
+3xTF32 (day 019, part 9): two split launches, then version 3's kernel on their planes.
 """
 
 import itertools
@@ -34,6 +35,9 @@ def plan(m, n, k, dtype, ta=False, tb=False, batch=None, c_shape=None, a_offset=
     c = tensor(c_shape or (1,) * (2 + len(lead)), dtype)
     out = tensor((*lead, m, n), dtype)
     launches = gemm_gpu.gemm_gpu([out], [a, b, c, torch.empty(2)], {"TRANSPOSE_A": ta, "TRANSPOSE_B": tb})
+    if launches[0].kernel.family is gemm_gpu.TF32_SPLIT_KERNEL:  # 3xTF32: split a, split b, multiply
+        check_tf32x3(launches, a, b, out, m, n, k, ta, tb, batch or 1)
+        return launches[2]
     if len(launches) == 2 and launches[0].kernel.family is gemm_gpu.SIMT_KERNEL:  # fp32 split-K
         pieces, total = launches
         assert total.kernel.family is gemm_gpu.SPLIT_K_SUM_KERNEL and total.args[0] == out.data_ptr()
@@ -49,6 +53,25 @@ def plan(m, n, k, dtype, ta=False, tb=False, batch=None, c_shape=None, a_offset=
         assert len(launches) == 1
     check_launch(launches[0], m, n, batch or 1)
     return launches[0]
+
+
+def check_tf32x3(launches, a, b, out, m, n, k, ta, tb, batch):
+    split_a, split_b, gemm = launches
+    assert len(launches) == 3 and split_b.kernel.family is gemm_gpu.TF32_SPLIT_KERNEL
+    bm, bn = gemm.kernel.params[3:5]
+    operands = ((split_a, a, not ta, m, bm, gemm.args[0]), (split_b, b, tb, n, bn, gemm.args[1]))
+    for split, x, kc, mn, bmn, spec in operands:
+        assert split.kernel.params == (kc,) and split.block == gemm_gpu.TF32_SPLIT_THREADS and split.smem == 0
+        kp = -(-k // 4) * 4
+        planes, src = split.args[:2]
+        assert src == x.data_ptr() and split.args[2:5] == (mn, k, kp)
+        assert split.args[5] == (mn * k if batch > 1 else 0)  # the operand's batch stride
+        assert direct.dim3(split.grid) == (-(-k // 32), -(-mn // 32), batch)
+        # the planes (batch, 2, MN, KP), read k-major up to K (TMA fills zeros beyond)
+        assert spec.address == planes and spec.dtype == FP32 and spec.dims == (k, mn, 2 * batch)
+        assert spec.byte_strides == (kp * 4, mn * kp * 4) and spec.box == (32, bmn, 1)
+    assert gemm.kernel.params[:3] == (FP32, False, True) and gemm.args[2] == out.data_ptr()
+    check_launch(gemm, m, n, batch)
 
 
 def check_launch(launch: direct.Launch, m: int, n: int, batch: int):
@@ -97,7 +120,7 @@ def choice(launch) -> str:
     """'tma 128x256', 'wgmma 64x128', 'mma 64 vec', 'simt 128 novec'..."""
     family, p = launch.kernel.family, launch.kernel.params
     if family is gemm_gpu.TMA_KERNEL:
-        return f"tma {p[3]}x{p[4]}"
+        return f"{'tf32x3' if p[0] == FP32 else 'tma'} {p[3]}x{p[4]}"
     if family is gemm_gpu.WG_KERNEL:
         return f"wgmma {p[3]}x{p[4]}"
     if family is gemm_gpu.PINGPONG_KERNEL:  # ... CLUSTER, COOP, SPLIT, F32_OUT
@@ -142,11 +165,16 @@ AUTO = [
     ((8, 12, 8, BF16, None), "mma 64 novec"),  # N % 8 != 0
     ((64, 64, 0, BF16, None), "mma 64 vec"),  # K = 0: no tensor map (out = beta * c)
     ((3000, 3000, 0, BF16, None), "mma 128 vec"),
-    ((256, 256, 256, FP32, None), "simt 64 vec"),  # 4 tiles of 128x128: 64x64 tiles
-    ((2048, 2048, 2048, FP32, None), "simt 128 vec"),
-    ((17, 1000, 3, FP32, None), "simt 64 novec"),
-    ((1601, 1601, 17, FP32, None), "simt 128 novec"),
+    # float32: 3xTF32 (day 019, part 9), 128 x 256 where those fill a round of SMs
+    ((256, 256, 256, FP32, None), "tf32x3 128x128"),
+    ((2048, 2048, 2048, FP32, None), "tf32x3 128x128"),  # 128 wide tiles: under a round
+    ((4096, 4096, 4096, FP32, None), "tf32x3 128x256"),
+    ((8192, 2304, 768, FP32, None), "tf32x3 128x256"),
+    ((4096, 128, 4096, FP32, 96), "tf32x3 128x128"),  # 128 wide: no half-empty tiles
+    ((17, 1000, 3, FP32, None), "tf32x3 128x128"),  # any K: the planes' rows are padded
+    ((1601, 1601, 17, FP32, None), "simt 128 novec"),  # N odd: no 8-byte pairs, the SIMT kernel
     ((1, 1, 1, FP32, None), "simt 64 novec"),
+    ((64, 64, 0, FP32, None), "simt 64 vec"),  # K = 0: no tensor map
     ((4096, 4096, 4096, FP64, None), "simt 64 vec"),  # fp64: always 64x64, k steps of 8
     ((33, 17, 1000, FP64, None), "simt 64 novec"),
     ((8, 8, 8, FP64, 65535), "simt 64 vec"),  # the largest batch the grid allows
@@ -168,6 +196,10 @@ def test_every_shape_transpose_and_alignment_gives_a_valid_launch(dtype):
         a_ld, b_ld = (m if ta else k), (k if tb else n)
         vec = a_ld % vw == 0 and b_ld % vw == 0 and n % vw == 0
         kind = choice(launch)
+        if dtype == FP32:  # 3xTF32 reads its own planes: any a and b, an even N
+            assert kind.startswith("tf32x3") == (n % 2 == 0), (m, n, k, ta, tb, kind)
+            assert choice(plan(m, n, k, dtype, ta, tb, a_offset=1)) == kind
+            continue
         assert ("novec" not in kind) == vec, (m, n, k, ta, tb, kind)
         if dtype in (BF16, FP16):
             assert kind.startswith(("tma", "pingpong", "coop", "streamk", "splitk")) == (vec and k > 0)
@@ -175,6 +207,7 @@ def test_every_shape_transpose_and_alignment_gives_a_valid_launch(dtype):
         assert "novec" in choice(plan(m, n, k, dtype, ta, tb, a_offset=1))
 
 
+@gemm_version("SIMT")
 def test_fp32_weight_gradients_split_k_where_few_tiles_meet_a_long_k():
     # dW = dY^T X: both operands run along K (the tokens) in memory, so piece s of K is
     # batch entry s of the SIMT kernel (strides K/S rows); day 019's sum kernel adds them
@@ -196,7 +229,9 @@ def test_huge_and_batched_shapes():
     assert direct.dim3(launch.grid) == (32768, 1, 1)
     for ta, tb in PAIRS:
         assert choice(plan(40, 24, 16, BF16, ta, tb, batch=3)) == "pingpong 128x64"
-        assert choice(plan(40, 24, 16, FP32, ta, tb, batch=3)) == "simt 64 vec"
+        assert choice(plan(40, 24, 16, FP32, ta, tb, batch=3)) == "tf32x3 128x128"
+        with gemm_version("SIMT"):
+            assert choice(plan(40, 24, 16, FP32, ta, tb, batch=3)) == "simt 64 vec"
 
 
 def test_forced_versions_apply_where_their_conditions_hold():
@@ -220,14 +255,19 @@ def test_forced_versions_apply_where_their_conditions_hold():
         "PINGPONG_128x64": "pingpong 128x64",
         "STREAMK_256x128": "streamk 256x128",
         "SPLITK_256x128": "splitk 256x128",
+        "SIMT": "mma 64 vec",  # float32's names: 16-bit operands take mma.sync
+        "TF32X3_128x128": "mma 64 vec",
+        "TF32X3_128x256": "mma 64 vec",
     }
+    fp32 = {"SIMT": "simt 64 vec", "TF32X3_128x128": "tf32x3 128x128", "TF32X3_128x256": "tf32x3 128x256"}
     assert set(want) == set(gemm_gpu.VERSIONS)
     for version, kind in want.items():
         with gemm_version(version):
             for dtype, (ta, tb) in itertools.product((BF16, FP16), PAIRS):
                 assert choice(plan(200, 264, 136, dtype, ta, tb)) == kind
                 assert choice(plan(200, 260, 136, dtype, ta, tb)) == "mma 64 novec"  # no 16-byte rows
-                assert choice(plan(200, 264, 136, FP32, ta, tb)) == "simt 64 vec"  # fp32 has one kernel
+                # float32: its own names, else AUTO (3xTF32)
+                assert choice(plan(200, 264, 136, FP32, ta, tb)) == fp32.get(version, "tf32x3 128x128")
             if version.startswith(("TMA", "PINGPONG", "MULTICAST", "COOP")):  # K = 0: wgmma may run, TMA may not
                 assert choice(plan(200, 264, 0, BF16)) == "mma 64 vec"
     assert gemm_gpu.current_version() == "AUTO"
@@ -259,7 +299,7 @@ def test_gemm_version_rejects_unknown_names_and_restores():
     assert gemm_gpu.current_version() == "AUTO"
 
 
-def test_gpt2_linear_layers_take_tensor_cores_in_bf16():
+def test_gpt2_linear_layers_take_tensor_cores():
     # forward y = x W^T (NT), dX = dY W (NN), dW = dY^T X (TN) at GPT-2 small's shapes
     for tokens, (d_in, d_out) in itertools.product(
         (64, 512, 1024, 4096, 8192), ((768, 2304), (768, 768), (768, 3072), (3072, 768))
@@ -273,8 +313,7 @@ def test_gpt2_linear_layers_take_tensor_cores_in_bf16():
             assert kind.startswith(("tma", "coop", "splitk", "pingpong 128x64")), (tokens, d_in, d_out, ta, tb)
             if tokens >= 8192 and k <= 1024:  # short K, many tiles: day 019's version 4
                 assert kind.startswith("coop 256x"), (tokens, d_in, d_out, ta, tb)
-            assert choice(plan(m, n, k, FP32, ta, tb)).startswith("simt")
-            assert "novec" not in choice(plan(m, n, k, FP32, ta, tb))
+            assert choice(plan(m, n, k, FP32, ta, tb)).startswith("tf32x3")
 
 
 def test_tma_descriptors_view_each_operand_as_stored():

@@ -1,12 +1,14 @@
-"""Day 014's float32 GEMM (the SIMT kernel, and its split-K for weight gradients) against
-torch.matmul (cuBLAS, TF32 off), by kernel time, on a GPU.
+"""Day 014's float32 GEMM against torch.matmul (cuBLAS, TF32 off), by kernel time, on a GPU:
+the SIMT kernel (and its split-K for weight gradients), and 3xTF32 on tensor cores (day
+019, part 9; AUTO's float32 choice since).
 
     PYTHONPATH=$PWD python days/day014/time_fp32.py [label]
 
 The shapes are day 014's squares and GPT-2 small's linear layers at 8192 tokens: forward
 y = x W^T, dX = dY W and dW = dY^T X (the transposed-A rows, where split-K applies). Each
 result is checked on sampled entries against float64 (day 014's `sampled_error`), then
-timed by CUPTI (benchmark.timing.kernel_time_ms).
+timed by CUPTI (benchmark.timing.kernel_time_ms). 3xTF32's time includes its two split
+kernels.
 """
 
 from __future__ import annotations
@@ -28,21 +30,30 @@ SHAPES = SQUARES + [
 
 def main() -> None:
     label = sys.argv[1] if len(sys.argv) > 1 else "fp32"
+    torch.backends.cuda.matmul.allow_tf32 = False  # torch's float32 is IEEE float32
     torch.manual_seed(0)
-    total_torch = total_ours = 0.0
+    totals = {"torch": 0.0, "SIMT": 0.0, "AUTO": 0.0}
     for m, n, k, ta, tb in SHAPES:
         a = torch.randn(*((k, m) if ta else (m, k)), device="cuda")
         b = torch.randn(*((n, k) if tb else (k, n)), device="cuda")
         pa, pb = (a.mT if ta else a), (b.mT if tb else b)
-        err = sampled_error(pco.gemm(a, b, transpose_a=ta, transpose_b=tb), a, b, ta, tb)
-        t = kernel_time_ms(lambda: torch.matmul(pa, pb), 5)  # noqa: B023 (called before the next shape)
-        o = kernel_time_ms(lambda: pco.gemm(a, b, transpose_a=ta, transpose_b=tb), 5)  # noqa: B023
+        times = {"torch": kernel_time_ms(lambda: torch.matmul(pa, pb), 5)}  # noqa: B023 (called before the next shape)
+        errors = []
+        for version in ("SIMT", "AUTO"):
+            with pco.gemm_version(version):
+                errors.append(sampled_error(pco.gemm(a, b, transpose_a=ta, transpose_b=tb), a, b, ta, tb))
+                times[version] = kernel_time_ms(lambda: pco.gemm(a, b, transpose_a=ta, transpose_b=tb), 5)  # noqa: B023
         if (m, n) != (8192, 8192):
-            total_torch, total_ours = total_torch + t, total_ours + o
+            totals = {key: totals[key] + times[key] for key in totals}
+        t, o, x = times["torch"], times["SIMT"], times["AUTO"]
         shape = f"{m}x{n}x{k} ta={int(ta)} tb={int(tb)}"
-        print(f"{label} {shape}: torch {t:.3f} ms, ours {o:.3f} ({100 * t / o:.0f}%) err {err:.1e}")
-    share = 100 * total_torch / total_ours
-    print(f"{label} total (no 8192^3): torch {total_torch:.2f} ours {total_ours:.2f} ({share:.0f}%)")
+        print(
+            f"{label} {shape}: torch {t:.3f} ms, SIMT {o:.3f} ({100 * t / o:.0f}%) err {errors[0]:.1e}, "
+            f"3xTF32 {x:.3f} ({100 * t / x:.0f}%) err {errors[1]:.1e}"
+        )
+    t, o, x = totals["torch"], totals["SIMT"], totals["AUTO"]
+    share = f"SIMT {o:.2f} ({100 * t / o:.0f}%) 3xTF32 {x:.2f} ({100 * t / x:.0f}%)"
+    print(f"{label} total (no 8192^3): torch {t:.2f} {share}")
 
 
 if __name__ == "__main__":
