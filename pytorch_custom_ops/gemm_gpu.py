@@ -141,6 +141,7 @@ WG_KERNEL = KernelFamily(
     ),
 )
 TMA_TILES = ((128, 128), (128, 256))
+TF32X3_TILE = (128, 128)  # two accumulators a thread (promotion): at most 128 wide
 TMA_KERNEL = KernelFamily(
     TMA_MODULE,
     "gemm_tma_kernel",
@@ -148,9 +149,13 @@ TMA_KERNEL = KernelFamily(
     args=("tensormap", "tensormap") + ("ptr",) * 3 + ("i64",) * 6,
     variants=tuple(  # (dtype, TA, TB, BM, BN, STAGES, SMEM)
         (dtype, ta, tb, bm, bn, tma_stages(dtype, bm, bn), tma_smem_bytes(dtype, bm, bn))
-        for dtype, pairs in ((torch.bfloat16, PAIRS), (torch.float16, PAIRS), (torch.float32, ((False, True),)))
-        for ta, tb in pairs  # float32: 3xTF32 over k-major tf32 planes (day 019, part 9)
-        for bm, bn in TMA_TILES
+        for dtype, pairs, tiles in (
+            (torch.bfloat16, PAIRS, TMA_TILES),
+            (torch.float16, PAIRS, TMA_TILES),
+            (torch.float32, ((False, True),), (TF32X3_TILE,)),  # 3xTF32: k-major tf32 planes (day 019, part 9)
+        )
+        for ta, tb in pairs
+        for bm, bn in tiles
     ),
 )
 TF32_SPLIT_THREADS, TF32_SPLIT_TILE = 256, 32
@@ -250,7 +255,6 @@ VERSIONS = {  # name: (kind, BM, BN)
     # float32 (other names leave float32 to AUTO, which is 3xTF32 where tf32x3_fits)
     "SIMT": ("simt", 0, 0),  # version 1's SIMT kernel: IEEE float32 products
     "TF32X3_128x128": ("tf32x3", 128, 128),  # 3xTF32 on version 3's kernel (day 019, part 9)
-    "TF32X3_128x256": ("tf32x3", 128, 256),
 }
 V4_KINDS = ("pingpong", "multicast", "coop", "coop_multicast", "coop_streamk", "coop_splitk")  # version 4's kinds
 _version = "AUTO"
@@ -635,17 +639,30 @@ def simt_split_launches(out, ptrs, sizes, pieces: int) -> list[direct.Launch]:
 # --8<-- [start:tf32x3]
 # float32 on tensor cores (day 019, part 9): each operand is split into tf32 planes, hi
 # and lo (days/day019/tf32_split.mojo, which also transposes it k-major), and version 3's
-# kernel multiplies lo*hi + hi*lo + hi*hi in three passes over K. Its tile: 128 x 256
-# where those fill a round of SMs, else 128 x 128.
+# kernel multiplies lo*hi + hi*lo + hi*hi in three passes over K, 128 x 128 tiles.
+# AUTO runs it where a cost model fitted on the H100 says it beats the SIMT kernel: the
+# split costs its bytes (4 read, 8 written an element of A and B) at TF32X3_SPLIT_GBPS;
+# the GEMM its float32 flops at TF32X3_TFLOPS times the last round's fill (a round is one
+# tile per SM); the SIMT kernel runs at SIMT_TFLOPS. So attention's P V (K = the sequence,
+# N = 64: splitting P costs more than its product saves) and a small weight gradient (36
+# tiles for 132 SMs) stay on the SIMT kernel.
+SIMT_TFLOPS = 44.0
+TF32X3_TFLOPS = 150.0
+TF32X3_SPLIT_GBPS = 2000.0
+
+
+def tf32x3_pays(m: int, n: int, k: int, batch: int, sms: int) -> bool:
+    flops = 2.0 * m * n * k * batch
+    tiles = _cdiv(m, TF32X3_TILE[0]) * _cdiv(n, TF32X3_TILE[1]) * batch
+    fill = tiles / (_cdiv(tiles, sms) * sms)
+    split_s = 12.0 * (m + n) * k * batch / (TF32X3_SPLIT_GBPS * 1e9)
+    return flops / (TF32X3_TFLOPS * 1e12 * fill) + split_s < flops / (SIMT_TFLOPS * 1e12)
+
+
 def tf32x3_fits(m: int, n: int, k: int, out: torch.Tensor) -> bool:
     """Can the 3xTF32 launches run this float32 problem? (8-byte pair stores, a split
     grid's y <= 65535 tiles, and no empty tensor map.)"""
     return m > 0 and n > 0 and k > 0 and n % 2 == 0 and out.data_ptr() % 8 == 0 and max(m, n) <= TF32_SPLIT_TILE * 65535
-
-
-def tf32x3_tile(m: int, n: int, batch: int, sms: int) -> tuple[int, int]:
-    wide = n > 128 and _cdiv(m, 128) * _cdiv(n, 256) * batch >= sms
-    return (128, 256) if wide else (128, 128)
 
 
 def tf32_planes(x: torch.Tensor, k_contiguous: bool, mn: int, k: int, batch: int, bs: int, bmn: int):
@@ -659,10 +676,10 @@ def tf32_planes(x: torch.Tensor, k_contiguous: bool, mn: int, k: int, batch: int
     return split, spec
 
 
-def tf32x3_launches(out, a, b, c, alpha_beta, sizes, ta: bool, tb: bool, tile) -> list[direct.Launch]:
+def tf32x3_launches(out, a, b, c, alpha_beta, sizes, ta: bool, tb: bool) -> list[direct.Launch]:
     m, n, k, a_bs, b_bs, c_bs, c_rs, c_cs = sizes
     batch = a.shape[0] if a.dim() == 3 else 1
-    bm, bn = tile or tf32x3_tile(m, n, batch, sm_count(out.get_device()))
+    bm, bn = TF32X3_TILE
     split_a, a_map = tf32_planes(a, not ta, m, k, batch, a_bs, bm)
     split_b, b_map = tf32_planes(b, tb, n, k, batch, b_bs, bn)
     stages, smem = tma_stages(torch.float32, bm, bn), tma_smem_bytes(torch.float32, bm, bn)
@@ -711,8 +728,8 @@ def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
 
     kind, bm, bn = VERSIONS[_version]
     if dtype == torch.float32 and kind != "simt" and tf32x3_fits(m, n, k, out):
-        tile = (bm, bn) if kind == "tf32x3" else None
-        return tf32x3_launches(out, a, b, c, alpha_beta, sizes, ta, tb, tile)
+        if kind == "tf32x3" or tf32x3_pays(m, n, k, batch, sm_count(out.get_device())):
+            return tf32x3_launches(out, a, b, c, alpha_beta, sizes, ta, tb)
     if dtype not in TC_DTYPES:  # fp64, and float32 where 3xTF32 does not fit: the SIMT kernel
         if dtype == torch.float32 and vec and ta and not tb and batch == 1:  # K runs along both in memory
             pieces = simt_split_k(m, n, k, sm_count(out.get_device()))

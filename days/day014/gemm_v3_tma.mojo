@@ -67,6 +67,7 @@ comptime TMA_BK = 64  # k per stage: one 128-byte swizzled row of 16-bit element
 comptime TMA_BOX = 64  # mn width of one box of an mn-contiguous operand (128 B)
 comptime TMA_CONSUMER_REGS = 232  # setmaxnreg: what each consumer thread grows to
 comptime TMA_PRODUCER_REGS = 40  # ... and each producer thread shrinks to
+comptime PROMOTE = 8  # 3xTF32: k-steps (of 32) per wgmma partial sum (see the kernel)
 
 
 @always_inline
@@ -262,8 +263,13 @@ def gemm_tma_kernel[
     float32 is 3xTF32 (day 019, part 9): a and b are not the operands but their
     tf32 planes, written by day 019's split kernel, each (2 * batch, MN, K)
     k-major: plane 2 bt holds tf32(x) ("hi"), plane 2 bt + 1 tf32(x - hi) ("lo").
-    The k-loop runs three passes over K, lo·hi, hi·lo, hi·hi (small terms first),
-    into one float32 accumulator; lo·lo, ~2^-22 of a product, is left out."""
+    The k-loop runs three passes over K, lo·hi, hi·lo, hi·hi (small terms first);
+    lo·lo, ~2^-22 of a product, is left out. The tensor cores' own float32 sums lose
+    more than IEEE additions (measured on the H100: 1.6e-6 of |a| @ |b| at K = 4096,
+    2.5e-6 at 20000, cuBLAS's float32 3.7e-7 and 3.2e-8), so every PROMOTE k-steps the
+    wgmma accumulator is added into a second one by ordinary float32 adds and
+    restarted from zero (DeepSeek-V3's "promotion" for FP8): two accumulators, so
+    tiles at most 128 wide."""
     comptime CONSUMERS = BM // 64
     comptime A_KC = not TA  # A is k-contiguous when stored (M, K)
     comptime B_KC = TB  # B is k-contiguous when stored (N, K)
@@ -282,6 +288,7 @@ def gemm_tma_kernel[
     comptime assert not PLANES or (
         A_KC and B_KC
     ), "tf32 planes are k-major (wgmma has no transposed tf32 form)"
+    comptime assert not PLANES or BN <= 128, "3xTF32 keeps two accumulators"
 
     var M = Int(m)
     var N = Int(n)
@@ -353,6 +360,7 @@ def gemm_tma_kernel[
         var beta = alpha_beta[unsafe_offset=1]
         var cw = consumer_index(wg)  # this consumer's 64 rows of the block tile
         var acc = SIMD[DType.float32, BN // 2](0)
+        var total = SIMD[DType.float32, BN // 2](0)  # 3xTF32: the promoted sum
         for kt in range(steps):
             var s = kt % STAGES
             mbar_wait(full.unsafe_offset(s), (kt // STAGES) % 2)
@@ -379,10 +387,15 @@ def gemm_tma_kernel[
             wgmma_wait_group_sync[1]()
             if kt > 0 and lane_id() == 0:
                 _ = mbarrier_arrive(empty.unsafe_offset((kt - 1) % STAGES))
+            comptime if PLANES:
+                if (kt + 1) % PROMOTE == 0:
+                    wgmma_wait_group_sync[0]()
+                    total += acc
+                    acc = SIMD[DType.float32, BN // 2](0)
         wgmma_wait_group_sync[0]()
         comptime if PLANES:
             wg_store_acc_f32[BN](
-                acc,
+                total + acc,
                 dst.unsafe_bitcast[Float32]().unsafe_offset(bt * M * N),
                 c.unsafe_bitcast[Float32]().unsafe_offset(bt * Int(c_bs)),
                 alpha,

@@ -165,14 +165,17 @@ AUTO = [
     ((8, 12, 8, BF16, None), "mma 64 novec"),  # N % 8 != 0
     ((64, 64, 0, BF16, None), "mma 64 vec"),  # K = 0: no tensor map (out = beta * c)
     ((3000, 3000, 0, BF16, None), "mma 128 vec"),
-    # float32: 3xTF32 (day 019, part 9), 128 x 256 where those fill a round of SMs
-    ((256, 256, 256, FP32, None), "tf32x3 128x128"),
-    ((2048, 2048, 2048, FP32, None), "tf32x3 128x128"),  # 128 wide tiles: under a round
-    ((4096, 4096, 4096, FP32, None), "tf32x3 128x256"),
-    ((8192, 2304, 768, FP32, None), "tf32x3 128x256"),
-    ((4096, 128, 4096, FP32, 96), "tf32x3 128x128"),  # 128 wide: no half-empty tiles
-    ((17, 1000, 3, FP32, None), "tf32x3 128x128"),  # any K: the planes' rows are padded
-    ((1601, 1601, 17, FP32, None), "simt 128 novec"),  # N odd: no 8-byte pairs, the SIMT kernel
+    # float32: 3xTF32 (day 019, part 9) where its cost model beats the SIMT kernel
+    ((2048, 2048, 2048, FP32, None), "tf32x3 128x128"),
+    ((4096, 4096, 4096, FP32, None), "tf32x3 128x128"),
+    ((8192, 2304, 768, FP32, None), "tf32x3 128x128"),  # GPT-2's linear layers at 8192 tokens
+    ((8192, 768, 3072, FP32, None), "tf32x3 128x128"),
+    ((1024, 1024, 64, FP32, 96), "tf32x3 128x128"),  # attention's Q K^T at seq 1024
+    ((1024, 64, 1024, FP32, 96), "simt 128 vec"),  # ... its P V: splitting P costs more than it saves
+    ((768, 768, 8192, FP32, None), "simt 64 vec"),  # 36 tiles of 128 x 128 for 132 SMs
+    ((256, 256, 256, FP32, None), "simt 64 vec"),  # 4 tiles
+    ((17, 1000, 3, FP32, None), "simt 64 novec"),
+    ((1601, 1601, 1700, FP32, None), "simt 128 novec"),  # N odd: no 8-byte pairs
     ((1, 1, 1, FP32, None), "simt 64 novec"),
     ((64, 64, 0, FP32, None), "simt 64 vec"),  # K = 0: no tensor map
     ((4096, 4096, 4096, FP64, None), "simt 64 vec"),  # fp64: always 64x64, k steps of 8
@@ -196,8 +199,8 @@ def test_every_shape_transpose_and_alignment_gives_a_valid_launch(dtype):
         a_ld, b_ld = (m if ta else k), (k if tb else n)
         vec = a_ld % vw == 0 and b_ld % vw == 0 and n % vw == 0
         kind = choice(launch)
-        if dtype == FP32:  # 3xTF32 reads its own planes: any a and b, an even N
-            assert kind.startswith("tf32x3") == (n % 2 == 0), (m, n, k, ta, tb, kind)
+        if dtype == FP32 and kind.startswith("tf32x3"):  # 3xTF32 reads its own planes: any a and b
+            assert n % 2 == 0 and gemm_gpu.tf32x3_pays(m, n, k, 1, gemm_gpu.SMALL_GRID)
             assert choice(plan(m, n, k, dtype, ta, tb, a_offset=1)) == kind
             continue
         assert ("novec" not in kind) == vec, (m, n, k, ta, tb, kind)
@@ -229,9 +232,9 @@ def test_huge_and_batched_shapes():
     assert direct.dim3(launch.grid) == (32768, 1, 1)
     for ta, tb in PAIRS:
         assert choice(plan(40, 24, 16, BF16, ta, tb, batch=3)) == "pingpong 128x64"
-        assert choice(plan(40, 24, 16, FP32, ta, tb, batch=3)) == "tf32x3 128x128"
-        with gemm_version("SIMT"):
-            assert choice(plan(40, 24, 16, FP32, ta, tb, batch=3)) == "simt 64 vec"
+        assert choice(plan(40, 24, 16, FP32, ta, tb, batch=3)) == "simt 64 vec"
+        with gemm_version("TF32X3_128x128"):
+            assert choice(plan(40, 24, 16, FP32, ta, tb, batch=3)) == "tf32x3 128x128"
 
 
 def test_forced_versions_apply_where_their_conditions_hold():
@@ -257,17 +260,16 @@ def test_forced_versions_apply_where_their_conditions_hold():
         "SPLITK_256x128": "splitk 256x128",
         "SIMT": "mma 64 vec",  # float32's names: 16-bit operands take mma.sync
         "TF32X3_128x128": "mma 64 vec",
-        "TF32X3_128x256": "mma 64 vec",
     }
-    fp32 = {"SIMT": "simt 64 vec", "TF32X3_128x128": "tf32x3 128x128", "TF32X3_128x256": "tf32x3 128x256"}
+    fp32 = {"TF32X3_128x128": "tf32x3 128x128"}
     assert set(want) == set(gemm_gpu.VERSIONS)
     for version, kind in want.items():
         with gemm_version(version):
             for dtype, (ta, tb) in itertools.product((BF16, FP16), PAIRS):
                 assert choice(plan(200, 264, 136, dtype, ta, tb)) == kind
                 assert choice(plan(200, 260, 136, dtype, ta, tb)) == "mma 64 novec"  # no 16-byte rows
-                # float32: its own names, else AUTO (3xTF32)
-                assert choice(plan(200, 264, 136, FP32, ta, tb)) == fp32.get(version, "tf32x3 128x128")
+                # float32: its own names, else AUTO (6 tiles: the SIMT kernel)
+                assert choice(plan(200, 264, 136, FP32, ta, tb)) == fp32.get(version, "simt 64 vec")
             if version.startswith(("TMA", "PINGPONG", "MULTICAST", "COOP")):  # K = 0: wgmma may run, TMA may not
                 assert choice(plan(200, 264, 0, BF16)) == "mma 64 vec"
     assert gemm_gpu.current_version() == "AUTO"
@@ -313,7 +315,8 @@ def test_gpt2_linear_layers_take_tensor_cores():
             assert kind.startswith(("tma", "coop", "splitk", "pingpong 128x64")), (tokens, d_in, d_out, ta, tb)
             if tokens >= 8192 and k <= 1024:  # short K, many tiles: day 019's version 4
                 assert kind.startswith("coop 256x"), (tokens, d_in, d_out, ta, tb)
-            assert choice(plan(m, n, k, FP32, ta, tb)).startswith("tf32x3")
+            if tokens >= 4096 and k < tokens:  # float32: 3xTF32 for every forward and dX product
+                assert choice(plan(m, n, k, FP32, ta, tb)) == "tf32x3 128x128", (tokens, d_in, d_out, ta, tb)
 
 
 def test_tma_descriptors_view_each_operand_as_stored():
