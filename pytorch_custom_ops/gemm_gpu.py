@@ -646,9 +646,9 @@ def simt_split_launches(out, ptrs, sizes, pieces: int) -> list[direct.Launch]:
 # tile per SM); the SIMT kernel runs at SIMT_TFLOPS. So attention's P V (K = the sequence,
 # N = 64: splitting P costs more than its product saves) and a small weight gradient (36
 # tiles for 132 SMs) stay on the SIMT kernel.
-SIMT_TFLOPS = 44.0
+SIMT_TFLOPS = 40.0
 TF32X3_TFLOPS = 150.0
-TF32X3_SPLIT_GBPS = 2000.0
+TF32X3_SPLIT_GBPS = 2500.0
 
 
 def tf32x3_pays(m: int, n: int, k: int, batch: int, sms: int) -> bool:
@@ -735,7 +735,10 @@ def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
             pieces = simt_split_k(m, n, k, sm_count(out.get_device()))
             if pieces > 1:
                 return simt_split_launches(out, ptrs, (m, n, k, c_rs, c_cs), pieces)
-        bm, bk, tt = SIMT_FP64 if dtype == torch.float64 else SIMT_SMALL if small else SIMT_LARGE
+        # an output at most 64 wide (attention's P V, d = 64 heads) would leave half of each
+        # 128 x 128 tile empty: 64 x 64 tiles
+        narrow = min(m, n) <= SIMT_SMALL[0]
+        bm, bk, tt = SIMT_FP64 if dtype == torch.float64 else SIMT_SMALL if small or narrow else SIMT_LARGE
         return tiled(SIMT_KERNEL[dtype, ta, tb, vec, bm, bm, bk, tt, tt], bm, bm, SIMT_THREADS)
 
     # the TMA maps view A and B as (batch, rows, cols) with packed batches, and a tensor

@@ -129,9 +129,11 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         "day014.gemm_tma_kernel.bfloat16.*.128.256.*": (
             r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16",
         ),
-        # float32: 3xTF32 over tf32 planes, k8 per wgmma
-        "day014.gemm_tma_kernel.float32.*.128.256.*": (r"wgmma\.mma_async\.sync\.aligned\.m64n256k8\.f32\.tf32\.tf32",),
-        "day014.gemm_tma_kernel.float32.*.128.128.*": (r"wgmma\.mma_async\.sync\.aligned\.m64n128k8\.f32\.tf32\.tf32",),
+        # float32: 3xTF32 over tf32 planes, k8 per wgmma, the accumulator promoted by float32 adds
+        "day014.gemm_tma_kernel.float32.*.128.128.*": (
+            r"wgmma\.mma_async\.sync\.aligned\.m64n128k8\.f32\.tf32\.tf32",
+            r"wgmma\.wait_group\.sync\.aligned 0;[\s\S]*add\.f32",
+        ),
         "day014.gemm_simt_kernel.float64.*": (r"fma\.rn\.f64",),
     },
     "day019": {

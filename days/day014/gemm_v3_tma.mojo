@@ -225,6 +225,56 @@ def tma_desc[
 # --8<-- [end:tma_desc]
 
 
+@always_inline
+def consume_k_step[
+    dtype: DType, A_KC: Bool, B_KC: Bool, BM: Int, BN: Int, STAGES: Int
+](
+    sa: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    sb: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    full: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+    empty: Pointer[
+        Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    kt: Int,
+    cw: Int,
+    acc: SIMD[DType.float32, BN // 2],
+) -> SIMD[DType.float32, BN // 2]:
+    """A consumer's k-step kt: wait for its stage, issue its wgmmas (float32 operands:
+    the tf32 form), and hand the stage of k-step kt - 1 back to the producer."""
+    comptime BK = tma_bk[dtype]()
+    var s = kt % STAGES
+    mbar_wait(full.unsafe_offset(s), (kt // STAGES) % 2)
+    var sa_k = sa.unsafe_offset(s * BM * BK)
+    var sb_k = sb.unsafe_offset(s * BN * BK)
+    var out = acc
+    wgmma_fence_aligned()
+    comptime for ks in range(BK // wgmma_k[dtype]()):
+        out = wgmma_async[
+            64,
+            BN,
+            wgmma_k[dtype](),
+            a_type=dtype,
+            b_type=dtype,
+            layout_a="row" if A_KC else "col",
+            layout_b="col" if B_KC else "row",
+        ](
+            tma_desc[dtype, A_KC](sa_k, cw * 64, ks),
+            tma_desc[dtype, B_KC](sb_k, 0, ks),
+            out,
+        )
+    wgmma_commit_group_sync()
+    # one group stays in flight; the one before it has retired, so its stage goes
+    # back to the producer
+    wgmma_wait_group_sync[1]()
+    if kt > 0 and lane_id() == 0:
+        _ = mbarrier_arrive(empty.unsafe_offset((kt - 1) % STAGES))
+    return out
+
+
 # --8<-- [start:tma_kernel]
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
@@ -361,37 +411,25 @@ def gemm_tma_kernel[
         var cw = consumer_index(wg)  # this consumer's 64 rows of the block tile
         var acc = SIMD[DType.float32, BN // 2](0)
         var total = SIMD[DType.float32, BN // 2](0)  # 3xTF32: the promoted sum
-        for kt in range(steps):
-            var s = kt % STAGES
-            mbar_wait(full.unsafe_offset(s), (kt // STAGES) % 2)
-            var sa_k = sa.unsafe_offset(s * A_ELEMS)
-            var sb_k = sb.unsafe_offset(s * B_ELEMS)
-            wgmma_fence_aligned()
-            comptime for ks in range(BK // wgmma_k[dtype]()):
-                acc = wgmma_async[  # float32 operands: the tf32 form
-                    64,
-                    BN,
-                    wgmma_k[dtype](),
-                    a_type=dtype,
-                    b_type=dtype,
-                    layout_a="row" if A_KC else "col",
-                    layout_b="col" if B_KC else "row",
-                ](
-                    tma_desc[dtype, A_KC](sa_k, cw * 64, ks),
-                    tma_desc[dtype, B_KC](sb_k, 0, ks),
-                    acc,
+        comptime if PLANES:  # groups of PROMOTE k-steps, each summed into `total`
+            var kb = 0
+            while kb < steps:
+                var ke = min(kb + PROMOTE, steps)
+                for kt in range(kb, ke):
+                    acc = consume_k_step[dtype, A_KC, B_KC, BM, BN, STAGES](
+                        sa, sb, full, empty, kt, cw, acc
+                    )
+                # the group's wgmmas retire before any other instruction reads
+                # their registers (else ptxas serializes every wgmma: C7514)
+                wgmma_wait_group_sync[0]()
+                total += acc
+                acc = SIMD[DType.float32, BN // 2](0)
+                kb = ke
+        else:
+            for kt in range(steps):
+                acc = consume_k_step[dtype, A_KC, B_KC, BM, BN, STAGES](
+                    sa, sb, full, empty, kt, cw, acc
                 )
-            wgmma_commit_group_sync()
-            # one group stays in flight; the one before it has retired, so its
-            # stage goes back to the producer
-            wgmma_wait_group_sync[1]()
-            if kt > 0 and lane_id() == 0:
-                _ = mbarrier_arrive(empty.unsafe_offset((kt - 1) % STAGES))
-            comptime if PLANES:
-                if (kt + 1) % PROMOTE == 0:
-                    wgmma_wait_group_sync[0]()
-                    total += acc
-                    acc = SIMD[DType.float32, BN // 2](0)
         wgmma_wait_group_sync[0]()
         comptime if PLANES:
             wg_store_acc_f32[BN](

@@ -336,6 +336,7 @@ BRANCHES = [
     ("AUTO", FP32, None, 300, 200, 136, "simt 64 vec"),  # 6 tiles: the SIMT kernel
     ("SIMT", FP32, None, 2056, 1032, 520, "simt 128 vec"),
     ("SIMT", FP32, None, 1600, 1604, 24, "simt 128 vec"),
+    ("SIMT", FP32, 5, 1296, 64, 1032, "simt 64 vec"),  # attention's P V: 64 wide, 64 x 64 tiles
     ("AUTO", FP32, 2, 301, 199, 37, "simt 64 novec"),
     ("AUTO", FP32, None, 1601, 1601, 17, "simt 128 novec"),
     ("AUTO", FP64, None, 300, 200, 136, "simt 64 vec"),

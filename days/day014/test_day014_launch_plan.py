@@ -171,7 +171,7 @@ AUTO = [
     ((8192, 2304, 768, FP32, None), "tf32x3 128x128"),  # GPT-2's linear layers at 8192 tokens
     ((8192, 768, 3072, FP32, None), "tf32x3 128x128"),
     ((1024, 1024, 64, FP32, 96), "tf32x3 128x128"),  # attention's Q K^T at seq 1024
-    ((1024, 64, 1024, FP32, 96), "simt 128 vec"),  # ... its P V: splitting P costs more than it saves
+    ((1024, 64, 1024, FP32, 96), "simt 64 vec"),  # ... its P V: splitting P costs more than it saves
     ((768, 768, 8192, FP32, None), "simt 64 vec"),  # 36 tiles of 128 x 128 for 132 SMs
     ((256, 256, 256, FP32, None), "simt 64 vec"),  # 4 tiles
     ((17, 1000, 3, FP32, None), "simt 64 novec"),
@@ -228,8 +228,8 @@ def test_fp32_weight_gradients_split_k_where_few_tiles_meet_a_long_k():
 def test_huge_and_batched_shapes():
     assert choice(plan(2**20, 8, 8, BF16)) == "pingpong 128x64"  # K = 8, 8192 narrow tiles
     assert choice(plan(2**20, 8, 2048, BF16, ta=True, tb=True)) == "pingpong 128x64"
-    launch = plan(2**22, 1, 1, FP32)  # 32768 blocks in x
-    assert direct.dim3(launch.grid) == (32768, 1, 1)
+    launch = plan(2**22, 1, 1, FP32)  # 65536 blocks in x (an output 1 wide: 64 x 64 tiles)
+    assert direct.dim3(launch.grid) == (65536, 1, 1)
     for ta, tb in PAIRS:
         assert choice(plan(40, 24, 16, BF16, ta, tb, batch=3)) == "pingpong 128x64"
         assert choice(plan(40, 24, 16, FP32, ta, tb, batch=3)) == "simt 64 vec"
