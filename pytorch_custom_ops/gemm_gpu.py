@@ -647,7 +647,7 @@ def simt_split_launches(out, ptrs, sizes, pieces: int) -> list[direct.Launch]:
 # N = 64: splitting P costs more than its product saves) and a small weight gradient (36
 # tiles for 132 SMs) stay on the SIMT kernel.
 SIMT_TFLOPS = 40.0
-TF32X3_TFLOPS = 150.0
+TF32X3_TFLOPS = 88.0
 TF32X3_SPLIT_GBPS = 2500.0
 
 

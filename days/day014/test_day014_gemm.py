@@ -332,9 +332,9 @@ BRANCHES = [
     ("TF32X3_128x128", FP32, 3, 301, 202, 37, "tf32x3 128x128"),  # K = 37: the planes' rows padded to 40
     ("TF32X3_128x128", FP32, None, 1000, 1032, 200, "tf32x3 128x128"),
     ("TF32X3_128x128", FP32, 2, 136, 392, 4103, "tf32x3 128x128"),  # a long, odd K
-    ("AUTO", FP32, None, 2056, 1032, 520, "tf32x3 128x128"),
+    ("AUTO", FP32, None, 2056, 2056, 1032, "tf32x3 128x128"),
     ("AUTO", FP32, None, 300, 200, 136, "simt 64 vec"),  # 6 tiles: the SIMT kernel
-    ("SIMT", FP32, None, 2056, 1032, 520, "simt 128 vec"),
+    ("SIMT", FP32, None, 2056, 2056, 1032, "simt 128 vec"),
     ("SIMT", FP32, None, 1600, 1604, 24, "simt 128 vec"),
     ("SIMT", FP32, 5, 1296, 64, 1032, "simt 64 vec"),  # attention's P V: 64 wide, 64 x 64 tiles
     ("AUTO", FP32, 2, 301, 199, 37, "simt 64 novec"),

@@ -8,12 +8,14 @@ SIMT, and the tile) for the shape, dtype, alignment and forced version. float32 
 """
 
 import itertools
+import re
 
 import pytest
 import torch
 
 from pytorch_custom_ops import direct, gemm_gpu
 from pytorch_custom_ops.gemm_gpu import TensorMapSpec, gemm_version
+from pytorch_custom_ops.library import REPO_ROOT
 
 BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
 PAIRS = gemm_gpu.PAIRS
@@ -362,3 +364,15 @@ def test_bad_problems_raise_naming_the_op():
     out, a, b, c = tensor((4, 5), FP32), tensor((4, 3), FP32), tensor((2, 5), FP32), tensor((1, 1), FP32)
     with pytest.raises(ValueError, match=r"gemm: inner dims differ: op\(a\) is 4x3, op\(b\) is 2x5"):
         gemm_gpu.gemm_gpu([out], [a, b, c, torch.empty(2)], {"TRANSPOSE_A": False, "TRANSPOSE_B": False})
+
+
+def test_tf32x3_cost_model_picks_the_faster_kernel_in_every_measured_row():
+    # AUTO's float32 choice (tf32x3_pays) against the H100's kernel times of a GPT block's
+    # products at three model shapes (days/day019/time_tf32x3.py): 3xTF32 (split + GEMM)
+    # where it was faster, the SIMT kernel where it was
+    rows = (REPO_ROOT / "results/nvidia-h100-80gb-hbm3/day019_tf32x3.txt").read_text()
+    found = re.findall(r"(\d+)x(\d+)x(\d+) b(\d+) .*= +([\d.]+) \| SIMT +([\d.]+)", rows)
+    assert len(found) >= 45
+    for m, n, k, batch, tf32x3_us, simt_us in found:
+        faster = float(tf32x3_us) < float(simt_us)
+        assert gemm_gpu.tf32x3_pays(int(m), int(n), int(k), int(batch), 132) == faster, (m, n, k, batch)
