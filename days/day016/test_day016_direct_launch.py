@@ -245,6 +245,29 @@ def test_device_constants_are_made_once(device):
 
 
 @needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_kernels_first_loaded_inside_a_graph_capture(dtype):
+    # no warm-up call: the kernels' modules are loaded (and their shared memory opted in)
+    # while torch.cuda.graph captures, which must neither fail nor invalidate the capture
+    torch.manual_seed(5)
+    a, b = torch.randn(1040, 1032, device="cuda", dtype=dtype), torch.randn(1032, 2056, device="cuda", dtype=dtype)
+    kept = dict(direct._loaded)
+    direct._loaded.clear()  # every kernel loads again on its next use...
+    direct.plans_changed()  # ... and no recipe holds an old one
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = pco.gemm(a, b)
+        graph.replay()
+        torch.cuda.synchronize()
+    finally:
+        direct._loaded.update(kept)
+        direct.plans_changed()
+    err = (y.double() - a.double() @ b.double()).abs() / (a.double().abs() @ b.double().abs())
+    assert err.max() < (2e-6 if dtype == torch.float32 else 1e-2)
+
+
+@needs_cuda
 def test_cuda_constant_first_made_inside_a_graph_capture_is_not_kept():
     from pytorch_custom_ops.mojo_op import _constants, device_constant
 
