@@ -231,7 +231,7 @@ SPLIT_K_SUM_KERNEL = KernelFamily(
     + ((torch.float32, torch.float32),),
 )
 
-# -- which bf16/fp16 kernel: AUTO, or one forced for benchmarks -----------------------------
+# -- which kernel: AUTO, or one forced for benchmarks -----------------------------
 VERSIONS = {  # name: (kind, BM, BN)
     "AUTO": ("auto", 0, 0),  # version 4 or 3 where TMA applies (auto_tile), else mma.sync
     "MMA_SYNC": ("mma", 0, 0),  # the Ampere-style kernel (ldmatrix + mma.sync)
@@ -266,9 +266,11 @@ def current_version() -> str:
 
 @contextmanager
 def gemm_version(name: str):
-    """Force one bf16/fp16 kernel inside the block (the op's default is AUTO). A forced
-    wgmma or TMA kernel still needs its conditions (16-byte rows and pointers; TMA also
-    K > 0); where they fail, mma.sync runs, as in the Mojo host code it replaces."""
+    """Force one kernel inside the block (the op's default is AUTO). A forced wgmma or
+    TMA kernel still needs its conditions (16-byte rows and pointers; TMA also K > 0);
+    where they fail, mma.sync runs, as in the Mojo host code it replaces. The float32
+    names ("SIMT", "TF32X3_128x128") apply to float32 only (3xTF32 also needs an even
+    N); every other name leaves float32 to AUTO."""
     global _version
     if name not in VERSIONS:
         raise ValueError(f"gemm: unknown kernel version {name!r}; known: {', '.join(VERSIONS)}")
