@@ -645,20 +645,42 @@ def simt_split_launches(out, ptrs, sizes, pieces: int) -> list[direct.Launch]:
 # AUTO runs it where a cost model fitted on the H100 says it beats the SIMT kernel: the
 # split costs its bytes (4 read, 8 written an element of A and B) at TF32X3_SPLIT_GBPS;
 # the GEMM its float32 flops at TF32X3_TFLOPS times the last round's fill (a round is one
-# tile per SM); the SIMT kernel runs at SIMT_TFLOPS. So attention's P V (K = the sequence,
-# N = 64: splitting P costs more than its product saves) and a small weight gradient (36
-# tiles for 132 SMs) stay on the SIMT kernel.
+# tile per SM); the SIMT kernel runs at SIMT_TFLOPS (SIMT_SMALL_TFLOPS on 64 x 64 tiles).
+# So attention's P V (K = the sequence, N = 64: splitting P costs more than its product
+# saves) and a small weight gradient (36 tiles for 132 SMs) stay on the SIMT kernel.
 SIMT_TFLOPS = 40.0
+SIMT_SMALL_TFLOPS = 30.0  # its 64 x 64 tiles (1024^3: 72 us, against 59 for 3xTF32)
 TF32X3_TFLOPS = 88.0
 TF32X3_SPLIT_GBPS = 2500.0
 
 
-def tf32x3_pays(m: int, n: int, k: int, batch: int, sms: int) -> bool:
+def tf32x3_pays(m: int, n: int, k: int, batch: int, sms: int, simt_small: bool = False) -> bool:
+    """Is 3xTF32 faster than the SIMT kernel here? (`simt_small`: the SIMT kernel would
+    run its 64 x 64 tiles, at SIMT_SMALL_TFLOPS.)"""
     flops = 2.0 * m * n * k * batch
     tiles = _cdiv(m, TF32X3_TILE[0]) * _cdiv(n, TF32X3_TILE[1]) * batch
     fill = tiles / (_cdiv(tiles, sms) * sms)
     split_s = 12.0 * (m + n) * k * batch / (TF32X3_SPLIT_GBPS * 1e9)
-    return flops / (TF32X3_TFLOPS * 1e12 * fill) + split_s < flops / (SIMT_TFLOPS * 1e12)
+    simt_tflops = SIMT_SMALL_TFLOPS if simt_small else SIMT_TFLOPS
+    return flops / (TF32X3_TFLOPS * 1e12 * fill) + split_s < flops / (simt_tflops * 1e12)
+
+
+def float_kernel(
+    m: int, n: int, k: int, batch: int, ta: bool, tb: bool, vec: bool, dtype: torch.dtype, sms: int, tf32x3: bool
+) -> tuple[str, int]:
+    """AUTO's float32 / float64 choice: ("tf32x3", 1), ("simt_small" or "simt_large", S),
+    S > 1 being the SIMT kernel's split-K (`tf32x3`: may 3xTF32 run).
+
+    The SIMT kernel splits K where both operands run along K in memory; otherwise it runs
+    64 x 64 tiles under a round of 128 x 128 ones, or for an output at most 64 wide
+    (attention's P V, d = 64 heads: half of each 128 x 128 tile would be empty)."""
+    pieces = 1
+    if dtype == torch.float32 and vec and ta and not tb and batch == 1:
+        pieces = simt_split_k(m, n, k, sms)
+    small = _cdiv(m, 128) * _cdiv(n, 128) * batch < SMALL_GRID or min(m, n) <= SIMT_SMALL[0]
+    if tf32x3 and tf32x3_pays(m, n, k, batch, sms, small and pieces == 1):
+        return "tf32x3", 1
+    return ("simt_small" if small else "simt_large"), pieces
 
 
 def tf32x3_fits(m: int, n: int, k: int, out: torch.Tensor) -> bool:
@@ -729,18 +751,14 @@ def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
         return [direct.Launch(kernel, (_cdiv(m, bm) * _cdiv(n, bn), 1, batch), threads, args, smem)]
 
     kind, bm, bn = VERSIONS[_version]
-    if dtype == torch.float32 and kind != "simt" and tf32x3_fits(m, n, k, out):
-        if kind == "tf32x3" or tf32x3_pays(m, n, k, batch, sm_count(out.get_device())):
+    if dtype not in TC_DTYPES:  # float32 (3xTF32 or SIMT), float64 (SIMT)
+        fits = dtype == torch.float32 and kind != "simt" and tf32x3_fits(m, n, k, out)
+        choice, pieces = float_kernel(m, n, k, batch, ta, tb, vec, dtype, sm_count(out.get_device()), fits)
+        if choice == "tf32x3" or (fits and kind == "tf32x3"):
             return tf32x3_launches(out, a, b, c, alpha_beta, sizes, ta, tb)
-    if dtype not in TC_DTYPES:  # fp64, and float32 where 3xTF32 does not fit: the SIMT kernel
-        if dtype == torch.float32 and vec and ta and not tb and batch == 1:  # K runs along both in memory
-            pieces = simt_split_k(m, n, k, sm_count(out.get_device()))
-            if pieces > 1:
-                return simt_split_launches(out, ptrs, (m, n, k, c_rs, c_cs), pieces)
-        # an output at most 64 wide (attention's P V, d = 64 heads) would leave half of each
-        # 128 x 128 tile empty: 64 x 64 tiles
-        narrow = min(m, n) <= SIMT_SMALL[0]
-        bm, bk, tt = SIMT_FP64 if dtype == torch.float64 else SIMT_SMALL if small or narrow else SIMT_LARGE
+        if pieces > 1:
+            return simt_split_launches(out, ptrs, (m, n, k, c_rs, c_cs), pieces)
+        bm, bk, tt = SIMT_FP64 if dtype == torch.float64 else SIMT_SMALL if choice == "simt_small" else SIMT_LARGE
         return tiled(SIMT_KERNEL[dtype, ta, tb, vec, bm, bm, bk, tt, tt], bm, bm, SIMT_THREADS)
 
     # the TMA maps view A and B as (batch, rows, cols) with packed batches, and a tensor

@@ -202,7 +202,7 @@ def test_every_shape_transpose_and_alignment_gives_a_valid_launch(dtype):
         vec = a_ld % vw == 0 and b_ld % vw == 0 and n % vw == 0
         kind = choice(launch)
         if dtype == FP32 and kind.startswith("tf32x3"):  # 3xTF32 reads its own planes: any a and b
-            assert n % 2 == 0 and gemm_gpu.tf32x3_pays(m, n, k, 1, gemm_gpu.SMALL_GRID)
+            assert n % 2 == 0 and gemm_gpu.float_kernel(m, n, k, 1, ta, tb, vec, FP32, 132, True)[0] == "tf32x3"
             assert choice(plan(m, n, k, dtype, ta, tb, a_offset=1)) == kind
             continue
         assert ("novec" not in kind) == vec, (m, n, k, ta, tb, kind)
@@ -371,8 +371,12 @@ def test_tf32x3_cost_model_picks_the_faster_kernel_in_every_measured_row():
     # products at three model shapes (days/day019/time_tf32x3.py): 3xTF32 (split + GEMM)
     # where it was faster, the SIMT kernel where it was
     rows = (REPO_ROOT / "results/nvidia-h100-80gb-hbm3/day019_tf32x3.txt").read_text()
-    found = re.findall(r"(\d+)x(\d+)x(\d+) b(\d+) .*= +([\d.]+) \| SIMT +([\d.]+)", rows)
+    found = re.findall(r"(\d+)x(\d+)x(\d+) b(\d+) ta=(\d) tb=(\d): .*= +([\d.]+) \| SIMT +([\d.]+)", rows)
     assert len(found) >= 45
-    for m, n, k, batch, tf32x3_us, simt_us in found:
-        faster = float(tf32x3_us) < float(simt_us)
-        assert gemm_gpu.tf32x3_pays(int(m), int(n), int(k), int(batch), 132) == faster, (m, n, k, batch)
+    for *sizes, ta, tb, tf32x3_us, simt_us in found:
+        m, n, k, batch = map(int, sizes)
+        choice, _ = gemm_gpu.float_kernel(m, n, k, batch, ta == "1", tb == "1", True, FP32, 132, True)
+        assert (choice == "tf32x3") == (float(tf32x3_us) < float(simt_us)), (m, n, k, batch, ta, tb)
+    # day 014's squares (day019_tf32x3_fp32.txt): 1024^3 is 64 tiles, where the SIMT
+    # kernel runs 64 x 64 tiles at 72 us against 3xTF32's 59
+    assert gemm_gpu.float_kernel(1024, 1024, 1024, 1, False, False, True, FP32, 132, True)[0] == "tf32x3"
