@@ -252,7 +252,7 @@ VERSIONS = {  # name: (kind, BM, BN)
     "PINGPONG_128x64": ("pingpong", 128, 64),
     "STREAMK_256x128": ("coop_streamk", 256, 128),  # COOP_256x128 with the k-steps shared evenly (stream-K)
     "SPLITK_256x128": ("coop_splitk", 256, 128),  # ... cut into equal pieces per tile, one wave (split-K)
-    # float32 (other names leave float32 to AUTO, which is 3xTF32 where tf32x3_fits)
+    # float32 only (other names leave float32 to AUTO: 3xTF32 where it fits and pays, float_kernel)
     "SIMT": ("simt", 0, 0),  # version 1's SIMT kernel: IEEE float32 products
     "TF32X3_128x128": ("tf32x3", 128, 128),  # 3xTF32 on version 3's kernel (day 019, part 9)
 }

@@ -361,8 +361,8 @@ def wg_store_acc_f32[
     c_cs: Int,
 ):
     """wg_store_acc's plain epilogue for a float32 output (3xTF32, day 019):
-    out = alpha * acc + beta * c, each lane storing its pairs (8 bytes; N % 4 == 0
-    and o_t 16-byte aligned, the plan's promise). Same accumulator layout."""
+    out = alpha * acc + beta * c, each lane storing its pairs (8 bytes: N even and
+    o_t 8-byte aligned, the plan's promise). Same accumulator layout."""
     var g = lane_id() // 4
     var t = lane_id() % 4
     var wrow = row0 + (warp_id() % 4) * 16 + g
@@ -374,9 +374,8 @@ def wg_store_acc_f32[
         comptime for j in range(BN // 8):
             var col = n0 + j * 8 + 2 * t
             var v = out.slice[2, offset=4 * j + 2 * half]()
-            if (
-                with_c
-            ):  # beta: the same in every lane; out-of-range lanes read in range
+            # beta is the same in every lane; out-of-range lanes read in range
+            if with_c:
                 var q = safe.unsafe_offset(min(col, N - 2) * c_cs)
                 v += beta * SIMD[DType.float32, 2](
                     q[unsafe_offset=0], q[unsafe_offset=c_cs]
