@@ -1,0 +1,40 @@
+"""The fused linear layer (`pco.linear`, bias, with and without GELU) under each of version
+4's tiles, by kernel time on a GPU, next to torch's F.linear and F.gelu(F.linear(...)).
+
+    PYTHONPATH=$PWD python days/day019/time_linear_tiles.py
+
+x requires grad, so the GELU form also stores its pre-activation (the training forward).
+The shapes are day 016's block at 4096 tokens (d = 1024) and GPT-2's MLP at 8192 tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import pytorch_custom_ops as pco
+from benchmark.timing import kernel_time_ms
+
+VERSIONS = ("AUTO", "COOP_256x128", "PINGPONG_128x128", "COOP_128x256", "PINGPONG_64x256", "COOP_256x192")
+SHAPES = ((4096, 1024, 4096), (8192, 768, 3072), (4096, 1024, 3072))  # tokens, in, out
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    for m, k, n in SHAPES:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.03
+        b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        fused = kernel_time_ms(lambda: F.gelu(F.linear(x, w, b), approximate="tanh"), 10) * 1e3  # noqa: B023
+        plain = kernel_time_ms(lambda: F.linear(x, w, b), 10) * 1e3  # noqa: B023
+        row = f"{m}x{k}->{n}: torch linear+gelu {fused:.1f} us (linear {plain:.1f})"
+        for act in ("gelu_tanh", None):
+            for version in VERSIONS:
+                with pco.gemm_version(version):
+                    t = kernel_time_ms(lambda: pco.linear(x, w, b, activation=act), 10) * 1e3  # noqa: B023
+                row += f" | {act or 'plain'} {version} {t:.1f}"
+        print(row)
+
+
+if __name__ == "__main__":
+    main()
