@@ -1,6 +1,6 @@
 """Day 019, part 9: 3xTF32's parts, by kernel time on a GPU, next to the SIMT kernel and
 torch.matmul (cuBLAS, IEEE float32): the data AUTO's float32 cost model is fitted to
-(pytorch_custom_ops/gemm_gpu.py, `tf32x3_pays`).
+(pytorch_custom_ops/gemm_gpu.py, `float_kernel` and `tf32x3_pays`).
 
     PYTHONPATH=$PWD python days/day019/time_tf32x3.py
 
@@ -16,7 +16,7 @@ import torch
 import pytorch_custom_ops as pco
 from benchmark.timing import kernel_time_ms
 from pytorch_custom_ops import direct
-from pytorch_custom_ops.gemm_gpu import gemm_gpu, tf32x3_pays
+from pytorch_custom_ops.gemm_gpu import float_kernel, gemm_gpu
 
 
 def block_problems(tokens: int, d: int, seq: int, heads: int) -> list[tuple]:
@@ -61,7 +61,8 @@ def main() -> None:
             cublas = kernel_time_ms(lambda: torch.matmul(pa, pb), 5) * 1e3  # noqa: B023
             gbps = 12 * (m + n) * k * batch / split / 1e3
             tflops = 2 * m * n * k * batch / gemm / 1e6
-            pick = "3xTF32" if tf32x3_pays(m, n, k, batch, sms) else "SIMT"
+            kind, _ = float_kernel(m, n, k, batch, ta, tb, True, torch.float32, sms, n % 2 == 0)
+            pick = "3xTF32" if kind == "tf32x3" else "SIMT"
             print(
                 f"{what:7s} {m}x{n}x{k} b{batch} ta={int(ta)} tb={int(tb)}: split {split:7.1f} us ({gbps:5.0f} GB/s) "
                 f"gemm {gemm:7.1f} us ({tflops:5.1f} TFLOP/s) = {split + gemm:7.1f} | SIMT {simt:7.1f} | "
