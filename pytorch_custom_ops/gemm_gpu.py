@@ -87,13 +87,20 @@ def tma_stages(dtype: torch.dtype, bm: int, bn: int) -> int:
     return TMA_SMEM_BUDGET // tma_stage_bytes(dtype, bm, bn)
 
 
-def pp_stages(dtype: torch.dtype, bm: int, bn: int) -> int:
-    return (PP_SMEM_BUDGET - 16) // (tma_stage_bytes(dtype, bm, bn) + 16)
+# TMA_STORE (day 019, part 10): each consumer's two 64 x 64 boxes the epilogue stores from
+def store_box_bytes(dtype: torch.dtype, tma_store: bool) -> int:
+    return 2 * STORE_BOXES * STORE_BOX * STORE_BOX * dtype.itemsize if tma_store else 0
 
 
-def pp_smem_bytes(dtype: torch.dtype, bm: int, bn: int) -> int:
-    """The stage buffers, a `full` and an `empty` mbarrier per stage, two `turn` mbarriers."""
-    return pp_stages(dtype, bm, bn) * (tma_stage_bytes(dtype, bm, bn) + 16) + 16
+def pp_stages(dtype: torch.dtype, bm: int, bn: int, tma_store: bool = False) -> int:
+    return (PP_SMEM_BUDGET - 16 - store_box_bytes(dtype, tma_store)) // (tma_stage_bytes(dtype, bm, bn) + 16)
+
+
+def pp_smem_bytes(dtype: torch.dtype, bm: int, bn: int, tma_store: bool = False) -> int:
+    """The stage buffers, the epilogue's boxes (TMA_STORE), a `full` and an `empty`
+    mbarrier per stage, two `turn` mbarriers."""
+    stages = pp_stages(dtype, bm, bn, tma_store)
+    return stages * (tma_stage_bytes(dtype, bm, bn) + 16) + store_box_bytes(dtype, tma_store) + 16
 
 
 def tma_smem_bytes(dtype: torch.dtype, bm: int, bn: int) -> int:
@@ -194,31 +201,38 @@ PP_GELU_GRAD = (False, False, True)
 # Split-K needs no variant of its own: its pieces are float32, the sum kernel writes.
 PP_F32_CONFIGS = ((256, 128, 1, True, 0), (256, 192, 1, True, 0), (128, 192, 1, True, 0))
 PLAIN_EPILOGUE = (False, False, False)
+# The cooperative tiles that also come with the epilogue through shared memory and TMA
+# stores (TMA_STORE, day 019, part 10): 16-bit outputs, whole tiles, one column part.
+PP_TMA_STORE_CONFIGS = ((256, 128, 1, True, 0), (128, 256, 1, True, 0))
+STORE_BOXES, STORE_BOX = 2, 64  # days/day019/tma_store.mojo
+PP_CLUSTER, PP_SPLIT, PP_TMA_STORE = 10, 12, 14  # where these flags sit in a variant (below)
 
 
-def _pp_variants(dtype: torch.dtype, config: tuple):
+def _pp_variants(dtype: torch.dtype, config: tuple, tma_store: bool = False):
     """Version 4's variants of one PP_CONFIGS tile: (dtype, TA, TB, BM, BN, STAGES, SMEM,
-    BIAS, GELU, GELU_GRAD, CLUSTER, COOP, SPLIT, F32_OUT)."""
+    BIAS, GELU, GELU_GRAD, CLUSTER, COOP, SPLIT, F32_OUT, TMA_STORE)."""
     bm, bn, cluster, coop, split = config
 
     def variant(pair, epilogue, f32_out=False):
-        stages, smem = pp_stages(dtype, bm, bn), pp_smem_bytes(dtype, bm, bn)
-        return (dtype, *pair, bm, bn, stages, smem, *epilogue, cluster, coop, split, f32_out)
+        stages, smem = pp_stages(dtype, bm, bn, tma_store), pp_smem_bytes(dtype, bm, bn, tma_store)
+        return (dtype, *pair, bm, bn, stages, smem, *epilogue, cluster, coop, split, f32_out, tma_store)
 
     yield from (variant(pair, PLAIN_EPILOGUE) for pair in PAIRS)
     if not split:  # the fused epilogues: split tiles serve the long-K backward's plain products only
         yield from (variant((False, True), epilogue) for epilogue in PP_LINEAR_EPILOGUES)
         yield variant((False, False), PP_GELU_GRAD)
-    if config in PP_F32_CONFIGS:
+    if config in PP_F32_CONFIGS and not tma_store:
         yield variant((True, False), PLAIN_EPILOGUE, f32_out=True)
+    if config in PP_TMA_STORE_CONFIGS and not tma_store:
+        yield from _pp_variants(dtype, config, tma_store=True)
 
 
 PINGPONG_KERNEL = KernelFamily(
     PINGPONG_MODULE,
     "gemm_pingpong_kernel",
-    # a_map, b_map, dst, c, alpha_beta, bias, aux, partials, counters,
+    # a_map, b_map, out_map, aux_map, dst, c, alpha_beta, bias, aux, partials, counters,
     # m, n, k, batch, c_bs, c_rs, c_cs, store_aux
-    args=("tensormap", "tensormap") + ("ptr",) * 7 + ("i64",) * 8,
+    args=("tensormap",) * 4 + ("ptr",) * 7 + ("i64",) * 8,
     variants=tuple(v for dtype in TC_DTYPES for config in PP_CONFIGS for v in _pp_variants(dtype, config)),
 )
 SPLIT_K_SUM_THREADS = 256
@@ -245,6 +259,8 @@ VERSIONS = {  # name: (kind, BM, BN)
     "MULTICAST_128x128": ("multicast", 128, 128),  # version 4 in clusters of 2 sharing A (TMA multicast)
     "COOP_128x256": ("coop", 128, 256),  # version 4's schedule, both consumers on each tile (as v3)
     "COOP_256x128": ("coop", 256, 128),  # each consumer 128 x 128: cuBLAS's tile on the H100
+    "COOP_TMA_256x128": ("coop_tma", 256, 128),  # ... its epilogue stored by TMA from shared memory
+    "COOP_TMA_128x256": ("coop_tma", 128, 256),
     "COOP_MULTICAST_256x128": ("coop_multicast", 256, 128),  # ... in clusters of 2 sharing A
     "COOP_256x192": ("coop", 256, 192),  # each consumer 128 x 192: 8192 x 768 is 128 tiles, one wave
     "COOP_128x192": ("coop", 128, 192),  # each consumer 64 x 192: a 3072 x 768 dW is 96 tiles, not 72
@@ -256,7 +272,8 @@ VERSIONS = {  # name: (kind, BM, BN)
     "SIMT": ("simt", 0, 0),  # version 1's SIMT kernel: IEEE float32 products
     "TF32X3_128x128": ("tf32x3", 128, 128),  # 3xTF32 on version 3's kernel (day 019, part 9)
 }
-V4_KINDS = ("pingpong", "multicast", "coop", "coop_multicast", "coop_streamk", "coop_splitk")  # version 4's kinds
+# version 4's kinds
+V4_KINDS = ("pingpong", "multicast", "coop", "coop_multicast", "coop_streamk", "coop_splitk", "coop_tma")
 _version = "AUTO"
 
 
@@ -345,6 +362,13 @@ def operand_tma_map(t: torch.Tensor, k_contiguous: bool, bmn: int, batch: int, m
     return TensorMapSpec(
         t.dtype, t.data_ptr(), (cols, rows, batch), (cols * size, rows * cols * size), (box_cols, box_rows, 1)
     )
+
+
+def output_tma_map(t: torch.Tensor, batch: int, m: int, n: int) -> TensorMapSpec:
+    """The descriptor TMA stores an output through (TMA_STORE): the contiguous
+    (batch, M, N) matrix in 64 x 64 boxes, 128-byte swizzled as the epilogue writes them."""
+    size = t.dtype.itemsize
+    return TensorMapSpec(t.dtype, t.data_ptr(), (n, m, batch), (n * size, m * n * size), (STORE_BOX, STORE_BOX, 1))
 
 
 # --8<-- [end:tma_map]
@@ -545,11 +569,18 @@ def pingpong_launch(
     # a cluster's CTAs load half of A's tile each, in 64-row boxes
     a_map = operand_tma_map(a, not ta, 64 if cluster > 1 else bm, batch, m, k)
     b_map = operand_tma_map(b, tb, bn, batch, n, k)
-    smem = pp_smem_bytes(dtype, bm, bn)
-    stages = pp_stages(dtype, bm, bn)
     epilogue = (bias is not None, gelu, gelu_grad)
     f32_out = out.dtype == torch.float32 and split != 2  # split-K: the sum kernel writes out
-    kernel = PINGPONG_KERNEL[dtype, ta, tb, bm, bn, stages, smem, *epilogue, cluster, coop, split, f32_out]
+    # TMA stores need whole 16-byte row pitches (N % 8 == 0, as the register epilogue)
+    tma_store = kind == "coop_tma" and not f32_out
+    out_map = aux_map = a_map  # unused without TMA_STORE
+    if tma_store:
+        out_map = aux_map = output_tma_map(out, batch, m, n)
+        if aux is not None:
+            aux_map = output_tma_map(aux, batch, m, n)
+    smem = pp_smem_bytes(dtype, bm, bn, tma_store)
+    stages = pp_stages(dtype, bm, bn, tma_store)
+    kernel = PINGPONG_KERNEL[dtype, ta, tb, bm, bn, stages, smem, *epilogue, cluster, coop, split, f32_out, tma_store]
     units = _cdiv(m, bm) * _cdiv(n, bn * cluster) * batch  # what one cluster takes at a time
     sms = sm_count(out.get_device())
     pieces = 1
@@ -577,7 +608,7 @@ def pingpong_launch(
         partials,
         counters,
     )
-    args = (a_map, b_map, *ptrs, *sizes, 0 if aux is None else 2 if aux_derivative else 1)
+    args = (a_map, b_map, out_map, aux_map, *ptrs, *sizes, 0 if aux is None else 2 if aux_derivative else 1)
     launches = [direct.Launch(kernel, grid, PP_THREADS, args, smem, cluster if cluster > 1 else None)]
     if split == 2:  # the second kernel: 4 outputs a thread, a few blocks per SM
         sum_args = (out.data_ptr(), partials, c.data_ptr(), alpha_beta.data_ptr(), m, n, batch, pieces, *sizes[4:])

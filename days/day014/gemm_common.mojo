@@ -189,6 +189,109 @@ def _packed[dtype: DType](v: SIMD[DType.float32, 2]) -> UInt32:
 
 
 @always_inline
+def scaled_with_bias[
+    dtype: DType, BN: Int, BIAS: Bool
+](
+    acc: SIMD[DType.float32, BN // 2],
+    alpha: Float32,
+    bias: Pointer[Scalar[dtype], MutAnyOrigin],
+    n0: Int,
+    N: Int,
+) -> type_of(acc):
+    """alpha * acc, plus bias[col] with BIAS (4-byte aligned): one 4-byte load per
+    column pair serves both rows a thread holds (wg_store_acc's layout, below).
+    """
+    var out = acc * alpha
+    comptime if BIAS:
+        var t = lane_id() % 4
+        comptime for j in range(BN // 8):
+            var col = n0 + j * 8 + 2 * t
+            if col < N:
+                var b = bias.unsafe_load[width=2, alignment=4](col).cast[
+                    DType.float32
+                ]()
+                out[4 * j] += b[0]
+                out[4 * j + 1] += b[1]
+                out[4 * j + 2] += b[0]
+                out[4 * j + 3] += b[1]
+    return out
+
+
+@always_inline
+def load_c_pairs[
+    dtype: DType, NJ: Int, GELU_GRAD: Bool
+](
+    c_t: Pointer[Scalar[dtype], MutAnyOrigin],
+    row: Int,
+    n0: Int,
+    M: Int,
+    N: Int,
+    c_rs: Int,
+    c_cs: Int,
+    with_c: Bool,
+) -> SIMD[DType.uint32, NJ]:
+    """The pairs of c a lane needs for one row and NJ column blocks of 8 from n0 (pair
+    j at column n0 + 8 j + 2 t), packed as 32 bits, all loaded before the first store
+    and none behind a per-pair branch: out-of-range lanes read row M - 1 / column N - 2
+    instead, and their results are never stored. (Loads between the stores ran one at a
+    time, since a store may write what the next load reads: GELU_GRAD's product took
+    402 us at 16384 x 768 -> 3072 on the H100, day 020, and adding a (1, s, s) causal
+    mask to attention scores cost 3x the product itself, day 016.) GELU_GRAD's c is
+    full, contiguous and aligned (its caller's promise): a pair per 4-byte load. beta's
+    c may have any strides: two 2-byte loads, only where `with_c` (beta != 0).
+    """
+    var t = lane_id() % 4
+    var safe = c_t.unsafe_offset(min(row, M - 1) * c_rs)
+    var cq = SIMD[DType.uint32, NJ]()
+    comptime if GELU_GRAD:
+        comptime for j in range(NJ):
+            var col = min(n0 + j * 8 + 2 * t, N - 2)
+            cq[j] = bitcast[DType.uint32, 1](
+                safe.unsafe_load[width=2, alignment=4](col)
+            )[0]
+    else:
+        if with_c:  # beta: the same in every lane
+            comptime for j in range(NJ):
+                var p = safe.unsafe_offset(
+                    min(n0 + j * 8 + 2 * t, N - 2) * c_cs
+                )
+                cq[j] = bitcast[DType.uint32, 1](
+                    SIMD[dtype, 2](p[unsafe_offset=0], p[unsafe_offset=c_cs])
+                )[0]
+    return cq
+
+
+@always_inline
+def epilogue_pair[
+    dtype: DType, GELU: Bool, GELU_GRAD: Bool
+](
+    v: SIMD[DType.float32, 2],
+    cq: UInt32,
+    beta: Float32,
+    with_c: Bool,
+    aux: Int,
+    mut pre: UInt32,
+) -> SIMD[DType.float32, 2]:
+    """One pair's epilogue after alpha and bias: GELU (with `pre` set to what aux
+    keeps, its input or, aux == 2, its derivative there), then + beta c or, GELU_GRAD,
+    * c (c's pair packed in `cq`)."""
+    var w = v
+    comptime if GELU:
+        var sig = _gelu_sigmoid(w)
+        # a select, not a branch: aux is the same in every lane
+        var kept = gelu_tanh_grad(w, sig) if aux == 2 else w
+        pre = _packed[dtype](kept)
+        w = w * sig
+    var cv = bitcast[dtype, 2](SIMD[DType.uint32, 1](cq)).cast[DType.float32]()
+    comptime if GELU_GRAD:
+        w *= cv
+    else:
+        if with_c:
+            w += beta * cv
+    return w
+
+
+@always_inline
 def wg_store_acc[
     dtype: DType,
     BN: Int,
@@ -254,72 +357,32 @@ def wg_store_acc[
     var g = lane_id() // 4
     var t = lane_id() % 4
     var wrow = row0 + (warp_id() % 4) * 16 + g
-    var out = acc * alpha
-    comptime if BIAS:  # bias[col], bias[col + 1]: one 4-byte load for both halves
-        comptime for j in range(BN // 8):
-            var col = n0 + j * 8 + 2 * t
-            if col < N:
-                var b = bias.unsafe_load[width=2, alignment=4](col).cast[
-                    DType.float32
-                ]()
-                out[4 * j] += b[0]
-                out[4 * j + 1] += b[1]
-                out[4 * j + 2] += b[0]
-                out[4 * j + 3] += b[1]
+    var out = scaled_with_bias[dtype, BN, BIAS](acc, alpha, bias, n0, N)
     var with_c = beta != 0
     # GELU goes pair by pair: applied to all 128 values at once it needed three times
     # their registers and spilled.
     comptime for half in range(2):
         var row = wrow + half * 8
         var row_in = row < M
-        # The half's pairs of c, all loaded before the first store and none behind a
-        # per-pair branch: out-of-range lanes read row M - 1 / column N - 2 instead, and
-        # their results are never stored. (Loads between the stores ran one at a time,
-        # since a store may write what the next load reads: GELU_GRAD's product took
-        # 402 us at 16384 x 768 -> 3072 on the H100, day 020, and adding a (1, s, s)
-        # causal mask to attention scores cost 3x the product itself, day 016.)
-        # GELU_GRAD's c is full, contiguous and aligned (its caller's promise): a pair
-        # per 4-byte load. beta's c may have any strides: two 2-byte loads.
-        var safe = c_t.unsafe_offset(min(row, M - 1) * c_rs)
-        var cq = SIMD[DType.uint32, BN // 8]()
-        comptime if GELU_GRAD:
-            comptime for j in range(BN // 8):
-                var col = min(n0 + j * 8 + 2 * t, N - 2)
-                cq[j] = bitcast[DType.uint32, 1](
-                    safe.unsafe_load[width=2, alignment=4](col)
-                )[0]
-        else:
-            if with_c:  # beta: the same in every lane
-                comptime for j in range(BN // 8):
-                    var p = safe.unsafe_offset(
-                        min(n0 + j * 8 + 2 * t, N - 2) * c_cs
-                    )
-                    cq[j] = bitcast[DType.uint32, 1](
-                        SIMD[dtype, 2](
-                            p[unsafe_offset=0], p[unsafe_offset=c_cs]
-                        )
-                    )[0]
+        var cq = load_c_pairs[dtype, BN // 8, GELU_GRAD](
+            c_t, row, n0, M, N, c_rs, c_cs, with_c
+        )
         comptime for jq in range(BN // 32):
             var res = SIMD[DType.uint32, 4]()
             var pre = SIMD[DType.uint32, 4]()  # GELU's input, for aux
             comptime for jj in range(4):
                 comptime j = 4 * jq + jj
                 var col = n0 + j * 8 + 2 * t
-                var v = out.slice[2, offset=4 * j + 2 * half]()
-                comptime if GELU:
-                    var sig = _gelu_sigmoid(v)
-                    # a select, not a branch: aux is the same in every lane
-                    var kept = gelu_tanh_grad(v, sig) if aux == 2 else v
-                    pre[jj] = _packed[dtype](kept)
-                    v = v * sig
-                var cv = bitcast[dtype, 2](SIMD[DType.uint32, 1](cq[j])).cast[
-                    DType.float32
-                ]()
-                comptime if GELU_GRAD:
-                    v *= cv
-                else:
-                    if with_c:
-                        v += beta * cv
+                var kept = UInt32(0)
+                var v = epilogue_pair[dtype, GELU, GELU_GRAD](
+                    out.slice[2, offset=4 * j + 2 * half](),
+                    cq[j],
+                    beta,
+                    with_c,
+                    aux,
+                    kept,
+                )
+                pre[jj] = kept
                 comptime if F32_OUT:
                     if row_in and col < N:
                         store_streaming(o32.unsafe_offset(row * N + col), v)

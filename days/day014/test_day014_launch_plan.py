@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pytorch_custom_ops import direct, gemm_gpu
-from pytorch_custom_ops.gemm_gpu import TensorMapSpec, gemm_version
+from pytorch_custom_ops.gemm_gpu import PP_CLUSTER, PP_SPLIT, TensorMapSpec, gemm_version
 from pytorch_custom_ops.library import REPO_ROOT
 
 BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
@@ -48,8 +48,8 @@ def plan(m, n, k, dtype, ta=False, tb=False, batch=None, c_shape=None, a_offset=
         return pieces
     if len(launches) == 2:  # split-K: the GEMM, then the kernel that sums its pieces
         gemm, total = launches
-        assert gemm.kernel.params[-2] == 2 and total.kernel.family is gemm_gpu.SPLIT_K_SUM_KERNEL
-        assert total.args[0] == out.data_ptr() and total.args[1] == gemm.args[7]  # out, the workspace
+        assert gemm.kernel.params[PP_SPLIT] == 2 and total.kernel.family is gemm_gpu.SPLIT_K_SUM_KERNEL
+        assert total.args[0] == out.data_ptr() and total.args[1] == gemm.args[9]  # out, the workspace
         assert total.args[7] == gemm.grid // (-(-m // 256) * -(-n // 128) * (batch or 1))  # S
     else:
         assert len(launches) == 1
@@ -83,10 +83,10 @@ def check_launch(launch: direct.Launch, m: int, n: int, batch: int):
     assert 0 < grid[0] < 2**31 and 0 < grid[1] <= 65535 and 0 < grid[2] <= 65535
     if kernel.family is gemm_gpu.PINGPONG_KERNEL:  # persistent: one block per SM at most
         bm, bn = kernel.params[3], kernel.params[4]
-        cluster, split = kernel.params[-4], kernel.params[-2]  # ... CLUSTER, COOP, SPLIT, F32_OUT
+        cluster, split = kernel.params[PP_CLUSTER], kernel.params[PP_SPLIT]
         units = -(-m // bm) * -(-n // (bn * cluster)) * batch
         if split:  # stream-K: one block per SM or per k-step; split-K: tiles x S blocks, one wave
-            k_steps = -(-launch.args[11] // 64)
+            k_steps = -(-launch.args[13] // 64)
             assert grid[0] in (min(units * k_steps, gemm_gpu.sm_count(None)), units) or (
                 grid[0] % units == 0 and grid[0] <= min(units * k_steps, gemm_gpu.sm_count(None))
             )
@@ -125,10 +125,11 @@ def choice(launch) -> str:
         return f"{'tf32x3' if p[0] == FP32 else 'tma'} {p[3]}x{p[4]}"
     if family is gemm_gpu.WG_KERNEL:
         return f"wgmma {p[3]}x{p[4]}"
-    if family is gemm_gpu.PINGPONG_KERNEL:  # ... CLUSTER, COOP, SPLIT, F32_OUT
-        cluster, coop, split, f32 = p[-4:]
+    if family is gemm_gpu.PINGPONG_KERNEL:  # ... CLUSTER, COOP, SPLIT, F32_OUT, TMA_STORE
+        cluster, coop, split, f32, tma_store = p[PP_CLUSTER:]
         kind = {1: "streamk", 2: "splitk"}.get(split) or ("coop" if coop else "pingpong")
-        return f"{kind} {p[3]}x{p[4]}" + (f" cluster {cluster}" if cluster > 1 else "") + (" f32" if f32 else "")
+        extra = (f" cluster {cluster}" if cluster > 1 else "") + (" f32" if f32 else "") + (" tma" if tma_store else "")
+        return f"{kind} {p[3]}x{p[4]}" + extra
     vec = "vec" if p[3] else "novec"
     return f"{'mma' if family is gemm_gpu.TC_KERNEL else 'simt'} {p[4]} {vec}"
 
@@ -253,6 +254,8 @@ def test_forced_versions_apply_where_their_conditions_hold():
         "MULTICAST_128x128": "pingpong 128x128",  # n = 264: 3 tiles of 128, an odd count: no pairs
         "COOP_128x256": "coop 128x256",
         "COOP_256x128": "coop 256x128",
+        "COOP_TMA_256x128": "coop 256x128 tma",
+        "COOP_TMA_128x256": "coop 128x256 tma",
         "COOP_MULTICAST_256x128": "coop 256x128",  # 3 tiles of 128 in n: no pairs
         "COOP_256x192": "coop 256x192",
         "COOP_128x192": "coop 128x192",

@@ -15,6 +15,7 @@ import torch
 import pytorch_custom_ops as pco
 from pytorch_custom_ops import cuda_driver, direct
 from pytorch_custom_ops.gemm import _KERNELS as GEMM_OPS
+from pytorch_custom_ops.gemm_gpu import PP_SPLIT
 from pytorch_custom_ops.softmax_family import softmax_kernel as SOFTMAX
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -305,7 +306,7 @@ def test_split_tile_recipes_remake_their_workspace_and_zeroed_counters_per_call(
     with pco.gemm_version(version), direct.planning() as scratch:
         first = op.gpu(out1, in1, op.spec.params)
     streamk = version.startswith("STREAMK")
-    assert first[0].kernel.params[-2] == (1 if streamk else 2)  # SPLIT (then F32_OUT)
+    assert first[0].kernel.params[PP_SPLIT] == (1 if streamk else 2)
     assert len(first) == (1 if streamk else 2)
     assert [t.dtype for t in scratch] == ([torch.float32, torch.int32] if streamk else [torch.float32])
     recipe = direct.recipe(out1, in1, scratch, first, 0, op.spec.returned)

@@ -37,6 +37,12 @@ from days.day014.gemm_common import (
 )
 from days.day019.cluster_tma import mbar_arrive_cta, tma_multicast_box
 from days.day019.stream_k import Units, finish_piece, iter_start, store_piece
+from days.day019.tma_store import (
+    STORE_BOXES,
+    STORE_BOX_ELEMS,
+    bulk_wait_all,
+    wg_store_acc_tma,
+)
 from days.day014.gemm_v2_wgmma import WG_THREADS
 from days.day014.gemm_v3_tma import (
     TMA_BK,
@@ -92,6 +98,8 @@ comptime PP_GROUP_ROWS = 1024  # output rows walked together (tile_coords), as v
 )
 @__llvm_arg_metadata(a_map, `nvvm.grid_constant`)
 @__llvm_arg_metadata(b_map, `nvvm.grid_constant`)
+@__llvm_arg_metadata(out_map, `nvvm.grid_constant`)
+@__llvm_arg_metadata(aux_map, `nvvm.grid_constant`)
 def gemm_pingpong_kernel[
     dtype: DType,
     TA: Bool,
@@ -107,9 +115,12 @@ def gemm_pingpong_kernel[
     COOP: Bool,
     SPLIT: Int,
     F32_OUT: Bool,
+    TMA_STORE: Bool,
 ](
     a_map: TMADescriptor,
     b_map: TMADescriptor,
+    out_map: TMADescriptor,
+    aux_map: TMADescriptor,
     dst: Pointer[Scalar[dtype], MutAnyOrigin],
     c: Pointer[Scalar[dtype], MutAnyOrigin],
     alpha_beta: Pointer[Float32, MutAnyOrigin],
@@ -155,6 +166,12 @@ def gemm_pingpong_kernel[
     epilogue only: a weight gradient written in its float32 master weight's dtype, so
     that no kernel converts it afterwards (day 020). Split-K pieces are float32 anyway:
     there the sum kernel writes dst, so this kernel takes F32_OUT = False.
+
+    TMA_STORE (day 019, part 10; days/day019/tma_store.mojo): the epilogue writes each
+    64 x 64 piece of a consumer's tile into one of its two shared-memory boxes (after
+    the stages, before the mbarriers) and one thread stores it with TMA through
+    `out_map` (and `aux_map` for aux): tensor maps of dst and aux as (N, M, batch),
+    64 x 64 boxes, 128-byte swizzle. Unused without TMA_STORE (pass any map).
     """
     # COOP: both consumers work on every tile, one BM/2-row half each (version 3's
     # cooperative split, kept persistent); else each consumer owns whole tiles (ping-pong)
@@ -172,6 +189,8 @@ def gemm_pingpong_kernel[
     comptime A_ELEMS = BM * TMA_BK
     comptime B_ELEMS = BN * TMA_BK
     comptime STAGE_BYTES = (A_ELEMS + B_ELEMS) * size_of[dtype]()
+    # the epilogue's boxes (TMA_STORE): STORE_BOXES per consumer
+    comptime EPI_ELEMS = 2 * STORE_BOXES * STORE_BOX_ELEMS if TMA_STORE else 0
     comptime assert (
         WG_ROWS % 64 == 0 and BN % 64 == 0 and BN <= 256
     ), "tile shape"
@@ -181,8 +200,11 @@ def gemm_pingpong_kernel[
     ), "a consumer holds at most 192 fp32 accumulators a thread"
     comptime assert STAGES >= 2, "at least two stages"
     comptime assert (
-        SMEM == STAGES * (STAGE_BYTES + 16) + 16
-    ), "stages + mbarriers"
+        SMEM == STAGES * (STAGE_BYTES + 16) + EPI_ELEMS * size_of[dtype]() + 16
+    ), "stages + the epilogue's boxes + mbarriers"
+    comptime assert not TMA_STORE or (
+        SPLIT == 0 and BN1 == 0 and not F32_OUT
+    ), "TMA stores: whole tiles, one column part, 16-bit outputs"
     comptime assert (
         TMA_BK * size_of[dtype]() == 128
     ), "one 128-byte swizzle span"
@@ -233,9 +255,8 @@ def gemm_pingpong_kernel[
     ]()
     var sa = smem
     var sb = smem.unsafe_offset(STAGES * A_ELEMS)
-    var full = smem.unsafe_offset(STAGES * (A_ELEMS + B_ELEMS)).unsafe_bitcast[
-        Int64
-    ]()
+    var boxes = smem.unsafe_offset(STAGES * (A_ELEMS + B_ELEMS))
+    var full = boxes.unsafe_offset(EPI_ELEMS).unsafe_bitcast[Int64]()
     var empty = full.unsafe_offset(STAGES)
     var turn = empty.unsafe_offset(STAGES)  # turn[w]: consumer w may start
     if thread_idx.x == 0:
@@ -318,6 +339,10 @@ def gemm_pingpong_kernel[
         var beta = alpha_beta[unsafe_offset=1]
         var me = wg - 1
         var round = 0  # how many tiles this consumer has done
+        # TMA_STORE: this consumer's boxes, how many it has published, who stores them
+        var my_boxes = boxes.unsafe_offset(me * STORE_BOXES * STORE_BOX_ELEMS)
+        var piece = 0
+        var storer = thread_idx.x % WG_THREADS == 0
         var done = 0  # stream-K: the stage iterations it has consumed
         # this consumer's first row in a tile
         var row_off = me * WG_ROWS if COOP else 0
@@ -423,6 +448,30 @@ def gemm_pingpong_kernel[
                     .unsafe_offset(bt * M * N)
                     .unsafe_bitcast[Scalar[dtype]]()
                 )
+            comptime if TMA_STORE:
+                comptime for r in range(ROW_BLOCKS):
+                    wg_store_acc_tma[dtype, BN0, BIAS, GELU, GELU_GRAD](
+                        acc0.slice[FRAG0, offset=r * FRAG0](),
+                        my_boxes,
+                        Pointer(to=out_map).unsafe_bitcast[NoneType](),
+                        Pointer(to=aux_map).unsafe_bitcast[NoneType](),
+                        c.unsafe_offset(bt * Int(c_bs)),
+                        alpha,
+                        beta,
+                        tile[0] * BM + row_off + r * 64,
+                        tn * BN,
+                        bt,
+                        M,
+                        N,
+                        Int(c_rs),
+                        Int(c_cs),
+                        bias,
+                        Int(store_aux),
+                        piece,
+                        storer,
+                        1 + me,  # named barrier 0 is the block's
+                    )
+                continue
             comptime for r in range(ROW_BLOCKS):
                 wg_store_acc[dtype, BN0, BIAS, GELU, GELU_GRAD, F32_OUT](
                     acc0.slice[FRAG0, offset=r * FRAG0](),
@@ -459,6 +508,9 @@ def gemm_pingpong_kernel[
                         aux.unsafe_offset(bt * M * N),
                         Int(store_aux),
                     )
+        comptime if TMA_STORE:
+            if storer:  # its boxes stay allocated until TMA is done with them
+                bulk_wait_all()
     comptime if CLUSTER > 1:
         cluster_sync()  # no CTA leaves while its peer may still write into it
 

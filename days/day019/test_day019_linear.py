@@ -185,14 +185,51 @@ def test_cuda_fused_forward_and_backward(bias, activation, residual, dtype, laun
         y = pco.linear(x, w, b, activation, r)
     close(y, reference(x, w, b, activation, r), dtype)
     assert launched and all("gemm_pingpong_kernel" in key for key in launched), launched
-    # (BIAS, GELU, GELU_GRAD) compiled into the kernel, then CLUSTER, COOP, SPLIT, F32_OUT
-    flags = launched[-1].split(".")[-7:-4]
+    # (BIAS, GELU, GELU_GRAD) compiled into the kernel, after the name, dtype, TA, TB, BM,
+    # BN, STAGES and SMEM
+    flags = launched[-1].split(".")[9:12]
     assert flags == [str(int(bias)), str(int(activation is not None)), "0"], launched
 
     leaves = [t.detach().requires_grad_() for t in (x, w, b, r) if t is not None]
     xs, ws, bs, rs = _rebuild(leaves, bias, residual)
     y = pco.linear(xs, ws, bs, activation, rs)
     check_grads(y, leaves, bias, activation, residual, dtype)
+
+
+@needs_cuda
+@pytest.mark.parametrize("version", ["COOP_TMA_256x128", "COOP_TMA_128x256"])
+@pytest.mark.parametrize("bias,activation,residual", CONFIGS)
+def test_cuda_tma_store_epilogues(bias, activation, residual, version, launched):
+    """Day 019, part 10: every fused epilogue stored through shared memory by TMA. 3 x 173
+    rows and 392 outputs leave tails in m and n (TMA clips them); K = 200 is 3 k-steps and a
+    bit; a second matrix of the batch shares nothing with the first."""
+    x, w, b, r = inputs((3, 173), 200, 392, BF16, "cuda", seed=2)
+    b = b if bias else None
+    r = r if residual else None
+    with pco.gemm_version(version):
+        with torch.no_grad():
+            y = pco.linear(x, w, b, activation, r)
+        close(y, reference(x, w, b, activation, r), BF16)
+        assert launched[-1].split(".")[-1] == "1", launched  # TMA_STORE compiled in
+        leaves = [t.detach().requires_grad_() for t in (x, w, b, r) if t is not None]
+        xs, ws, bs, rs = _rebuild(leaves, bias, residual)
+        y = pco.linear(xs, ws, bs, activation, rs)  # the training form: GELU stores its input too
+        check_grads(y, leaves, bias, activation, residual, BF16)
+
+
+@needs_cuda
+def test_cuda_tma_store_batched_transposed_and_beta():
+    """The plain product through TMA stores: batched, both operands transposed, c added."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    a = torch.randn(3, 300, 130, device="cuda", generator=g, dtype=BF16)  # (batch, K, M): transpose_a
+    b = torch.randn(3, 264, 300, device="cuda", generator=g, dtype=BF16)  # (batch, N, K): transpose_b
+    c = torch.randn(3, 130, 264, device="cuda", generator=g, dtype=BF16)
+    want = 0.5 * a.double().mT @ b.double().mT + 2.0 * c.double()
+    for version in ("COOP_TMA_256x128", "COOP_TMA_128x256"):
+        with pco.gemm_version(version):
+            got = pco.gemm_batched(a, b, c, alpha=0.5, beta=2.0, transpose_a=True, transpose_b=True)
+        err = ((got.double() - want).abs() / (want.abs() + 1)).max().item()
+        assert err < tolerance(BF16), (version, err)
 
 
 @needs_cuda
@@ -205,10 +242,10 @@ def test_cuda_gpt2_mlp_shapes_and_a_broadcast_residual(launched):
     assert len(launched) == 2
     # 1024 x 3072: one round of 128 x 192 tiles (AUTO) for the residual layer, of 256 x 128 for
     # GELU (its epilogue keeps 128 columns); cooperative, no cluster, no split, a bf16 store
-    # (keys end in CLUSTER, COOP, SPLIT, F32_OUT)
+    # (keys end in CLUSTER, COOP, SPLIT, F32_OUT, TMA_STORE)
     gelu_key, residual_key = launched
     assert ".256.128." in gelu_key and ".128.192." in residual_key
-    assert all(key.endswith(".1.1.0.0") for key in launched)
+    assert all(key.endswith(".1.1.0.0.0") for key in launched)
     strided_bias = torch.randn(2 * 3072, device="cuda", dtype=BF16)[::2]  # a view, stride 2
     unaligned_bias = torch.randn(3073, device="cuda", dtype=BF16)[1:]  # 2 bytes past 16-byte alignment
     wt = w.t().contiguous().t()  # a transposed layout: copied, not misread

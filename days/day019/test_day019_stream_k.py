@@ -19,6 +19,7 @@ import torch
 import pytorch_custom_ops as pco
 from days.day014.test_day014_gemm import _planned, check, rand, stored
 from pytorch_custom_ops import gemm_gpu
+from pytorch_custom_ops.gemm_gpu import PP_SPLIT
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -96,12 +97,12 @@ def test_plan_sizes_the_workspace_and_zeroes_the_counters():
 
     with pco.gemm_version("STREAMK_256x128"):
         launch = plan(768, 768, 8192, BF16, True, False)  # a dW: 18 tiles x 128 k-steps
-    assert launch.grid == 132 and launch.kernel.params[-2] == 1  # SPLIT (then F32_OUT)
+    assert launch.grid == 132 and launch.kernel.params[PP_SPLIT] == 1
     launch = plan(768, 768, 8192, BF16, True, False)  # AUTO: split-K, then its sum (checked in `plan`)
-    assert launch.grid == 18 * gemm_gpu.split_k(768, 768, 8192, 1, 132)[0] and launch.kernel.params[-2] == 2
+    assert launch.grid == 18 * gemm_gpu.split_k(768, 768, 8192, 1, 132)[0] and launch.kernel.params[PP_SPLIT] == 2
     assert gemm_gpu.split_k(768, 2304, 16384, 1, 132)[0] == 2  # 54 tiles: 2 pieces, 108 blocks
     launch = plan(256, 128, 128, BF16)  # AUTO: one tile, 2 k-steps: too small for stream-K
-    assert launch.kernel.family is not gemm_gpu.PINGPONG_KERNEL or launch.kernel.params[-2] == 0
+    assert launch.kernel.family is not gemm_gpu.PINGPONG_KERNEL or launch.kernel.params[PP_SPLIT] == 0
     with pco.gemm_version("STREAMK_256x128"):
         launch = plan(256, 128, 128, BF16)  # forced: at most one block per k-step
     assert launch.grid == 2

@@ -15,7 +15,16 @@ import torch.nn.functional as F
 import pytorch_custom_ops as pco
 from benchmark.timing import kernel_time_ms
 
-VERSIONS = ("AUTO", "COOP_256x128", "PINGPONG_128x128", "COOP_128x256", "PINGPONG_64x256", "COOP_256x192")
+VERSIONS = (
+    "AUTO",
+    "COOP_256x128",
+    "COOP_TMA_256x128",
+    "COOP_TMA_128x256",
+    "PINGPONG_128x128",
+    "COOP_128x256",
+    "PINGPONG_64x256",
+    "COOP_256x192",
+)
 SHAPES = ((4096, 1024, 4096), (8192, 768, 3072), (4096, 1024, 3072))  # tokens, in, out
 
 

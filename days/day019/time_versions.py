@@ -31,6 +31,8 @@ VERSIONS = (
     "MULTICAST_128x128",
     "COOP_128x256",
     "COOP_256x128",
+    "COOP_TMA_256x128",
+    "COOP_TMA_128x256",
     "COOP_MULTICAST_256x128",
     "COOP_256x192",
     "COOP_128x192",
@@ -63,7 +65,7 @@ def main() -> None:
     shapes = SQUARES[1:2] + gpt2[:3] if args.quick else SQUARES[1:] + gpt2
     print(f"{torch.cuda.get_device_name()}; bf16; TFLOP/s (% of torch.matmul)")
     for m, n, k, ta, tb in shapes:
-        print_row(m, n, k, ta, tb, time_shape(m, n, k, ta, tb, VERSIONS, args.quick))
+        print_row(m, n, k, ta, tb, time_shape(m, n, k, ta, tb, args.versions, args.quick))
 
 
 # (m, n, k, ta, tb) with few output tiles: small-output weight gradients, and the linear

@@ -65,13 +65,13 @@ def test_gpt2_weight_gradients_plan_float32_kernels(out_f, in_f, kind):
     """GPT-2 124M's dW at 16384 rows: the tile AUTO picks, with a float32 store."""
     launches = _plan(out_f, in_f, 16384)
     keys = [launch.kernel.key for launch in launches]
-    # ping-pong keys end in ...CLUSTER.COOP.SPLIT.F32_OUT; TA = 1, TB = 0 (dH^T X as stored)
+    # ping-pong keys end in ...CLUSTER.COOP.SPLIT.F32_OUT.TMA_STORE; TA = 1, TB = 0 (dH^T X as stored)
     assert keys[0].startswith("day019.gemm_pingpong_kernel.bfloat16.1.0."), keys
     if kind == "split":
-        assert keys[0].endswith(".1.1.2.0") and len(keys) == 2, keys
+        assert keys[0].endswith(".1.1.2.0.0") and len(keys) == 2, keys
         assert keys[1] == "day019.split_k_sum_kernel.bfloat16.float32", keys
     else:
-        assert f".{kind}." in keys[0] and keys[0].endswith(".1.1.0.1") and len(keys) == 1, keys
+        assert f".{kind}." in keys[0] and keys[0].endswith(".1.1.0.1.0") and len(keys) == 1, keys
 
 
 def test_weight_grad_never_picks_a_tile_without_a_float32_form():
@@ -103,7 +103,7 @@ def test_cuda_weight_grad_matches_float64(version, rows, out_f, in_f, launched):
     # bf16 inputs are exact in float64: what is left is float32 accumulation (~2e-5 of the
     # largest value at 16384 rows), far below a bf16 output's rounding (4e-3)
     assert ((dw.double() - want).abs().max() / want.abs().max()).item() < 1e-4
-    assert launched[-1].endswith((".1.1.0.1", "split_k_sum_kernel.bfloat16.float32")), launched
+    assert launched[-1].endswith((".1.1.0.1.0", "split_k_sum_kernel.bfloat16.float32")), launched
 
 
 @needs_cuda
@@ -160,7 +160,7 @@ def test_cuda_linear_under_autocast_gives_float32_gradients_without_casts(activa
     assert ((y.double() - want).abs() / (want.abs() + 1)).max().item() < 3e-2
     want.backward(gy.double())
     _check_grads([x, w, b], ref)
-    assert any(k.endswith(".1.0.1") or k.endswith("bfloat16.float32") for k in launched), launched
+    assert any(k.endswith(".1.0.1.0") or k.endswith("bfloat16.float32") for k in launched), launched
 
 
 @needs_cuda
@@ -238,8 +238,8 @@ def test_weight_grad_into_a_destination_launches_there(monkeypatch):
         assert MW.weight_grad(grad, x, into) is into
         launches = runs.pop()
         assert len(launches) == 1 + split
-        # split-K: the kernel that sums the pieces writes the output; else the GEMM (after its two maps)
-        assert (launches[1].args[0] if split else launches[0].args[2]) == into.data_ptr()
+        # split-K: the kernel that sums the pieces writes the output; else the GEMM (after its four maps)
+        assert (launches[1].args[0] if split else launches[0].args[4]) == into.data_ptr()
     with pytest.raises(ValueError, match="into is"):
         MW.weight_grad(grad, x, torch.empty(768, 2304))
 

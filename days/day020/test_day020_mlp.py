@@ -97,8 +97,9 @@ def test_bad_inputs_raise_clear_errors():
 
 # -- CUDA: the fused path -----------------------------------------------------------------
 def _epilogue(key: str) -> tuple[str, ...]:
-    """(BIAS, GELU, GELU_GRAD) of a ping-pong kernel key (then CLUSTER, COOP, SPLIT, F32_OUT)."""
-    return tuple(key.split(".")[-7:-4])
+    """(BIAS, GELU, GELU_GRAD) of a ping-pong kernel key: day019.gemm_pingpong_kernel., then
+    dtype, TA, TB, BM, BN, STAGES, SMEM, then these."""
+    return tuple(key.split(".")[9:12])
 
 
 @needs_cuda
@@ -115,6 +116,18 @@ def test_cuda_fused_mlp_with_every_gradient(dtype, bias, launched):
     assert epilogues[0] == (b, "1", "0"), gemms
     assert epilogues.count(("0", "0", "1")) == 1 and epilogues.count(("0", "0", "0")) == len(gemms) - 2, gemms
     assert not any("gelu" in k.lower() and "pingpong" not in k for k in launched), launched
+
+
+@needs_cuda
+@pytest.mark.parametrize("version", ["COOP_TMA_256x128", "COOP_TMA_128x256"])
+def test_cuda_fused_mlp_through_tma_stores(version, launched):
+    """Day 019's epilogue through shared memory and TMA stores under the MLP: GELU's output
+    and derivative (two boxes per piece) forward, GELU_GRAD's product backward."""
+    with pco.gemm_version(version):
+        check(make((3, 97), 136, 392, 72, BF16, "cuda", seed=4, bias=True), BF16)
+    gemms = [k for k in launched if "gemm_pingpong_kernel" in k]
+    assert gemms and all(k.endswith(".1") for k in gemms), gemms  # TMA_STORE in each
+    assert ("1", "1", "0") in [_epilogue(k) for k in gemms] and ("0", "0", "1") in [_epilogue(k) for k in gemms]
 
 
 @needs_cuda
