@@ -75,9 +75,9 @@ def linear_tile(m: int, n: int, k: int, device_index: int | None, gelu: bool = F
     if kind in V4_KINDS:
         return kind, bm, bn
     kind, bm, bn = auto_tile(m, n, k, 1, sm_count(device_index), splits=False)
-    if kind != "coop":
+    if not kind.startswith("coop"):
         return "pingpong", 128, 128
-    return ("coop", 256, 128) if gelu and bn == 192 else ("coop", bm, bn)
+    return ("coop_tma", 256, 128) if gelu and bn == 192 else (kind, bm, bn)
 
 
 @direct.plan(PINGPONG_KERNEL)

@@ -171,8 +171,9 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
             r"mbarrier\.arrive\.shared::cluster\.b64",
             r"barrier\.cluster\.wait",
         ),
-        # the fused GELU: one exp per element in the epilogue
-        "day019.gemm_pingpong_kernel.bfloat16.0.1.128.128.*.1.1.*": (r"ex2\.approx",),
+        # the fused GELU: one tanh per element in the epilogue (the SFU's, part 10)
+        "day019.gemm_pingpong_kernel.bfloat16.0.1.128.128.*.1.1.*": (r"tanh\.approx\.f32",),
+        "day019.gemm_pingpong_kernel.bfloat16.0.1.256.128.*.0.1.0.1.1.0.0.1": (r"tanh\.approx\.f32",),
         # stream-K's fix-up: stores, a GPU-scope fence, the piece count, reads through L2
         "day019.gemm_pingpong_kernel.*.1.1.1.0.0": (
             r"fence\.acq_rel\.gpu",
@@ -300,12 +301,12 @@ PTX_ABSENT: dict[str, dict[str, tuple[str, ...]]] = {  # a warp per row needs no
     "day019": {
         # no GELU, no GELU_GRAD compiled in (keys end in BIAS, GELU, GELU_GRAD, CLUSTER, COOP,
         # SPLIT, F32_OUT, TMA_STORE)
-        "day019.gemm_pingpong_kernel.bfloat16.0.0.64.256.*.0.0.0.1.0.0.0.0": (r"ex2\.approx",),
+        "day019.gemm_pingpong_kernel.bfloat16.0.0.64.256.*.0.0.0.1.0.0.0.0": (r"tanh\.approx",),
         "day019.gemm_pingpong_kernel.*.1.1.0.[01].[01]": (r"atom\.global",),  # whole tiles: no fix-up compiled in
         # float32 outputs: no quad transpose into 16-byte bf16 blocks
         "day019.gemm_pingpong_kernel.*.1.1.0.1.0": (r"st\.global\.v4", r"shfl\.sync"),
         # GELU_GRAD multiplies by the saved derivative: no exp left in the backward's epilogue
-        "day019.gemm_pingpong_kernel.bfloat16.0.0.256.128.*.0.0.1.1.1.0.0.[01]": (r"ex2\.approx",),
+        "day019.gemm_pingpong_kernel.bfloat16.0.0.256.128.*.0.0.1.1.1.0.0.[01]": (r"tanh\.approx", r"ex2\.approx"),
         "day019.gemm_pingpong_kernel.*.1.1.2.0.0": (r"atom\.global", r"fence\.acq_rel"),  # split-K: none needed
         # TMA stores the output: no global store left in the kernel, no quad transpose
         "day019.gemm_pingpong_kernel.*.1.1.0.0.1": (r"st\.global", r"shfl\.sync"),

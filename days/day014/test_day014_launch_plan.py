@@ -137,15 +137,15 @@ def choice(launch) -> str:
 # (m, n, k, dtype, batch) -> the AUTO choice
 AUTO = [
     # day 019, part 2: version 4's cooperative 256 x 128 tile wherever it fills the SMs
-    ((4096, 4096, 4096, BF16, None), "coop 256x128"),  # 16 x 32 wide tiles: 4 waves (8 of 128x128)
+    ((4096, 4096, 4096, BF16, None), "coop 256x128 tma"),  # 16 x 32 wide tiles: 4 waves (8 of 128x128)
     ((1024, 1024, 1024, BF16, None), "pingpong 128x64"),  # 64 square tiles, half a round: 128 of 128 x 64 (FEW_TILES)
-    ((1536, 2816, 64, FP16, None), "coop 256x128"),  # 132 wide tiles: one wave; 264 square: two
-    ((8192, 2304, 768, BF16, None), "coop 256x128"),  # GPT-2's QKV: 576 wide tiles (5 rounds); 384 of 256x192 (3)
+    ((1536, 2816, 64, FP16, None), "coop 256x128 tma"),  # 132 wide tiles: one wave; 264 square: two
+    ((8192, 2304, 768, BF16, None), "coop 256x128 tma"),  # GPT-2's QKV: 576 wide tiles (5 rounds); 384 of 256x192 (3)
     ((8192, 768, 768, BF16, None), "coop 256x192"),  # 128 tiles: one round; 192 wide: 2, 384 square: 3
-    ((1536, 2560, 64, FP16, None), "coop 256x128"),  # 120 wide tiles against 240 square
-    ((256, 512, 72, BF16, 33), "coop 256x128"),  # 1 x 4 x 33 = 132: the batch counts
-    ((256, 512, 72, BF16, 32), "coop 256x128"),
-    ((8192, 3072, 3072, BF16, None), "coop 256x128"),
+    ((1536, 2560, 64, FP16, None), "coop 256x128 tma"),  # 120 wide tiles against 240 square
+    ((256, 512, 72, BF16, 33), "coop 256x128 tma"),  # 1 x 4 x 33 = 132: the batch counts
+    ((256, 512, 72, BF16, 32), "coop 256x128 tma"),
+    ((8192, 3072, 3072, BF16, None), "coop 256x128 tma"),
     # GPT-2's dW (part 3): few tiles and a long K: split-K (stream-K's kernel, tiles x S blocks)
     ((768, 768, 8192, BF16, None), "splitk 256x128"),  # 18 wide tiles x 7 pieces: 126 blocks
     ((768, 2304, 8192, BF16, None), "tma 128x128"),  # 108 square tiles, one wave: 2 pieces do not pay
@@ -162,7 +162,7 @@ AUTO = [
     ((128, 128, 64, BF16, 512), "pingpong 128x128"),  # 512 tiles of two k-steps or less
     ((128, 128, 64, BF16, 96), "tma 128x128"),  # one round: nothing to overlap
     ((128, 128, 192, BF16, 512), "tma 128x128"),  # three k-steps
-    ((1024, 72, 1024, BF16, 96), "coop 256x128"),  # wider than 64: the cost model
+    ((1024, 72, 1024, BF16, 96), "coop 256x128 tma"),  # wider than 64: the cost model
     ((17, 1000, 33, BF16, None), "mma 64 novec"),  # K = 33: rows are not 16-byte multiples
     ((2000, 2000, 33, FP16, None), "mma 128 novec"),  # 256 tiles of 128x128
     ((8, 12, 8, BF16, None), "mma 64 novec"),  # N % 8 != 0

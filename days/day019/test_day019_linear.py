@@ -159,17 +159,17 @@ def test_fused_tile_follows_auto_and_forced_versions():
     epilogue is version 4's), and a forced version 4 kind as it is (H100: 132 SMs)."""
     from pytorch_custom_ops.linear import linear_tile
 
-    assert linear_tile(8192, 3072, 768, None) == ("coop", 256, 128)  # 768 wide tiles
+    assert linear_tile(8192, 3072, 768, None) == ("coop_tma", 256, 128)  # 768 wide tiles, TMA stores
     assert linear_tile(1024, 3072, 768, None) == ("coop", 128, 192)  # 128 of these, 96 wide: both one round
-    assert linear_tile(1024, 3072, 768, None, gelu=True) == ("coop", 256, 128)  # GELU keeps 128 columns
+    assert linear_tile(1024, 3072, 768, None, gelu=True) == ("coop_tma", 256, 128)  # GELU keeps 128 columns
     assert linear_tile(64, 2304, 768, None) == ("pingpong", 128, 128)  # a 256-row tile: 3/4 empty
     assert linear_tile(8192, 768, 3072, None) == ("coop", 256, 192)  # 128 tiles: one round
-    assert linear_tile(8192, 768, 3072, None, gelu=True) == ("coop", 256, 128)  # GELU spills at 192
+    assert linear_tile(8192, 768, 3072, None, gelu=True) == ("coop_tma", 256, 128)  # GELU spills at 192
     for version, kind in (("MULTICAST_128x128", ("multicast", 128, 128)), ("COOP_128x256", ("coop", 128, 256))):
         with pco.gemm_version(version):
             assert linear_tile(8192, 3072, 768, None) == kind
     with pco.gemm_version("TMA_128x256"):  # not a version 4 kind: AUTO's choice stands
-        assert linear_tile(8192, 3072, 768, None) == ("coop", 256, 128)
+        assert linear_tile(8192, 3072, 768, None) == ("coop_tma", 256, 128)
 
 
 # -- CUDA: the fused launch -------------------------------------------------------------
@@ -245,7 +245,7 @@ def test_cuda_gpt2_mlp_shapes_and_a_broadcast_residual(launched):
     # (keys end in CLUSTER, COOP, SPLIT, F32_OUT, TMA_STORE)
     gelu_key, residual_key = launched
     assert ".256.128." in gelu_key and ".128.192." in residual_key
-    assert all(key.endswith(".1.1.0.0.0") for key in launched)
+    assert gelu_key.endswith(".1.1.0.0.1") and residual_key.endswith(".1.1.0.0.0")  # TMA stores: 256 x 128 only
     strided_bias = torch.randn(2 * 3072, device="cuda", dtype=BF16)[::2]  # a view, stride 2
     unaligned_bias = torch.randn(3073, device="cuda", dtype=BF16)[1:]  # 2 bytes past 16-byte alignment
     wt = w.t().contiguous().t()  # a transposed layout: copied, not misread
