@@ -30,6 +30,8 @@ RUNGS = {
     "v4_multicast_128x128": "MULTICAST_128x128",
     "v4_coop_128x256": "COOP_128x256",
     "v4_coop_256x128": "COOP_256x128",
+    "v4_coop_tma_256x128": "COOP_TMA_256x128",  # part 10: the epilogue stored by TMA
+    "v4_coop_tma_128x256": "COOP_TMA_128x256",
     "v4_coop_multicast_256x128": "COOP_MULTICAST_256x128",
     "v4_coop_256x192": "COOP_256x192",
     "v4_streamk_256x128": "STREAMK_256x128",  # part 3
