@@ -21,7 +21,7 @@ from days.day016.kernels_by_build import train_steps
 # (kind, words in the kernel's name), first match wins; "bias" catches our cuBLAS g^T 1
 # launches (nvjet / splitKreduce inside gpu-days' builds) and the Triton sums
 KINDS = (
-    ("GEMMs", ("gemm_pingpong", "gemm_tma", "gemm_wgmma", "gemm_simt", "gemm_tc")),
+    ("GEMMs", ("_gemm_",)),  # days_day014_gemm_..., days_day019_gemm_v4_pingpong...
     ("layer norms", ("ln_", "layer_norm")),
     ("softmax", ("softmax",)),
     ("head split / merge copies", ("permute", "clone", "CatArray")),
@@ -39,8 +39,8 @@ def kind_of(name: str, ours: bool) -> str:
     return "elementwise, copies, the loss"
 
 
-def launches_in_order(step) -> list[tuple[float, str, str]]:
-    """(device us, grid x block, name) of every kernel of one step, in launch order."""
+def launches_in_order(step) -> list[tuple[float, str]]:
+    """(device us, name) of every kernel (and memset / memcpy) of one step, in launch order."""
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -49,7 +49,7 @@ def launches_in_order(step) -> list[tuple[float, str, str]]:
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     kernels.sort(key=lambda e: e.time_range.start)
-    return [(e.device_time, "", e.name) for e in kernels]
+    return [(e.device_time, e.name) for e in kernels]
 
 
 def main() -> None:
@@ -63,10 +63,10 @@ def main() -> None:
         if name not in args.builds:
             continue
         rows = launches_in_order(step)
-        total = sum(us for us, _, _ in rows)
+        total = sum(us for us, _ in rows)
         print(f"== {name} {args.shape} {args.dtype}: {len(rows)} kernels, {total:.0f} us")
         by_kind = collections.defaultdict(lambda: [0.0, 0])
-        for us, _, kernel in rows:
+        for us, kernel in rows:
             print(f"  {us:7.1f}  {kernel[:110]}")
             kind = kind_of(kernel, name.startswith("gpu_days"))
             by_kind[kind][0] += us
