@@ -371,11 +371,6 @@ def _backward_with(batched: bool):
         alpha, ta, tb = ctx.alpha, ctx.ta, ctx.tb
         g = programs.contiguous(g)
         grad_a = grad_b = grad_c = None
-        # c's gradient first (a bias's column sum): it reads g while g is still in L2
-        if ctx.c_shape is not None and ctx.needs_input_grad[2]:
-            gc = g if ctx.beta == 1 else g * ctx.beta  # a bias: no multiply
-            is_row = g.dim() == 2 and tuple(ctx.c_shape) in ((g.shape[1],), (1, g.shape[1]))
-            grad_c = column_sum(gc).view(*ctx.c_shape) if is_row else gc.sum_to_size(ctx.c_shape)
         if ctx.needs_input_grad[0]:
             # op(a) = g @ op(b)^T; stored a is op(a) or its transpose
             if ta:  # a = (g @ op(b)^T)^T = op(b) @ g^T
@@ -388,6 +383,10 @@ def _backward_with(batched: bool):
                 grad_b = _backward_product(g, a, alpha, True, ta, batched)
             else:
                 grad_b = _backward_product(a, g, alpha, not ta, False, batched)
+        if ctx.c_shape is not None and ctx.needs_input_grad[2]:
+            gc = g if ctx.beta == 1 else g * ctx.beta  # a bias: no multiply
+            is_row = g.dim() == 2 and tuple(ctx.c_shape) in ((g.shape[1],), (1, g.shape[1]))
+            grad_c = column_sum(gc).view(*ctx.c_shape) if is_row else gc.sum_to_size(ctx.c_shape)
         return grad_a, grad_b, grad_c, None, None, None, None
 
     return backward

@@ -225,17 +225,16 @@ def _backward(ctx, g, _grad_pre):
     g = aligned16(g)
     dh = g if pre is None else torch.ops.aten.gelu_backward(g, pre, approximate="tanh")
     dx = dw = db = dres = dw_master = db_master = None
-    # the bias gradient first: it reads dh while the kernel that wrote it left it in L2
-    if need[2]:  # False for a None bias, as for any non-tensor input
-        db = column_sum(dh)
-    if need[6]:
-        db_master = bias_grad(dh)
     if need[0]:
         dx = gemm(dh, weight)  # (rows, out) @ (out, in)
     if need[1]:
         dw = gemm(dh, x2, transpose_a=True)  # dH^T X: (out, rows) @ (rows, in)
     if need[5]:
         dw_master = weight_grad(dh, x2, grad_destination(ctx.weight_master))  # the same, stored in float32
+    if need[2]:  # False for a None bias, as for any non-tensor input
+        db = column_sum(dh)
+    if need[6]:
+        db_master = bias_grad(dh)
     if ctx.residual_shape is not None and need[3]:
         dres = g.sum_to_size(ctx.residual_shape)
     return dx, dw, db, dres, None, dw_master, db_master

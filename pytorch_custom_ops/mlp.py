@@ -106,30 +106,23 @@ def _backward(ctx, g, _grad_h, _grad_d):
     need = ctx.needs_input_grad
     grads = [None] * 9
 
-    def weights(dy, inp, w: int):  # a layer's weight gradient (slot w, or its master's)
+    def layer(dy, inp, w: int, b: int):  # a layer's weight and bias gradients (slots w, b)
         if need[w]:
             grads[w] = gemm(dy, inp, transpose_a=True)  # dy^T input: (out, rows) @ (rows, in)
         if need[w + 4]:
             grads[w + 4] = weight_grad(dy, inp, grad_destination(ctx.masters[w - 1]))  # the same, in float32
-
-    def bias(dy, b: int):  # its bias gradient (slot b, or its master's)
         if need[b]:  # False for a None bias
             grads[b] = column_sum(dy)
         if need[b + 4]:
             grads[b + 4] = bias_grad(dy)
 
-    # Each bias gradient reads its dy right after the kernel that wrote it, while dy is
-    # still in L2; after two GEMMs it came from memory (day 016: the 4096-wide one took
-    # ~15 us cold of a bf16 step at 32 x 128 x 1024).
     g = aligned16(g)
-    bias(g, 4)
-    weights(g, h, 3)
+    layer(g, h, 3, 4)
     if need[0] or any(need[i] for i in (1, 2, 5, 6)):
         (dpre,) = _gelu_grad_product([g, proj_weight, d, _alpha_beta(1.0, 0.0, g.device)])
-        bias(dpre, 2)
         if need[0]:
             grads[0] = gemm(dpre, fc_weight)  # (rows, hidden) @ (hidden, in)
-        weights(dpre, x2, 1)
+        layer(dpre, x2, 1, 2)
     return tuple(grads)
 
 
