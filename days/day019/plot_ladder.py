@@ -22,6 +22,8 @@ RUNG_ORDER = (
     "v4_multicast_128x128",
     "v4_coop_128x256",
     "v4_coop_256x128",
+    "v4_coop_tma_128x256",
+    "v4_coop_tma_256x128",
     "v4_coop_multicast_256x128",
     "v4_coop_256x192",
     "v4_streamk_256x128",
