@@ -96,6 +96,7 @@ def warpgroup_sync(bar_id: Int):
     )
 
 
+# --8<-- [start:publish]
 @always_inline
 def publish_box[
     dtype: DType
@@ -144,6 +145,9 @@ def write_box_pairs[
             inlined_assembly[
                 "st.shared.u32 [$0], $1;", NoneType, constraints="r,r"
             ](addr, pairs[half * 8 + jc])
+
+
+# --8<-- [end:publish]
 
 
 # --8<-- [start:smem_epilogue]
