@@ -120,3 +120,24 @@ def test_gelu_keeps_its_input_through_a_map_of_its_own():
     out_map, aux_map = launch.args[2:4]
     assert (out_map.address, aux_map.address) == (out.data_ptr(), pre.data_ptr())
     assert aux_map.dims == out_map.dims == (264, 300, 1) and aux_map.box == (BOX, BOX, 1)
+
+
+def test_the_host_and_the_kernel_agree_on_the_boxes():
+    """STORE_BOX and STORE_BOXES live in tma_store.mojo; the plan's copies (shared memory,
+    the output maps' boxes) must say the same. (A wrong count also fails the kernel's
+    SMEM check at build time; a wrong box size would only show on the GPU.)"""
+    import re
+    from pathlib import Path
+
+    from pytorch_custom_ops import gemm_gpu
+
+    source = (Path(__file__).parent / "tma_store.mojo").read_text()
+    declared = {name: int(v) for name, v in re.findall(r"^comptime (STORE_BOXES?) = (\d+)", source, re.M)}
+    assert (
+        declared
+        == {"STORE_BOX": gemm_gpu.STORE_BOX, "STORE_BOXES": gemm_gpu.STORE_BOXES}
+        == {
+            "STORE_BOX": BOX,
+            "STORE_BOXES": 2,
+        }
+    )
