@@ -132,7 +132,7 @@ def test_the_host_and_the_kernel_agree_on_the_boxes():
     from pytorch_custom_ops import gemm_gpu
 
     source = (Path(__file__).parent / "tma_store.mojo").read_text()
-    declared = {name: int(v) for name, v in re.findall(r"^comptime (STORE_BOXES?) = (\d+)", source, re.M)}
+    declared = {name: int(v) for name, v in re.findall(r"^comptime (STORE_BOX(?:ES)?) = (\d+)", source, re.M)}
     assert (
         declared
         == {"STORE_BOX": gemm_gpu.STORE_BOX, "STORE_BOXES": gemm_gpu.STORE_BOXES}
