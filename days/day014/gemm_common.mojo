@@ -140,8 +140,9 @@ def _gelu_sigmoid(x: SIMD[DType.float32, _]) -> type_of(x):
     """sigmoid(2u) = (1 + tanh(u)) / 2, u = sqrt(2/pi) (x + 0.044715 x^3): GELU and its
     derivative share it. One SFU instruction: the GELU epilogue's values are bound by the
     SFU (16 a clock per SM against 128 FMAs), and exp + reciprocal took two (day 019,
-    part 10). tanh.approx's error, 2^-11 of tanh, is a quarter of a bf16 ulp of GELU
-    for x > 0 and at most 2.5e-4 |x| in absolute terms where GELU is near 0."""
+    part 10). tanh.approx's error, 2^-11 of tanh, is at most an eighth of a bf16 ulp
+    of GELU for x > 0, and at most 2.5e-4 |x| in absolute terms where GELU is near 0.
+    """
     var u = x * (0.7978845608028654 + 0.035677408136300125 * x * x)
     return 0.5 + 0.5 * tanh_approx(u)
 
