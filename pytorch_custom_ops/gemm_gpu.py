@@ -577,7 +577,8 @@ def pingpong_launch(
     b_map = operand_tma_map(b, tb, bn, batch, n, k)
     epilogue = (bias is not None, gelu, gelu_grad)
     f32_out = out.dtype == torch.float32 and split != 2  # split-K: the sum kernel writes out
-    # TMA stores need whole 16-byte row pitches (N % 8 == 0, as the register epilogue)
+    # TMA stores write 16-bit outputs only (the 16-byte row pitch their maps need, N % 8
+    # == 0, is the register epilogue's condition too: the plans check it before this)
     tma_store = kind == "coop_tma" and not f32_out
     out_map = aux_map = a_map  # unused without TMA_STORE
     if tma_store:

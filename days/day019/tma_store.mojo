@@ -3,11 +3,12 @@
 # Why: in the cooperative schedule both consumers write their tile from registers
 # (day 014's wg_store_acc) while the tensor cores wait. The stores themselves are
 # fire-and-forget, but a tile is 64 KB (twice that with GELU's saved input), and the
-# warps cannot issue the next tile's wgmma until the last store has left the SM. Here a
-# consumer writes each 64 x 64 piece of its tile into a shared-memory box laid out the
-# way TMA reads it (128-byte swizzle), and one thread hands the box to the TMA unit
-# (cp.async.bulk.tensor ... global.shared::cta), which writes it to global memory while
-# the warps go on to the next piece and the next tile's k-loop.
+# warps issue the next tile's wgmma only after every store, at the rate the memory
+# system takes them. Here a consumer writes each 64 x 64 piece of its tile into a
+# shared-memory box laid out the way TMA reads it (128-byte swizzle), and one thread
+# hands the box to the TMA unit (cp.async.bulk.tensor ... global.shared::cta), which
+# writes it to global memory while the warps go on to the next piece and the next
+# tile's k-loop.
 #
 # Two boxes per consumer take turns: piece i goes to box i % 2, which piece i - 2 used.
 # Before the warpgroup barrier that publishes piece i, the storing thread waits until
@@ -202,9 +203,8 @@ def wg_store_acc_tma[
     comptime for h in range(BN // STORE_BOX):
         comptime J0 = h * (STORE_BOX // 8)  # the box's first column block
         var res = SIMD[DType.uint32, 16]()
-        var pre = SIMD[
-            DType.uint32, 16
-        ]()  # GELU's input (or derivative), for aux
+        # GELU's input (or derivative), for aux
+        var pre = SIMD[DType.uint32, 16]()
         comptime for half in range(2):
             var cq = load_c_pairs[dtype, 8, GELU_GRAD](
                 c_t,
