@@ -22,6 +22,7 @@ import torch
 
 from . import cuda_driver, direct
 from .gpu_kernels import KernelFamily
+from .layer_norm import sum_partials_launch
 from .mojo_op import device_constant
 
 # one Mojo file per kernel version (days/day014/gemm_v*.mojo)
@@ -554,6 +555,7 @@ def pingpong_launch(
     gelu=False,
     gelu_grad=False,
     aux_derivative=False,
+    column_sums=None,
 ) -> list[direct.Launch]:
     """Version 4's launch: a persistent grid of at most one block per SM. `sizes` is
     (m, n, k, batch, c_bs, c_rs, c_cs); `bias` and `aux` may be None (not read/written).
@@ -566,7 +568,11 @@ def pingpong_launch(
     (stream-K: a float32 workspace for the pieces of split tiles, a zeroed counter per
     tile and warp), "coop_splitk" cuts each tile's into `split_k`'s S pieces on a grid
     of tiles x S and adds the launch that sums them. A float32 `out` (16-bit operands)
-    takes the F32_OUT variants (PP_F32_CONFIGS) or, split, the sum kernel's."""
+    takes the F32_OUT variants (PP_F32_CONFIGS) or, split, the sum kernel's.
+    `column_sums`, an (n,) vector (float32 or out's dtype): with `gelu_grad` and kind
+    "coop_tma" only, it gets out's column sums over all rows and matrices (a bias
+    gradient): the epilogue writes per-warp partial sums, day 013's sum_partials_kernel
+    adds them up."""
     m, n, k, batch = sizes[:4]
     dtype = a.dtype
     coop = kind.startswith("coop")
@@ -580,6 +586,8 @@ def pingpong_launch(
     # TMA stores write 16-bit outputs only (the 16-byte row pitch their maps need, N % 8
     # == 0, is the register epilogue's condition too: the plans check it before this)
     tma_store = kind == "coop_tma" and not f32_out
+    if column_sums is not None and not (gelu_grad and tma_store):
+        raise ValueError(f"pingpong_launch: column sums come with gelu_grad on coop_tma tiles, not {kind}")
     out_map = aux_map = a_map  # unused without TMA_STORE
     if tma_store:
         out_map = aux_map = output_tma_map(out, batch, m, n)
@@ -606,6 +614,10 @@ def pingpong_launch(
         counters = direct.scratch((tiles, 8), torch.int32, out.device, zeroed=True).data_ptr()
     elif split == 2:
         partials = direct.scratch((pieces, batch, m, n), torch.float32, out.device).data_ptr()
+    sums = None
+    if column_sums is not None:  # a row per warp of each consumer's bm / 2 rows (gemm_v4_pingpong)
+        sums = direct.scratch((batch * _cdiv(m, bm // 2) * 4, n), torch.float32, out.device)
+        partials = sums.data_ptr()
     ptrs = (
         out.data_ptr(),
         c.data_ptr(),
@@ -615,8 +627,13 @@ def pingpong_launch(
         partials,
         counters,
     )
-    args = (a_map, b_map, out_map, aux_map, *ptrs, *sizes, 0 if aux is None else 2 if aux_derivative else 1)
+    store_aux = 0 if aux is None else 2 if aux_derivative else 1
+    if sums is not None:  # GELU_GRAD has no aux of its own: the flag asks for the sums
+        store_aux = 1
+    args = (a_map, b_map, out_map, aux_map, *ptrs, *sizes, store_aux)
     launches = [direct.Launch(kernel, grid, PP_THREADS, args, smem, cluster if cluster > 1 else None)]
+    if sums is not None:
+        launches.append(sum_partials_launch(sums, column_sums))
     if split == 2:  # the second kernel: 4 outputs a thread, a few blocks per SM
         sum_args = (out.data_ptr(), partials, c.data_ptr(), alpha_beta.data_ptr(), m, n, batch, pieces, *sizes[4:])
         launches.append(split_k_sum_launch(SPLIT_K_SUM_KERNEL[dtype, out.dtype], sum_args, out))

@@ -141,9 +141,21 @@ LN_BWD_STREAM = KernelFamily(
 LN_SUM_PARTIALS = KernelFamily(
     _MODULE,
     "sum_partials_kernel",
-    args=("ptr", "ptr", "ptr", "i64", "i64"),  # grad_weight, grad_bias, partials, parts, cols
+    args=("ptr", "ptr", "ptr", "i64", "i64", "i64"),  # grad_weight, grad_bias, partials, parts, cols, width
     variants=tuple((d, _accum(d), SUM_COLS, SUM_LANES) for d in FLOAT_DTYPES),
 )
+
+
+def sum_partials_launch(partials: torch.Tensor, first: torch.Tensor, second: torch.Tensor | None = None):
+    """The second stage's launch: the column sums of `partials` (parts, width), the first
+    `first.numel()` of them into `first`, the rest into `second`. The layer norm's
+    workspace is [dw | db] (width 2 cols); day 019's GEMM writes one vector's partials
+    (a bias gradient's: `second` None, never touched)."""
+    parts, width = partials.shape
+    cols = first.numel()
+    kernel = LN_SUM_PARTIALS[first.dtype, partials.dtype, SUM_COLS, SUM_LANES]
+    args = (first.data_ptr(), 0 if second is None else second.data_ptr(), partials.data_ptr(), parts, cols, width)
+    return direct.Launch(kernel, grid=_ceildiv(width, SUM_COLS), block=SUM_COLS * SUM_LANES, args=args)
 
 
 _SM_COUNTS: dict[torch.device, int] = {}
@@ -249,12 +261,7 @@ def backward_launches(
                 smem=smem,
                 args=(grad_x.data_ptr(), partials.data_ptr(), *ptrs, *fused_ptrs, rows, cols, flags),
             ),
-            direct.Launch(
-                LN_SUM_PARTIALS[dtype, acc, SUM_COLS, SUM_LANES],
-                grid=_ceildiv(2 * cols, SUM_COLS),
-                block=SUM_COLS * SUM_LANES,
-                args=(grad_weight.data_ptr(), grad_bias.data_ptr(), partials.data_ptr(), grid, cols),
-            ),
+            sum_partials_launch(partials, grad_weight, grad_bias),
         ]
     )
     launches.workspace = partials

@@ -25,12 +25,15 @@ that composition, `linear(linear(x, W1, b1, "gelu_tanh"), W2, b2)`: the same res
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from . import direct, eager
 from .contract import OpSpec, TensorArg
 from .gemm import MojoGEMM, _alpha_beta, column_sum, gemm
 from .gemm_gpu import PINGPONG_KERNEL, TC_DTYPES, pingpong_launch
+from .layer_norm import LN_SUM_PARTIALS
 from .linear import _fused_forward, aligned16, check_linear_args, linear, linear_tile
 from .master_weights import bias_grad, cast_parameters, grad_destination, weight_grad
 from .mojo_op import MojoOp
@@ -49,23 +52,59 @@ GELU_GRAD_PRODUCT = OpSpec(
 )
 
 
-# --8<-- [start:plan]
-@direct.plan(PINGPONG_KERNEL)
-def gelu_grad_product_gpu(outputs, inputs, params) -> list[direct.Launch]:
-    (out,), (grad, weight, derivative, alpha_beta) = outputs, inputs
+def _with_sums(dtype: torch.dtype | None) -> OpSpec:
+    """GELU_GRAD_PRODUCT that also returns grad_pre's column sums, fc's bias gradient, in
+    `dtype` (None: the op's; float32 for a float32 master bias, master_weights.py)."""
+    sums = TensorArg("grad_bias", ("hidden",), dtype)
+    return replace(GELU_GRAD_PRODUCT, name="gelu_grad_product_sums", outputs=(*GELU_GRAD_PRODUCT.outputs, sums))
+
+
+def _tile(m: int, n: int, k: int, device: int) -> tuple[str, int, int]:
+    """The product's tile: the fused GELU layer's rule (its c over 192 columns a consumer
+    spilled)."""
+    return linear_tile(m, n, k, device, gelu=True)
+
+
+def sums_fuse(grad: torch.Tensor, weight: torch.Tensor) -> bool:
+    """The product's launch can also sum its columns: only the epilogue through shared
+    memory and TMA stores does (days/day019/tma_store.mojo), and AUTO picks it here."""
     (m, k), n = grad.shape, weight.shape[1]
-    # GELU's tile rule (its c over 192 columns a consumer spilled)
-    kind, bm, bn = linear_tile(m, n, k, out.get_device(), gelu=True)
+    return _tile(m, n, k, grad.get_device())[0] == "coop_tma"
+
+
+# --8<-- [start:plan]
+@direct.plan(PINGPONG_KERNEL, LN_SUM_PARTIALS)
+def gelu_grad_product_gpu(outputs, inputs, params) -> list[direct.Launch]:
+    (out, *sums), (grad, weight, derivative, alpha_beta) = outputs, inputs
+    (m, k), n = grad.shape, weight.shape[1]
+    kind, bm, bn = _tile(m, n, k, out.get_device())
     # grad (M, K) is k-contiguous, weight (K, N) n-contiguous: neither transposed; the
     # derivative is c, full (rows of N), which the epilogue reads a pair (4 bytes) at a time
     sizes = (m, n, k, 1, 0, n, 1)
     return pingpong_launch(
-        grad, weight, out, derivative, alpha_beta, None, None, sizes, False, False, kind, bm, bn, gelu_grad=True
+        grad,
+        weight,
+        out,
+        derivative,
+        alpha_beta,
+        None,
+        None,
+        sizes,
+        False,
+        False,
+        kind,
+        bm,
+        bn,
+        gelu_grad=True,
+        column_sums=sums[0] if sums else None,  # only where sums_fuse: else pingpong_launch refuses
     )
 
 
 # --8<-- [end:plan]
 _gelu_grad_product = MojoOp(GELU_GRAD_PRODUCT, gpu=gelu_grad_product_gpu)
+_gelu_grad_product_sums = {
+    dtype: MojoOp(_with_sums(dtype), gpu=gelu_grad_product_gpu) for dtype in (None, torch.float32)
+}
 
 
 # -- the fused path ---------------------------------------------------------------------
@@ -111,19 +150,34 @@ def _backward(ctx, g, _grad_h, _grad_d):
             grads[w] = gemm(dy, inp, transpose_a=True)  # dy^T input: (out, rows) @ (rows, in)
         if need[w + 4]:
             grads[w + 4] = weight_grad(dy, inp, grad_destination(ctx.masters[w - 1]))  # the same, in float32
-        if need[b]:  # False for a None bias
+        if need[b] and grads[b] is None:  # False for a None bias
             grads[b] = column_sum(dy)
-        if need[b + 4]:
+        if need[b + 4] and grads[b + 4] is None:
             grads[b + 4] = bias_grad(dy)
 
     g = aligned16(g)
     layer(g, h, 3, 4)
     if need[0] or any(need[i] for i in (1, 2, 5, 6)):
-        (dpre,) = _gelu_grad_product([g, proj_weight, d, _alpha_beta(1.0, 0.0, g.device)])
+        args = [g, proj_weight, d, _alpha_beta(1.0, 0.0, g.device)]
+        # fc's bias gradient (slot 2, or 6: its float32 master) from the product's own
+        # epilogue where it can: the product is not read again for it
+        slot = 6 if need[6] else 2 if need[2] else None
+        if slot is not None and sums_fuse(g, proj_weight):
+            op = _gelu_grad_product_sums[torch.float32 if slot == 6 else None]
+            dpre, grads[slot] = op(args, torch_impl=lambda: _torch_product(*args[:3], slot == 6))
+        else:
+            (dpre,) = _gelu_grad_product(args)
         if need[0]:
             grads[0] = gemm(dpre, fc_weight)  # (rows, hidden) @ (hidden, in)
         layer(dpre, x2, 1, 2)
     return tuple(grads)
+
+
+def _torch_product(g, proj_weight, d, float32_sums: bool) -> list[torch.Tensor]:
+    """What _gelu_grad_product_sums computes, by torch (its fallback)."""
+    dpre = (g @ proj_weight) * d
+    sums = dpre.sum(0, dtype=torch.float32)
+    return [dpre, sums if float32_sums else sums.to(dpre.dtype)]
 
 
 _fused_autograd = eager.function("FusedMLP", _forward, _setup_context, _backward)

@@ -657,18 +657,22 @@ def sum_partials_kernel[
     partials: Pointer[Scalar[acc], MutAnyOrigin],
     parts: Int64,
     cols: Int64,
+    width: Int64,
 ) where dtype.is_floating_point():
     """Second stage, one block of SUM_COLS x SUM_LANES threads per SUM_COLS
-    columns of the (parts, 2 * cols) partials: column k is summed by SUM_LANES
+    columns of the (parts, width) partials: column k is summed by SUM_LANES
     threads (rows p = lane, lane + SUM_LANES, ...), then by one, always in the
-    same order, so the result does not depend on timing (no atomics). The
-    launch plan picks SUM_COLS and SUM_LANES; block and grid follow from them.
+    same order, so the result does not depend on timing (no atomics). Sums of
+    columns k < cols go to grad_weight[k], the others to grad_bias[k - cols]:
+    the layer norm's partials are [dw | db], width = 2 cols. Day 019's GEMM
+    writes one vector's (a bias gradient's): width = cols, grad_bias unused.
+    The launch plan picks SUM_COLS and SUM_LANES; block and grid follow from them.
     """
     comptime assert acc == accum_dtype[dtype](), "acc: accum_dtype[dtype]"
     var sh = stack_allocation[
         SUM_COLS * SUM_LANES, Scalar[acc], address_space=AddressSpace.SHARED
     ]()
-    var n2 = 2 * Int(cols)
+    var n2 = Int(width)
     var c = thread_idx.x % SUM_COLS
     var lane = thread_idx.x // SUM_COLS
     var k = block_idx.x * SUM_COLS + c

@@ -457,7 +457,7 @@ def test_plan_backward_grid_workspace_and_second_stage(dtype, monkeypatch):
         assert ws.dtype == acc and ws.shape == (grid, 2 * cols) and ws.is_contiguous()
         assert stage1.args[1] == ws.data_ptr() == stage2.args[2]
         assert stage2.kernel is LN.LN_SUM_PARTIALS[dtype, acc, LN.SUM_COLS, LN.SUM_LANES]
-        assert stage2.args[3:] == (grid, cols)
+        assert stage2.args[3:] == (grid, cols, 2 * cols)
         assert stage2.grid == -(-2 * cols // LN.SUM_COLS) and stage2.block == LN.SUM_COLS * LN.SUM_LANES
 
 

@@ -10,6 +10,7 @@ from max.gpu import (
     grid_dim,
     barrier,
     lane_id,
+    warp_id,
 )
 from max.gpu.compute.mma import (
     WGMMADescriptor,
@@ -41,6 +42,7 @@ from days.day019.tma_store import (
     STORE_BOXES,
     STORE_BOX_ELEMS,
     bulk_wait_all,
+    store_column_sums,
     wg_store_acc_tma,
 )
 from days.day014.gemm_v2_wgmma import WG_THREADS
@@ -146,6 +148,10 @@ def gemm_pingpong_kernel[
     laid out like out) is written when GELU and store_aux != 0: 1 writes the pre-activation,
     2 GELU's derivative there. GELU_GRAD (neither BIAS nor GELU): out = alpha * op(A) @ op(B)
     * c, the MLP backward's gradient of GELU's input, c the derivative saved (day 020).
+    With TMA_STORE and store_aux != 0 it also writes out's column sums in parts: row
+    (bt ceil(M / WG_ROWS) + i) 4 + w of `partials`, float32 (batch ceil(M / WG_ROWS) 4,
+    N), sums rows 16 w .. 16 w + 15 of each 64-row block of the i-th WG_ROWS rows of
+    matrix bt (tma_store.mojo); their sum over the rows is the bias gradient.
 
     COOP: the two consumers split every tile by rows instead (BM/2 each), as version 3
     does, without the turn; the persistent schedule and the early loads stay.
@@ -160,7 +166,8 @@ def gemm_pingpong_kernel[
     split tile sums them (`partials`: a float32 workspace of grid x 2 x BM x BN,
     `counters`: tiles x 8 int32 zeros). 2, split-K: launched on tiles x S blocks, each
     stores its piece as float32 in slice s of `partials`, (S, batch, M, N), for
-    split_k_sum_kernel; `counters` unused. 0: neither is touched.
+    split_k_sum_kernel; `counters` unused. 0: neither is touched (but GELU_GRAD's
+    column sums, above, write `partials`).
 
     F32_OUT: dst holds float32 (passed as a pointer like the others), the plain
     epilogue only: a weight gradient written in its float32 master weight's dtype, so
@@ -449,6 +456,8 @@ def gemm_pingpong_kernel[
                     .unsafe_bitcast[Scalar[dtype]]()
                 )
             comptime if TMA_STORE:
+                # GELU_GRAD's column sums (store_aux != 0), over the row blocks
+                var col_sums = SIMD[DType.float32, BN0 // 32](0)
                 comptime for r in range(ROW_BLOCKS):
                     wg_store_acc_tma[dtype, BN0, BIAS, GELU, GELU_GRAD](
                         acc0.slice[FRAG0, offset=r * FRAG0](),
@@ -470,7 +479,19 @@ def gemm_pingpong_kernel[
                         piece,
                         storer,
                         1 + me,  # named barrier 0 is the block's
+                        col_sums,
                     )
+                comptime if GELU_GRAD:
+                    # one row of partials per warp of each consumer's rows: 4 per
+                    # WG_ROWS rows of each matrix (rows past M sum to 0, and are stored)
+                    var row_base = tile[0] * BM + row_off
+                    if store_aux != 0 and row_base < M:
+                        var prow = (
+                            bt * ceildiv(M, WG_ROWS) + row_base // WG_ROWS
+                        ) * 4 + warp_id() % 4
+                        store_column_sums[BN0](
+                            partials, col_sums, prow, tn * BN, N
+                        )
                 continue
             comptime for r in range(ROW_BLOCKS):
                 wg_store_acc[dtype, BN0, BIAS, GELU, GELU_GRAD, F32_OUT](

@@ -19,6 +19,7 @@
 
 from max.gpu import lane_id, warp_id
 from max.gpu.host.nvidia.tma import TMADescriptor
+from max.gpu.primitives import warp
 from std.sys._assembly import inlined_assembly
 
 from days.day014.gemm_common import (
@@ -151,6 +152,65 @@ def write_box_pairs[
 # --8<-- [end:publish]
 
 
+# --8<-- [start:column_sums]
+# A bias's gradient is the column sum of the gradient a layer's output gets. In the MLP's
+# backward that gradient is GELU_GRAD's output, dH = (dY W2) * GELU'; summed by its own
+# kernel it was read again from memory, 32 MB at 4096 x 4096 (cuBLAS's g^T 1: 14.8 us of
+# day 016's step). Here the epilogue adds up the values it already holds. Each lane
+# sums its two rows (g, g + 8) of a box's 8 column pairs; `reduce_scatter_rows` then sums
+# over the warp's 16 rows and leaves one column pair a lane; the pairs add up over the
+# consumer's row blocks in registers, and each warp stores one row of float32 partial
+# sums. Day 013's sum_partials_kernel adds those rows up, always in the same order.
+@always_inline
+def reduce_scatter_rows(v: SIMD[DType.float32, 16]) -> SIMD[DType.float32, 2]:
+    """Sum 8 column pairs (pair jc at v[2 jc], v[2 jc + 1]) over the 8 lanes g = lane
+    // 4 that hold the same columns (the same t), leaving lane g with pair jc = g. Stage
+    b swaps half of what a lane still holds with the lane 4 * 2^b away: where bit b of
+    g is set, a lane keeps the pairs with bit b of jc set, and stores its sum where the
+    pair with that bit clear was. 14 shuffles, not the 48 of three full butterflies.
+    Every lane of the warp must take part."""
+    var g = lane_id() // 4
+    var s = v
+    comptime for b in range(3):
+        comptime m = 1 << b
+        var hi = (g >> b) & 1 == 1
+        comptime for e0 in range(
+            0, 8, 2 * m
+        ):  # the pairs still held: bits < b clear
+            comptime e1 = e0 + m
+            comptime for f in range(2):
+                var send = s[2 * e0 + f] if hi else s[2 * e1 + f]
+                var keep = s[2 * e1 + f] if hi else s[2 * e0 + f]
+                s[2 * e0 + f] = keep + warp.shuffle_xor(send, UInt32(4 * m))
+    return s.slice[2, offset=0]()
+
+
+@always_inline
+def store_column_sums[
+    BN: Int
+](
+    partials: Pointer[Float32, MutAnyOrigin],
+    col_sums: SIMD[DType.float32, BN // 32],
+    prow: Int,
+    n0: Int,
+    N: Int,
+):
+    """Store a warp's column sums of its BN columns from n0 (pair h of a lane: box h,
+    columns 8 g + 2 t, + 1) as row `prow` of the (parts, N) float32 `partials`: 256
+    contiguous bytes a box. N % 8 == 0, so a pair is all in or all out."""
+    var g = lane_id() // 4
+    var t = lane_id() % 4
+    comptime for h in range(BN // STORE_BOX):
+        var col = n0 + h * STORE_BOX + 8 * g + 2 * t
+        if col < N:
+            partials.unsafe_store[alignment=8](
+                prow * N + col, col_sums.slice[2, offset=2 * h]()
+            )
+
+
+# --8<-- [end:column_sums]
+
+
 # --8<-- [start:smem_epilogue]
 @always_inline
 def wg_store_acc_tma[
@@ -181,6 +241,7 @@ def wg_store_acc_tma[
     mut piece: Int,
     storer: Bool,
     bar_id: Int,
+    mut col_sums: SIMD[DType.float32, BN // 32],
 ):
     """wg_store_acc's epilogue (the same values: alpha, bias, GELU and aux, beta c or
     GELU_GRAD's * c) for one warpgroup's 64 x BN accumulator at (row0, n0) of matrix
@@ -188,6 +249,10 @@ def wg_store_acc_tma[
     at a time. `piece` counts the boxes this consumer has published (it picks the box);
     `storer` is one thread of the warpgroup, the same every call; `bar_id` a named
     barrier of the warpgroup's own. Every thread of the warpgroup calls it.
+
+    GELU_GRAD with `aux` != 0 also adds the column sums of the warp's 16 rows of out
+    (rows below M; float32, before rounding) to `col_sums`, a pair per 64-column box
+    (reduce_scatter_rows' layout), for store_column_sums.
 
     Rows past M and columns past N are written to the box but never to memory (TMA
     clips the box), so unlike wg_store_acc no store needs a condition; N % 8 == 0 for
@@ -205,7 +270,11 @@ def wg_store_acc_tma[
         var res = SIMD[DType.uint32, 16]()
         # GELU's input (or derivative), for aux
         var pre = SIMD[DType.uint32, 16]()
+        var cs = SIMD[
+            DType.float32, 16
+        ]()  # GELU_GRAD: its column sums, by pair
         comptime for half in range(2):
+            var row_in = wrow + half * 8 < M
             var cq = load_c_pairs[dtype, 8, GELU_GRAD](
                 c_t,
                 wrow + half * 8,
@@ -229,6 +298,14 @@ def wg_store_acc_tma[
                 )
                 res[half * 8 + jc] = _packed[dtype](v)
                 pre[half * 8 + jc] = kept
+                comptime if GELU_GRAD:
+                    cs[2 * jc] += v[0] if row_in else 0
+                    cs[2 * jc + 1] += v[1] if row_in else 0
+        comptime if GELU_GRAD:
+            if aux != 0:  # a kernel argument: the same in every lane
+                col_sums = col_sums.insert[offset=2 * h](
+                    col_sums.slice[2, offset=2 * h]() + reduce_scatter_rows(cs)
+                )
         var box = boxes.unsafe_offset((piece % STORE_BOXES) * STORE_BOX_ELEMS)
         write_box_pairs[dtype](box, res)
         publish_box[dtype](

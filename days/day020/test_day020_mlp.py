@@ -128,6 +128,54 @@ def test_cuda_fused_mlp_through_tma_stores(version, launched):
     gemms = [k for k in launched if "gemm_pingpong_kernel" in k]
     assert gemms and all(k.endswith(".1") for k in gemms), gemms  # TMA_STORE in each
     assert ("1", "1", "0") in [_epilogue(k) for k in gemms] and ("0", "0", "1") in [_epilogue(k) for k in gemms]
+    # fc's bias gradient came from the product's epilogue: its partial sums, then their sum
+    after = launched[next(i for i, k in enumerate(launched) if _epilogue(k) == ("0", "0", "1")) + 1]
+    assert "sum_partials_kernel" in after, launched
+
+
+@needs_cuda
+@pytest.mark.parametrize("version", ["COOP_TMA_256x128", "COOP_TMA_128x256"])
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+@pytest.mark.parametrize("float32_sums", [False, True])
+def test_cuda_gelu_grad_product_also_sums_its_columns(version, dtype, float32_sums, launched):
+    """The backward's product dpre = (g W2) * d also returns dpre's column sums (fc's bias
+    gradient) from its epilogue, in the op's dtype or float32 (a master bias). Rows past
+    the last tile (1100 = 4 x 256 + 76; 128-row halves of which one is empty), a last box
+    partly past N (392 = 6 x 64 + 8), K with a tail."""
+    from pytorch_custom_ops.gemm import _alpha_beta
+    from pytorch_custom_ops.mlp import _gelu_grad_product_sums, sums_fuse
+
+    gen = torch.Generator().manual_seed(11)
+    m, k, n = 1100, 72, 392
+    g = torch.randn(m, k, generator=gen).to("cuda", dtype)
+    w = (torch.randn(k, n, generator=gen) / math.sqrt(k)).to("cuda", dtype)
+    d = (1.3 * torch.rand(m, n, generator=gen) - 0.15).to("cuda", dtype)  # a GELU slope's range
+    with pco.gemm_version(version):
+        assert sums_fuse(g, w)
+        op = _gelu_grad_product_sums[torch.float32 if float32_sums else None]
+        dpre, sums = op([g, w, d, _alpha_beta(1.0, 0.0, g.device)])
+    want = (g.double() @ w.double()) * d.double()
+    assert dpre.dtype == dtype and ((dpre.double() - want).abs() / (want.abs() + 1)).max() < tolerance(dtype)
+    assert sums.shape == (n,) and sums.dtype == (torch.float32 if float32_sums else dtype)
+    want_sums = want.sum(0)
+    gap = (sums.double() - want_sums).abs().max().item()
+    assert gap < tolerance(dtype) * (want_sums.abs().max().item() + 1), gap
+    assert [k.split(".")[1] for k in launched] == ["gemm_pingpong_kernel", "sum_partials_kernel"], launched
+    assert _epilogue(launched[0]) == ("0", "0", "1") and launched[0].endswith(".1")
+
+
+@needs_cuda
+def test_cuda_column_sums_only_where_the_tile_stores_through_tma():
+    """Other tiles keep the separate column sum: the plan refuses sums it cannot make
+    rather than leaving them unwritten."""
+    from pytorch_custom_ops.gemm import _alpha_beta
+    from pytorch_custom_ops.mlp import _gelu_grad_product_sums, sums_fuse
+
+    g, w, d = (torch.randn(*s, device="cuda", dtype=BF16) for s in ((300, 64), (64, 136), (300, 136)))
+    with pco.gemm_version("COOP_256x128"):
+        assert not sums_fuse(g, w)
+        with pytest.raises(ValueError, match="column sums come with gelu_grad on coop_tma tiles"):
+            _gelu_grad_product_sums[None]([g, w, d, _alpha_beta(1.0, 0.0, g.device)])
 
 
 @needs_cuda
@@ -147,11 +195,16 @@ def test_cuda_forward_saves_gelus_derivative_for_the_backward():
 
 
 @needs_cuda
-def test_cuda_gpt2_shapes_under_autocast():
-    """The 124M model's MLP: 768 -> 3072 -> 768, float32 parameters, bfloat16 autocast."""
+@pytest.mark.parametrize("version", ["AUTO", "COOP_TMA_256x128"])
+def test_cuda_gpt2_shapes_under_autocast(version, launched):
+    """The 124M model's MLP: 768 -> 3072 -> 768, float32 parameters, bfloat16 autocast.
+    Through TMA stores fc's bias gradient comes from the product's epilogue in float32,
+    the master's dtype (no bfloat16 sum in between)."""
     x, w1, b1, w2, b2 = make((2, 300), 768, 3072, 768, torch.float32, "cuda", seed=2)
-    with torch.autocast("cuda", dtype=BF16):
+    with torch.autocast("cuda", dtype=BF16), pco.gemm_version(version):
         check([x, w1, b1, w2, b2], BF16, launch=lambda *t: pco.mlp(*t))
+    sums = [k for k in launched if "sum_partials_kernel" in k]
+    assert sums == (["day013.sum_partials_kernel.float32.float32.32.16"] if version != "AUTO" else []), launched
 
 
 @needs_cuda
