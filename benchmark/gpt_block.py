@@ -13,7 +13,9 @@ the same single call in cuBLAS (it copies the mask into the output, then beta = 
 linear adds its bias inside its GEMM in both builds (MojoGEMM's c, cuBLAS's addmm); GELU
 and the residual adds are torch ops in both. The heads' split and merge are two copies in
 both: torch's `.permute(...).contiguous()`, and day 016's `permute_copy` in gpu-days'
-(since part seven; torch's generic copy ran them at ~1.2 TB/s).
+(since part seven; torch's generic copy ran them at ~1.2 TB/s). The split's backward
+stacks the three gradients first in torch's build; gpu-days' `permute_unbind` gathers
+them in the same single copy (part ten).
 
 It lives in benchmark/ rather than pytorch_custom_ops/: it is a workload for measuring
 the ops, not an op, and the package should not grow a model API by accident.
@@ -46,8 +48,9 @@ class Ops:
     scores: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]  # (q, k, mask, scale)
     softmax: Callable[[torch.Tensor], torch.Tensor]  # over the last dim
     bmm: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (p, v) -> p @ v
-    # x.permute(dims).contiguous(): the heads' split and merge
+    # x.permute(dims).contiguous(): the heads' merge; ... .unbind(0): their split
     permute: Callable[[torch.Tensor, tuple[int, ...]], torch.Tensor]
+    permute_unbind: Callable[[torch.Tensor, tuple[int, ...]], tuple[torch.Tensor, ...]]
     # fused: the second residual add goes into the LayerNorm after it (layer_norm is an
     # add-LayerNorm: ln(x, delta) -> (x + delta, normalised)), and the MLP is one `mlp`
     # call with GELU in its GEMMs' epilogues (day 020's GPT-2 block)
@@ -62,6 +65,7 @@ GPU_DAYS = Ops(
     softmax=lambda s: pco.softmax(s, -1),
     bmm=pco.gemm_batched,
     permute=pco.permute_copy,
+    permute_unbind=pco.permute_unbind,
 )
 TORCH = Ops(
     name="torch",
@@ -71,6 +75,7 @@ TORCH = Ops(
     softmax=lambda s: torch.softmax(s, -1),
     bmm=torch.bmm,
     permute=lambda x, dims: x.permute(dims).contiguous(),
+    permute_unbind=lambda x, dims: x.permute(dims).contiguous().unbind(0),
 )
 GPU_DAYS_FUSED = Ops(
     name="gpu_days_fused",
@@ -80,6 +85,7 @@ GPU_DAYS_FUSED = Ops(
     softmax=GPU_DAYS.softmax,
     bmm=GPU_DAYS.bmm,
     permute=GPU_DAYS.permute,
+    permute_unbind=GPU_DAYS.permute_unbind,
     fused=True,
 )
 BUILDS = {ops.name: ops for ops in (GPU_DAYS, GPU_DAYS_FUSED, TORCH)}
@@ -148,8 +154,8 @@ class GPTBlock(nn.Module):
         h, hd = self.heads, HEAD_DIM
         with self._stage("qkv"):
             qkv = self.qkv(a)
-        with self._stage("split_heads"):  # one copy: (b, s, 3, h, hd) -> (3, b*h, s, hd)
-            q, k, v = self.ops.permute(qkv.view(b, s, 3, h, hd), (2, 0, 3, 1, 4)).view(3, b * h, s, hd).unbind(0)
+        with self._stage("split_heads"):  # one copy: (b, s, 3, h, hd) -> 3 x (b, h, s, hd)
+            q, k, v = (t.view(b * h, s, hd) for t in self.ops.permute_unbind(qkv.view(b, s, 3, h, hd), (2, 0, 3, 1, 4)))
         with self._stage("scores"):
             scores = self.ops.scores(q, k, mask, 1.0 / math.sqrt(hd))
         with self._stage("softmax"):

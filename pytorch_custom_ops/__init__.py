@@ -10,7 +10,8 @@
     y = pco.mlp(x, w1, b1, w2, b2)         # day020: GPT-2's MLP, no GELU kernel either way
     with pco.gemm_version("TMA_128x256"):   # force one of day014's GEMM versions
     y = pco.long_softmax(v)                # day015: a few very long rows (e.g. 2^28)
-    q, k, v = pco.permute_copy(qkv.view(b, s, 3, h, hd), (2, 0, 3, 1, 4))  # day016: heads split
+    o = pco.permute_copy(o.view(b, h, s, hd), (0, 2, 1, 3))  # day016: heads merged
+    q, k, v = pco.permute_unbind(qkv.view(b, s, 3, h, hd), (2, 0, 3, 1, 4))  # ... and split
     o = pco.flash_attention(q, k, v, causal=True)  # day017: Triton FlashAttention, fwd + bwd
     o = pco.flash_attention_qkvpacked(qkv, causal=True)  # the same from (B, L, 3, H, D), no copies
     o = pco.attention(q, k, v, causal=True)        # day018: Mojo FlashAttention for Hopper
@@ -40,6 +41,7 @@ from .linear import MojoLinear, linear
 from .long_softmax import MojoLongSoftmax, long_softmax, long_softmax_kernel
 from .mlp import MojoMLP, mlp
 from .permute_copy import permute_copy, permute_copy_kernel
+from .permute_unbind import permute_unbind
 from .softmax import online_softmax, online_softmax_kernel
 from .softmax_family import (
     MojoLogSoftmax,
@@ -121,6 +123,7 @@ __all__ = [
     "online_softmax_kernel",
     "permute_copy",
     "permute_copy_kernel",
+    "permute_unbind",
     "softmax",
     "softmax_backward",
     "strict",

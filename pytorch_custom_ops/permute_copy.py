@@ -33,31 +33,51 @@ MAX_GRID_YZ = 65535  # the kernel loops over the rest
 PERMUTE_COPY_KERNEL = KernelFamily(
     "days.day016.permute_copy",
     "permute_copy_kernel",
-    args=("ptr", "ptr") + ("i64",) * 9,  # dst, src, n0, n1, n2, n3, d, s0, s1, s2, s3
+    # dst, src0, src1, src2, n0, n1, n2, n3, d, s0, s1, s2, s3, pick
+    args=("ptr",) * 4 + ("i64",) * 10,
     variants=tuple((dtype, vw) for dtype in FLOAT_DTYPES for vw in sorted({1, 16 // dtype.itemsize})),
 )
 
 
-@direct.plan(PERMUTE_COPY_KERNEL)
-def _permute_copy_gpu(outputs, inputs, params) -> list[direct.Launch]:
+def _launch(out: torch.Tensor, sources: list[torch.Tensor], strides: tuple, pick: int) -> direct.Launch:
     """For each (i0, i1) the output's n2 x n3 x d elements are one contiguous run; a block
     copies CHUNK vectors of it: grid (ceil(run / CHUNK), n1, n0), capped at 65535 in y and
     z (the kernel loops over the rest). 16-byte vectors where the last dim, every stride
-    and both addresses allow them."""
-    (out,), (x,) = outputs, inputs
-    perm = (params["P0"], params["P1"], params["P2"], params["P3"])
+    and every address allow them. `sources`: one tensor, or up to three pieces that dim
+    `pick` of the output chooses from (its stride then 0)."""
     n0, n1, n2, n3, d = out.shape
-    strides = tuple(x.stride(p) for p in perm)
+    x = sources[0]
     vw = 16 // x.element_size()
-    aligned = out.data_ptr() % 16 == 0 and x.data_ptr() % 16 == 0
+    aligned = out.data_ptr() % 16 == 0 and all(t.data_ptr() % 16 == 0 for t in sources)
     if not (aligned and d % vw == 0 and all(s % vw == 0 for s in strides)):
         vw = 1
     run = n2 * n3 * (d // vw)
     if run >= 2**31:  # the kernel splits a run's index in 32 bits
         raise ValueError(f"permute_copy: {n2} x {n3} x {d} elements are too many for one run of the kernel")
     grid = (-(-run // CHUNK), min(n1, MAX_GRID_YZ), min(n0, MAX_GRID_YZ))
-    args = (out.data_ptr(), x.data_ptr(), n0, n1, n2, n3, d, *strides)
-    return [direct.Launch(PERMUTE_COPY_KERNEL[x.dtype, vw], grid, THREADS, args)]
+    src = [t.data_ptr() for t in sources]
+    src += src[-1:] * (3 - len(src))  # the kernel's unused sources: never picked
+    args = (out.data_ptr(), *src, n0, n1, n2, n3, d, *strides, pick)
+    return direct.Launch(PERMUTE_COPY_KERNEL[x.dtype, vw], grid, THREADS, args)
+
+
+@direct.plan(PERMUTE_COPY_KERNEL)
+def _permute_copy_gpu(outputs, inputs, params) -> list[direct.Launch]:
+    (out,), (x,) = outputs, inputs
+    perm = (params["P0"], params["P1"], params["P2"], params["P3"])
+    return [_launch(out, [x], tuple(x.stride(p) for p in perm), 0)]
+
+
+@direct.plan(PERMUTE_COPY_KERNEL)
+def _gather_gpu(outputs, inputs, params) -> list[direct.Launch]:
+    """x's gradient from the gradients of permute_unbind's pieces (each contiguous): dim
+    PICK of x (the one the pieces came from) chooses the piece, and every other dim of x
+    is a dim of the pieces, at its stride there."""
+    (out,), pieces = outputs, inputs
+    # params (permute_unbind.gather_kernel): PICK, and S0..S3, the piece dim each dim of x
+    # takes its stride from (-1: the picking dim, or a leading 1)
+    strides = tuple(0 if s < 0 else pieces[0].stride(s) for s in (params[f"S{p}"] for p in range(4)))
+    return [_launch(out, list(pieces), strides, params["PICK"])]
 
 
 # --8<-- [end:gpu_plan]

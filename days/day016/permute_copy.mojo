@@ -26,7 +26,9 @@ def permute_copy_kernel[
     dtype: DType, VW: Int
 ](
     dst: Pointer[Scalar[dtype], MutAnyOrigin],
-    src: Pointer[Scalar[dtype], MutAnyOrigin],
+    src0: Pointer[Scalar[dtype], MutAnyOrigin],
+    src1: Pointer[Scalar[dtype], MutAnyOrigin],
+    src2: Pointer[Scalar[dtype], MutAnyOrigin],
     n0: Int64,
     n1: Int64,
     n2: Int64,
@@ -36,23 +38,33 @@ def permute_copy_kernel[
     s1: Int64,
     s2: Int64,
     s3: Int64,
+    pick: Int64,
 ):
     """Launch with grid (ceil(n2 n3 d / VW / PERMUTE_CHUNK), min(n1, 65535),
     min(n0, 65535)) and PERMUTE_THREADS threads. For each (i0, i1), dst's n2 x n3 x d
     elements are one contiguous run, and block x copies its PERMUTE_CHUNK vectors of VW
-    elements (VW > 1: d and every stride are multiples of VW, both pointers 16-byte
+    elements (VW > 1: d and every stride are multiples of VW, all pointers 16-byte
     aligned; the launch plan checks, and that a run has < 2^31 vectors). So every block
     moves the same bytes, whether the rows are long (the heads' split: s x 64 per head)
-    or short (the merge: heads x 64 per token)."""
+    or short (the merge: heads x 64 per token).
+
+    Three sources: index `pick` of (i0, i1, i2, i3) chooses src0, src1 or src2 (index 2
+    and up: src2). One tensor passes itself three times; the gradient of a split into
+    pieces (the heads' q, k, v, separate tensors) passes each piece and a stride 0 for
+    the picking dim, and is gathered in one pass instead of stacked first (day 016,
+    part ten)."""
     comptime ALIGN = VW * size_of[dtype]()
     var vecs = Int32(d) // Int32(VW)  # vectors per innermost row
     var per_row = Int32(n3) * vecs  # vectors per (i0, i1, i2)
     var run = Int(n2) * Int(per_row)  # vectors per (i0, i1)
     var first = block_idx.x * PERMUTE_CHUNK + thread_idx.x
+    var sel = Int32(pick)
     for i0 in range(block_idx.z, Int(n0), grid_dim.z):
         for i1 in range(block_idx.y, Int(n1), grid_dim.y):
             var out_run = (i0 * Int(n1) + i1) * run * VW
             var in_run = i0 * Int(s0) + i1 * Int(s1)
+            # the source, where i0 or i1 picks it (the same for the whole run)
+            var outer = Int32(i0) if sel == 0 else Int32(i1)
             var vals = Array[SIMD[dtype, VW], PERMUTE_UNROLL](fill=0)
             comptime for u in range(PERMUTE_UNROLL):
                 var j = first + u * PERMUTE_THREADS
@@ -62,6 +74,10 @@ def permute_copy_kernel[
                     var k = Int32(j) - i2 * per_row
                     var i3 = k // vecs
                     var e = (k - i3 * vecs) * Int32(VW)
+                    var which = outer if sel < 2 else (i2 if sel == 2 else i3)
+                    var src = src0 if which == 0 else (
+                        src1 if which == 1 else src2
+                    )
                     vals[u] = src.unsafe_load[width=VW, alignment=ALIGN](
                         in_run + Int(i2) * Int(s2) + Int(i3) * Int(s3) + Int(e)
                     )

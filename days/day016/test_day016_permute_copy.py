@@ -131,7 +131,8 @@ def test_plan_uses_16_byte_vectors_where_rows_and_strides_allow():
     launch, out = _plan(torch.empty(2, 128, 3, 16, 64, dtype=torch.bfloat16), (2, 0, 3, 1))
     assert launch.kernel.params == (torch.bfloat16, 8)
     assert launch.grid == (16, 2, 3)  # (w, b): a run of 16 heads x 128 x 64 elements, 16 chunks
-    assert launch.args[2:] == (3, 2, 16, 128, 64, 64 * 16, 128 * 3 * 16 * 64, 64, 3 * 16 * 64)
+    assert launch.args[1] == launch.args[2] == launch.args[3]  # one source, passed for all three
+    assert launch.args[4:] == (3, 2, 16, 128, 64, 64 * 16, 128 * 3 * 16 * 64, 64, 3 * 16 * 64, 0)
     launch, _ = _plan(torch.empty(1, 2048, 3, 16, 64, dtype=torch.bfloat16), (2, 0, 3, 1))
     assert launch.grid == (16 * 16, 1, 3)  # 16 heads x 16384 vectors a (w, b): 256 chunks
     launch, _ = _plan(torch.empty(1, 8, 12, 1024, 64, dtype=torch.bfloat16), (0, 1, 3, 2))
