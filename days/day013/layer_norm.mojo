@@ -250,12 +250,19 @@ def layer_norm_fwd_kernel[
                     base + (i * TPR + t) * VEC
                 )
         if add:
+            # every delta load before the first store: x_sum may alias delta as
+            # far as the compiler knows, so a load after a store waits for the
+            # add before it, one memory round trip per vector (day 016, part ten)
+            var dv = Array[SIMD[ldtype, VEC], ITEMS](fill=SIMD[ldtype, VEC](0))
+            comptime for i in range(ITEMS):
+                if i * TPR + t < nvec:
+                    dv[i] = delta.unsafe_load[width=VEC, alignment=LALIGN](
+                        base + (i * TPR + t) * VEC
+                    )
             comptime for i in range(ITEMS):
                 var j = base + (i * TPR + t) * VEC
                 if i * TPR + t < nvec:
-                    v[i] = added(
-                        v[i], delta.unsafe_load[width=VEC, alignment=LALIGN](j)
-                    )
+                    v[i] = added(v[i], dv[i])
                     x_sum.unsafe_store[alignment=ALIGN](j, v[i])
         # 2. corrected two-pass statistics, both passes over registers:
         # m0 = sum(x) / n, then d = x - m0 gives mean = m0 + sum(d) / n and
