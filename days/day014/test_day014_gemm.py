@@ -377,6 +377,14 @@ def test_cuda_every_kernel_branch(version, dtype, batch, m, n, k, want, ta, tb):
         check(y, a, b, c, 1.25, -0.75)
         nan_c = torch.full_like(c, float("nan"))  # beta == 0: c is never read, in any kernel
         check(fn(sa, sb, nan_c, alpha=0.5, beta=0.0, transpose_a=ta, transpose_b=tb), a, b, None, 0.5)
+        # c's pairs by 4-byte loads only where rows are contiguous and 4-byte aligned: an
+        # odd element offset, and column-major rows, take the 2-byte loads
+        flat = torch.empty(c.numel() + 1, device="cuda", dtype=dtype)
+        odd = flat[1:].view_as(c).copy_(c)
+        check(fn(sa, sb, odd, alpha=1.25, beta=-0.75, transpose_a=ta, transpose_b=tb), a, b, c, 1.25, -0.75)
+        if c.dim() >= 2:
+            cols = c.mT.contiguous().mT  # column-major
+            check(fn(sa, sb, cols, alpha=1.25, beta=-0.75, transpose_a=ta, transpose_b=tb), a, b, c, 1.25, -0.75)
 
 
 @needs_cuda
