@@ -189,7 +189,6 @@ PP_CONFIGS = (
     (128, 192, 1, True, 0),
     (256, 64, 1, True, 0),
     (128, 64, 1, False, 0),
-    (128, 64, 1, True, 0),
     (256, 128, 1, True, 1),
     (256, 128, 1, True, 2),
 )
@@ -268,7 +267,6 @@ VERSIONS = {  # name: (kind, BM, BN)
     "COOP_128x192": ("coop", 128, 192),  # each consumer 64 x 192: a 3072 x 768 dW is 96 tiles, not 72
     "COOP_256x64": ("coop", 256, 64),  # outputs 64 wide (attention's P V): no half-empty tile
     "PINGPONG_128x64": ("pingpong", 128, 64),
-    "COOP_128x64": ("coop", 128, 64),  # each consumer 64 x 64: at most a tile per SM (FEW_TILE)
     "STREAMK_256x128": ("coop_streamk", 256, 128),  # COOP_256x128 with the k-steps shared evenly (stream-K)
     "SPLITK_256x128": ("coop_splitk", 256, 128),  # ... cut into equal pieces per tile, one wave (split-K)
     # float32 only (other names leave float32 to AUTO: 3xTF32 where it fits and pays, float_kernel)
@@ -459,11 +457,6 @@ SHORT_K = 128
 # 54 -> 69%, 1024 x 1024 x 1024 58 -> 70%, 768 x 768 x 1024 48 -> 59%. With more tiles
 # (768 x 2304 x 8192: 108) it lost (78 -> 51%), and where AUTO splits K it keeps splitting.
 FEW_TILES = 0.5  # of a round
-# ... and with at most one tile per SM there is no other tile's epilogue to overlap: the
-# ping-pong's second consumer idled while one warpgroup fed the tensor cores alone. The
-# cooperative 128 x 64 splits each tile between both consumers (64 x 64 each). Day 016's
-# block, dW 1024 x 1024 x 4096 (128 tiles): 24.3 us with ping-pong, cuBLAS 15.6.
-FEW_TILE = ("coop", 128, 64)
 # Split-K (part 3), for few output tiles and a long K (GPT-2's weight gradients): each
 # 256 x 128 tile's k-steps are cut into S aligned pieces, one block each, all in one
 # wave (stream-K's walk on a grid of tiles x S: its even shares fall on the split
@@ -513,7 +506,7 @@ def auto_tile(
     kind, bm, bn, _ = tiles[next(i for i, c in enumerate(cost) if c <= 1.02 * best)]
     tiles128 = _cdiv(m, 128) * _cdiv(n, 128) * batch
     if kind == "tma" and tiles is AUTO_TILES and tiles128 <= FEW_TILES * sms:
-        return FEW_TILE  # under half a round: twice the tiles, every SM busy
+        return NARROW_TILE  # under half a round: twice the tiles, every SM busy
     if kind == "tma" and k <= SHORT_K and tiles128 > sms:
         return "pingpong", 128, 128  # more than a round of short tiles: overlap their epilogues
     return kind, bm, bn

@@ -26,7 +26,6 @@ from . import direct, eager
 from .contract import FLOAT_DTYPES, OpSpec, TensorArg, same_device
 from .gemm import MojoGEMM, _alpha_beta, column_sum, gemm
 from .gemm_gpu import (
-    FEW_TILE,
     PINGPONG_KERNEL,
     TC_DTYPES,
     V4_KINDS,
@@ -76,7 +75,7 @@ def linear_tile(m: int, n: int, k: int, device_index: int | None, gelu: bool = F
     if kind in V4_KINDS:
         return kind, bm, bn
     kind, bm, bn = auto_tile(m, n, k, 1, sm_count(device_index), splits=False)
-    if not kind.startswith("coop") or (kind, bm, bn) == FEW_TILE:  # (measured with ping-pong's)
+    if not kind.startswith("coop"):
         return "pingpong", 128, 128
     return ("coop_tma", 256, 128) if gelu and bn == 192 else (kind, bm, bn)
 

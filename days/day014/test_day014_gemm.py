@@ -281,7 +281,7 @@ BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.flo
 # (version, dtype, batch, m, n, k) -> the kernel the plan must pick. Sizes are tile tails
 # in every dim (k too) unless a grid size is the point.
 BRANCHES = [
-    ("AUTO", BF16, None, 200, 264, 136, "coop 128x64"),  # 6 square tiles: FEW_TILES
+    ("AUTO", BF16, None, 200, 264, 136, "pingpong 128x64"),  # 6 square tiles: FEW_TILES
     ("AUTO", BF16, None, 1160, 1160, 136, "tma 128x128"),  # 81 square tiles: more than half a round
     ("AUTO", FP16, None, 1536, 2816, 72, "coop 256x128 tma"),  # 6 x 22 = 132 wide tiles: version 4
     ("AUTO", BF16, 33, 200, 264, 72, "coop 128x192"),  # 132 tiles of 128 x 192 fill the grid (99 of 256 x 128)
@@ -326,8 +326,6 @@ BRANCHES = [
     ("COOP_256x64", FP16, 5, 296, 64, 1032, "coop 256x64"),  # attention's P V: 64 wide, a long K
     ("PINGPONG_128x64", BF16, 3, 200, 136, 72, "pingpong 128x64"),
     ("PINGPONG_128x64", FP16, None, 1000, 64, 520, "pingpong 128x64"),
-    ("COOP_128x64", BF16, 3, 200, 136, 72, "coop 128x64"),  # tails in m (the second consumer's rows), n, k
-    ("COOP_128x64", FP16, None, 1000, 200, 520, "coop 128x64"),
     # day 019, part 3: stream-K; tiles split among blocks in 1 to 22 pieces, tails in m, n, k
     ("STREAMK_256x128", BF16, None, 1000, 1032, 200, "streamk 256x128"),  # 36 tiles x 4 k-steps
     ("STREAMK_256x128", FP16, 3, 520, 264, 136, "streamk 256x128"),  # 27 tiles x 3: a block each

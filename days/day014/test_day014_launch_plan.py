@@ -138,7 +138,7 @@ def choice(launch) -> str:
 AUTO = [
     # day 019, part 2: version 4's cooperative 256 x 128 tile wherever it fills the SMs
     ((4096, 4096, 4096, BF16, None), "coop 256x128 tma"),  # 16 x 32 wide tiles: 4 waves (8 of 128x128)
-    ((1024, 1024, 1024, BF16, None), "coop 128x64"),  # 64 square tiles, half a round: 128 of 128 x 64 (FEW_TILES)
+    ((1024, 1024, 1024, BF16, None), "pingpong 128x64"),  # 64 square tiles, half a round: 128 of 128 x 64 (FEW_TILES)
     ((1536, 2816, 64, FP16, None), "coop 256x128 tma"),  # 132 wide tiles: one wave; 264 square: two
     ((8192, 2304, 768, BF16, None), "coop 256x128 tma"),  # GPT-2's QKV: 576 wide tiles (5 rounds); 384 of 256x192 (3)
     ((8192, 768, 768, BF16, None), "coop 256x192"),  # 128 tiles: one round; 192 wide: 2, 384 square: 3
@@ -152,8 +152,8 @@ AUTO = [
     ((768, 2304, 16384, BF16, None), "splitk 256x128"),  # ... but do at twice the K (the 124M step)
     ((3072, 768, 8192, BF16, None), "coop 128x192"),  # 72 wide tiles (55% of the SMs), 96 of 128 x 192
     ((768, 3072, 16384, BF16, None), "coop 128x192"),  # the 124M step's other 3072-wide dW
-    ((64, 2304, 768, BF16, None), "coop 128x64"),  # 64 tokens: 18 square tiles, 36 of 128 x 64 (FEW_TILES)
-    ((1000, 1000, 1000, BF16, None), "coop 128x64"),  # 64 square tiles (FEW_TILES)
+    ((64, 2304, 768, BF16, None), "pingpong 128x64"),  # 64 tokens: 18 square tiles, 36 of 128 x 64 (FEW_TILES)
+    ((1000, 1000, 1000, BF16, None), "pingpong 128x64"),  # 64 square tiles (FEW_TILES)
     ((1152, 1152, 1024, BF16, None), "tma 128x128"),  # 81 square tiles: more than half a round
     ((1, 8, 8, BF16, None), "pingpong 128x64"),  # at most 64 wide: no half-empty tiles
     ((4097, 8, 8, BF16, None), "pingpong 128x64"),
@@ -242,7 +242,7 @@ def test_huge_and_batched_shapes():
 
 def test_forced_versions_apply_where_their_conditions_hold():
     want = {
-        "AUTO": "coop 128x64",  # 2 x 3 square tiles: FEW_TILES
+        "AUTO": "pingpong 128x64",  # 2 x 3 square tiles: FEW_TILES
         "MMA_SYNC": "mma 64 vec",
         "WG_64x128": "wgmma 64x128",
         "WG_128x128": "wgmma 128x128",
@@ -261,7 +261,6 @@ def test_forced_versions_apply_where_their_conditions_hold():
         "COOP_128x192": "coop 128x192",
         "COOP_256x64": "coop 256x64",
         "PINGPONG_128x64": "pingpong 128x64",
-        "COOP_128x64": "coop 128x64",
         "STREAMK_256x128": "streamk 256x128",
         "SPLITK_256x128": "splitk 256x128",
         "SIMT": "mma 64 vec",  # float32's names: 16-bit operands take mma.sync
