@@ -198,6 +198,9 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
             r"cp\.async\.bulk\.wait_group\.read 0",
             r"cp\.async\.bulk\.wait_group 0",
         ),
+        # GELU_GRAD's column sums there (part 11): the warp's rows summed by xor shuffles,
+        # a row of float32 partials stored 8 bytes a lane
+        "day019.gemm_pingpong_kernel.*.1.1.1.0.0.1": (r"shfl\.sync\.bfly\.b32", r"st\.global\.v2\.b32"),
     },
     "day018": {
         # the forward: Q, K and V through 4-D TMA boxes (head_dim, seq, heads, batch), S = Q K^T
@@ -309,7 +312,9 @@ PTX_ABSENT: dict[str, dict[str, tuple[str, ...]]] = {  # a warp per row needs no
         "day019.gemm_pingpong_kernel.bfloat16.0.0.256.128.*.0.0.1.1.1.0.0.[01]": (r"tanh\.approx", r"ex2\.approx"),
         "day019.gemm_pingpong_kernel.*.1.1.2.0.0": (r"atom\.global", r"fence\.acq_rel"),  # split-K: none needed
         # TMA stores the output: no global store left in the kernel, no quad transpose
-        "day019.gemm_pingpong_kernel.*.1.1.0.0.1": (r"st\.global", r"shfl\.sync"),
+        # (GELU_GRAD's kernels store their column sums: only their 8-byte partials)
+        "day019.gemm_pingpong_kernel.*.0.1.1.0.0.1": (r"st\.global", r"shfl\.sync"),
+        "day019.gemm_pingpong_kernel.*.1.1.1.0.0.1": (r"st\.global\.v4", r"st\.global\.b", r"shfl\.sync\.idx"),
         "day019.tf32_split_kernel.1": (r"bar\.sync",),  # k-major already: no transpose
     },
     # the forward writes no gradient (no 16-byte global stores), the backward merges nothing
