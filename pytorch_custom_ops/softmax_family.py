@@ -42,12 +42,15 @@ def _backward_spec(name: str) -> OpSpec:
 # --8<-- [start:dispatch]
 VEC_BYTES = 16  # one LDG.128 / STG.128 per vector
 WARP = 32
-WARP_ROWS_BLOCK = 128  # threads per block when each warp owns a row (4 rows per block)
+WARP_ROWS_BLOCK = 128  # threads per block when a warp or part of one owns a row (4+ rows a block)
 # Register layouts, smallest first: G threads per row x E elements per thread. E stays
 # <= 32 values per thread (64 for a backward): beyond that ptxas spills or the block
 # cannot launch (seen on the H100 with 64 per thread at 512 threads), so longer rows
-# go to the looped or the cluster kernel.
-ROW_CONFIGS = ((32, 4), (32, 8), (32, 16), (32, 32), (128, 16), (256, 16), (512, 16), (512, 32))
+# go to the looped or the cluster kernel. G = 8 and 16 share a warp between 4 or 2 rows:
+# a 16-bit row of 128 (attention scores at s = 128) filled half a warp at G = 32, one
+# 16-byte load a lane in flight and five shuffle stages for every row (day 016, part ten).
+# (32 x 4 went: 16 x 8 holds the same 128 elements for every vector width.)
+ROW_CONFIGS = ((8, 8), (16, 8), (32, 8), (32, 16), (32, 32), (128, 16), (256, 16), (512, 16), (512, 32))
 LOOPED_BLOCK = 1024
 CACHE_BYTES = 200 * 1024  # the looped kernel's row cache, of the 227 KiB a block may have
 CLUSTER_BLOCK = 512  # threads per CTA of a cluster
@@ -118,7 +121,7 @@ def _declare(prefix: str, tensors: int) -> Families:
     io = ("ptr",) * (1 + tensors)  # dst, then src (forward) or grad, fwd_out (backward)
     widths = {dtype: (vec_width(dtype), 1) for dtype in FLOAT_DTYPES}
     rows = tuple(
-        (dtype, log, w, e // w, g, WARP_ROWS_BLOCK if g == WARP else g)
+        (dtype, log, w, e // w, g, WARP_ROWS_BLOCK if g <= WARP else g)
         for dtype in FLOAT_DTYPES
         for log in (False, True)
         for w in widths[dtype]
@@ -159,7 +162,7 @@ def plan_launch(name: str, families: Families, log: bool, out: torch.Tensor, inp
     w = vw if cols % vw == 0 and all(p % VEC_BYTES == 0 for p in ptrs) else 1
     for g, e in ROW_CONFIGS:
         if e % w == 0 and cols <= g * e:
-            block = WARP_ROWS_BLOCK if g == WARP else g
+            block = WARP_ROWS_BLOCK if g <= WARP else g
             grid = -(-rows // (block // g))
             launch = direct.Launch(families.rows[dtype, log, w, e // w, g, block], grid, block, (*ptrs, rows, cols))
             break

@@ -79,12 +79,15 @@ def group_reduce[
 ](v: Scalar[acc], red: SharedPtr[acc]) -> Scalar[acc]:
     """Max or sum over the G threads that own one row; every one of them gets it.
 
-    G = 32: one warp, butterfly shuffles only, no barrier. G > 32 (G = block size):
-    each warp's result goes through shared memory `red` (G // 32 slots), one barrier.
+    G = 32: one warp, butterfly shuffles only, no barrier. G < 32 (8 or 16: 32 / G
+    rows a warp): the butterfly's first log2(G) stages, which stay inside the group.
+    G > 32 (G = block size): each warp's result goes through shared memory `red`
+    (G // 32 slots), one barrier.
     """
     var r = v
     comptime for k in range(5):
-        r = merge[acc, IS_MAX](r, warp.shuffle_xor(r, UInt32(1 << k)))
+        comptime if (1 << k) < G:
+            r = merge[acc, IS_MAX](r, warp.shuffle_xor(r, UInt32(1 << k)))
     comptime if G > WARP_SIZE:
         if lane_id() == 0:
             red[unsafe_offset=warp_id()] = r
@@ -96,6 +99,21 @@ def group_reduce[
 
 
 # --8<-- [end:group_reduce]
+
+
+@always_inline
+def group_row[G: Int, BLOCK: Int](rows: Int) -> Tuple[Int, Bool, Bool]:
+    """(row, live, leave) for this thread's group of G: the row it owns (BLOCK // G
+    rows a block), whether that row exists, and whether the thread may return at once.
+    Threads leave only with their whole warp (G <= 32) or block (G = BLOCK), since the
+    reductions need every lane: a group narrower than a warp (G < 32) past the last row
+    redoes the last row and stores nothing (day 016, part ten: 128-wide rows of
+    attention scores in 16 lanes each instead of half a warp)."""
+    var row = block_idx.x * (BLOCK // G) + thread_idx.x // G
+    var first = (
+        row - (thread_idx.x % WARP_SIZE) // G
+    )  # the warp's first row (G <= 32)
+    return (min(row, rows - 1), row < rows, first >= rows)
 
 
 @always_inline
@@ -168,8 +186,8 @@ def softmax_rows_kernel[
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     comptime assert (
-        G == WARP_SIZE or G == BLOCK
-    ), "a row is one warp or one block"
+        G <= WARP_SIZE and WARP_SIZE % G == 0 or G == BLOCK
+    ), "a row is part of a warp, one warp or one block"
     comptime L = W * NV
     var red_m = stack_allocation[
         max(G // WARP_SIZE, 1), Scalar[acc], address_space=AddressSpace.SHARED
@@ -177,11 +195,11 @@ def softmax_rows_kernel[
     var red_s = stack_allocation[
         max(G // WARP_SIZE, 1), Scalar[acc], address_space=AddressSpace.SHARED
     ]()
-    var row = block_idx.x * (BLOCK // G) + thread_idx.x // G
-    if row >= Int(
-        rows
-    ):  # only for G = 32: the whole warp leaves, no barrier follows
+    var slot = group_row[G, BLOCK](Int(rows))
+    if slot[2]:  # the whole warp (G <= 32) or block leaves: no barrier follows
         return
+    var row = slot[0]
+    var live = slot[1]
     var t = thread_idx.x % G
     var n = Int(cols)
     var base = row * n
@@ -217,7 +235,8 @@ def softmax_rows_kernel[
                 y = exp(x - m) * inv
             if not finite(m):  # masked (-inf), NaN or +inf row: NaN like torch
                 y = SIMD[acc, W](nan_value[acc]())
-            store_vec[dtype, W](dst, base + c, y.cast[dtype]())
+            if live:
+                store_vec[dtype, W](dst, base + c, y.cast[dtype]())
 
 
 # --8<-- [end:forward_registers]
@@ -245,15 +264,17 @@ def softmax_backward_rows_kernel[
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     comptime assert (
-        G == WARP_SIZE or G == BLOCK
-    ), "a row is one warp or one block"
+        G <= WARP_SIZE and WARP_SIZE % G == 0 or G == BLOCK
+    ), "a row is part of a warp, one warp or one block"
     comptime L = W * NV
     var red = stack_allocation[
         max(G // WARP_SIZE, 1), Scalar[acc], address_space=AddressSpace.SHARED
     ]()
-    var row = block_idx.x * (BLOCK // G) + thread_idx.x // G
-    if row >= Int(rows):
+    var slot = group_row[G, BLOCK](Int(rows))
+    if slot[2]:
         return
+    var row = slot[0]
+    var live = slot[1]
     var t = thread_idx.x % G
     var n = Int(cols)
     var base = row * n
@@ -282,7 +303,8 @@ def softmax_backward_rows_kernel[
                 dx = g - exp(y) * s
             else:
                 dx = y * (g - s)
-            store_vec[dtype, W](dst, base + c, dx.cast[dtype]())
+            if live:
+                store_vec[dtype, W](dst, base + c, dx.cast[dtype]())
 
 
 # --8<-- [end:backward_registers]
