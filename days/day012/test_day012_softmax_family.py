@@ -356,8 +356,8 @@ def test_plan_without_clusters_keeps_the_looped_kernel(monkeypatch):
 
 
 def test_plan_refuses_a_grid_cuda_cannot_launch():
-    out, inputs = plan_tensors("log_softmax_backward", (2**33 + 5, 1), torch.float16)
-    with pytest.raises(ValueError, match=r"log_softmax_backward: 8589934597 rows of 1 need 2147483650 blocks"):
+    out, inputs = plan_tensors("log_softmax_backward", (2**35 + 17, 1), torch.float16)  # 16 rows a block
+    with pytest.raises(ValueError, match=r"log_softmax_backward: 34359738385 rows of 1 need 2147483650 blocks"):
         plan("log_softmax_backward", out, inputs)
 
 
