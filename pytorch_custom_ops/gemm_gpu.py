@@ -204,7 +204,7 @@ PP_F32_CONFIGS = ((256, 128, 1, True, 0), (256, 192, 1, True, 0), (128, 192, 1, 
 PLAIN_EPILOGUE = (False, False, False)
 # The cooperative tiles that also come with the epilogue through shared memory and TMA
 # stores (TMA_STORE, day 019, part 10): 16-bit outputs, whole tiles, one column part.
-PP_TMA_STORE_CONFIGS = ((256, 128, 1, True, 0), (128, 256, 1, True, 0), (128, 128, 1, False, 0))
+PP_TMA_STORE_CONFIGS = ((256, 128, 1, True, 0), (128, 256, 1, True, 0))
 STORE_BOXES, STORE_BOX = 2, 64  # days/day019/tma_store.mojo
 PP_CLUSTER, PP_SPLIT, PP_TMA_STORE = 10, 12, 14  # where these flags sit in a variant (below)
 
@@ -262,7 +262,6 @@ VERSIONS = {  # name: (kind, BM, BN)
     "COOP_256x128": ("coop", 256, 128),  # each consumer 128 x 128: cuBLAS's tile on the H100
     "COOP_TMA_256x128": ("coop_tma", 256, 128),  # ... its epilogue stored by TMA from shared memory
     "COOP_TMA_128x256": ("coop_tma", 128, 256),
-    "PINGPONG_TMA_128x128": ("pingpong_tma", 128, 128),  # ping-pong, whose epilogues the other consumer's k-loop hides
     "COOP_MULTICAST_256x128": ("coop_multicast", 256, 128),  # ... in clusters of 2 sharing A
     "COOP_256x192": ("coop", 256, 192),  # each consumer 128 x 192: 8192 x 768 is 128 tiles, one wave
     "COOP_128x192": ("coop", 128, 192),  # each consumer 64 x 192: a 3072 x 768 dW is 96 tiles, not 72
@@ -275,16 +274,7 @@ VERSIONS = {  # name: (kind, BM, BN)
     "TF32X3_128x128": ("tf32x3", 128, 128),  # 3xTF32 on version 3's kernel (day 019, part 9)
 }
 # version 4's kinds
-V4_KINDS = (
-    "pingpong",
-    "multicast",
-    "coop",
-    "coop_multicast",
-    "coop_streamk",
-    "coop_splitk",
-    "coop_tma",
-    "pingpong_tma",
-)
+V4_KINDS = ("pingpong", "multicast", "coop", "coop_multicast", "coop_streamk", "coop_splitk", "coop_tma")
 _version = "AUTO"
 
 
@@ -580,7 +570,7 @@ def pingpong_launch(
     of tiles x S and adds the launch that sums them. A float32 `out` (16-bit operands)
     takes the F32_OUT variants (PP_F32_CONFIGS) or, split, the sum kernel's.
     `column_sums`, an (n,) vector (float32 or out's dtype): with `gelu_grad` and kind
-    "coop_tma" or "pingpong_tma" only, it gets out's column sums over all rows and matrices (a bias
+    "coop_tma" only, it gets out's column sums over all rows and matrices (a bias
     gradient): the epilogue writes per-warp partial sums, day 013's sum_partials_kernel
     adds them up."""
     m, n, k, batch = sizes[:4]
@@ -595,9 +585,9 @@ def pingpong_launch(
     f32_out = out.dtype == torch.float32 and split != 2  # split-K: the sum kernel writes out
     # TMA stores write 16-bit outputs only (the 16-byte row pitch their maps need, N % 8
     # == 0, is the register epilogue's condition too: the plans check it before this)
-    tma_store = kind.endswith("_tma") and not f32_out
+    tma_store = kind == "coop_tma" and not f32_out
     if column_sums is not None and not (gelu_grad and tma_store):
-        raise ValueError(f"pingpong_launch: column sums come with gelu_grad on TMA-store tiles, not {kind}")
+        raise ValueError(f"pingpong_launch: column sums come with gelu_grad on coop_tma tiles, not {kind}")
     out_map = aux_map = a_map  # unused without TMA_STORE
     if tma_store:
         out_map = aux_map = output_tma_map(out, batch, m, n)
@@ -625,8 +615,8 @@ def pingpong_launch(
     elif split == 2:
         partials = direct.scratch((pieces, batch, m, n), torch.float32, out.device).data_ptr()
     sums = None
-    if column_sums is not None:  # a row per warp of each consumer's rows of a tile (gemm_v4_pingpong)
-        sums = direct.scratch((batch * _cdiv(m, bm // 2 if coop else bm) * 4, n), torch.float32, out.device)
+    if column_sums is not None:  # a row per warp of each consumer's bm / 2 rows (gemm_v4_pingpong)
+        sums = direct.scratch((batch * _cdiv(m, bm // 2) * 4, n), torch.float32, out.device)
         partials = sums.data_ptr()
     ptrs = (
         out.data_ptr(),

@@ -312,8 +312,6 @@ BRANCHES = [
     ("COOP_TMA_256x128", FP16, 3, 520, 264, 136, "coop 256x128 tma"),
     ("COOP_TMA_128x256", BF16, 2, 1000, 1032, 4104, "coop 128x256 tma"),
     ("COOP_TMA_128x256", FP16, None, 136, 72, 72, "coop 128x256 tma"),  # one tile, mostly outside
-    ("PINGPONG_TMA_128x128", BF16, None, 1000, 1032, 200, "pingpong 128x128 tma"),  # the consumers take turns
-    ("PINGPONG_TMA_128x128", FP16, 3, 520, 264, 136, "pingpong 128x128 tma"),
     ("COOP_MULTICAST_256x128", BF16, None, 1000, 1024, 200, "coop 256x128 cluster 2"),
     ("COOP_MULTICAST_256x128", FP16, 3, 520, 512, 136, "coop 256x128 cluster 2"),
     ("COOP_MULTICAST_256x128", BF16, 2, 200, 264, 136, "coop 256x128"),  # 3 tiles in n: no pairs

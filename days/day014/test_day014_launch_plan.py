@@ -256,7 +256,6 @@ def test_forced_versions_apply_where_their_conditions_hold():
         "COOP_256x128": "coop 256x128",
         "COOP_TMA_256x128": "coop 256x128 tma",
         "COOP_TMA_128x256": "coop 128x256 tma",
-        "PINGPONG_TMA_128x128": "pingpong 128x128 tma",
         "COOP_MULTICAST_256x128": "coop 256x128",  # 3 tiles of 128 in n: no pairs
         "COOP_256x192": "coop 256x192",
         "COOP_128x192": "coop 128x192",

@@ -119,7 +119,7 @@ def test_cuda_fused_mlp_with_every_gradient(dtype, bias, launched):
 
 
 @needs_cuda
-@pytest.mark.parametrize("version", ["COOP_TMA_256x128", "COOP_TMA_128x256", "PINGPONG_TMA_128x128"])
+@pytest.mark.parametrize("version", ["COOP_TMA_256x128", "COOP_TMA_128x256"])
 def test_cuda_fused_mlp_through_tma_stores(version, launched):
     """Day 019's epilogue through shared memory and TMA stores under the MLP: GELU's output
     and derivative (two boxes per piece) forward, GELU_GRAD's product backward."""
@@ -134,7 +134,7 @@ def test_cuda_fused_mlp_through_tma_stores(version, launched):
 
 
 @needs_cuda
-@pytest.mark.parametrize("version", ["COOP_TMA_256x128", "COOP_TMA_128x256", "PINGPONG_TMA_128x128"])
+@pytest.mark.parametrize("version", ["COOP_TMA_256x128", "COOP_TMA_128x256"])
 @pytest.mark.parametrize("dtype", [BF16, FP16])
 @pytest.mark.parametrize("float32_sums", [False, True])
 def test_cuda_gelu_grad_product_also_sums_its_columns(version, dtype, float32_sums, launched):
