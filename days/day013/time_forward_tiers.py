@@ -4,8 +4,9 @@ torch.compile's Triton kernel, for the plain and the fused residual-add forms.
     PYTHONPATH=$PWD python days/day013/time_forward_tiers.py 4096x1024 16384x768
 
 Each tier that can hold the row is forced in turn (the plan takes the first tier that
-fits). Times are CUPTI kernel times (benchmark.timing.kernel_times_us), µs per call, and
-the bytes each form must move (read x [and delta], write y [and the sum]) per second.
+fits); then the first tier with its grid capped at 1-4 blocks an SM. Times are CUPTI
+kernel times (benchmark.timing.kernel_times_us), µs per call, and the bytes each form
+must move (read x [and delta], write y [and the sum]) per second.
 """
 
 from __future__ import annotations
@@ -47,6 +48,18 @@ def run_shape(rows: int, cols: int, dtype: torch.dtype) -> None:
     }
     tiers = LN.FWD_TIERS
     print(f"== {rows} x {cols} {dtype}")
+    # the first tier with its grid capped at k blocks an SM: each warp loops over rows, so
+    # one row's stores overlap the next one's loads (uncapped, all rows start at once)
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    cap = LN.MAX_GRID
+    for form in ("plain", "add"):
+        for k in (1, 2, 3, 4):
+            LN.MAX_GRID = k * sms
+            direct.plans_changed()
+            us = time_us(ours[form])
+            print(f"  {form:5s} first tier, grid <= {k} x {sms}: {us:6.1f} us  {moved[form] / us / 1e3:6.0f} GB/s")
+    LN.MAX_GRID = cap
+    direct.plans_changed()
     for form in ("plain", "add"):
         for tier in (t for t in tiers if nvec <= t[0] * t[1]):
             LN.FWD_TIERS = forced(tier)

@@ -255,3 +255,38 @@ def test_cuda_graph_replays_forward_and_backward():
     reference(x.detach(), m.fc.weight, m.fc.bias, ref_w, m.proj.bias).sum().backward()
     scale = ref_w.grad.abs().max().item() + 1
     assert (m.proj.weight.grad.double() - ref_w.grad).abs().max().item() < 4 * tolerance(BF16) * scale
+
+
+@needs_cuda
+def test_cuda_graph_replays_the_column_sums_of_the_backward():
+    """On a TMA-store tile the backward's product also writes fc's bias gradient (a second
+    launch and a workspace): captured and replayed with the rest, new inputs give new sums."""
+    torch.manual_seed(5)
+    m = pco.MojoMLP(64, 264, device="cuda", dtype=BF16)
+    x = torch.randn(300, 64, device="cuda", dtype=BF16, requires_grad=True)
+
+    def step():
+        m.zero_grad(set_to_none=False)
+        x.grad = None
+        y = m(x)
+        y.backward(torch.ones_like(y))
+
+    with pco.gemm_version("COOP_TMA_256x128"):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            step()  # warm-up: kernels loaded and plans made outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+    with torch.no_grad():
+        x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = [t.detach().double().requires_grad_() for t in (m.fc.weight, m.fc.bias, m.proj.weight, m.proj.bias)]
+    want = reference(x.detach(), *ref)
+    want.backward(torch.ones_like(want))
+    for got, r in zip((m.fc.weight.grad, m.fc.bias.grad), ref[:2], strict=True):
+        scale = r.grad.abs().max().item() + 1
+        assert (got.double() - r.grad).abs().max().item() < 4 * tolerance(BF16) * scale
