@@ -224,11 +224,9 @@ def test_cuda_unfusable_widths_take_the_composition(launched):
     check(make((33,), 24, 40, 16, torch.float32, "cuda", seed=6), torch.float32)  # float32: SIMT
 
 
-@needs_cuda
-def test_cuda_graph_replays_forward_and_backward():
-    torch.manual_seed(3)
-    m = pco.MojoMLP(64, 256, device="cuda", dtype=BF16)
-    x = torch.randn(96, 64, device="cuda", dtype=BF16, requires_grad=True)
+def captured_step(m, x):
+    """(graph, its output): one forward + backward of `m` on `x` (gradient of ones),
+    warmed up on a side stream (kernels loaded, plans made), then captured."""
 
     def step():
         m.zero_grad(set_to_none=False)
@@ -240,11 +238,20 @@ def test_cuda_graph_replays_forward_and_backward():
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        step()  # warm-up: kernels loaded and plans made outside the capture
+        step()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_y = step()
+        y = step()
+    return graph, y
+
+
+@needs_cuda
+def test_cuda_graph_replays_forward_and_backward():
+    torch.manual_seed(3)
+    m = pco.MojoMLP(64, 256, device="cuda", dtype=BF16)
+    x = torch.randn(96, 64, device="cuda", dtype=BF16, requires_grad=True)
+    graph, static_y = captured_step(m, x)
     with torch.no_grad():
         x.copy_(torch.randn_like(x))
     graph.replay()
@@ -264,22 +271,8 @@ def test_cuda_graph_replays_the_column_sums_of_the_backward():
     torch.manual_seed(5)
     m = pco.MojoMLP(64, 264, device="cuda", dtype=BF16)
     x = torch.randn(300, 64, device="cuda", dtype=BF16, requires_grad=True)
-
-    def step():
-        m.zero_grad(set_to_none=False)
-        x.grad = None
-        y = m(x)
-        y.backward(torch.ones_like(y))
-
     with pco.gemm_version("COOP_TMA_256x128"):
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            step()  # warm-up: kernels loaded and plans made outside the capture
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
+        graph, _ = captured_step(m, x)
     with torch.no_grad():
         x.copy_(torch.randn_like(x))
     graph.replay()
