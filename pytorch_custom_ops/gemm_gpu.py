@@ -148,7 +148,9 @@ WG_KERNEL = KernelFamily(
         for bm, bn in WG_TILES
     ),
 )
-TMA_TILES = ((128, 128), (128, 256))
+# 192 x 128: three consumer warpgroups (512 threads); a 3072 x 1024 output is 128 such
+# tiles, one round on 132 SMs (256 x 128: 96 tiles, 73% of the SMs)
+TMA_TILES = ((128, 128), (128, 256), (192, 128))
 TF32X3_TILE = (128, 128)  # two accumulators a thread (promotion): at most 128 wide
 TMA_KERNEL = KernelFamily(
     TMA_MODULE,
@@ -255,6 +257,7 @@ VERSIONS = {  # name: (kind, BM, BN)
     "WG_128x256": ("wgmma", 128, 256),
     "TMA_128x128": ("tma", 128, 128),  # version 3: TMA + producer warpgroup
     "TMA_128x256": ("tma", 128, 256),
+    "TMA_192x128": ("tma", 192, 128),  # three consumers, 64 rows each
     "PINGPONG_64x256": ("pingpong", 64, 256),  # version 4 (day 019): persistent, ping-pong
     "PINGPONG_128x128": ("pingpong", 128, 128),
     "MULTICAST_128x128": ("multicast", 128, 128),  # version 4 in clusters of 2 sharing A (TMA multicast)
@@ -490,22 +493,36 @@ def split_k(m: int, n: int, k: int, batch: int, sms: int) -> tuple[int, float]:
     return best, cost[best]
 
 
+# Version 3 with three consumers, 192 x 128 (day 019, part 12): 1.5 times the work of a
+# 128 x 128 tile at ~1.2x the rate, but only where its tiles fit one round and K is long.
+# Measured on the H100 (bf16, % of cuBLAS): dW 3072 x 1024 x 4096 97% (128 tiles; 256 x 128:
+# 96 tiles, 79%), dW 3072 x 768 x 16384 and 768 x 3072 x 16384 87% (96 tiles; AUTO's
+# 128 x 192 and 256 x 128: 80-81%). With K = 768-1024 and several rounds it lost (62-75%):
+# version 3 overlaps no epilogue with the next tile.
+ONE_ROUND_TILE = ("tma", 192, 128, 1.5 / 1.2)
+ONE_ROUND_MIN_K = 2048
+
+
 def auto_tile(
-    m: int, n: int, k: int, batch: int, sms: int, splits: bool = True, tiles=AUTO_TILES
+    m: int, n: int, k: int, batch: int, sms: int, plain_epilogue: bool = True, tiles=AUTO_TILES
 ) -> tuple[str, int, int]:
-    """(kind, BM, BN) of the TMA kernel AUTO runs for this problem (`splits`: may it
-    split K; the fused linear layer's epilogues cannot; `tiles`: the candidates)."""
+    """(kind, BM, BN) of the TMA kernel AUTO runs for this problem. `plain_epilogue`:
+    out = alpha A B + beta c, which split-K and version 3 also serve (the fused linear
+    layer's epilogues are version 4's only); `tiles`: the candidates."""
     if n <= NARROW_TILE[2] and tiles is AUTO_TILES:
         return NARROW_TILE
+    if plain_epilogue and tiles is AUTO_TILES and k >= ONE_ROUND_MIN_K:
+        if _cdiv(m, ONE_ROUND_TILE[1]) * _cdiv(n, ONE_ROUND_TILE[2]) * batch <= sms:
+            tiles = (*AUTO_TILES, ONE_ROUND_TILE)  # last: near-ties go to the others
     cost = [_cdiv(_cdiv(m, bm) * _cdiv(n, bn) * batch, sms) * t for _, bm, bn, t in tiles]
     best = min(cost)
-    if splits:
+    if plain_epilogue:
         s, split_cost = split_k(m, n, k, batch, sms)
         if s > 1 and split_cost < SPLIT_K_MARGIN * best:
             return "coop_splitk", 256, 128
     kind, bm, bn, _ = tiles[next(i for i, c in enumerate(cost) if c <= 1.02 * best)]
     tiles128 = _cdiv(m, 128) * _cdiv(n, 128) * batch
-    if kind == "tma" and tiles is AUTO_TILES and tiles128 <= FEW_TILES * sms:
+    if kind == "tma" and bm == 128 and tiles128 <= FEW_TILES * sms:
         return NARROW_TILE  # under half a round: twice the tiles, every SM busy
     if kind == "tma" and k <= SHORT_K and tiles128 > sms:
         return "pingpong", 128, 128  # more than a round of short tiles: overlap their epilogues

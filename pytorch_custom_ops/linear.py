@@ -74,7 +74,7 @@ def linear_tile(m: int, n: int, k: int, device_index: int | None, gelu: bool = F
         return "coop", bm, bn
     if kind in V4_KINDS:
         return kind, bm, bn
-    kind, bm, bn = auto_tile(m, n, k, 1, sm_count(device_index), splits=False)
+    kind, bm, bn = auto_tile(m, n, k, 1, sm_count(device_index), plain_epilogue=False)
     if not kind.startswith("coop"):
         return "pingpong", 128, 128
     return ("coop_tma", 256, 128) if gelu and bn == 192 else (kind, bm, bn)

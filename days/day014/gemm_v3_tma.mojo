@@ -67,6 +67,9 @@ comptime TMA_BK = 64  # k per stage: one 128-byte swizzled row of 16-bit element
 comptime TMA_BOX = 64  # mn width of one box of an mn-contiguous operand (128 B)
 comptime TMA_CONSUMER_REGS = 232  # setmaxnreg: what each consumer thread grows to
 comptime TMA_PRODUCER_REGS = 40  # ... and each producer thread shrinks to
+# with three consumers (512 threads, 128 registers a thread at launch): 24 + 3 x 160
+comptime TMA3_CONSUMER_REGS = 160
+comptime TMA3_PRODUCER_REGS = 24
 comptime PROMOTE = 8  # 3xTF32: k-steps (of 32) per wgmma partial sum (see the kernel)
 
 
@@ -321,6 +324,12 @@ def gemm_tma_kernel[
     restarted from zero (DeepSeek-V3's "promotion" for FP8): two accumulators, so
     tiles at most 128 wide."""
     comptime CONSUMERS = BM // 64
+    comptime PRODUCER_REGS = (
+        TMA3_PRODUCER_REGS if CONSUMERS == 3 else TMA_PRODUCER_REGS
+    )
+    comptime CONSUMER_REGS = (
+        TMA3_CONSUMER_REGS if CONSUMERS == 3 else TMA_CONSUMER_REGS
+    )
     comptime A_KC = not TA  # A is k-contiguous when stored (M, K)
     comptime B_KC = TB  # B is k-contiguous when stored (N, K)
     comptime PLANES = dtype == DType.float32  # 3xTF32
@@ -330,6 +339,12 @@ def gemm_tma_kernel[
     comptime B_ELEMS = BN * BK
     comptime STAGE_BYTES = (A_ELEMS + B_ELEMS) * size_of[dtype]()
     comptime assert BM % 64 == 0 and BN % 64 == 0 and BN <= 256, "tile shape"
+    comptime assert (
+        CONSUMERS == 2 or CONSUMERS == 3
+    ), "two or three consumer warpgroups"
+    comptime assert (
+        WG_THREADS * (PRODUCER_REGS + CONSUMERS * CONSUMER_REGS) <= 65536
+    ), "setmaxnreg: the register file"
     comptime assert STAGES >= 2, "at least two stages"
     comptime assert SMEM == STAGES * (STAGE_BYTES + 16), "stages + mbarriers"
     comptime assert (
@@ -369,7 +384,7 @@ def gemm_tma_kernel[
     var wg = thread_idx.x // WG_THREADS
     if wg == 0:
         # producer: one thread keeps up to STAGES tiles in flight
-        set_max_registers[False, TMA_PRODUCER_REGS]()
+        set_max_registers[False, PRODUCER_REGS]()
         if thread_idx.x == 0:
             var a_ptr = Pointer(to=a_map).unsafe_bitcast[NoneType]()
             var b_ptr = Pointer(to=b_map).unsafe_bitcast[NoneType]()
@@ -405,7 +420,7 @@ def gemm_tma_kernel[
                     b_bt,
                 )
     else:
-        set_max_registers[True, TMA_CONSUMER_REGS]()
+        set_max_registers[True, CONSUMER_REGS]()
         var alpha = alpha_beta[unsafe_offset=0]  # loaded while the k-loop runs
         var beta = alpha_beta[unsafe_offset=1]
         var cw = consumer_index(wg)  # this consumer's 64 rows of the block tile

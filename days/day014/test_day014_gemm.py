@@ -295,6 +295,9 @@ BRANCHES = [
     ("WG_128x256", BF16, 2, 200, 264, 136, "wgmma 128x256"),
     ("TMA_128x128", FP16, 2, 200, 264, 136, "tma 128x128"),
     ("TMA_128x256", BF16, None, 200, 264, 136, "tma 128x256"),
+    ("TMA_192x128", BF16, None, 1000, 1032, 200, "tma 192x128"),  # three consumers; tails in m, n, k
+    ("TMA_192x128", FP16, 3, 520, 264, 4104, "tma 192x128"),  # a long K, batched
+    ("AUTO", BF16, None, 3000, 1000, 2056, "tma 192x128"),  # 128 tiles of 192 x 128, one round
     # day 019's version 4: more tiles than blocks, so each block runs several (both consumers)
     ("PINGPONG_64x256", BF16, None, 1000, 1032, 200, "pingpong 64x256"),
     ("PINGPONG_128x128", FP16, 3, 520, 264, 136, "pingpong 128x128"),

@@ -150,8 +150,14 @@ AUTO = [
     ((768, 768, 8192, BF16, None), "splitk 256x128"),  # 18 wide tiles x 7 pieces: 126 blocks
     ((768, 2304, 8192, BF16, None), "tma 128x128"),  # 108 square tiles, one wave: 2 pieces do not pay
     ((768, 2304, 16384, BF16, None), "splitk 256x128"),  # ... but do at twice the K (the 124M step)
-    ((3072, 768, 8192, BF16, None), "coop 128x192"),  # 72 wide tiles (55% of the SMs), 96 of 128 x 192
-    ((768, 3072, 16384, BF16, None), "coop 128x192"),  # the 124M step's other 3072-wide dW
+    # one round of version 3's three-consumer 192 x 128 tiles where K is long (part 12)
+    ((3072, 768, 8192, BF16, None), "tma 192x128"),  # 96 tiles; 72 wide ones (55% of the SMs)
+    ((768, 3072, 16384, BF16, None), "tma 192x128"),  # the 124M step's other 3072-wide dW
+    ((3072, 1024, 4096, BF16, None), "tma 192x128"),  # day 016's QKV dW at 4096 tokens: 128 tiles
+    ((384, 1024, 4096, BF16, 8), "tma 192x128"),  # 2 x 8 x 8 = 128: the batch counts
+    ((384, 1024, 4096, BF16, 9), "tma 128x128"),  # 144 of them: more than a round
+    ((3072, 1024, 1024, BF16, None), "coop 256x128 tma"),  # K = 1024: not long enough
+    ((3072, 768, 1024, BF16, None), "coop 128x192"),  # ... 96 of 128 x 192 then
     ((64, 2304, 768, BF16, None), "pingpong 128x64"),  # 64 tokens: 18 square tiles, 36 of 128 x 64 (FEW_TILES)
     ((1000, 1000, 1000, BF16, None), "pingpong 128x64"),  # 64 square tiles (FEW_TILES)
     ((1152, 1152, 1024, BF16, None), "tma 128x128"),  # 81 square tiles: more than half a round
@@ -249,6 +255,7 @@ def test_forced_versions_apply_where_their_conditions_hold():
         "WG_128x256": "wgmma 128x256",
         "TMA_128x128": "tma 128x128",
         "TMA_128x256": "tma 128x256",
+        "TMA_192x128": "tma 192x128",
         "PINGPONG_128x128": "pingpong 128x128",
         "PINGPONG_64x256": "pingpong 64x256",
         "MULTICAST_128x128": "pingpong 128x128",  # n = 264: 3 tiles of 128, an odd count: no pairs

@@ -40,6 +40,8 @@ from days.day014.gemm_v3_tma import (
     TMA_BK,
     TMA_CONSUMER_REGS,
     TMA_PRODUCER_REGS,
+    TMA3_CONSUMER_REGS,
+    TMA3_PRODUCER_REGS,
     consumer_index,
     fence_mbarrier_init,
     mbar_wait,
@@ -163,9 +165,11 @@ def attention_fwd_kernel[
     # 2 consumers: day 014's split (40 / 232); 3: what 512 threads x 128 registers allow
     # (the persistent producer keeps its walk's state too: 24 spill in its loop).
     comptime PRODUCER_REGS = TMA_PRODUCER_REGS if NC == 2 else (
-        32 if PERSISTENT else 24
+        32 if PERSISTENT else TMA3_PRODUCER_REGS
     )
-    comptime CONSUMER_REGS = TMA_CONSUMER_REGS if NC == 2 else 160
+    comptime CONSUMER_REGS = (
+        TMA_CONSUMER_REGS if NC == 2 else TMA3_CONSUMER_REGS
+    )
     comptime assert WG_THREADS * (PRODUCER_REGS + NC * CONSUMER_REGS) <= 65536
     if wg == 0:
         set_max_registers[False, PRODUCER_REGS]()

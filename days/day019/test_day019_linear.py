@@ -164,6 +164,7 @@ def test_fused_tile_follows_auto_and_forced_versions():
     assert linear_tile(1024, 3072, 768, None, gelu=True) == ("coop_tma", 256, 128)  # GELU keeps 128 columns
     assert linear_tile(64, 2304, 768, None) == ("pingpong", 128, 128)  # a 256-row tile: 3/4 empty
     assert linear_tile(8192, 768, 3072, None) == ("coop", 256, 192)  # 128 tiles: one round
+    assert linear_tile(3072, 1024, 4096, None) == ("coop_tma", 256, 128)  # AUTO's 192 x 128 is version 3's
     assert linear_tile(8192, 768, 3072, None, gelu=True) == ("coop_tma", 256, 128)  # GELU spills at 192
     for version, kind in (("MULTICAST_128x128", ("multicast", 128, 128)), ("COOP_128x256", ("coop", 128, 256))):
         with pco.gemm_version(version):

@@ -37,6 +37,7 @@ VERSIONS = (
     "COOP_256x192",
     "COOP_128x192",
     "PINGPONG_128x64",
+    "TMA_192x128",
     "COOP_256x64",
     "STREAMK_256x128",
     "SPLITK_256x128",
