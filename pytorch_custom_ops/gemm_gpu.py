@@ -206,7 +206,12 @@ PP_F32_CONFIGS = ((256, 128, 1, True, 0), (256, 192, 1, True, 0), (128, 192, 1, 
 PLAIN_EPILOGUE = (False, False, False)
 # The cooperative tiles that also come with the epilogue through shared memory and TMA
 # stores (TMA_STORE, day 019, part 10): 16-bit outputs, whole tiles, one column part.
-PP_TMA_STORE_CONFIGS = ((256, 128, 1, True, 0), (128, 256, 1, True, 0))
+PP_TMA_STORE_CONFIGS = (
+    (256, 128, 1, True, 0),
+    (128, 256, 1, True, 0),
+    (128, 128, 1, False, 0),
+    (128, 64, 1, False, 0),
+)
 STORE_BOXES, STORE_BOX = 2, 64  # days/day019/tma_store.mojo
 PP_CLUSTER, PP_SPLIT, PP_TMA_STORE = 10, 12, 14  # where these flags sit in a variant (below)
 
@@ -265,6 +270,8 @@ VERSIONS = {  # name: (kind, BM, BN)
     "COOP_256x128": ("coop", 256, 128),  # each consumer 128 x 128: cuBLAS's tile on the H100
     "COOP_TMA_256x128": ("coop_tma", 256, 128),  # ... its epilogue stored by TMA from shared memory
     "COOP_TMA_128x256": ("coop_tma", 128, 256),
+    "PINGPONG_TMA_128x128": ("pingpong_tma", 128, 128),  # ping-pong, whose epilogues the other consumer's k-loop hides
+    "PINGPONG_TMA_128x64": ("pingpong_tma", 128, 64),
     "COOP_MULTICAST_256x128": ("coop_multicast", 256, 128),  # ... in clusters of 2 sharing A
     "COOP_256x192": ("coop", 256, 192),  # each consumer 128 x 192: 8192 x 768 is 128 tiles, one wave
     "COOP_128x192": ("coop", 128, 192),  # each consumer 64 x 192: a 3072 x 768 dW is 96 tiles, not 72
@@ -277,7 +284,16 @@ VERSIONS = {  # name: (kind, BM, BN)
     "TF32X3_128x128": ("tf32x3", 128, 128),  # 3xTF32 on version 3's kernel (day 019, part 9)
 }
 # version 4's kinds
-V4_KINDS = ("pingpong", "multicast", "coop", "coop_multicast", "coop_streamk", "coop_splitk", "coop_tma")
+V4_KINDS = (
+    "pingpong",
+    "multicast",
+    "coop",
+    "coop_multicast",
+    "coop_streamk",
+    "coop_splitk",
+    "coop_tma",
+    "pingpong_tma",
+)
 _version = "AUTO"
 
 
@@ -445,21 +461,29 @@ AUTO_TILES = (
 # tile's epilogue with the other consumer's k-loop. Measured on the H100 (day 016's block,
 # batch x seq x 64, K = seq): 10 us against 19 (512 x 128 x 64), 86 against 89 (96 x 1024
 # x 64), 206 against 216 (64 x 2048 x 64): results/nvidia-h100-80gb-hbm3/day016_attention_gemms.txt.
-NARROW_TILE = ("pingpong", 128, 64)
+# Since day 019's part 12 its epilogue goes through shared memory and TMA stores
+# (PINGPONG_TMA_128x64), which the TMA unit finishes while the consumer goes on: level or
+# ahead everywhere (P V at 32 x 128 x 1024: 9.4 -> 8.9 us; day016_attention_gemms_part12.txt).
+NARROW_TILE = ("pingpong_tma", 128, 64)
 # Where AUTO picks version 3's 128 x 128 for more than one round of tiles with a short K
 # (at most two k-steps), each block of version 3 loads, multiplies and stores one tile in
 # turn; version 4's ping-pong 128 x 128 overlaps a tile's epilogue with the next one's
 # loads and k-steps. Day 016's 512 heads of 128 x 128 x 64: 12.6 us against 17.0
 # (day016_attention_gemms.txt); one round or less (96 heads) stays on version 3 (4.6 us
 # against 6.0).
+# Those tiles are mostly epilogue (a k-step or two, then 32 KB to store), so their
+# epilogue also goes through TMA stores (day 019, part 12): the 512 heads' dP 13.6 -> 10.6 us,
+# the scores with the mask 17.3 -> 15.8.
 SHORT_K = 128
+SHORT_K_TILE = ("pingpong_tma", 128, 128)
 # Where AUTO picks version 3's 128 x 128 for less than half a round of tiles (a dW with a
 # small output: 1024 x 1024 is 64 tiles for 132 SMs), half the SMs idle; the ping-pong
-# 128 x 64 (NARROW_TILE) makes twice the tiles and still runs them in one round. Measured
+# 128 x 64 (FEW_TILES_TILE) makes twice the tiles and still runs them in one round. Measured
 # on the H100, bf16, % of cuBLAS (days/day019/README.md, part 8): dW 1024 x 1024 x 4096
 # 54 -> 69%, 1024 x 1024 x 1024 58 -> 70%, 768 x 768 x 1024 48 -> 59%. With more tiles
 # (768 x 2304 x 8192: 108) it lost (78 -> 51%), and where AUTO splits K it keeps splitting.
 FEW_TILES = 0.5  # of a round
+FEW_TILES_TILE = ("pingpong", 128, 64)  # mostly k-loop: their epilogues stay in registers
 # Split-K (part 3), for few output tiles and a long K (GPT-2's weight gradients): each
 # 256 x 128 tile's k-steps are cut into S aligned pieces, one block each, all in one
 # wave (stream-K's walk on a grid of tiles x S: its even shares fall on the split
@@ -523,9 +547,9 @@ def auto_tile(
     kind, bm, bn, _ = tiles[next(i for i, c in enumerate(cost) if c <= 1.02 * best)]
     tiles128 = _cdiv(m, 128) * _cdiv(n, 128) * batch
     if kind == "tma" and bm == 128 and tiles128 <= FEW_TILES * sms:
-        return NARROW_TILE  # under half a round: twice the tiles, every SM busy
+        return FEW_TILES_TILE  # under half a round: twice the tiles, every SM busy
     if kind == "tma" and k <= SHORT_K and tiles128 > sms:
-        return "pingpong", 128, 128  # more than a round of short tiles: overlap their epilogues
+        return SHORT_K_TILE  # more than a round of short tiles: overlap their epilogues
     return kind, bm, bn
 
 
@@ -587,7 +611,7 @@ def pingpong_launch(
     of tiles x S and adds the launch that sums them. A float32 `out` (16-bit operands)
     takes the F32_OUT variants (PP_F32_CONFIGS) or, split, the sum kernel's.
     `column_sums`, an (n,) vector (float32 or out's dtype): with `gelu_grad` and kind
-    "coop_tma" only, it gets out's column sums over all rows and matrices (a bias
+    "coop_tma" or "pingpong_tma" only, it gets out's column sums over all rows and matrices (a bias
     gradient): the epilogue writes per-warp partial sums, day 013's sum_partials_kernel
     adds them up."""
     m, n, k, batch = sizes[:4]
@@ -602,9 +626,9 @@ def pingpong_launch(
     f32_out = out.dtype == torch.float32 and split != 2  # split-K: the sum kernel writes out
     # TMA stores write 16-bit outputs only (the 16-byte row pitch their maps need, N % 8
     # == 0, is the register epilogue's condition too: the plans check it before this)
-    tma_store = kind == "coop_tma" and not f32_out
+    tma_store = kind.endswith("_tma") and not f32_out
     if column_sums is not None and not (gelu_grad and tma_store):
-        raise ValueError(f"pingpong_launch: column sums come with gelu_grad on coop_tma tiles, not {kind}")
+        raise ValueError(f"pingpong_launch: column sums come with gelu_grad on TMA-store tiles, not {kind}")
     out_map = aux_map = a_map  # unused without TMA_STORE
     if tma_store:
         out_map = aux_map = output_tma_map(out, batch, m, n)
@@ -632,8 +656,8 @@ def pingpong_launch(
     elif split == 2:
         partials = direct.scratch((pieces, batch, m, n), torch.float32, out.device).data_ptr()
     sums = None
-    if column_sums is not None:  # a row per warp of each consumer's bm / 2 rows (gemm_v4_pingpong)
-        sums = direct.scratch((batch * _cdiv(m, bm // 2) * 4, n), torch.float32, out.device)
+    if column_sums is not None:  # a row per warp of each consumer's rows of a tile (gemm_v4_pingpong)
+        sums = direct.scratch((batch * _cdiv(m, bm // 2 if coop else bm) * 4, n), torch.float32, out.device)
         partials = sums.data_ptr()
     ptrs = (
         out.data_ptr(),

@@ -315,6 +315,11 @@ BRANCHES = [
     ("COOP_TMA_256x128", FP16, 3, 520, 264, 136, "coop 256x128 tma"),
     ("COOP_TMA_128x256", BF16, 2, 1000, 1032, 4104, "coop 128x256 tma"),
     ("COOP_TMA_128x256", FP16, None, 136, 72, 72, "coop 128x256 tma"),  # one tile, mostly outside
+    ("PINGPONG_TMA_128x128", BF16, None, 1000, 1032, 200, "pingpong 128x128 tma"),  # the consumers take turns
+    ("PINGPONG_TMA_128x128", FP16, 3, 520, 264, 136, "pingpong 128x128 tma"),
+    ("PINGPONG_TMA_128x64", BF16, 5, 296, 64, 1032, "pingpong 128x64 tma"),  # attention's P V: 64 wide, a long K
+    ("PINGPONG_TMA_128x64", FP16, None, 1000, 200, 200, "pingpong 128x64 tma"),  # tails in m, n, k
+    ("AUTO", BF16, 96, 136, 136, 64, "pingpong 128x128 tma"),  # attention's scores: 384 tiles, K = 64
     ("COOP_MULTICAST_256x128", BF16, None, 1000, 1024, 200, "coop 256x128 cluster 2"),
     ("COOP_MULTICAST_256x128", FP16, 3, 520, 512, 136, "coop 256x128 cluster 2"),
     ("COOP_MULTICAST_256x128", BF16, 2, 200, 264, 136, "coop 256x128"),  # 3 tiles in n: no pairs
@@ -323,8 +328,8 @@ BRANCHES = [
     ("COOP_128x192", BF16, None, 1000, 1032, 200, "coop 128x192"),  # 8 x 6 tiles, tails in m, n, k
     ("COOP_128x192", FP16, 2, 136, 392, 4104, "coop 128x192"),  # a long K, 2 x 3 tiles per batch
     ("AUTO", FP16, None, 8000, 768, 72, "coop 256x192"),  # 128 tiles of 256x192: one round
-    ("AUTO", BF16, 200, 120, 128, 72, "pingpong 128x128"),  # 200 tiles, K = 72: ping-pong (SHORT_K)
-    ("AUTO", FP16, 7, 296, 40, 520, "pingpong 128x64"),  # at most 64 wide (NARROW_TILE)
+    ("AUTO", BF16, 200, 120, 128, 72, "pingpong 128x128 tma"),  # 200 tiles, K = 72: ping-pong (SHORT_K)
+    ("AUTO", FP16, 7, 296, 40, 520, "pingpong 128x64 tma"),  # at most 64 wide (NARROW_TILE)
     ("COOP_256x64", BF16, None, 1000, 200, 200, "coop 256x64"),  # 4 x 4 tiles, tails in m, n, k
     ("COOP_256x64", FP16, 5, 296, 64, 1032, "coop 256x64"),  # attention's P V: 64 wide, a long K
     ("PINGPONG_128x64", BF16, 3, 200, 136, 72, "pingpong 128x64"),

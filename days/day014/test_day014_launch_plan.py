@@ -161,11 +161,11 @@ AUTO = [
     ((64, 2304, 768, BF16, None), "pingpong 128x64"),  # 64 tokens: 18 square tiles, 36 of 128 x 64 (FEW_TILES)
     ((1000, 1000, 1000, BF16, None), "pingpong 128x64"),  # 64 square tiles (FEW_TILES)
     ((1152, 1152, 1024, BF16, None), "tma 128x128"),  # 81 square tiles: more than half a round
-    ((1, 8, 8, BF16, None), "pingpong 128x64"),  # at most 64 wide: no half-empty tiles
-    ((4097, 8, 8, BF16, None), "pingpong 128x64"),
-    ((1024, 64, 1024, BF16, 96), "pingpong 128x64"),  # day 016's attention: P V of 96 heads
-    ((128, 64, 128, FP16, 512), "pingpong 128x64"),
-    ((128, 128, 64, BF16, 512), "pingpong 128x128"),  # 512 tiles of two k-steps or less
+    ((1, 8, 8, BF16, None), "pingpong 128x64 tma"),  # at most 64 wide: no half-empty tiles
+    ((4097, 8, 8, BF16, None), "pingpong 128x64 tma"),
+    ((1024, 64, 1024, BF16, 96), "pingpong 128x64 tma"),  # day 016's attention: P V of 96 heads
+    ((128, 64, 128, FP16, 512), "pingpong 128x64 tma"),
+    ((128, 128, 64, BF16, 512), "pingpong 128x128 tma"),  # 512 tiles of two k-steps or less
     ((128, 128, 64, BF16, 96), "tma 128x128"),  # one round: nothing to overlap
     ((128, 128, 192, BF16, 512), "tma 128x128"),  # three k-steps
     ((1024, 72, 1024, BF16, 96), "coop 256x128 tma"),  # wider than 64: the cost model
@@ -235,12 +235,12 @@ def test_fp32_weight_gradients_split_k_where_few_tiles_meet_a_long_k():
 
 
 def test_huge_and_batched_shapes():
-    assert choice(plan(2**20, 8, 8, BF16)) == "pingpong 128x64"  # K = 8, 8192 narrow tiles
-    assert choice(plan(2**20, 8, 2048, BF16, ta=True, tb=True)) == "pingpong 128x64"
+    assert choice(plan(2**20, 8, 8, BF16)) == "pingpong 128x64 tma"  # K = 8, 8192 narrow tiles
+    assert choice(plan(2**20, 8, 2048, BF16, ta=True, tb=True)) == "pingpong 128x64 tma"
     launch = plan(2**22, 1, 1, FP32)  # 65536 blocks in x (an output 1 wide: 64 x 64 tiles)
     assert direct.dim3(launch.grid) == (65536, 1, 1)
     for ta, tb in PAIRS:
-        assert choice(plan(40, 24, 16, BF16, ta, tb, batch=3)) == "pingpong 128x64"
+        assert choice(plan(40, 24, 16, BF16, ta, tb, batch=3)) == "pingpong 128x64 tma"
         assert choice(plan(40, 24, 16, FP32, ta, tb, batch=3)) == "simt 64 vec"
         with gemm_version("TF32X3_128x128"):
             assert choice(plan(40, 24, 16, FP32, ta, tb, batch=3)) == "tf32x3 128x128"
@@ -263,6 +263,8 @@ def test_forced_versions_apply_where_their_conditions_hold():
         "COOP_256x128": "coop 256x128",
         "COOP_TMA_256x128": "coop 256x128 tma",
         "COOP_TMA_128x256": "coop 128x256 tma",
+        "PINGPONG_TMA_128x128": "pingpong 128x128 tma",
+        "PINGPONG_TMA_128x64": "pingpong 128x64 tma",
         "COOP_MULTICAST_256x128": "coop 256x128",  # 3 tiles of 128 in n: no pairs
         "COOP_256x192": "coop 256x192",
         "COOP_128x192": "coop 128x192",

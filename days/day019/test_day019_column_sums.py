@@ -50,16 +50,16 @@ def test_each_lane_ends_with_its_column_pair_summed_over_the_warps_rows():
             np.testing.assert_array_equal(got[lane], v[holders][:, 2 * g : 2 * g + 2].sum(0))
 
 
-def partial_rows(m: int, bm: int, batch: int) -> dict[int, list[tuple[int, int]]]:
+def partial_rows(m: int, bm: int, batch: int, coop: bool = True) -> dict[int, list[tuple[int, int]]]:
     """Which output rows (matrix, row) each workspace row sums, as the kernel writes them:
-    consumer `me` of tile row i has rows i bm + me bm / 2 ... (coop), its warp w rows
-    16 w + g + 8 half of each 64-row block; row (bt ceil(M / WG) + base / WG) 4 + w is
-    written where base < M."""
-    wg_rows = bm // 2
+    consumer `me` of tile row i has rows i bm + me bm / 2 ... (coop; ping-pong: a whole
+    tile's bm rows, row_off 0), its warp w rows 16 w + g + 8 half of each 64-row block;
+    row (bt ceil(M / WG) + base / WG) 4 + w is written where base < M."""
+    wg_rows = bm // 2 if coop else bm
     rows: dict[int, list[tuple[int, int]]] = {}
     for bt in range(batch):
         for tile in range(math.ceil(m / bm)):
-            for me in range(2):
+            for me in range(2 if coop else 1):
                 base = tile * bm + me * wg_rows
                 if base >= m:
                     continue
@@ -75,18 +75,21 @@ def partial_rows(m: int, bm: int, batch: int) -> dict[int, list[tuple[int, int]]
     return rows
 
 
+@pytest.mark.parametrize("coop", [True, False])
 @pytest.mark.parametrize("m,bm,batch", [(4096, 256, 1), (1100, 256, 1), (1100, 128, 1), (64, 256, 2), (300, 128, 3)])
-def test_the_partial_rows_cover_every_output_row_once(m, bm, batch):
-    rows = partial_rows(m, bm, batch)
-    parts = batch * math.ceil(m / (bm // 2)) * 4  # what the plan allocates (pingpong_launch)
+def test_the_partial_rows_cover_every_output_row_once(m, bm, batch, coop):
+    rows = partial_rows(m, bm, batch, coop)
+    parts = batch * math.ceil(m / (bm // 2 if coop else bm)) * 4  # what the plan allocates (pingpong_launch)
     assert sorted(rows) == list(range(parts))
     covered = sorted(r for v in rows.values() for r in v)
     assert covered == [(bt, r) for bt in range(batch) for r in range(m)]
 
 
-@pytest.mark.parametrize("version,bm", [("COOP_TMA_256x128", 256), ("COOP_TMA_128x256", 128)])
+@pytest.mark.parametrize(
+    "version,wg_rows", [("COOP_TMA_256x128", 128), ("COOP_TMA_128x256", 64), ("PINGPONG_TMA_128x128", 128)]
+)
 @pytest.mark.parametrize("sums_dtype", [None, torch.float32])
-def test_the_plan_sums_the_partials_into_the_vector(version, bm, sums_dtype):
+def test_the_plan_sums_the_partials_into_the_vector(version, wg_rows, sums_dtype):
     import pytorch_custom_ops as pco
     from pytorch_custom_ops import direct
     from pytorch_custom_ops.gemm_gpu import PP_TMA_STORE
@@ -100,7 +103,7 @@ def test_the_plan_sums_the_partials_into_the_vector(version, bm, sums_dtype):
     with pco.gemm_version(version), direct.planning() as scratch:
         gemm, total = gelu_grad_product_gpu([out, sums], [g, w, d, torch.empty(2)], {})
     (ws,) = scratch
-    parts = math.ceil(m / (bm // 2)) * 4
+    parts = math.ceil(m / wg_rows) * 4  # a row per warp of each consumer's rows of a tile
     assert ws.shape == (parts, n) and ws.dtype == torch.float32
     assert gemm.kernel.params[PP_TMA_STORE] is True and gemm.kernel.params[7:10] == (False, False, True)
     assert gemm.args[9] == ws.data_ptr() and gemm.args[-1] == 1  # partials; store_aux asks for the sums
