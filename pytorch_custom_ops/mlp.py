@@ -69,7 +69,7 @@ def sums_fuse(grad: torch.Tensor, weight: torch.Tensor) -> bool:
     """The product's launch can also sum its columns: only the epilogue through shared
     memory and TMA stores does (days/day019/tma_store.mojo), and AUTO picks it here."""
     (m, k), n = grad.shape, weight.shape[1]
-    return _tile(m, n, k, grad.get_device())[0] == "coop_tma"
+    return _tile(m, n, k, grad.get_device())[0].endswith("_tma")
 
 
 # --8<-- [start:plan]

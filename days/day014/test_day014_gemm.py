@@ -319,7 +319,7 @@ BRANCHES = [
     ("PINGPONG_TMA_128x128", FP16, 3, 520, 264, 136, "pingpong 128x128 tma"),
     ("PINGPONG_TMA_128x64", BF16, 5, 296, 64, 1032, "pingpong 128x64 tma"),  # attention's P V: 64 wide, a long K
     ("PINGPONG_TMA_128x64", FP16, None, 1000, 200, 200, "pingpong 128x64 tma"),  # tails in m, n, k
-    ("AUTO", BF16, 96, 136, 136, 64, "pingpong 128x128 tma"),  # attention's scores: 384 tiles, K = 64
+    ("AUTO", FP16, 300, 104, 120, 64, "pingpong 128x128 tma"),  # 300 tiles, K = 64: SHORT_K
     ("COOP_MULTICAST_256x128", BF16, None, 1000, 1024, 200, "coop 256x128 cluster 2"),
     ("COOP_MULTICAST_256x128", FP16, 3, 520, 512, 136, "coop 256x128 cluster 2"),
     ("COOP_MULTICAST_256x128", BF16, 2, 200, 264, 136, "coop 256x128"),  # 3 tiles in n: no pairs

@@ -119,7 +119,7 @@ def test_cuda_fused_mlp_with_every_gradient(dtype, bias, launched):
 
 
 @needs_cuda
-@pytest.mark.parametrize("version", ["COOP_TMA_256x128", "COOP_TMA_128x256"])
+@pytest.mark.parametrize("version", ["COOP_TMA_256x128", "COOP_TMA_128x256", "PINGPONG_TMA_128x128"])
 def test_cuda_fused_mlp_through_tma_stores(version, launched):
     """Day 019's epilogue through shared memory and TMA stores under the MLP: GELU's output
     and derivative (two boxes per piece) forward, GELU_GRAD's product backward."""
@@ -134,7 +134,7 @@ def test_cuda_fused_mlp_through_tma_stores(version, launched):
 
 
 @needs_cuda
-@pytest.mark.parametrize("version", ["COOP_TMA_256x128", "COOP_TMA_128x256"])
+@pytest.mark.parametrize("version", ["COOP_TMA_256x128", "COOP_TMA_128x256", "PINGPONG_TMA_128x128"])
 @pytest.mark.parametrize("dtype", [BF16, FP16])
 @pytest.mark.parametrize("float32_sums", [False, True])
 def test_cuda_gelu_grad_product_also_sums_its_columns(version, dtype, float32_sums, launched):
@@ -174,7 +174,7 @@ def test_cuda_column_sums_only_where_the_tile_stores_through_tma():
     g, w, d = (torch.randn(*s, device="cuda", dtype=BF16) for s in ((300, 64), (64, 136), (300, 136)))
     with pco.gemm_version("COOP_256x128"):
         assert not sums_fuse(g, w)
-        with pytest.raises(ValueError, match="column sums come with gelu_grad on coop_tma tiles"):
+        with pytest.raises(ValueError, match="column sums come with gelu_grad on TMA-store tiles"):
             _gelu_grad_product_sums[None]([g, w, d, _alpha_beta(1.0, 0.0, g.device)])
 
 
