@@ -26,7 +26,7 @@ from functools import lru_cache
 
 import torch
 
-from . import eager, programs
+from . import column_sums, eager, programs
 from .contract import FLOAT_DTYPES, SUPPORTED_DEVICES, OpSpec, TensorArg, same_device
 from .gemm_gpu import MAX_BATCH, gemm_gpu
 from .gemm_gpu import gemm_version as gemm_version  # the knob that forces a bf16/fp16 kernel
@@ -322,12 +322,16 @@ def _setup_context(ctx, inputs, output):
 # --8<-- [start:column_sum]
 def column_sum(g: torch.Tensor) -> torch.Tensor:
     """g.sum(0) of a 2-D g: a linear layer's bias gradient. On CUDA in 16-bit floats with
-    many rows it is cuBLAS's matrix-vector product gᵀ 1 (float32 accumulation, as sum's),
-    which read 16384 x 768-3072 bf16 gradients 1.2-1.8x faster than torch's column
-    reduction on the H100 (day 020): 20 against 36 us at 768 wide, 50 against 61 at 3072.
-    With few rows both kernels take a few microseconds and the host decides: torch.mv cost
-    ~3x sum's host time in day 016's profile of a 64-token block."""
+    many rows, day 013's column sums (`column_sums.py`, since day 019's part 12); before
+    them, and still where those do not apply (torch.compile), cuBLAS's matrix-vector
+    product gᵀ 1 (float32 accumulation, as sum's), which read 16384 x 768-3072 bf16
+    gradients 1.2-1.8x faster than torch's column reduction on the H100 (day 020): 20
+    against 36 us at 768 wide, 50 against 61 at 3072. With few rows the kernels take a few
+    microseconds and the host decides: torch.mv cost ~3x sum's host time in day 016's
+    profile of a 64-token block."""
     if g.is_cuda and g.dtype in (torch.bfloat16, torch.float16) and g.shape[0] >= GEMV_MIN_ROWS:
+        if column_sums.usable(g):
+            return column_sums.column_sums(g)  # a MojoOp: a recording program notes the call itself
         gt, ones = g.t(), ones_like_rows(g)
         summed = torch.mv(gt, ones)
         if programs.recording:  # a backward being recorded: its program does the same in C++

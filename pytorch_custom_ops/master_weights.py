@@ -12,7 +12,8 @@ their backwards return float32 gradients made in float32:
 
     dW = dH^T X    day 019's GEMM, whose epilogue stores the float32 accumulator itself
                    (F32_OUT; split-K: the kernel that sums the pieces writes float32)
-    db = dH^T 1    a column sum with float32 output (cuBLAS through torch.mm's out_dtype)
+    db = dH^T 1    a column sum with float32 output (day 013's column sums, or cuBLAS
+                   through torch.mm's out_dtype for few rows)
 
     (cast,), (master,) = cast_parameters(torch.bfloat16, x, weight)   # master: weight, or None
 
@@ -27,9 +28,9 @@ import weakref
 
 import torch
 
-from . import direct, eager
+from . import column_sums, direct, eager
 from .contract import PLAIN_TENSORS, OpSpec, TensorArg
-from .gemm import _alpha_beta, column_sum, gemm, ones_like_rows
+from .gemm import GEMV_MIN_ROWS, _alpha_beta, column_sum, gemm, ones_like_rows
 from .gemm_gpu import (
     F32_AUTO_TILES,
     PINGPONG_KERNEL,
@@ -182,9 +183,12 @@ def grad_destination(master: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def bias_grad(grad: torch.Tensor) -> torch.Tensor:
-    """grad.sum(0) in float32 for a 2-D bf16/fp16 CUDA grad: cuBLAS's 1^T grad with a
-    float32 output (torch.mm's out_dtype), float32 accumulation as sum's."""
+    """grad.sum(0) in float32 for a 2-D bf16/fp16 CUDA grad, float32 accumulation as
+    sum's: day 013's column sums with a float32 output where there are many rows, else
+    cuBLAS's 1^T grad with a float32 output (torch.mm's out_dtype)."""
     if torch.is_grad_enabled() and grad.requires_grad:
         return column_sum(grad).float()
+    if grad.shape[0] >= GEMV_MIN_ROWS and column_sums.usable(grad):
+        return column_sums.column_sums(grad, float32=True)  # day 013's kernels (gemm.column_sum)
     ones = ones_like_rows(grad).view(1, -1)
     return torch.mm(ones, grad, out_dtype=torch.float32).view(-1)

@@ -1,0 +1,102 @@
+# Day 013, later part: the column sums of a (rows, cols) matrix, a linear layer's bias
+# gradient (sum over the tokens of the output's gradient).
+#
+# The layer norm's backward already sums columns in two stages: per-worker partial
+# rows in float32, then `sum_partials_kernel` (layer_norm.mojo) adds them in a fixed
+# order. This is the first stage on its own, for any matrix: cuBLAS's matrix-vector
+# product g^T 1, which torch uses for it, read 16384 x 768 bf16 gradients at ~1.3 TB/s
+# on the H100 (day 020); a column sum is a pure read, so it should run near the copy
+# bandwidth.
+#
+# Layout: a warp reads one row's 32 consecutive vectors (16-byte loads: 256 columns
+# of a bf16 row, 512 bytes); the block's COL_ROW_LANES warps take rows r, r + 8, ...,
+# each keeping 4 rows' loads in flight, then add their sums in shared memory (warp
+# order, so the bits do not depend on timing). Block (x, y) writes partial row y for
+# its 32 VEC columns.
+
+from max.gpu import (
+    MAX_THREADS_PER_BLOCK_METADATA,
+    barrier,
+    block_idx,
+    lane_id,
+    warp_id,
+    WARP_SIZE,
+)
+from std.memory import stack_allocation
+from std.sys import size_of
+from std.utils import StaticTuple
+
+comptime COL_ROW_LANES = 8  # warps of a block, each on its own rows
+
+
+# --8<-- [start:column_partials]
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
+        Int32(COL_ROW_LANES * WARP_SIZE)
+    )
+)
+@__name(t"column_partials_{dtype}_v{VEC}")
+def column_partials_kernel[
+    dtype: DType, VEC: Int
+](
+    partials: Pointer[Float32, MutAnyOrigin],
+    g: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int64,
+    cols: Int64,
+    ld: Int64,
+    rows_per_part: Int64,
+):
+    """Launch with grid (ceil(cols / (32 VEC)), parts) and 32 COL_ROW_LANES threads.
+    Block (x, y) sums rows [y rows_per_part, (y + 1) rows_per_part) of g (row stride
+    `ld`, unit column stride) over its 32 VEC columns into partials[y, :] (float32,
+    (parts, cols)). VEC > 1: cols and ld are multiples of VEC and g is 16-byte aligned
+    (the launch plan checks), so a vector is wholly inside or outside the matrix.
+    """
+    comptime ALIGN = VEC * size_of[dtype]()
+    comptime WIDTH = WARP_SIZE * VEC  # the block's columns
+    var sh = stack_allocation[
+        COL_ROW_LANES * WIDTH, Float32, address_space=AddressSpace.SHARED
+    ]()
+    var n = Int(cols)
+    var stride = Int(ld)
+    var c = block_idx.x * WIDTH + lane_id() * VEC  # this lane's first column
+    var r1 = min(Int(rows), (block_idx.y + 1) * Int(rows_per_part))
+    var r = block_idx.y * Int(rows_per_part) + warp_id()
+    var s0 = SIMD[DType.float32, VEC](
+        0
+    )  # four sums, four rows: their loads overlap
+    var s1 = SIMD[DType.float32, VEC](0)
+    var s2 = SIMD[DType.float32, VEC](0)
+    var s3 = SIMD[DType.float32, VEC](0)
+    if c < n:
+        var at = g.unsafe_offset(c)
+        while r + 3 * COL_ROW_LANES < r1:
+            s0 += at.unsafe_load[width=VEC, alignment=ALIGN](r * stride).cast[
+                DType.float32
+            ]()
+            s1 += at.unsafe_load[width=VEC, alignment=ALIGN](
+                (r + COL_ROW_LANES) * stride
+            ).cast[DType.float32]()
+            s2 += at.unsafe_load[width=VEC, alignment=ALIGN](
+                (r + 2 * COL_ROW_LANES) * stride
+            ).cast[DType.float32]()
+            s3 += at.unsafe_load[width=VEC, alignment=ALIGN](
+                (r + 3 * COL_ROW_LANES) * stride
+            ).cast[DType.float32]()
+            r += 4 * COL_ROW_LANES
+        while r < r1:
+            s0 += at.unsafe_load[width=VEC, alignment=ALIGN](r * stride).cast[
+                DType.float32
+            ]()
+            r += COL_ROW_LANES
+    var mine = (s0 + s1) + (s2 + s3)
+    sh.unsafe_store(warp_id() * WIDTH + lane_id() * VEC, mine)
+    barrier()
+    if warp_id() == 0 and c < n:
+        var total = sh.unsafe_load[width=VEC](lane_id() * VEC)
+        comptime for w in range(1, COL_ROW_LANES):
+            total += sh.unsafe_load[width=VEC](w * WIDTH + lane_id() * VEC)
+        partials.unsafe_store(block_idx.y * n + c, total)
+
+
+# --8<-- [end:column_partials]

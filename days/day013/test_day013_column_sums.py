@@ -1,0 +1,192 @@
+"""Day 013's column sums (`pytorch_custom_ops/column_sums.py`, days/day013/column_sums.mojo):
+g.sum(0) of a bf16/fp16 CUDA matrix in two stages, a linear layer's bias gradient.
+
+CPU: the partition of rows and columns among blocks, the plan's launches and workspace,
+and a numpy emulation of the two stages on that partition. CUDA: against float64 (16-byte
+and element loads, a row stride wider than the row, odd sizes, float32 output), the same
+bits on every call, the bias gradients of `gemm`, `linear` and `mlp` through it, CUDA
+graphs, and clear errors.
+"""
+
+import importlib
+
+import numpy as np
+import pytest
+import torch
+
+import pytorch_custom_ops as pco
+
+CS = importlib.import_module("pytorch_custom_ops.column_sums")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+BF16, FP16 = torch.bfloat16, torch.float16
+
+
+def rand(shape, dtype, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g, dtype=torch.float64) + 0.25).to(dtype).to(device)
+
+
+# -- CPU: the partition and the plan ---------------------------------------------------------
+@pytest.mark.parametrize("rows", [1, 7, 8, 100, 4096, 4097, 16384, 100003])
+@pytest.mark.parametrize("cols", [1, 8, 255, 256, 257, 768, 3072, 50304])
+@pytest.mark.parametrize("vec", [1, 8])
+def test_the_partition_covers_every_row_and_column_once(rows, cols, vec):
+    col_blocks, parts, per_part = CS.partition(rows, cols, vec, 132)
+    assert (col_blocks - 1) * 32 * vec < cols <= col_blocks * 32 * vec
+    assert (parts - 1) * per_part < rows <= parts * per_part  # no empty part: each writes its row
+    assert parts <= 65535 and col_blocks <= 2**31 - 1
+    if rows >= 8 * CS.BLOCKS_PER_SM * 132:  # enough rows: about BLOCKS_PER_SM blocks per SM
+        assert CS.BLOCKS_PER_SM * 132 // 2 < col_blocks * parts < CS.BLOCKS_PER_SM * 132 + 2 * col_blocks
+
+
+def emulate(g: np.ndarray, vec: int) -> np.ndarray:
+    """The two stages in float32, in the kernels' order: per part, each warp's four row
+    sums (rows r, r + 8, ... in steps of 32), the warps in order; then the parts in the
+    second stage's order (16 lanes, each over parts lane, lane + 16, ...)."""
+    rows, cols = g.shape
+    _col_blocks, parts, per_part = CS.partition(rows, cols, vec, 132)
+    partials = np.zeros((parts, cols), np.float32)
+    for p in range(parts):
+        r0, r1 = p * per_part, min(rows, (p + 1) * per_part)
+        total = np.zeros(cols, np.float32)
+        for w in range(8):
+            s = np.zeros((4, cols), np.float32)
+            r = r0 + w
+            while r + 24 < r1:
+                for u in range(4):
+                    s[u] += g[r + 8 * u]
+                r += 32
+            while r < r1:
+                s[0] += g[r]
+                r += 8
+            total = total + ((s[0] + s[1]) + (s[2] + s[3]))
+        partials[p] = total
+    return partials.sum(0)  # the order of the second stage matters less: compared with a tolerance
+
+
+@pytest.mark.parametrize("rows,cols", [(4100, 40), (300, 264), (9, 3)])
+def test_the_emulated_stages_sum_the_columns(rows, cols):
+    g = rand((rows, cols), torch.float32).numpy()
+    want = g.astype(np.float64).sum(0)
+    got = emulate(g, 1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4 * np.sqrt(rows))
+
+
+def test_the_plan_launches_both_stages():
+    from pytorch_custom_ops import direct
+    from pytorch_custom_ops.layer_norm import LN_SUM_PARTIALS
+
+    g = rand((4096, 1024), BF16)
+    sums = torch.empty(1024, dtype=torch.float32)
+    with direct.planning() as scratch:
+        first, second = CS.column_sums_gpu([sums], [g], {})
+    (ws,) = scratch
+    col_blocks, parts, per_part = CS.partition(4096, 1024, 8, 132)
+    assert (col_blocks, parts, per_part) == (4, 128, 32)
+    assert ws.shape == (parts, 1024) and ws.dtype == torch.float32
+    assert first.kernel.family is CS.COLUMN_PARTIALS_KERNEL and first.kernel.params == (BF16, 8)
+    assert direct.dim3(first.grid) == (4, 128, 1) and direct.dim3(first.block) == (256, 1, 1)
+    assert first.args == (ws.data_ptr(), g.data_ptr(), 4096, 1024, 1024, 32)
+    assert second.kernel.family is LN_SUM_PARTIALS and second.kernel.params[:2] == (torch.float32, torch.float32)
+    assert second.args[:6] == (sums.data_ptr(), 0, ws.data_ptr(), parts, 1024, 1024)
+
+
+@pytest.mark.parametrize(
+    "make,vec",
+    [
+        (lambda: rand((64, 1024), FP16), 8),
+        (lambda: rand((64, 1030), BF16), 1),  # cols not a multiple of 8
+        (lambda: rand((64, 1032), BF16)[:, 1:1025], 1),  # 2 bytes into its storage
+        (lambda: rand((64, 2048), BF16)[:, :768], 8),  # a wider row stride, 16-byte aligned
+    ],
+)
+def test_the_plan_takes_element_loads_where_vectors_do_not_fit(make, vec):
+    from pytorch_custom_ops import direct
+
+    g = make()
+    with direct.planning():
+        first, _ = CS.column_sums_gpu([torch.empty(g.shape[1], dtype=g.dtype)], [g], {})
+    assert first.kernel.params == (g.dtype, vec) and first.args[4] == g.stride(0)
+
+
+def test_usable_names_what_the_kernels_serve():
+    assert not CS.usable(rand((8, 8), BF16))  # a CPU tensor
+    with pytest.raises(ValueError, match="column_sums: g must be a 2-D bfloat16/float16 CUDA tensor"):
+        CS.column_sums(rand((8, 8), BF16))
+
+
+# -- CUDA ---------------------------------------------------------------------------------
+def close(got, g, dtype):
+    want = g.double().sum(0)
+    scale = g.double().abs().sum(0) + 1
+    assert got.dtype == dtype and got.shape == want.shape
+    err = ((got.double() - want).abs() / scale).max().item()
+    assert err < (1e-6 if dtype == torch.float32 else 4e-3), err
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+@pytest.mark.parametrize("float32", [False, True])
+@pytest.mark.parametrize(
+    "shape,view",
+    [
+        ((4096, 1024), None),  # day 016's projection bias
+        ((16384, 2304), None),  # GPT-2's QKV bias at 16384 tokens
+        ((4097, 776), None),  # odd rows, columns not a multiple of 256
+        ((5000, 1030), None),  # element loads
+        ((4096, 1032), (1, 1025)),  # 2 bytes into its storage: element loads
+        ((4100, 2048), (0, 768)),  # a row stride wider than the row
+        ((4096, 8), None),  # one block of columns, mostly outside
+    ],
+)
+def test_cuda_column_sums_against_float64(shape, view, dtype, float32, launched):
+    g = rand(shape, dtype, "cuda", seed=shape[0])
+    if view is not None:
+        g = g[:, view[0] : view[1]]
+    got = CS.column_sums(g, float32=float32)
+    close(got, g, torch.float32 if float32 else dtype)
+    assert any("column_partials_kernel" in k for k in launched) and any("sum_partials" in k for k in launched)
+    assert all(torch.equal(got, CS.column_sums(g, float32=float32)) for _ in range(3))  # the same bits
+
+
+@needs_cuda
+def test_cuda_large_values_and_cancellation():
+    g = rand((8192, 512), BF16, "cuda") * 1000
+    g[4096:] = -g[:4096]  # the exact sum is 0 in every column
+    got = CS.column_sums(g, float32=True)
+    assert got.abs().max().item() < 1e-2 * g.abs().max().item()
+
+
+@needs_cuda
+def test_cuda_bias_gradients_of_the_layers_use_it(launched):
+    """gemm's broadcast c, linear's and mlp's biases: rows >= GEMV_MIN_ROWS take the
+    kernels, and their gradients match float64."""
+    rows = importlib.import_module("pytorch_custom_ops.gemm").GEMV_MIN_ROWS
+    x = rand((rows + 3, 256), BF16, "cuda").requires_grad_()
+    w = (rand((384, 256), BF16, "cuda", seed=1) * 0.05).requires_grad_()
+    b = rand((384,), BF16, "cuda", seed=2).requires_grad_()
+    g = rand((rows + 3, 384), BF16, "cuda", seed=3)
+    y = pco.linear(x, w, b)
+    (db,) = torch.autograd.grad(y, b, g)
+    close(db, g, BF16)
+    assert any("column_partials_kernel" in k for k in launched)
+    c = b.detach().clone().requires_grad_()
+    out = pco.gemm(x.detach(), w.detach(), c, beta=1.0, transpose_b=True)
+    (dc,) = torch.autograd.grad(out, c, g)
+    close(dc, g, BF16)
+
+
+@needs_cuda
+def test_cuda_graph_replay():
+    g = rand((8192, 768), BF16, "cuda")
+    CS.column_sums(g)  # warm-up: the kernels load, the recipe is made
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out = CS.column_sums(g)
+    torch.cuda.current_stream().wait_stream(stream)
+    g.copy_(rand((8192, 768), BF16, "cuda", seed=5))
+    graph.replay()
+    torch.cuda.synchronize()
+    close(out, g, BF16)
