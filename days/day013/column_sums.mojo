@@ -10,7 +10,7 @@
 #
 # Layout: a warp reads one row's 32 consecutive vectors (16-byte loads: 256 columns
 # of a bf16 row, 512 bytes); the block's COL_ROW_LANES warps take rows r, r + 8, ...,
-# each keeping 4 rows' loads in flight, then add their sums in shared memory (warp
+# each keeping 8 rows' loads in flight, then add their sums in shared memory (warp
 # order, so the bits do not depend on timing). Block (x, y) writes partial row y for
 # its 32 VEC columns.
 
@@ -27,6 +27,7 @@ from std.sys import size_of
 from std.utils import StaticTuple
 
 comptime COL_ROW_LANES = 8  # warps of a block, each on its own rows
+comptime COL_UNROLL = 8  # rows a warp loads before it adds them (a0..a7 in the kernel)
 
 
 # --8<-- [start:column_partials]
@@ -62,34 +63,48 @@ def column_partials_kernel[
     var c = block_idx.x * WIDTH + lane_id() * VEC  # this lane's first column
     var r1 = min(Int(rows), (block_idx.y + 1) * Int(rows_per_part))
     var r = block_idx.y * Int(rows_per_part) + warp_id()
-    var s0 = SIMD[DType.float32, VEC](
-        0
-    )  # four sums, four rows: their loads overlap
+    # two sums; each step loads 8 rows (r, r + 8, ..., r + 56) before adding any
+    var s0 = SIMD[DType.float32, VEC](0)
     var s1 = SIMD[DType.float32, VEC](0)
-    var s2 = SIMD[DType.float32, VEC](0)
-    var s3 = SIMD[DType.float32, VEC](0)
     if c < n:
         var at = g.unsafe_offset(c)
-        while r + 3 * COL_ROW_LANES < r1:
-            s0 += at.unsafe_load[width=VEC, alignment=ALIGN](r * stride).cast[
-                DType.float32
-            ]()
-            s1 += at.unsafe_load[width=VEC, alignment=ALIGN](
-                (r + COL_ROW_LANES) * stride
-            ).cast[DType.float32]()
-            s2 += at.unsafe_load[width=VEC, alignment=ALIGN](
-                (r + 2 * COL_ROW_LANES) * stride
-            ).cast[DType.float32]()
-            s3 += at.unsafe_load[width=VEC, alignment=ALIGN](
-                (r + 3 * COL_ROW_LANES) * stride
-            ).cast[DType.float32]()
-            r += 4 * COL_ROW_LANES
+        comptime L = COL_ROW_LANES
+        while r + (COL_UNROLL - 1) * L < r1:
+            var a0 = at.unsafe_load[width=VEC, alignment=ALIGN](r * stride)
+            var a1 = at.unsafe_load[width=VEC, alignment=ALIGN](
+                (r + L) * stride
+            )
+            var a2 = at.unsafe_load[width=VEC, alignment=ALIGN](
+                (r + 2 * L) * stride
+            )
+            var a3 = at.unsafe_load[width=VEC, alignment=ALIGN](
+                (r + 3 * L) * stride
+            )
+            var a4 = at.unsafe_load[width=VEC, alignment=ALIGN](
+                (r + 4 * L) * stride
+            )
+            var a5 = at.unsafe_load[width=VEC, alignment=ALIGN](
+                (r + 5 * L) * stride
+            )
+            var a6 = at.unsafe_load[width=VEC, alignment=ALIGN](
+                (r + 6 * L) * stride
+            )
+            var a7 = at.unsafe_load[width=VEC, alignment=ALIGN](
+                (r + 7 * L) * stride
+            )
+            s0 += (a0.cast[DType.float32]() + a1.cast[DType.float32]()) + (
+                a2.cast[DType.float32]() + a3.cast[DType.float32]()
+            )
+            s1 += (a4.cast[DType.float32]() + a5.cast[DType.float32]()) + (
+                a6.cast[DType.float32]() + a7.cast[DType.float32]()
+            )
+            r += COL_UNROLL * L
         while r < r1:
             s0 += at.unsafe_load[width=VEC, alignment=ALIGN](r * stride).cast[
                 DType.float32
             ]()
-            r += COL_ROW_LANES
-    var mine = (s0 + s1) + (s2 + s3)
+            r += L
+    var mine = s0 + s1
     sh.unsafe_store(warp_id() * WIDTH + lane_id() * VEC, mine)
     barrier()
     if warp_id() == 0 and c < n:
