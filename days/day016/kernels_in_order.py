@@ -18,9 +18,12 @@ import torch
 
 from days.day016.kernels_by_build import train_steps
 
-# (kind, words in the kernel's name), first match wins; "bias" catches our cuBLAS g^T 1
-# launches (nvjet / splitKreduce inside gpu-days' builds) and the Triton sums
+# (kind, words in the kernel's name), first match wins; "bias" catches our column sums
+# (day 013's column_partials, and the sum_partials launch right after one: kind_of's
+# `after`), cuBLAS g^T 1 launches (nvjet / splitKreduce inside gpu-days' builds) and the
+# Triton sums
 KINDS = (
+    ("bias gradients", ("column_partials",)),
     ("GEMMs", ("_gemm_",)),  # days_day014_gemm_..., days_day019_gemm_v4_pingpong...
     ("layer norms", ("ln_", "layer_norm")),
     ("softmax", ("softmax",)),
@@ -30,9 +33,12 @@ KINDS = (
 )
 
 
-def kind_of(name: str, ours: bool) -> str:
+def kind_of(name: str, ours: bool, after: str = "") -> str:
+    """The kind of kernel `name`; `after`: the name of the kernel launched before it."""
     if "nvjet" in name or "splitKreduce" in name:
         return "bias gradients" if ours else "GEMMs"
+    if "sum_partials" in name and "column_partials" in after:  # the column sums' second stage
+        return "bias gradients"
     for kind, words in KINDS:
         if any(w in name for w in words):
             return kind
@@ -66,9 +72,9 @@ def main() -> None:
         total = sum(us for us, _ in rows)
         print(f"== {name} {args.shape} {args.dtype}: {len(rows)} kernels, {total:.0f} us")
         by_kind = collections.defaultdict(lambda: [0.0, 0])
-        for us, kernel in rows:
+        for i, (us, kernel) in enumerate(rows):
             print(f"  {us:7.1f}  {kernel[:110]}")
-            kind = kind_of(kernel, name.startswith("gpu_days"))
+            kind = kind_of(kernel, name.startswith("gpu_days"), rows[i - 1][1] if i else "")
             by_kind[kind][0] += us
             by_kind[kind][1] += 1
         kinds[name] = by_kind
