@@ -78,7 +78,9 @@ _ops = {dtype: MojoOp(_spec(dtype), gpu=column_sums_gpu) for dtype in (None, tor
 
 def usable(g: torch.Tensor) -> bool:
     """The kernels serve this call: a plain (not traced) contiguous 2-D bf16/fp16 CUDA
-    tensor with at least one row and column, outside torch.compile."""
+    tensor with at least one row and column, outside torch.compile, and no autograd graph
+    to record (the op has no backward: a double backward keeps torch's differentiable
+    sum)."""
     return (
         g.is_cuda
         and g.dtype in DTYPES
@@ -86,7 +88,7 @@ def usable(g: torch.Tensor) -> bool:
         and g.is_contiguous()  # the op's contract (contract.py): no views with gaps
         and g.shape[0] > 0
         and g.shape[1] > 0
-        and eager.route(g) is not eager.OP
+        and eager.route(g) is eager.EAGER  # not traced, and no graph to record (double backward)
     )
 
 

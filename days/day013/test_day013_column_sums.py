@@ -116,6 +116,9 @@ def test_usable_names_what_the_kernels_serve():
     if torch.cuda.is_available():
         g = rand((64, 64), BF16, "cuda")
         assert CS.usable(g) and not CS.usable(g[:, :32]) and not CS.usable(g.float()) and not CS.usable(g[:0])
+        assert not CS.usable(g.clone().requires_grad_())  # a double backward records a graph
+        with torch.no_grad():
+            assert CS.usable(g.clone().requires_grad_())
     with pytest.raises(ValueError, match="column_sums: g must be a contiguous 2-D bfloat16/float16 CUDA tensor"):
         CS.column_sums(rand((8, 8), BF16))
 
@@ -194,3 +197,19 @@ def test_cuda_graph_replay():
     graph.replay()
     torch.cuda.synchronize()
     close(out, g, BF16)
+
+
+@needs_cuda
+def test_cuda_double_backward_through_a_bias_gradient_stays_differentiable():
+    """create_graph=True: the bias gradient must itself have a gradient, so the column sum
+    there is torch's (differentiable), not the op's."""
+    rows = importlib.import_module("pytorch_custom_ops.gemm").GEMV_MIN_ROWS
+    x = rand((rows, 64), BF16, "cuda")
+    w = (rand((32, 64), BF16, "cuda", seed=1) * 0.05).requires_grad_()
+    b = rand((32,), BF16, "cuda", seed=2).requires_grad_()
+    g = rand((rows, 32), BF16, "cuda", seed=3).requires_grad_()
+    y = pco.gemm(x, w, b, beta=1.0, transpose_b=True)
+    (db,) = torch.autograd.grad(y, b, g, create_graph=True)
+    close(db.detach(), g.detach(), BF16)
+    (dg,) = torch.autograd.grad(db.float().sum(), g)  # d(sum of the column sums)/dg = 1
+    assert torch.equal(dg, torch.ones_like(dg))
