@@ -6,9 +6,9 @@ Two launches, the layer norm backward's scheme (days/day013/column_sums.mojo):
 `sum_partials_kernel` adds those up in a fixed order (the same bits on every run) and
 writes g's dtype or float32 (a float32 master bias, master_weights.py).
 
-torch's CUDA path for this, cuBLAS's matrix-vector product gᵀ 1 (`gemm.column_sum`),
-read the bias gradients of day 016's block and day 020's GPT-2 step at 1.2-1.5 TB/s on
-the H100; a column sum only reads, so it can run near the copy bandwidth.
+The path it replaces, cuBLAS's matrix-vector product gᵀ 1 (`gemm.column_sum`), read the
+bias gradients of day 016's block and day 020's GPT-2 step at 1.4-2.9 TB/s on the H100;
+these kernels take 1.0-1.3x less time (days/day013/time_column_sums.py).
 
 Only the CUDA path exists (no MAX CPU kernel): callers use it where `usable` says so and
 torch's sum elsewhere.
@@ -41,8 +41,9 @@ COLUMN_PARTIALS_KERNEL = KernelFamily(
 def partition(rows: int, cols: int, vec: int, sms: int) -> tuple[int, int, int]:
     """(column blocks, parts, rows per part) of the first stage: 32 vec columns a block,
     and rows cut into parts so that the grid has at most BLOCKS_PER_SM blocks per SM, all
-    resident at once (the kernel's 256 threads x ~64 registers allow 4 an SM). A grid of
-    531 blocks for 528 places ran its last 3 alone: 16384 x 2304 took 42 us, not ~28."""
+    resident at once (the kernel's 256 threads x 64 registers allow 4 an SM). A grid of
+    531 blocks for 528 places ran its last 3 alone: 16384 x 2304 took 42.2 us (28.4 once
+    the grid fit, with 8 rows in flight a warp)."""
     col_blocks = -(-cols // (WARP * vec))
     parts = max(1, min(BLOCKS_PER_SM * sms // col_blocks, -(-rows // MIN_ROWS_PER_PART)))
     per_part = -(-rows // parts)

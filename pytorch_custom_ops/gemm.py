@@ -322,8 +322,8 @@ def _setup_context(ctx, inputs, output):
 # --8<-- [start:column_sum]
 def column_sum(g: torch.Tensor) -> torch.Tensor:
     """g.sum(0) of a 2-D g: a linear layer's bias gradient. On CUDA in 16-bit floats with
-    many rows, day 013's column sums (`column_sums.py`, since day 019's part 12); before
-    them, and still where those do not apply (torch.compile), cuBLAS's matrix-vector
+    many rows, day 013's column sums (`column_sums.py`, 2026-11-27); before them, and
+    still where those do not apply (torch.compile, a double backward), cuBLAS's matrix-vector
     product gᵀ 1 (float32 accumulation, as sum's), which read 16384 x 768-3072 bf16
     gradients 1.2-1.8x faster than torch's column reduction on the H100 (day 020): 20
     against 36 us at 768 wide, 50 against 61 at 3072. With few rows the kernels take a few
