@@ -129,6 +129,12 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         "day014.gemm_tma_kernel.bfloat16.*.128.256.*": (
             r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16",
         ),
+        # three consumers (192 x 128, day 019 part 12): 512 threads, registers split 24 / 160
+        "day014.gemm_tma_kernel.*.192.128.*": (
+            r"\.maxntid 512",
+            r"setmaxnreg\.inc\.sync\.aligned\.u32 160;",
+            r"setmaxnreg\.dec\.sync\.aligned\.u32 24;",
+        ),
         # float32: 3xTF32 over tf32 planes, k8 per wgmma, the accumulator promoted by float32 adds
         "day014.gemm_tma_kernel.float32.*.128.128.*": (
             r"wgmma\.mma_async\.sync\.aligned\.m64n128k8\.f32\.tf32\.tf32",
