@@ -330,7 +330,7 @@ def column_sum(g: torch.Tensor) -> torch.Tensor:
     microseconds and the host decides: torch.mv cost ~3x sum's host time in day 016's
     profile of a 64-token block."""
     if g.is_cuda and g.dtype in (torch.bfloat16, torch.float16) and g.shape[0] >= GEMV_MIN_ROWS:
-        if column_sums.usable(g):
+        if column_sums_serve(g):
             return column_sums.column_sums(g)  # a MojoOp: a recording program notes the call itself
         gt, ones = g.t(), ones_like_rows(g)
         summed = torch.mv(gt, ones)
@@ -344,6 +344,12 @@ def column_sum(g: torch.Tensor) -> torch.Tensor:
 
 
 GEMV_MIN_ROWS = 4096  # below: the host-cheaper sum
+
+
+def column_sums_serve(g: torch.Tensor) -> bool:
+    """A bias gradient that day 013's column sums take (column_sum, and master_weights'
+    float32 bias_grad): many rows, and a tensor their kernels accept."""
+    return g.shape[0] >= GEMV_MIN_ROWS and column_sums.usable(g)
 
 
 def ones_like_rows(g: torch.Tensor) -> torch.Tensor:

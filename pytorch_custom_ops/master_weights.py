@@ -30,7 +30,7 @@ import torch
 
 from . import column_sums, direct, eager
 from .contract import PLAIN_TENSORS, OpSpec, TensorArg
-from .gemm import GEMV_MIN_ROWS, _alpha_beta, column_sum, gemm, ones_like_rows
+from .gemm import _alpha_beta, column_sum, column_sums_serve, gemm, ones_like_rows
 from .gemm_gpu import (
     F32_AUTO_TILES,
     PINGPONG_KERNEL,
@@ -188,7 +188,7 @@ def bias_grad(grad: torch.Tensor) -> torch.Tensor:
     cuBLAS's 1^T grad with a float32 output (torch.mm's out_dtype)."""
     if torch.is_grad_enabled() and grad.requires_grad:
         return column_sum(grad).float()
-    if grad.shape[0] >= GEMV_MIN_ROWS and column_sums.usable(grad):
+    if column_sums_serve(grad):
         return column_sums.column_sums(grad, float32=True)  # day 013's kernels (gemm.column_sum)
     ones = ones_like_rows(grad).view(1, -1)
     return torch.mm(ones, grad, out_dtype=torch.float32).view(-1)
