@@ -152,13 +152,22 @@ WG_KERNEL = KernelFamily(
 # tiles, one round on 132 SMs (256 x 128: 96 tiles, 73% of the SMs)
 TMA_TILES = ((128, 128), (128, 256), (192, 128))
 TF32X3_TILE = (128, 128)  # two accumulators a thread (promotion): at most 128 wide
+# F32_OUT (a float32 output from 16-bit operands): a weight gradient dH^T X of float32 master
+# weights (A transposed, B not), on the three-consumer tile AUTO gives one round of them
+TMA_F32_TILE = (192, 128)
+
+
+def _tma_variant(dtype: torch.dtype, ta: bool, tb: bool, bm: int, bn: int, f32_out: bool = False) -> tuple:
+    return (dtype, ta, tb, bm, bn, f32_out, tma_stages(dtype, bm, bn), tma_smem_bytes(dtype, bm, bn))
+
+
 TMA_KERNEL = KernelFamily(
     TMA_MODULE,
     "gemm_tma_kernel",
     # a_map, b_map, dst, c, alpha_beta, m, n, k, c_bs, c_rs, c_cs
     args=("tensormap", "tensormap") + ("ptr",) * 3 + ("i64",) * 6,
-    variants=tuple(  # (dtype, TA, TB, BM, BN, STAGES, SMEM)
-        (dtype, ta, tb, bm, bn, tma_stages(dtype, bm, bn), tma_smem_bytes(dtype, bm, bn))
+    variants=tuple(  # (dtype, TA, TB, BM, BN, F32_OUT, STAGES, SMEM)
+        _tma_variant(dtype, ta, tb, bm, bn)
         for dtype, pairs, tiles in (
             (torch.bfloat16, PAIRS, TMA_TILES),
             (torch.float16, PAIRS, TMA_TILES),
@@ -166,7 +175,8 @@ TMA_KERNEL = KernelFamily(
         )
         for ta, tb in pairs
         for bm, bn in tiles
-    ),
+    )
+    + tuple(_tma_variant(dtype, True, False, *TMA_F32_TILE, f32_out=True) for dtype in (torch.bfloat16, torch.float16)),
 )
 TF32_SPLIT_THREADS, TF32_SPLIT_TILE = 256, 32
 TF32_SPLIT_KERNEL = KernelFamily(
@@ -535,9 +545,9 @@ def auto_tile(
     layer's epilogues are version 4's only); `tiles`: the candidates."""
     if n <= NARROW_TILE[2] and tiles is AUTO_TILES:
         return NARROW_TILE
-    if plain_epilogue and tiles is AUTO_TILES and k >= ONE_ROUND_MIN_K:
+    if plain_epilogue and (tiles is AUTO_TILES or tiles is F32_AUTO_TILES) and k >= ONE_ROUND_MIN_K:
         if _cdiv(m, ONE_ROUND_TILE[1]) * _cdiv(n, ONE_ROUND_TILE[2]) * batch <= sms:
-            tiles = (*AUTO_TILES, ONE_ROUND_TILE)  # last: near-ties go to the others
+            tiles = (*tiles, ONE_ROUND_TILE)  # last: near-ties go to the others
     cost = [_cdiv(_cdiv(m, bm) * _cdiv(n, bn) * batch, sms) * t for _, bm, bn, t in tiles]
     best = min(cost)
     if plain_epilogue:
@@ -734,6 +744,24 @@ def simt_split_launches(out, ptrs, sizes, pieces: int) -> list[direct.Launch]:
 # --8<-- [end:simt_split]
 
 
+def tma_launch(a, b, out, c, alpha_beta, sizes, ta: bool, tb: bool, bm: int, bn: int) -> list[direct.Launch]:
+    """Version 3's launch: a block per BM x BN tile of each matrix, a producer warpgroup and
+    one consumer per 64 rows. `sizes` is (m, n, k, batch, c_bs, c_rs, c_cs); a float32 `out`
+    from 16-bit operands takes the F32_OUT variant (TMA_F32_TILE, A transposed)."""
+    m, n, k, batch, c_bs, c_rs, c_cs = sizes
+    a_map = operand_tma_map(a, not ta, bm, batch, m, k)
+    b_map = operand_tma_map(b, tb, bn, batch, n, k)
+    kernel = TMA_KERNEL[_tma_variant(a.dtype, ta, tb, bm, bn, out.dtype != a.dtype)]
+    args = (a_map, b_map, out.data_ptr(), c.data_ptr(), alpha_beta.data_ptr(), m, n, k, c_bs, c_rs, c_cs)
+    grid = (_cdiv(m, bm) * _cdiv(n, bn), 1, batch)
+    return [direct.Launch(kernel, grid, (1 + bm // 64) * WG_THREADS, args, smem_of(kernel))]
+
+
+def smem_of(kernel) -> int:
+    """A version 3 variant's dynamic shared memory (its SMEM parameter, the last)."""
+    return kernel.params[-1]
+
+
 # --8<-- [start:tf32x3]
 # float32 on tensor cores (day 019, part 9): each operand is split into tf32 planes, hi
 # and lo (days/day019/tf32_split.mojo, which also transposes it k-major), and version 3's
@@ -802,11 +830,10 @@ def tf32x3_launches(out, a, b, c, alpha_beta, sizes, ta: bool, tb: bool) -> list
     bm, bn = TF32X3_TILE
     split_a, a_map = tf32_planes(a, not ta, m, k, batch, a_bs, bm)
     split_b, b_map = tf32_planes(b, tb, n, k, batch, b_bs, bn)
-    stages, smem = tma_stages(torch.float32, bm, bn), tma_smem_bytes(torch.float32, bm, bn)
-    kernel = TMA_KERNEL[torch.float32, False, True, bm, bn, stages, smem]
+    kernel = TMA_KERNEL[_tma_variant(torch.float32, False, True, bm, bn)]
     args = (a_map, b_map, out.data_ptr(), c.data_ptr(), alpha_beta.data_ptr(), m, n, k, c_bs, c_rs, c_cs)
     grid = (_cdiv(m, bm) * _cdiv(n, bn), 1, batch)
-    return [split_a, split_b, direct.Launch(kernel, grid, (1 + bm // 64) * WG_THREADS, args, smem)]
+    return [split_a, split_b, direct.Launch(kernel, grid, (1 + bm // 64) * WG_THREADS, args, smem_of(kernel))]
 
 
 # --8<-- [end:tf32x3]
@@ -866,12 +893,7 @@ def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
         sizes = (m, n, k, batch, c_bs, c_rs, c_cs)
         return pingpong_launch(a, b, out, c, alpha_beta, None, None, sizes, ta, tb, kind, bm, bn)
     if kind == "tma" and tma:
-        a_map = operand_tma_map(a, not ta, bm, batch, m, k)
-        b_map = operand_tma_map(b, tb, bn, batch, n, k)
-        stages, smem = tma_stages(dtype, bm, bn), tma_smem_bytes(dtype, bm, bn)
-        kernel = TMA_KERNEL[dtype, ta, tb, bm, bn, stages, smem]
-        threads = (1 + bm // 64) * WG_THREADS  # a producer warpgroup + one per 64 rows
-        return tiled(kernel, bm, bn, threads, smem, (a_map, b_map, *ptrs[:1], *ptrs[3:], m, n, k, c_bs, c_rs, c_cs))
+        return tma_launch(a, b, out, c, alpha_beta, (m, n, k, batch, c_bs, c_rs, c_cs), ta, tb, bm, bn)
     if kind == "wgmma" and vec:
         smem = wg_smem_bytes(dtype, bm, bn)
         return tiled(WG_KERNEL[dtype, ta, tb, bm, bn, smem], bm, bn, (bm // 64) * WG_THREADS, smem)

@@ -11,7 +11,8 @@ autograd functions (the bf16 copies they compute with are made outside autograd)
 their backwards return float32 gradients made in float32:
 
     dW = dH^T X    day 019's GEMM, whose epilogue stores the float32 accumulator itself
-                   (F32_OUT; split-K: the kernel that sums the pieces writes float32)
+                   (F32_OUT, in version 4's cooperative tiles and version 3's 192 x 128;
+                   split-K: the kernel that sums the pieces writes float32)
     db = dH^T 1    a column sum with float32 output (day 013's column sums, or cuBLAS
                    through torch.mm's out_dtype for few rows)
 
@@ -37,17 +38,24 @@ from .gemm_gpu import (
     PP_F32_CONFIGS,
     SPLIT_K_SUM_KERNEL,
     TC_DTYPES,
+    TMA_F32_TILE,
+    TMA_KERNEL,
     VERSIONS,
     auto_tile,
     current_version,
     pingpong_launch,
     sm_count,
+    tma_launch,
 )
 from .mojo_op import MojoOp
 
 # the forced versions that have a float32 form: version 4's cooperative tiles with an
-# F32_OUT variant, and split-K (whose sum kernel writes float32)
-_F32_KINDS = {("coop", bm, bn) for bm, bn, *_ in PP_F32_CONFIGS} | {VERSIONS["SPLITK_256x128"]}
+# F32_OUT variant, split-K (whose sum kernel writes float32) and version 3's three-consumer
+# tile (day 019, part 12)
+_F32_KINDS = {("coop", bm, bn) for bm, bn, *_ in PP_F32_CONFIGS} | {
+    VERSIONS["SPLITK_256x128"],
+    ("tma", *TMA_F32_TILE),
+}
 
 
 def wants_masters(x: torch.Tensor) -> bool:
@@ -112,13 +120,15 @@ def weight_grad_tile(m: int, n: int, k: int, device_index: int | None) -> tuple[
     return auto_tile(m, n, k, 1, sm_count(device_index), tiles=F32_AUTO_TILES)
 
 
-@direct.plan(PINGPONG_KERNEL, SPLIT_K_SUM_KERNEL)
+@direct.plan(PINGPONG_KERNEL, SPLIT_K_SUM_KERNEL, TMA_KERNEL)
 def weight_grad_gpu(outputs, inputs, params) -> list[direct.Launch]:
     (out,), (grad, x, alpha_beta) = outputs, inputs
     (k, m), n = grad.shape, x.shape[1]
     kind, bm, bn = weight_grad_tile(m, n, k, out.get_device())
     # grad (rows, out) and x (rows, in) are both read as stored: op(A) = grad^T, TRANSPOSE_A
     sizes = (m, n, k, 1, 0, 0, 0)
+    if kind == "tma":  # one round of version 3's three-consumer tiles (F32_OUT)
+        return tma_launch(grad, x, out, out, alpha_beta, sizes, True, False, bm, bn)
     return pingpong_launch(grad, x, out, out, alpha_beta, None, None, sizes, True, False, kind, bm, bn)
 
 

@@ -135,6 +135,9 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
             r"setmaxnreg\.inc\.sync\.aligned\.u32 160;",
             r"setmaxnreg\.dec\.sync\.aligned\.u32 24;",
         ),
+        # F32_OUT: a float32 master weight's gradient stored as float32 pairs (8-byte stores;
+        # the 16-bit epilogue stores bf16 pairs as single 32-bit words)
+        "day014.gemm_tma_kernel.bfloat16.1.0.192.128.1.*": (r"st\.global\.v2\.b32",),
         # float32: 3xTF32 over tf32 planes, k8 per wgmma, the accumulator promoted by float32 adds
         "day014.gemm_tma_kernel.float32.*.128.128.*": (
             r"wgmma\.mma_async\.sync\.aligned\.m64n128k8\.f32\.tf32\.tf32",

@@ -292,6 +292,7 @@ def gemm_tma_kernel[
     TB: Bool,
     BM: Int,
     BN: Int,
+    F32_OUT: Bool,
     STAGES: Int,
     SMEM: Int,
 ](
@@ -322,7 +323,12 @@ def gemm_tma_kernel[
     2.5e-6 at 20000, cuBLAS's float32 3.7e-7 and 3.2e-8), so every PROMOTE k-steps the
     wgmma accumulator is added into a second one by ordinary float32 adds and
     restarted from zero (DeepSeek-V3's "promotion" for FP8): two accumulators, so
-    tiles at most 128 wide."""
+    tiles at most 128 wide.
+
+    F32_OUT (16-bit operands): dst and c hold float32 (passed as pointers like the
+    others), the plain epilogue's float32 form: a weight gradient written in its
+    float32 master weight's dtype (day 020; day 019's part 12 for this kernel).
+    """
     comptime CONSUMERS = BM // 64
     comptime PRODUCER_REGS = (
         TMA3_PRODUCER_REGS if CONSUMERS == 3 else TMA_PRODUCER_REGS
@@ -354,6 +360,9 @@ def gemm_tma_kernel[
         A_KC and B_KC
     ), "tf32 planes are k-major (wgmma has no transposed tf32 form)"
     comptime assert not PLANES or BN <= 128, "3xTF32 keeps two accumulators"
+    comptime assert not (
+        PLANES and F32_OUT
+    ), "3xTF32 writes float32 anyway: F32_OUT is for 16-bit operands"
 
     var M = Int(m)
     var N = Int(n)
@@ -446,7 +455,7 @@ def gemm_tma_kernel[
                     sa, sb, full, empty, kt, cw, acc
                 )
         wgmma_wait_group_sync[0]()
-        comptime if PLANES:
+        comptime if PLANES or F32_OUT:  # (without PLANES, total stays 0)
             wg_store_acc_f32[BN](
                 total + acc,
                 dst.unsafe_bitcast[Float32]().unsafe_offset(bt * M * N),

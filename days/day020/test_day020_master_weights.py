@@ -56,8 +56,8 @@ def _plan(out_f: int, in_f: int, rows: int):
     [
         (2304, 768, "split"),
         (768, 768, "split"),
-        (3072, 768, "128.192"),
-        (768, 3072, "128.192"),
+        (3072, 768, "tma"),  # one round of 96 tiles of 192 x 128 (day 019, part 12)
+        (768, 3072, "tma"),
         (50304, 768, "256.128"),
     ],
 )
@@ -65,6 +65,9 @@ def test_gpt2_weight_gradients_plan_float32_kernels(out_f, in_f, kind):
     """GPT-2 124M's dW at 16384 rows: the tile AUTO picks, with a float32 store."""
     launches = _plan(out_f, in_f, 16384)
     keys = [launch.kernel.key for launch in launches]
+    if kind == "tma":  # version 3: ...BM.BN.F32_OUT.STAGES.SMEM; TA = 1, TB = 0
+        assert len(keys) == 1 and keys[0].startswith("day014.gemm_tma_kernel.bfloat16.1.0.192.128.1."), keys
+        return
     # ping-pong keys end in ...CLUSTER.COOP.SPLIT.F32_OUT.TMA_STORE; TA = 1, TB = 0 (dH^T X as stored)
     assert keys[0].startswith("day019.gemm_pingpong_kernel.bfloat16.1.0."), keys
     if kind == "split":
@@ -82,6 +85,10 @@ def test_weight_grad_never_picks_a_tile_without_a_float32_form():
         assert weight_grad_tile(256, 256, 64, None) == (kind, bm, bn)
     with gemm_version("COOP_128x192"):  # one with a float32 form: kept
         assert weight_grad_tile(256, 256, 64, None) == ("coop", 128, 192)
+    with gemm_version("TMA_192x128"):  # version 3's three consumers have one too
+        assert weight_grad_tile(256, 256, 64, None) == ("tma", 192, 128)
+    with gemm_version("TMA_128x128"):  # ... its other tiles do not
+        assert weight_grad_tile(256, 256, 64, None) == (kind, bm, bn)
     assert SMALL_GRID == 132  # (the plan's SM count on a machine without a GPU)
 
 
@@ -92,8 +99,13 @@ def _rand(*shape, seed, scale=1.0):
 
 
 @needs_cuda
-@pytest.mark.parametrize("version", ["AUTO", "COOP_256x128", "COOP_256x192", "COOP_128x192", "SPLITK_256x128"])
-@pytest.mark.parametrize("rows, out_f, in_f", [(1000, 72, 200), (3001, 392, 136), (16384, 768, 768)])
+@pytest.mark.parametrize(
+    "version", ["AUTO", "COOP_256x128", "COOP_256x192", "COOP_128x192", "SPLITK_256x128", "TMA_192x128"]
+)
+@pytest.mark.parametrize(
+    "rows, out_f, in_f",
+    [(1000, 72, 200), (3001, 392, 136), (16384, 768, 768), (4100, 3000, 776)],  # the last: AUTO's 192 x 128
+)
 def test_cuda_weight_grad_matches_float64(version, rows, out_f, in_f, launched):
     g, x = _rand(rows, out_f, seed=1), _rand(rows, in_f, seed=2)
     with gemm_version(version):
@@ -103,7 +115,10 @@ def test_cuda_weight_grad_matches_float64(version, rows, out_f, in_f, launched):
     # bf16 inputs are exact in float64: what is left is float32 accumulation (~2e-5 of the
     # largest value at 16384 rows), far below a bf16 output's rounding (4e-3)
     assert ((dw.double() - want).abs().max() / want.abs().max()).item() < 1e-4
-    assert launched[-1].endswith((".1.1.0.1.0", "split_k_sum_kernel.bfloat16.float32")), launched
+    float32_v3 = launched[-1].startswith("day014.gemm_tma_kernel.bfloat16.1.0.192.128.1.")
+    assert float32_v3 or launched[-1].endswith((".1.1.0.1.0", "split_k_sum_kernel.bfloat16.float32")), launched
+    if (version, out_f) in (("AUTO", 3000), ("TMA_192x128", out_f)):
+        assert float32_v3, launched
 
 
 @needs_cuda
