@@ -113,15 +113,16 @@ def _backward_cuda(do, q, k, v, out, lse2, causal, scale):
     if q.numel() == 0:  # no query: no gradient reaches k or v
         return torch.empty_like(q), dk.zero_(), dv.zero_()
     version = bwd_version()
-    # version 1 writes dq; version 2 adds into a float32 dQ (atomics), cast at the end
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if version == 1 else None
-    dq32 = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if version == 2 else None
+    # versions 1 and 3 write dq; version 2 adds into a float32 dQ (atomics), cast at the end
+    fused = version == 2
+    dq = None if fused else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dq32 = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if fused else None
     # delta = rowsum(dO * O), written by the first launch for the dK/dV pass
     delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     params = {"CAUSAL": causal, "SCALE": scale, "VERSION": version}
     launches = attention_bwd_gpu([dq, dk, dv, delta, dq32], [q, k, v, do, lse2.contiguous(), out], params)
     direct.run(launches, q.get_device())
-    return (dq if version == 1 else dq32.to(q.dtype)), dk, dv
+    return (dq32.to(q.dtype) if fused else dq), dk, dv
 
 
 def _backward_eager(do, q, k, v, out, lse2, causal, scale):

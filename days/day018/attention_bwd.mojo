@@ -70,6 +70,7 @@ def attention_bwd_kernel[
     CAUSAL: Bool,
     DQ: Bool,
     FUSED: Bool,
+    PINGPONG: Bool,
     SMEM: Int,
 ](
     f0_map: TMADescriptor,
@@ -108,6 +109,7 @@ def attention_bwd_kernel[
     FUSED (version 2, with DQ = False): the dK/dV pass also adds scale * dS K into
     dq32 (float32, (batch, q heads, Lq, D) contiguous, zeroed), and delta comes from
     `attention_delta_kernel`; there is no dQ pass.
+    PINGPONG (version 3, either pass): the two consumers take turns to issue products.
     Maps: 4-D views (head_dim, seq, heads, batch), boxes of 64 x 64."""
     comptime DB = D // TMA_BK
     comptime F_ELEMS = CONSUMERS * DB * BOX
@@ -208,7 +210,7 @@ def attention_bwd_kernel[
                         ]
             mbar_wait(bars, 0)
             var dq = SIMD[DType.float32, D // 2](0)
-            consume_dq[dtype, D, STAGES, CAUSAL](
+            consume_dq[dtype, D, STAGES, CAUSAL, PINGPONG](
                 f0,
                 f1,
                 stream,
@@ -220,6 +222,7 @@ def attention_bwd_kernel[
                 delta_r,
                 scale_log2,
                 dq,
+                cw,
             )
             store_rows[dtype, D](dq, ones, out0, row0, Lq, Int(d_rs))
         else:
@@ -227,7 +230,7 @@ def attention_bwd_kernel[
             var base = (b * n_heads * G + h * G) * Lq
             var dk = SIMD[DType.float32, D // 2](0)
             var dv = SIMD[DType.float32, D // 2](0)
-            consume_dkdv[dtype, D, STAGES, CAUSAL, FUSED](
+            consume_dkdv[dtype, D, STAGES, CAUSAL, FUSED, PINGPONG](
                 f0,
                 f1,
                 stream,
@@ -245,6 +248,7 @@ def attention_bwd_kernel[
                 ds_boxes.unsafe_offset(cw * BOX),
                 dq32.unsafe_offset(base * D),
                 scale,
+                cw,
             )
             store_rows[dtype, D](dk, ones, out0, row0, Lk, Int(d_rs))
             var out1 = dst1.unsafe_offset(b * Int(d_bs) + h * Int(d_hs))

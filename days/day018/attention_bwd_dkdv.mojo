@@ -10,6 +10,10 @@
 # register tile: the forward's two wgmma forms cover all four. (dQ is pass 2.)
 # FUSED (backward version 2): also dQ += scale dS K, through shared memory and float32
 # atomics (attention_bwd_dq.mojo), and there is no pass 2.
+# PINGPONG (backward version 3): the two consumers take turns to issue each pair of
+# products (`turns`), so one warpgroup's elementwise step runs beside the other's
+# products. Without it both wait for the same streamed tile, issue together, and then
+# both do their elementwise step while the tensor cores idle.
 
 from max.gpu import lane_id, warp_id
 from max.gpu.compute.mma import wgmma_wait_group_sync
@@ -22,6 +26,9 @@ from days.day018.attention_bwd_dq import (
     dq_red_add,
     dq_wgmma,
     ds_store,
+    open_turns,
+    pass_turn,
+    take_turn,
     warpgroup_sync,
 )
 from days.day018.attention_common import (
@@ -39,7 +46,12 @@ comptime BQ = 64  # queries per streamed tile
 # --8<-- [start:consume]
 @always_inline
 def consume_dkdv[
-    dtype: DType, D: Int, STAGES: Int, CAUSAL: Bool, FUSED: Bool = False
+    dtype: DType,
+    D: Int,
+    STAGES: Int,
+    CAUSAL: Bool,
+    FUSED: Bool = False,
+    PINGPONG: Bool = False,
 ](
     sk: Pointer[
         Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
@@ -66,14 +78,17 @@ def consume_dkdv[
     ],
     dq: Pointer[Float32, MutAnyOrigin],
     scale: Float32,
+    cw: Int,
 ):
-    """`lse`, `delta` and (FUSED) `dq` point at the group's first query head (row 0);
+    """cw: this consumer (0 or 1). `lse`, `delta` and (FUSED) `dq` point at the group's first query head (row 0);
     my_key is this thread's row g (g + 8 is the other); sk is this consumer's 64 keys
     and ds_box (FUSED) its 64 x 64 box for dS^T."""
     var full0 = bars.unsafe_offset(1)
     var full1 = bars.unsafe_offset(1 + STAGES)
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
     var t = lane_id() % 4
+    comptime assert not (FUSED and PINGPONG), "version 2 or 3"
+    open_turns[PINGPONG](cw)
     for j in range(n_tiles):
         var slot = ring_slot[STAGES](j)
         var s = slot[0]
@@ -95,9 +110,14 @@ def consume_dkdv[
         # both score-shaped products first, back to back: dP^T = V dO^T does not
         # need P^T, so the tensor cores run two products between the waits
         mbar_wait(full0.unsafe_offset(s), phase)
+        comptime if PINGPONG:
+            mbar_wait(full1.unsafe_offset(s), phase)
+            take_turn[PINGPONG](cw)
         var st = s_wgmma[dtype, D, BQ](sk, sq)
-        mbar_wait(full1.unsafe_offset(s), phase)
+        comptime if not PINGPONG:
+            mbar_wait(full1.unsafe_offset(s), phase)
         var dpt = s_wgmma[dtype, D, BQ](sv, sdo)
+        pass_turn[PINGPONG](cw)
         wgmma_wait_group_sync[0]()
         st = hold(st) * scale_log2
         dpt = hold(dpt)
@@ -119,8 +139,10 @@ def consume_dkdv[
                 st[i] = st[i] * (dpt[i] - dl[2 * jj + e % 2])
         var dsf = p_fragments[dtype, BQ](st)
         # then the two register-A products, back to back
+        take_turn[PINGPONG](cw)
         dv = pv_issue[dtype, D, BQ](pf, v_descs[dtype, D, BQ](sdo), dv)
         dk = pv_issue[dtype, D, BQ](dsf, v_descs[dtype, D, BQ](sq), dk)
+        pass_turn[PINGPONG](cw)
         comptime if FUSED:
             # dS^T to shared memory while dV and dK run (the box's last reader, the
             # previous tile's dQ product, has retired), then dQ's share from it

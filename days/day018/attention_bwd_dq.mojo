@@ -18,6 +18,7 @@ from std.math import exp2
 from std.sys._assembly import inlined_assembly
 
 from days.day014.gemm_v3_tma import TMA_BK, mbar_wait, ring_slot, tma_desc
+from days.day018.attention_v2_overlap import sched_arrive, sched_sync
 from days.day018.attention_common import (
     hold,
     quad_sum,
@@ -29,6 +30,33 @@ from days.day018.attention_common import (
 )
 
 comptime BK = 64  # keys per streamed tile
+
+
+# Backward version 3's turns (PINGPONG, both passes): the two consumers take turns to issue
+# each batch of products, so one warpgroup's elementwise step runs beside the other's
+# products.
+comptime TURN_BAR = 4  # the backward's turns: named barriers 4 and 5 (version 2 uses 2, 3)
+
+
+@always_inline
+def open_turns[PINGPONG: Bool](cw: Int):
+    """Consumer 1 opens consumer 0's first turn (its last arrive, at the end, meets
+    no sync: harmless at block exit)."""
+    comptime if PINGPONG:
+        if cw == 1:
+            sched_arrive(TURN_BAR)
+
+
+@always_inline
+def take_turn[PINGPONG: Bool](cw: Int):
+    comptime if PINGPONG:
+        sched_sync(TURN_BAR + cw)
+
+
+@always_inline
+def pass_turn[PINGPONG: Bool](cw: Int):
+    comptime if PINGPONG:
+        sched_arrive(TURN_BAR + 1 - cw)
 
 
 # --8<-- [start:row_delta]
@@ -73,7 +101,7 @@ def row_delta[
 # --8<-- [start:consume]
 @always_inline
 def consume_dq[
-    dtype: DType, D: Int, STAGES: Int, CAUSAL: Bool
+    dtype: DType, D: Int, STAGES: Int, CAUSAL: Bool, PINGPONG: Bool = False
 ](
     sq: Pointer[
         Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
@@ -92,12 +120,15 @@ def consume_dq[
     delta_r: SIMD[DType.float32, 2],
     scale_log2: Float32,
     mut dq: SIMD[DType.float32, D // 2],
+    cw: Int,
 ):
-    """lse_r / delta_r: this thread's rows (g, g + 8), +inf / 0 past Lq."""
+    """lse_r / delta_r: this thread's rows (g, g + 8), +inf / 0 past Lq; cw: this
+    consumer (0 or 1), whose turns PINGPONG takes as the dK/dV pass does."""
     var full0 = bars.unsafe_offset(1)
     var full1 = bars.unsafe_offset(1 + STAGES)
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
     var t = lane_id() % 4
+    open_turns[PINGPONG](cw)
     for j in range(n_tiles):
         var slot = ring_slot[STAGES](j)
         var s = slot[0]
@@ -106,9 +137,14 @@ def consume_dq[
         var sv = sk.unsafe_offset(BK * D)
         var k0 = j * BK
         mbar_wait(full0.unsafe_offset(s), phase)
+        comptime if PINGPONG:
+            mbar_wait(full1.unsafe_offset(s), phase)
+            take_turn[PINGPONG](cw)
         var sc = s_wgmma[dtype, D, BK](sq, sk)
-        mbar_wait(full1.unsafe_offset(s), phase)
+        comptime if not PINGPONG:
+            mbar_wait(full1.unsafe_offset(s), phase)
         var dp = s_wgmma[dtype, D, BK](sdo, sv)
+        pass_turn[PINGPONG](cw)
         wgmma_wait_group_sync[0]()
         sc = hold(sc) * scale_log2
         dp = hold(dp)
@@ -124,7 +160,9 @@ def consume_dq[
                     p = 0
                 sc[i] = p * (dp[i] - delta_r[e // 2])
         var dsf = p_fragments[dtype, BK](sc)
+        take_turn[PINGPONG](cw)
         dq = pv_issue[dtype, D, BK](dsf, v_descs[dtype, D, BK](sk), dq)
+        pass_turn[PINGPONG](cw)
         dq = pv_wait[D, BK](dsf, dq)
         if lane_id() == 0:
             _ = mbarrier_arrive(empty.unsafe_offset(s))

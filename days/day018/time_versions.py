@@ -19,8 +19,15 @@ import torch.nn.functional as F
 
 import pytorch_custom_ops as pco
 from benchmark.cases.day017 import IMPLS_FOR_TIMING, flops, shapes_for
-from benchmark.timing import kernel_time_ms
-from pytorch_custom_ops.attention_gpu import DEFAULT_VERSION, VERSIONS, attention_version
+from benchmark.timing import kernel_time_ms, kernel_times_us
+from pytorch_custom_ops.attention_gpu import (
+    BWD_VERSIONS,
+    DEFAULT_BWD_VERSION,
+    DEFAULT_VERSION,
+    VERSIONS,
+    attention_bwd_version,
+    attention_version,
+)
 
 
 def _mojo(version):
@@ -44,9 +51,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="seq 1024 and 8192 only")
     parser.add_argument("--backward", action="store_true", help="forward + backward (3.5x the forward's FLOPs)")
+    parser.add_argument(
+        "--bwd-versions",
+        type=int,
+        nargs="+",
+        choices=BWD_VERSIONS,
+        default=[DEFAULT_BWD_VERSION],
+        help="with --backward: the Mojo backward's versions, each its own column (`mojo_b<N>`)",
+    )
+    parser.add_argument(
+        "--kernels", action="store_true", help="with --backward: each Mojo kernel's time, seq 8192, every version"
+    )
     args = parser.parse_args()
     if args.backward:
-        return time_backward(args.quick)
+        return time_backward(args.quick, args.bwd_versions, args.kernels)
     print(f"{torch.cuda.get_device_name()}; bf16 forward; TFLOP/s by kernel time (max |err| vs fp32)")
     print(f"{'d':>4} {'causal':>6} {'seq':>6} " + " ".join(f"{n:>18}" for n in IMPLS))
     for d in (128, 64):
@@ -63,8 +81,12 @@ def main() -> None:
                 print(f"{d:>4} {causal!s:>6} {shape[2]:>6} " + " ".join(f"{c:>18}" for c in cells))
 
 
-def time_backward(quick: bool) -> None:
-    impls = {"mojo": IMPLS[f"mojo_v{DEFAULT_VERSION}"], **IMPLS_FOR_TIMING}
+def time_backward(quick: bool, versions: list[int], kernels: bool) -> None:
+    """Forward + backward; the Mojo columns share the default forward, one column per
+    backward version (the version is read when the backward runs, so the context covers
+    the autograd call)."""
+    mojo = IMPLS[f"mojo_v{DEFAULT_VERSION}"]
+    impls = {f"mojo_b{v}": (mojo, v) for v in versions} | {n: (fn, None) for n, fn in IMPLS_FOR_TIMING.items()}
     print(f"{torch.cuda.get_device_name()}; bf16 forward + backward; TFLOP/s by kernel time (max |dq err| vs fp32)")
     print(f"{'d':>4} {'causal':>6} {'seq':>6} " + " ".join(f"{n:>18}" for n in impls))
     for d in (128, 64):
@@ -78,16 +100,24 @@ def time_backward(quick: bool) -> None:
                     q[:1, :1].float(), k[:1, :1].float(), v[:1, :1].float(), is_causal=causal
                 )
                 (want,) = torch.autograd.grad(ref, q, do[:1, :1].float())
-                cells = []
-                for fn in impls.values():
+                cells, steps = [], {}
+                for name, (fn, version) in impls.items():
 
-                    def step(fn=fn, q=q, k=k, v=v, do=do, c=causal):
-                        return torch.autograd.grad(fn(q, k, v, c), (q, k, v), do)
+                    def step(fn=fn, version=version, q=q, k=k, v=v, do=do, c=causal):
+                        if version is None:
+                            return torch.autograd.grad(fn(q, k, v, c), (q, k, v), do)
+                        with attention_bwd_version(version):
+                            return torch.autograd.grad(fn(q, k, v, c), (q, k, v), do)
 
                     err = (step()[0][:1, :1].float() - want[0, 0]).abs().max().item()
                     ms = kernel_time_ms(step)
                     cells.append(f"{flops(shape, causal, True) / ms / 1e9:8.1f} ({err:.0e})")
+                    steps[name] = step
                 print(f"{d:>4} {causal!s:>6} {shape[2]:>6} " + " ".join(f"{c:>18}" for c in cells))
+                if kernels and shape[2] == 8192:
+                    for name in (n for n in steps if n.startswith("mojo")):
+                        times = sorted(kernel_times_us(steps[name]).items(), key=lambda kv: -kv[1])
+                        print(f"     {name}: " + ", ".join(f"{t:7.1f} us {k[:30]}..{k[-16:]}" for k, t in times[:4]))
 
 
 if __name__ == "__main__":
