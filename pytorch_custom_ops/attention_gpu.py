@@ -148,8 +148,10 @@ def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
 # -- the backward (days/day018/attention_bwd.mojo) ------------------------------------------------
 # 1: two passes of one kernel, dQ (which also computes delta) then dK/dV; 7 products a tile
 # pair. 2: delta, then one pass that also adds dQ's share into float32 with atomics; 5.
-# 3: version 1 with the two consumers taking turns to issue their products (ping-pong).
-BWD_VERSIONS = (1, 2, 3)
+# 3: version 1 with the two consumers taking turns to issue every batch of products
+# (ping-pong). 4: as 3, but the dK/dV pass takes turns for its S^T, dP^T pair only.
+BWD_VERSIONS = (1, 2, 3, 4)
+BWD_TURNS = {1: (0, 0), 2: (0, 0), 3: (2, 2), 4: (2, 1)}  # version -> turns of (dQ, dK/dV)
 DEFAULT_BWD_VERSION = 1
 BWD_TILE = 64  # rows of a streamed tile
 BWD_STAGES = 4
@@ -168,17 +170,17 @@ BWD_KERNEL = KernelFamily(
     # f0, f1, s0, s1 maps, dst0, dst1, lse, delta, o, do, dq32, Lq, Lk, group,
     # d_bs, d_hs, d_rs, o_bs, o_hs, o_rs, do_bs, do_hs, do_rs, scale_log2, scale
     args=("tensormap",) * 4 + ("ptr",) * 7 + ("i64",) * 12 + ("f32",) * 2,
-    variants=tuple(  # (dtype, D, STAGES, CAUSAL, DQ, FUSED, PINGPONG, SMEM)
-        (dtype, d, BWD_STAGES, causal, dq, fused, pingpong, bwd_smem_bytes(d, fused=fused))
+    variants=tuple(  # (dtype, D, STAGES, CAUSAL, DQ, FUSED, TURNS, SMEM)
+        (dtype, d, BWD_STAGES, causal, dq, fused, turns, bwd_smem_bytes(d, fused=fused))
         for dtype in DTYPES
         for d in HEAD_DIMS
         for causal in (False, True)
-        for dq, fused, pingpong in (
-            (False, False, False),
-            (True, False, False),
-            (False, True, False),
-            (False, False, True),
-            (True, False, True),
+        for dq, fused, turns in sorted(
+            {
+                (dq, version == 2, BWD_TURNS[version][0 if dq else 1])
+                for version in BWD_VERSIONS
+                for dq in ((False,) if version == 2 else (False, True))
+            }
         )
     ),
 )
@@ -192,7 +194,7 @@ _chosen["backward"] = DEFAULT_BWD_VERSION
 
 
 def attention_bwd_version(version: int):
-    """Run backward version `version` (1, 2 or 3) inside the block (benchmarks, tests)."""
+    """Run backward version `version` (1 to 4) inside the block (benchmarks, tests)."""
     return _choose("backward", "attention_bwd_version", version, BWD_VERSIONS)
 
 
@@ -205,8 +207,8 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     """Version 1 (params["VERSION"]): dQ (grid: 128 queries per block, q heads, batch),
     which also writes delta = rowsum(dO * O) (float32, (b, q heads, Lq)), then dK and dV
     (128 keys per block, kv heads, batch), which read it. Version 2: delta (64 rows per
-    block), then dK and dV, which also add scale * dS K into dq32. Version 3: version 1's
-    launches, their consumers taking turns to issue products.
+    block), then dK and dV, which also add scale * dS K into dq32. Versions 3 and 4:
+    version 1's launches, their consumers taking turns to issue products (BWD_TURNS).
     inputs: q, k, v, do, lse2, out (the forward's output; do and out TMA-ready: 16-byte
     aligned rows); outputs: dq (version 1), dk, dv, delta, dq32 (version 2: float32,
     contiguous, zeroed)."""
@@ -215,7 +217,7 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     b, hq, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     causal, version = params["CAUSAL"], params.get("VERSION", 1)
-    fused, pingpong = version == 2, version == 3
+    fused, turns = version == 2, BWD_TURNS[version]
     smem = bwd_smem_bytes(d, fused=fused)
     dq32_ptr = dq32.data_ptr() if fused else 0
     tail = (lse.data_ptr(), delta.data_ptr(), out.data_ptr(), do.data_ptr(), dq32_ptr, lq, lk, hq // hkv)
@@ -226,7 +228,7 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
 
     def one_pass(dq_pass: bool, fixed, streamed, dst0, dst1, rows: int, heads: int) -> direct.Launch:
         args = (*fixed, *streamed, dst0.data_ptr(), dst1.data_ptr(), *tail, *dst0.stride()[:3], *row_strides, *scales)
-        kernel = BWD_KERNEL[q.dtype, d, BWD_STAGES, causal, dq_pass, fused, pingpong, smem]
+        kernel = BWD_KERNEL[q.dtype, d, BWD_STAGES, causal, dq_pass, fused, turns[0 if dq_pass else 1], smem]
         return direct.Launch(kernel, (-(-rows // BLOCK_M), heads, b), THREADS, args, smem)
 
     dkdv = one_pass(False, maps_kv, maps_q, dk, dv, lk, hkv)

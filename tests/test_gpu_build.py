@@ -253,8 +253,8 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
             r"\.maxntid 384",
             r"ex2\.approx",
         ),
-        # backward version 3 (PINGPONG, either pass): the consumers' turns through named barriers
-        "day018.attention_bwd_kernel.*.*.4.*.*.0.1.*": (r"bar\.sync\s+%r\d+, 256;", r"bar\.arrive\s+%r\d+, 256;"),
+        # backward versions 3 and 4 (TURNS, either pass): the consumers' turns through named barriers
+        "day018.attention_bwd_kernel.*.*.4.*.*.0.[12].*": (r"bar\.sync\s+%r\d+, 256;", r"bar\.arrive\s+%r\d+, 256;"),
         "day018.attention_bwd_kernel.bfloat16.128.*": (
             r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16\s*\{[^}]*\},"
             r"\s*\{%r\d+, %r\d+, %r\d+, %r\d+\}",
@@ -312,7 +312,7 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
 PTX_ABSENT: dict[str, dict[str, tuple[str, ...]]] = {  # a warp per row needs no block barrier
     "day012": {"day012.softmax_rows_kernel.float32.0.4.8.32.128": (r"bar\.sync",)},
     "day013": {"day013.layer_norm_fwd_kernel.float32.*.4.32.8.8": (r"bar\.sync",)},
-    # backward version 1 (neither FUSED nor PINGPONG): its consumers take no turns
+    # backward version 1 (neither FUSED nor TURNS): its consumers take no turns
     "day018": {"day018.attention_bwd_kernel.*.*.4.*.*.0.0.*": (r"bar\.arrive",)},
     "day019": {
         # no GELU, no GELU_GRAD compiled in (keys end in BIAS, GELU, GELU_GRAD, CLUSTER, COOP,

@@ -70,7 +70,7 @@ def attention_bwd_kernel[
     CAUSAL: Bool,
     DQ: Bool,
     FUSED: Bool,
-    PINGPONG: Bool,
+    TURNS: Int,
     SMEM: Int,
 ](
     f0_map: TMADescriptor,
@@ -109,7 +109,8 @@ def attention_bwd_kernel[
     FUSED (version 2, with DQ = False): the dK/dV pass also adds scale * dS K into
     dq32 (float32, (batch, q heads, Lq, D) contiguous, zeroed), and delta comes from
     `attention_delta_kernel`; there is no dQ pass.
-    PINGPONG (version 3, either pass): the two consumers take turns to issue products.
+    TURNS (versions 3 and 4, either pass): the two consumers take turns to issue
+    products; 1 for the score-shaped pair only, 2 for every batch.
     Maps: 4-D views (head_dim, seq, heads, batch), boxes of 64 x 64."""
     comptime DB = D // TMA_BK
     comptime F_ELEMS = CONSUMERS * DB * BOX
@@ -210,12 +211,13 @@ def attention_bwd_kernel[
                         ]
             mbar_wait(bars, 0)
             var dq = SIMD[DType.float32, D // 2](0)
-            consume_dq[dtype, D, STAGES, CAUSAL, PINGPONG](
+            consume_dq[dtype, D, STAGES, CAUSAL, TURNS](
                 f0,
                 f1,
                 stream,
                 bars,
                 n_tiles,
+                row0,
                 my_row,
                 Lk,
                 lse_r,
@@ -230,7 +232,7 @@ def attention_bwd_kernel[
             var base = (b * n_heads * G + h * G) * Lq
             var dk = SIMD[DType.float32, D // 2](0)
             var dv = SIMD[DType.float32, D // 2](0)
-            consume_dkdv[dtype, D, STAGES, CAUSAL, FUSED, PINGPONG](
+            consume_dkdv[dtype, D, STAGES, CAUSAL, FUSED, TURNS](
                 f0,
                 f1,
                 stream,
@@ -238,6 +240,7 @@ def attention_bwd_kernel[
                 n_tiles,
                 per_head,
                 s_start,
+                row0,
                 my_row,
                 Lq,
                 lse.unsafe_offset(base),

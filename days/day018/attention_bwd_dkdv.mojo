@@ -10,10 +10,10 @@
 # register tile: the forward's two wgmma forms cover all four. (dQ is pass 2.)
 # FUSED (backward version 2): also dQ += scale dS K, through shared memory and float32
 # atomics (attention_bwd_dq.mojo), and there is no pass 2.
-# PINGPONG (backward version 3): the two consumers take turns to issue each pair of
-# products (`turns`), so one warpgroup's elementwise step runs beside the other's
-# products. Without it both wait for the same streamed tile, issue together, and then
-# both do their elementwise step while the tensor cores idle.
+# TURNS (backward versions 3 and 4): the two consumers take turns to issue products, so
+# one warpgroup's elementwise step runs beside the other's products (without turns both
+# wait for the same streamed tile, issue together, then both do their elementwise step
+# while the tensor cores idle). 1: a turn for the S^T, dP^T pair only; 2: for both pairs.
 
 from max.gpu import lane_id, warp_id
 from max.gpu.compute.mma import wgmma_wait_group_sync
@@ -43,6 +43,33 @@ from days.day018.attention_common import (
 comptime BQ = 64  # queries per streamed tile
 
 
+@always_inline
+def probs_t[
+    NS: Int, //, NL: Int, MASK: Bool
+](
+    mut st: SIMD[DType.float32, NS],
+    lc: SIMD[DType.float32, NL],
+    my_key: Int,
+    q0: Int,
+):
+    """P^T = exp2(S^T scale log2 e - lse2[query]) in place (st already scaled); MASK
+    (causal, a tile at the diagonal): 0 where the key (row) comes after the query.
+    """
+    comptime assert NS == 2 * NL, "a tile's scores, its columns' lse2"
+    var t = lane_id() % 4
+    comptime for jj in range(NL // 2):
+        comptime for e in range(2):
+            var col = q0 + 8 * jj + 2 * t + e
+            var lse_c = lc[2 * jj + e]
+            comptime for half in range(2):
+                var i = 4 * jj + 2 * half + e
+                var p = exp2(st[i] - lse_c)
+                comptime if MASK:
+                    if my_key + 8 * half > col:
+                        p = 0
+                st[i] = p
+
+
 # --8<-- [start:consume]
 @always_inline
 def consume_dkdv[
@@ -51,7 +78,7 @@ def consume_dkdv[
     STAGES: Int,
     CAUSAL: Bool,
     FUSED: Bool = False,
-    PINGPONG: Bool = False,
+    TURNS: Int = 0,
 ](
     sk: Pointer[
         Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
@@ -66,6 +93,7 @@ def consume_dkdv[
     n_tiles: Int,
     per_head: Int,
     q_start: Int,
+    key0: Int,
     my_key: Int,
     Lq: Int,
     lse: Pointer[Float32, MutAnyOrigin],
@@ -80,15 +108,16 @@ def consume_dkdv[
     scale: Float32,
     cw: Int,
 ):
-    """cw: this consumer (0 or 1). `lse`, `delta` and (FUSED) `dq` point at the group's first query head (row 0);
-    my_key is this thread's row g (g + 8 is the other); sk is this consumer's 64 keys
-    and ds_box (FUSED) its 64 x 64 box for dS^T."""
+    """cw: this consumer (0 or 1), key0 its first key. `lse`, `delta` and (FUSED) `dq`
+    point at the group's first query head (row 0); my_key is this thread's row g
+    (g + 8 is the other); sk is this consumer's 64 keys and ds_box (FUSED) its 64 x 64
+    box for dS^T."""
     var full0 = bars.unsafe_offset(1)
     var full1 = bars.unsafe_offset(1 + STAGES)
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
     var t = lane_id() % 4
-    comptime assert not (FUSED and PINGPONG), "version 2 or 3"
-    open_turns[PINGPONG](cw)
+    comptime assert not (FUSED and TURNS > 0), "version 2 or 3"
+    open_turns[TURNS > 0](cw)
     for j in range(n_tiles):
         var slot = ring_slot[STAGES](j)
         var s = slot[0]
@@ -110,28 +139,23 @@ def consume_dkdv[
         # both score-shaped products first, back to back: dP^T = V dO^T does not
         # need P^T, so the tensor cores run two products between the waits
         mbar_wait(full0.unsafe_offset(s), phase)
-        comptime if PINGPONG:
+        comptime if TURNS > 0:
             mbar_wait(full1.unsafe_offset(s), phase)
-            take_turn[PINGPONG](cw)
+            take_turn[True](cw)
         var st = s_wgmma[dtype, D, BQ](sk, sq)
-        comptime if not PINGPONG:
+        comptime if TURNS == 0:
             mbar_wait(full1.unsafe_offset(s), phase)
         var dpt = s_wgmma[dtype, D, BQ](sv, sdo)
-        pass_turn[PINGPONG](cw)
+        pass_turn[TURNS > 0](cw)
         wgmma_wait_group_sync[0]()
         st = hold(st) * scale_log2
         dpt = hold(dpt)
-        comptime for jj in range(BQ // 8):
-            comptime for e in range(2):
-                var col = q0 + 8 * jj + 2 * t + e
-                var lse_c = lc[2 * jj + e]
-                comptime for half in range(2):
-                    var i = 4 * jj + 2 * half + e
-                    var p = exp2(st[i] - lse_c)
-                    comptime if CAUSAL:
-                        if my_key + 8 * half > col:
-                            p = 0
-                    st[i] = p
+        # only a tile that reaches the diagonal has a query before one of these keys:
+        # the others skip the mask (a uniform branch)
+        if CAUSAL and key0 + 63 > q0:
+            probs_t[BQ // 4, CAUSAL](st, lc, my_key, q0)
+        else:
+            probs_t[BQ // 4, False](st, lc, my_key, q0)
         var pf = p_fragments[dtype, BQ](st)
         comptime for jj in range(BQ // 8):
             comptime for e in range(4):
@@ -139,10 +163,10 @@ def consume_dkdv[
                 st[i] = st[i] * (dpt[i] - dl[2 * jj + e % 2])
         var dsf = p_fragments[dtype, BQ](st)
         # then the two register-A products, back to back
-        take_turn[PINGPONG](cw)
+        take_turn[TURNS == 2](cw)
         dv = pv_issue[dtype, D, BQ](pf, v_descs[dtype, D, BQ](sdo), dv)
         dk = pv_issue[dtype, D, BQ](dsf, v_descs[dtype, D, BQ](sq), dk)
-        pass_turn[PINGPONG](cw)
+        pass_turn[TURNS == 2](cw)
         comptime if FUSED:
             # dS^T to shared memory while dV and dK run (the box's last reader, the
             # previous tile's dQ product, has retired), then dQ's share from it

@@ -21,6 +21,7 @@ from days.day014.gemm_v3_tma import TMA_BK, mbar_wait, ring_slot, tma_desc
 from days.day018.attention_v2_overlap import sched_arrive, sched_sync
 from days.day018.attention_common import (
     hold,
+    needs_mask,
     quad_sum,
     p_fragments,
     pv_issue,
@@ -32,30 +33,30 @@ from days.day018.attention_common import (
 comptime BK = 64  # keys per streamed tile
 
 
-# Backward version 3's turns (PINGPONG, both passes): the two consumers take turns to issue
-# each batch of products, so one warpgroup's elementwise step runs beside the other's
-# products.
+# The backward's turns (TURNS, versions 3 and 4, both passes): the two consumers take turns
+# to issue a batch of products, so one warpgroup's elementwise step runs beside the other's
+# products. TURNS = 1: a turn for the score-shaped pair only; 2: for every batch.
 comptime TURN_BAR = 4  # the backward's turns: named barriers 4 and 5 (version 2 uses 2, 3)
 
 
 @always_inline
-def open_turns[PINGPONG: Bool](cw: Int):
+def open_turns[ON: Bool](cw: Int):
     """Consumer 1 opens consumer 0's first turn (its last arrive, at the end, meets
     no sync: harmless at block exit)."""
-    comptime if PINGPONG:
+    comptime if ON:
         if cw == 1:
             sched_arrive(TURN_BAR)
 
 
 @always_inline
-def take_turn[PINGPONG: Bool](cw: Int):
-    comptime if PINGPONG:
+def take_turn[ON: Bool](cw: Int):
+    comptime if ON:
         sched_sync(TURN_BAR + cw)
 
 
 @always_inline
-def pass_turn[PINGPONG: Bool](cw: Int):
-    comptime if PINGPONG:
+def pass_turn[ON: Bool](cw: Int):
+    comptime if ON:
         sched_arrive(TURN_BAR + 1 - cw)
 
 
@@ -98,10 +99,39 @@ def row_delta[
 # --8<-- [end:row_delta]
 
 
+@always_inline
+def grads_s[
+    N: Int, //, CAUSAL: Bool, MASK: Bool
+](
+    mut sc: SIMD[DType.float32, N],
+    dp: SIMD[DType.float32, N],
+    lse_r: SIMD[DType.float32, 2],
+    delta_r: SIMD[DType.float32, 2],
+    my_row: Int,
+    k0: Int,
+    Lk: Int,
+):
+    """dS = P (dP - delta) in place, P = exp2(S scale log2 e - lse2[row]) (sc already
+    scaled); MASK: P = 0 for keys past Lk and, causal, after the row."""
+    var t = lane_id() % 4
+    comptime for jj in range(N // 4):
+        comptime for e in range(4):
+            var i = 4 * jj + e
+            var p = exp2(sc[i] - lse_r[e // 2])
+            comptime if MASK:
+                var key = k0 + 8 * jj + 2 * t + e % 2
+                var masked = key >= Lk
+                comptime if CAUSAL:
+                    masked = masked or key > my_row + 8 * (e // 2)
+                if masked:
+                    p = 0
+            sc[i] = p * (dp[i] - delta_r[e // 2])
+
+
 # --8<-- [start:consume]
 @always_inline
 def consume_dq[
-    dtype: DType, D: Int, STAGES: Int, CAUSAL: Bool, PINGPONG: Bool = False
+    dtype: DType, D: Int, STAGES: Int, CAUSAL: Bool, TURNS: Int = 0
 ](
     sq: Pointer[
         Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
@@ -114,6 +144,7 @@ def consume_dq[
     ],
     bars: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
     n_tiles: Int,
+    row0: Int,
     my_row: Int,
     Lk: Int,
     lse_r: SIMD[DType.float32, 2],
@@ -122,13 +153,14 @@ def consume_dq[
     mut dq: SIMD[DType.float32, D // 2],
     cw: Int,
 ):
-    """lse_r / delta_r: this thread's rows (g, g + 8), +inf / 0 past Lq; cw: this
-    consumer (0 or 1), whose turns PINGPONG takes as the dK/dV pass does."""
+    """row0: this consumer's first query; lse_r / delta_r: this thread's rows (g,
+    g + 8), +inf / 0 past Lq; cw: this
+    consumer (0 or 1), whose turns TURNS takes as the dK/dV pass does."""
     var full0 = bars.unsafe_offset(1)
     var full1 = bars.unsafe_offset(1 + STAGES)
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
     var t = lane_id() % 4
-    open_turns[PINGPONG](cw)
+    open_turns[TURNS > 0](cw)
     for j in range(n_tiles):
         var slot = ring_slot[STAGES](j)
         var s = slot[0]
@@ -137,32 +169,26 @@ def consume_dq[
         var sv = sk.unsafe_offset(BK * D)
         var k0 = j * BK
         mbar_wait(full0.unsafe_offset(s), phase)
-        comptime if PINGPONG:
+        comptime if TURNS > 0:
             mbar_wait(full1.unsafe_offset(s), phase)
-            take_turn[PINGPONG](cw)
+            take_turn[True](cw)
         var sc = s_wgmma[dtype, D, BK](sq, sk)
-        comptime if not PINGPONG:
+        comptime if TURNS == 0:
             mbar_wait(full1.unsafe_offset(s), phase)
         var dp = s_wgmma[dtype, D, BK](sdo, sv)
-        pass_turn[PINGPONG](cw)
+        pass_turn[TURNS > 0](cw)
         wgmma_wait_group_sync[0]()
         sc = hold(sc) * scale_log2
         dp = hold(dp)
-        comptime for jj in range(BK // 8):
-            comptime for e in range(4):
-                var i = 4 * jj + e
-                var key = k0 + 8 * jj + 2 * t + e % 2
-                var p = exp2(sc[i] - lse_r[e // 2])
-                var masked = key >= Lk
-                comptime if CAUSAL:
-                    masked = masked or key > my_row + 8 * (e // 2)
-                if masked:
-                    p = 0
-                sc[i] = p * (dp[i] - delta_r[e // 2])
+        # only a tile past Lk or at the diagonal is masked (a uniform branch)
+        if needs_mask[BK, CAUSAL](k0, row0, Lk):
+            grads_s[CAUSAL, True](sc, dp, lse_r, delta_r, my_row, k0, Lk)
+        else:
+            grads_s[CAUSAL, False](sc, dp, lse_r, delta_r, my_row, k0, Lk)
         var dsf = p_fragments[dtype, BK](sc)
-        take_turn[PINGPONG](cw)
+        take_turn[TURNS == 2](cw)
         dq = pv_issue[dtype, D, BK](dsf, v_descs[dtype, D, BK](sk), dq)
-        pass_turn[PINGPONG](cw)
+        pass_turn[TURNS == 2](cw)
         dq = pv_wait[D, BK](dsf, dq)
         if lane_id() == 0:
             _ = mbarrier_arrive(empty.unsafe_offset(s))
