@@ -148,11 +148,23 @@ def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
 # -- the backward (days/day018/attention_bwd.mojo) ------------------------------------------------
 # 1: two passes of one kernel, dQ (which also computes delta) then dK/dV; 7 products a tile
 # pair. 2: delta, then one pass that also adds dQ's share into float32 with atomics; 5.
-# 3: version 1 with the two consumers taking turns to issue every batch of products
-# (ping-pong). 4: as 3, but the dK/dV pass takes turns for its S^T, dP^T pair only.
+# 3: version 1 with the two consumers taking turns to issue each batch of products
+# (ping-pong), in both passes. 4: as 3, except the dK/dV pass at head_dim 128 without the
+# causal mask, which keeps version 1's free issue: turns made it 11-12% slower there (and
+# 7-8% faster in the other three cases; day 018's journal, "The backward, part 3").
 BWD_VERSIONS = (1, 2, 3, 4)
-BWD_TURNS = {1: (0, 0), 2: (0, 0), 3: (2, 2), 4: (2, 1)}  # version -> turns of (dQ, dK/dV)
-DEFAULT_BWD_VERSION = 1
+DEFAULT_BWD_VERSION = 4
+
+
+def bwd_turns(version: int, d: int, causal: bool) -> tuple[bool, bool]:
+    """Whether the (dQ, dK/dV) pass's consumers take turns in backward `version`."""
+    if version == 3:
+        return True, True
+    if version == 4:
+        return True, causal or d != 128
+    return False, False
+
+
 BWD_TILE = 64  # rows of a streamed tile
 BWD_STAGES = 4
 
@@ -177,7 +189,7 @@ BWD_KERNEL = KernelFamily(
         for causal in (False, True)
         for dq, fused, turns in sorted(
             {
-                (dq, version == 2, BWD_TURNS[version][0 if dq else 1])
+                (dq, version == 2, bwd_turns(version, d, causal)[0 if dq else 1])
                 for version in BWD_VERSIONS
                 for dq in ((False,) if version == 2 else (False, True))
             }
@@ -208,7 +220,7 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     which also writes delta = rowsum(dO * O) (float32, (b, q heads, Lq)), then dK and dV
     (128 keys per block, kv heads, batch), which read it. Version 2: delta (64 rows per
     block), then dK and dV, which also add scale * dS K into dq32. Versions 3 and 4:
-    version 1's launches, their consumers taking turns to issue products (BWD_TURNS).
+    version 1's launches, their consumers taking turns to issue products (`bwd_turns`).
     inputs: q, k, v, do, lse2, out (the forward's output; do and out TMA-ready: 16-byte
     aligned rows); outputs: dq (version 1), dk, dv, delta, dq32 (version 2: float32,
     contiguous, zeroed)."""
@@ -217,7 +229,7 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     b, hq, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     causal, version = params["CAUSAL"], params.get("VERSION", 1)
-    fused, turns = version == 2, BWD_TURNS[version]
+    fused, turns = version == 2, bwd_turns(version, d, causal)
     smem = bwd_smem_bytes(d, fused=fused)
     dq32_ptr = dq32.data_ptr() if fused else 0
     tail = (lse.data_ptr(), delta.data_ptr(), out.data_ptr(), do.data_ptr(), dq32_ptr, lq, lk, hq // hkv)

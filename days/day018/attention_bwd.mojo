@@ -70,7 +70,7 @@ def attention_bwd_kernel[
     CAUSAL: Bool,
     DQ: Bool,
     FUSED: Bool,
-    TURNS: Int,
+    TURNS: Bool,
     SMEM: Int,
 ](
     f0_map: TMADescriptor,
@@ -109,8 +109,8 @@ def attention_bwd_kernel[
     FUSED (version 2, with DQ = False): the dK/dV pass also adds scale * dS K into
     dq32 (float32, (batch, q heads, Lq, D) contiguous, zeroed), and delta comes from
     `attention_delta_kernel`; there is no dQ pass.
-    TURNS (versions 3 and 4, either pass): the two consumers take turns to issue
-    products; 1 for the score-shaped pair only, 2 for every batch.
+    TURNS (versions 3 and 4, either pass): the two consumers take turns to issue each
+    batch of products.
     Maps: 4-D views (head_dim, seq, heads, batch), boxes of 64 x 64."""
     comptime DB = D // TMA_BK
     comptime F_ELEMS = CONSUMERS * DB * BOX

@@ -10,10 +10,10 @@
 # register tile: the forward's two wgmma forms cover all four. (dQ is pass 2.)
 # FUSED (backward version 2): also dQ += scale dS K, through shared memory and float32
 # atomics (attention_bwd_dq.mojo), and there is no pass 2.
-# TURNS (backward versions 3 and 4): the two consumers take turns to issue products, so
-# one warpgroup's elementwise step runs beside the other's products (without turns both
-# wait for the same streamed tile, issue together, then both do their elementwise step
-# while the tensor cores idle). 1: a turn for the S^T, dP^T pair only; 2: for both pairs.
+# TURNS (backward versions 3 and 4): the two consumers take turns to issue each pair of
+# products, so one warpgroup's elementwise step runs beside the other's products (without
+# turns both wait for the same streamed tile, issue together, then both do their
+# elementwise step while the tensor cores idle).
 
 from max.gpu import lane_id, warp_id
 from max.gpu.compute.mma import wgmma_wait_group_sync
@@ -78,7 +78,7 @@ def consume_dkdv[
     STAGES: Int,
     CAUSAL: Bool,
     FUSED: Bool = False,
-    TURNS: Int = 0,
+    TURNS: Bool = False,
 ](
     sk: Pointer[
         Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
@@ -116,8 +116,8 @@ def consume_dkdv[
     var full1 = bars.unsafe_offset(1 + STAGES)
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
     var t = lane_id() % 4
-    comptime assert not (FUSED and TURNS > 0), "version 2 or 3"
-    open_turns[TURNS > 0](cw)
+    comptime assert not (FUSED and TURNS), "version 2 takes no turns"
+    open_turns[TURNS](cw)
     for j in range(n_tiles):
         var slot = ring_slot[STAGES](j)
         var s = slot[0]
@@ -139,14 +139,14 @@ def consume_dkdv[
         # both score-shaped products first, back to back: dP^T = V dO^T does not
         # need P^T, so the tensor cores run two products between the waits
         mbar_wait(full0.unsafe_offset(s), phase)
-        comptime if TURNS > 0:
+        comptime if TURNS:
             mbar_wait(full1.unsafe_offset(s), phase)
-            take_turn[True](cw)
+            take_turn[TURNS](cw)
         var st = s_wgmma[dtype, D, BQ](sk, sq)
-        comptime if TURNS == 0:
+        comptime if not TURNS:
             mbar_wait(full1.unsafe_offset(s), phase)
         var dpt = s_wgmma[dtype, D, BQ](sv, sdo)
-        pass_turn[TURNS > 0](cw)
+        pass_turn[TURNS](cw)
         wgmma_wait_group_sync[0]()
         st = hold(st) * scale_log2
         dpt = hold(dpt)
@@ -163,10 +163,10 @@ def consume_dkdv[
                 st[i] = st[i] * (dpt[i] - dl[2 * jj + e % 2])
         var dsf = p_fragments[dtype, BQ](st)
         # then the two register-A products, back to back
-        take_turn[TURNS == 2](cw)
+        take_turn[TURNS](cw)
         dv = pv_issue[dtype, D, BQ](pf, v_descs[dtype, D, BQ](sdo), dv)
         dk = pv_issue[dtype, D, BQ](dsf, v_descs[dtype, D, BQ](sq), dk)
-        pass_turn[TURNS == 2](cw)
+        pass_turn[TURNS](cw)
         comptime if FUSED:
             # dS^T to shared memory while dV and dK run (the box's last reader, the
             # previous tile's dQ product, has retired), then dQ's share from it

@@ -34,8 +34,8 @@ comptime BK = 64  # keys per streamed tile
 
 
 # The backward's turns (TURNS, versions 3 and 4, both passes): the two consumers take turns
-# to issue a batch of products, so one warpgroup's elementwise step runs beside the other's
-# products. TURNS = 1: a turn for the score-shaped pair only; 2: for every batch.
+# to issue each batch of products, so one warpgroup's elementwise step runs beside the
+# other's products.
 comptime TURN_BAR = 4  # the backward's turns: named barriers 4 and 5 (version 2 uses 2, 3)
 
 
@@ -131,7 +131,7 @@ def grads_s[
 # --8<-- [start:consume]
 @always_inline
 def consume_dq[
-    dtype: DType, D: Int, STAGES: Int, CAUSAL: Bool, TURNS: Int = 0
+    dtype: DType, D: Int, STAGES: Int, CAUSAL: Bool, TURNS: Bool = False
 ](
     sq: Pointer[
         Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
@@ -160,7 +160,7 @@ def consume_dq[
     var full1 = bars.unsafe_offset(1 + STAGES)
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
     var t = lane_id() % 4
-    open_turns[TURNS > 0](cw)
+    open_turns[TURNS](cw)
     for j in range(n_tiles):
         var slot = ring_slot[STAGES](j)
         var s = slot[0]
@@ -169,14 +169,14 @@ def consume_dq[
         var sv = sk.unsafe_offset(BK * D)
         var k0 = j * BK
         mbar_wait(full0.unsafe_offset(s), phase)
-        comptime if TURNS > 0:
+        comptime if TURNS:
             mbar_wait(full1.unsafe_offset(s), phase)
-            take_turn[True](cw)
+            take_turn[TURNS](cw)
         var sc = s_wgmma[dtype, D, BK](sq, sk)
-        comptime if TURNS == 0:
+        comptime if not TURNS:
             mbar_wait(full1.unsafe_offset(s), phase)
         var dp = s_wgmma[dtype, D, BK](sdo, sv)
-        pass_turn[TURNS > 0](cw)
+        pass_turn[TURNS](cw)
         wgmma_wait_group_sync[0]()
         sc = hold(sc) * scale_log2
         dp = hold(dp)
@@ -186,9 +186,9 @@ def consume_dq[
         else:
             grads_s[CAUSAL, False](sc, dp, lse_r, delta_r, my_row, k0, Lk)
         var dsf = p_fragments[dtype, BK](sc)
-        take_turn[TURNS == 2](cw)
+        take_turn[TURNS](cw)
         dq = pv_issue[dtype, D, BK](dsf, v_descs[dtype, D, BK](sk), dq)
-        pass_turn[TURNS == 2](cw)
+        pass_turn[TURNS](cw)
         dq = pv_wait[D, BK](dsf, dq)
         if lane_id() == 0:
             _ = mbarrier_arrive(empty.unsafe_offset(s))

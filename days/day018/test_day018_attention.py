@@ -212,24 +212,29 @@ def test_backward_version_2_plan_on_cpu():
 
 
 @pytest.mark.parametrize("version", [3, 4])
-def test_backward_versions_with_turns_plan_on_cpu(version):
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_versions_with_turns_plan_on_cpu(version, d, causal):
     """Versions 3 and 4: version 1's two launches and arguments, with kernels whose
-    consumers take turns (dQ pass, dK/dV pass: 2, 2 in version 3; 2, 1 in version 4)."""
-    from pytorch_custom_ops.attention_gpu import BWD_KERNEL, attention_bwd_gpu, bwd_smem_bytes
+    consumers take turns: both passes in version 3; in version 4 all but the dK/dV pass at
+    head_dim 128 without the mask (measured slower with turns)."""
+    from pytorch_custom_ops.attention_gpu import BWD_KERNEL, DEFAULT_BWD_VERSION, attention_bwd_gpu, bwd_smem_bytes
 
-    q, k, v = make(1, 2, 1, 200, 130, 128, BF16, "cpu")
+    assert DEFAULT_BWD_VERSION == 4
+    q, k, v = make(1, 2, 1, 200, 130, d, BF16, "cpu")
     do, lse, delta, out = torch.empty_like(q), torch.empty(1, 2, 200), torch.empty(1, 2, 200), torch.empty_like(q)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     inputs, outputs = [q, k, v, do, lse, out], [dq, dk, dv, delta, None]
     plans = {
-        version: attention_bwd_gpu(outputs, inputs, {"CAUSAL": True, "SCALE": 0.1, "VERSION": version})
-        for version in (1, version)
+        ver: attention_bwd_gpu(outputs, inputs, {"CAUSAL": causal, "SCALE": 0.1, "VERSION": ver})
+        for ver in (1, version)
     }
-    smem = bwd_smem_bytes(128)
-    turns = {(3, True): 2, (3, False): 2, (4, True): 2, (4, False): 1}
+    smem = bwd_smem_bytes(d)
+    dkdv_turns = version == 3 or causal or d == 64
     for (one, new), dq_pass in zip(zip(plans[1], plans[version], strict=True), (True, False), strict=True):
-        assert new.kernel is BWD_KERNEL[BF16, 128, 4, True, dq_pass, False, turns[version, dq_pass], smem]
-        assert one.kernel is BWD_KERNEL[BF16, 128, 4, True, dq_pass, False, 0, smem]
+        turns = True if dq_pass else dkdv_turns
+        assert new.kernel is BWD_KERNEL[BF16, d, 4, causal, dq_pass, False, turns, smem]
+        assert one.kernel is BWD_KERNEL[BF16, d, 4, causal, dq_pass, False, False, smem]
         assert (new.grid, new.block, new.smem) == (one.grid, one.block, one.smem)
         assert new.args == one.args
 
