@@ -130,23 +130,12 @@ def consume_dkdv[
         # Loaded before the barrier wait, so their latency hides behind it and S^T.
         var lc = SIMD[DType.float32, BQ // 4](Float32.MAX)  # lse2 per column
         var dl = SIMD[DType.float32, BQ // 4](0)  # delta per column, same order
-        if q0 + BQ <= Lq and Lq % 2 == 0:
-            # a whole tile, pairs 8-byte aligned (every head starts at an even row):
-            # 8-byte loads, no bounds checks (a uniform branch)
-            comptime for jj in range(BQ // 8):
-                var at = head_off + q0 + 8 * jj + 2 * t
-                var l2 = lse.unsafe_load[width=2, alignment=8](at)
-                var d2 = delta.unsafe_load[width=2, alignment=8](at)
-                comptime for e in range(2):
-                    lc[2 * jj + e] = l2[e]
-                    dl[2 * jj + e] = d2[e]
-        else:
-            comptime for jj in range(BQ // 8):
-                comptime for e in range(2):
-                    var col = q0 + 8 * jj + 2 * t + e
-                    if col < Lq:
-                        lc[2 * jj + e] = lse[unsafe_offset=head_off + col]
-                        dl[2 * jj + e] = delta[unsafe_offset=head_off + col]
+        comptime for jj in range(BQ // 8):
+            comptime for e in range(2):
+                var col = q0 + 8 * jj + 2 * t + e
+                if col < Lq:
+                    lc[2 * jj + e] = lse[unsafe_offset=head_off + col]
+                    dl[2 * jj + e] = delta[unsafe_offset=head_off + col]
         # both score-shaped products first, back to back: dP^T = V dO^T does not
         # need P^T, so the tensor cores run two products between the waits
         mbar_wait(full0.unsafe_offset(s), phase)
