@@ -152,17 +152,21 @@ def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
 # (ping-pong), in both passes. 4: as 3, except the dK/dV pass at head_dim 128 without the
 # causal mask, which keeps version 1's free issue: turns made it 11-12% slower there (and
 # 7-8% faster in the other three cases; day 018's journal, "The backward, part 3").
-BWD_VERSIONS = (1, 2, 3, 4)
+# 5: as 4, and each pass overlaps tile j - 1's last products with tile j's elementwise
+# step (the dK/dV pass at head_dim 64 only: at 128 the kept fragments would spill).
+BWD_VERSIONS = (1, 2, 3, 4, 5)
 DEFAULT_BWD_VERSION = 4
 
 
-def bwd_turns(version: int, d: int, causal: bool) -> tuple[bool, bool]:
-    """Whether the (dQ, dK/dV) pass's consumers take turns in backward `version`."""
+def bwd_config(version: int, d: int, causal: bool, dq_pass: bool) -> tuple[bool, bool]:
+    """(TURNS, OVERLAP) of the dQ pass (dq_pass) or the dK/dV pass in backward `version`."""
+    if version in (1, 2):
+        return False, False
     if version == 3:
-        return True, True
-    if version == 4:
-        return True, causal or d != 128
-    return False, False
+        return True, False
+    turns = dq_pass or causal or d != 128
+    overlap = version == 5 and (dq_pass or d == 64)
+    return turns or overlap, overlap
 
 
 BWD_TILE = 64  # rows of a streamed tile
@@ -182,14 +186,14 @@ BWD_KERNEL = KernelFamily(
     # f0, f1, s0, s1 maps, dst0, dst1, lse, delta, o, do, dq32, Lq, Lk, group,
     # d_bs, d_hs, d_rs, o_bs, o_hs, o_rs, do_bs, do_hs, do_rs, scale_log2, scale
     args=("tensormap",) * 4 + ("ptr",) * 7 + ("i64",) * 12 + ("f32",) * 2,
-    variants=tuple(  # (dtype, D, STAGES, CAUSAL, DQ, FUSED, TURNS, SMEM)
-        (dtype, d, BWD_STAGES, causal, dq, fused, turns, bwd_smem_bytes(d, fused=fused))
+    variants=tuple(  # (dtype, D, STAGES, CAUSAL, DQ, FUSED, TURNS, OVERLAP, SMEM)
+        (dtype, d, BWD_STAGES, causal, dq, fused, *config, bwd_smem_bytes(d, fused=fused))
         for dtype in DTYPES
         for d in HEAD_DIMS
         for causal in (False, True)
-        for dq, fused, turns in sorted(
+        for dq, fused, config in sorted(
             {
-                (dq, version == 2, bwd_turns(version, d, causal)[0 if dq else 1])
+                (dq, version == 2, bwd_config(version, d, causal, dq))
                 for version in BWD_VERSIONS
                 for dq in ((False,) if version == 2 else (False, True))
             }
@@ -206,7 +210,7 @@ _chosen["backward"] = DEFAULT_BWD_VERSION
 
 
 def attention_bwd_version(version: int):
-    """Run backward version `version` (1 to 4) inside the block (benchmarks, tests)."""
+    """Run backward version `version` (1 to 5) inside the block (benchmarks, tests)."""
     return _choose("backward", "attention_bwd_version", version, BWD_VERSIONS)
 
 
@@ -219,8 +223,9 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     """Version 1 (params["VERSION"]): dQ (grid: 128 queries per block, q heads, batch),
     which also writes delta = rowsum(dO * O) (float32, (b, q heads, Lq)), then dK and dV
     (128 keys per block, kv heads, batch), which read it. Version 2: delta (64 rows per
-    block), then dK and dV, which also add scale * dS K into dq32. Versions 3 and 4:
-    version 1's launches, their consumers taking turns to issue products (`bwd_turns`).
+    block), then dK and dV, which also add scale * dS K into dq32. Versions 3 to 5:
+    version 1's launches, their consumers taking turns to issue products, in version 5
+    overlapping them with the elementwise steps (`bwd_config`).
     inputs: q, k, v, do, lse2, out (the forward's output; do and out TMA-ready: 16-byte
     aligned rows); outputs: dq (version 1), dk, dv, delta, dq32 (version 2: float32,
     contiguous, zeroed)."""
@@ -229,7 +234,7 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     b, hq, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     causal, version = params["CAUSAL"], params.get("VERSION", 1)
-    fused, turns = version == 2, bwd_turns(version, d, causal)
+    fused = version == 2
     smem = bwd_smem_bytes(d, fused=fused)
     dq32_ptr = dq32.data_ptr() if fused else 0
     tail = (lse.data_ptr(), delta.data_ptr(), out.data_ptr(), do.data_ptr(), dq32_ptr, lq, lk, hq // hkv)
@@ -240,7 +245,8 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
 
     def one_pass(dq_pass: bool, fixed, streamed, dst0, dst1, rows: int, heads: int) -> direct.Launch:
         args = (*fixed, *streamed, dst0.data_ptr(), dst1.data_ptr(), *tail, *dst0.stride()[:3], *row_strides, *scales)
-        kernel = BWD_KERNEL[q.dtype, d, BWD_STAGES, causal, dq_pass, fused, turns[0 if dq_pass else 1], smem]
+        config = bwd_config(version, d, causal, dq_pass)
+        kernel = BWD_KERNEL[q.dtype, d, BWD_STAGES, causal, dq_pass, fused, *config, smem]
         return direct.Launch(kernel, (-(-rows // BLOCK_M), heads, b), THREADS, args, smem)
 
     dkdv = one_pass(False, maps_kv, maps_q, dk, dv, lk, hkv)

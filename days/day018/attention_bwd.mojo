@@ -49,6 +49,10 @@ from days.day018.attention_common import (
 )
 from days.day018.attention_bwd_dkdv import consume_dkdv
 from days.day018.attention_bwd_dq import consume_dq, row_delta
+from days.day018.attention_bwd_overlap import (
+    consume_dkdv_overlapped,
+    consume_dq_overlapped,
+)
 
 comptime BT = 64  # rows of a streamed tile
 
@@ -71,6 +75,7 @@ def attention_bwd_kernel[
     DQ: Bool,
     FUSED: Bool,
     TURNS: Bool,
+    OVERLAP: Bool,
     SMEM: Int,
 ](
     f0_map: TMADescriptor,
@@ -109,8 +114,9 @@ def attention_bwd_kernel[
     FUSED (version 2, with DQ = False): the dK/dV pass also adds scale * dS K into
     dq32 (float32, (batch, q heads, Lq, D) contiguous, zeroed), and delta comes from
     `attention_delta_kernel`; there is no dQ pass.
-    TURNS (versions 3 and 4, either pass): the two consumers take turns to issue each
-    batch of products.
+    TURNS (versions 3 to 5, either pass): the two consumers take turns to issue each
+    batch of products. OVERLAP (version 5, with TURNS): tile j - 1's last products run
+    beside tile j's elementwise step (attention_bwd_overlap.mojo).
     Maps: 4-D views (head_dim, seq, heads, batch), boxes of 64 x 64."""
     comptime DB = D // TMA_BK
     comptime F_ELEMS = CONSUMERS * DB * BOX
@@ -118,6 +124,7 @@ def attention_bwd_kernel[
     comptime DS_ELEMS = CONSUMERS * BOX if FUSED else 0  # dS^T boxes
     comptime assert D == 64 or D == 128, "head dim 64 or 128"
     comptime assert not (FUSED and DQ), "version 2 has no dQ pass"
+    comptime assert not OVERLAP or TURNS, "version 5 overlaps within turns"
     comptime assert SMEM == (
         2 * F_ELEMS + STAGES * 2 * T_ELEMS + DS_ELEMS
     ) * size_of[dtype]() + 8 * (
@@ -211,48 +218,85 @@ def attention_bwd_kernel[
                         ]
             mbar_wait(bars, 0)
             var dq = SIMD[DType.float32, D // 2](0)
-            consume_dq[dtype, D, STAGES, CAUSAL, TURNS](
-                f0,
-                f1,
-                stream,
-                bars,
-                n_tiles,
-                row0,
-                my_row,
-                Lk,
-                lse_r,
-                delta_r,
-                scale_log2,
-                dq,
-                cw,
-            )
+            comptime if OVERLAP:
+                consume_dq_overlapped[dtype, D, STAGES, CAUSAL](
+                    f0,
+                    f1,
+                    stream,
+                    bars,
+                    n_tiles,
+                    row0,
+                    my_row,
+                    Lk,
+                    lse_r,
+                    delta_r,
+                    scale_log2,
+                    dq,
+                    cw,
+                )
+            else:
+                consume_dq[dtype, D, STAGES, CAUSAL, TURNS](
+                    f0,
+                    f1,
+                    stream,
+                    bars,
+                    n_tiles,
+                    row0,
+                    my_row,
+                    Lk,
+                    lse_r,
+                    delta_r,
+                    scale_log2,
+                    dq,
+                    cw,
+                )
             store_rows[dtype, D](dq, ones, out0, row0, Lq, Int(d_rs))
         else:
             mbar_wait(bars, 0)
             var base = (b * n_heads * G + h * G) * Lq
             var dk = SIMD[DType.float32, D // 2](0)
             var dv = SIMD[DType.float32, D // 2](0)
-            consume_dkdv[dtype, D, STAGES, CAUSAL, FUSED, TURNS](
-                f0,
-                f1,
-                stream,
-                bars,
-                n_tiles,
-                per_head,
-                s_start,
-                row0,
-                my_row,
-                Lq,
-                lse.unsafe_offset(base),
-                delta.unsafe_offset(base),
-                scale_log2,
-                dk,
-                dv,
-                ds_boxes.unsafe_offset(cw * BOX),
-                dq32.unsafe_offset(base * D),
-                scale,
-                cw,
-            )
+            comptime if OVERLAP:
+                consume_dkdv_overlapped[dtype, D, STAGES, CAUSAL](
+                    f0,
+                    f1,
+                    stream,
+                    bars,
+                    n_tiles,
+                    per_head,
+                    s_start,
+                    row0,
+                    my_row,
+                    Lq,
+                    lse.unsafe_offset(base),
+                    delta.unsafe_offset(base),
+                    scale_log2,
+                    dk,
+                    dv,
+                    cw,
+                )
+            else:
+                consume_dkdv[dtype, D, STAGES, CAUSAL, FUSED, TURNS](
+                    f0,
+                    f1,
+                    stream,
+                    bars,
+                    n_tiles,
+                    per_head,
+                    s_start,
+                    row0,
+                    my_row,
+                    Lq,
+                    lse.unsafe_offset(base),
+                    delta.unsafe_offset(base),
+                    scale_log2,
+                    dk,
+                    dv,
+                    ds_boxes.unsafe_offset(cw * BOX),
+                    dq32.unsafe_offset(base * D),
+                    scale,
+                    cw,
+                )
             store_rows[dtype, D](dk, ones, out0, row0, Lk, Int(d_rs))
             var out1 = dst1.unsafe_offset(b * Int(d_bs) + h * Int(d_hs))
             store_rows[dtype, D](

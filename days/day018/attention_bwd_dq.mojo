@@ -128,6 +128,32 @@ def grads_s[
             sc[i] = p * (dp[i] - delta_r[e // 2])
 
 
+@always_inline
+def ds_fragments[
+    N: Int, //, dtype: DType, BK: Int, CAUSAL: Bool
+](
+    sc: SIMD[DType.float32, N],
+    dp: SIMD[DType.float32, N],
+    lse_r: SIMD[DType.float32, 2],
+    delta_r: SIMD[DType.float32, 2],
+    scale_log2: Float32,
+    row0: Int,
+    my_row: Int,
+    k0: Int,
+    Lk: Int,
+) -> SIMD[DType.uint32, BK // 4]:
+    """From the waited S and dP of the key tile at k0: dS's register-A fragments for
+    dQ += dS K."""
+    var s = hold(sc) * scale_log2
+    var d = hold(dp)
+    # only a tile past Lk or at the diagonal is masked (a uniform branch)
+    if needs_mask[BK, CAUSAL](k0, row0, Lk):
+        grads_s[CAUSAL, True](s, d, lse_r, delta_r, my_row, k0, Lk)
+    else:
+        grads_s[CAUSAL, False](s, d, lse_r, delta_r, my_row, k0, Lk)
+    return p_fragments[dtype, BK](rebind[SIMD[DType.float32, BK // 2]](s))
+
+
 # --8<-- [start:consume]
 @always_inline
 def consume_dq[
@@ -178,14 +204,9 @@ def consume_dq[
         var dp = s_wgmma[dtype, D, BK](sdo, sv)
         pass_turn[TURNS](cw)
         wgmma_wait_group_sync[0]()
-        sc = hold(sc) * scale_log2
-        dp = hold(dp)
-        # only a tile past Lk or at the diagonal is masked (a uniform branch)
-        if needs_mask[BK, CAUSAL](k0, row0, Lk):
-            grads_s[CAUSAL, True](sc, dp, lse_r, delta_r, my_row, k0, Lk)
-        else:
-            grads_s[CAUSAL, False](sc, dp, lse_r, delta_r, my_row, k0, Lk)
-        var dsf = p_fragments[dtype, BK](sc)
+        var dsf = ds_fragments[dtype, BK, CAUSAL](
+            sc, dp, lse_r, delta_r, scale_log2, row0, my_row, k0, Lk
+        )
         take_turn[TURNS](cw)
         dq = pv_issue[dtype, D, BK](dsf, v_descs[dtype, D, BK](sk), dq)
         pass_turn[TURNS](cw)

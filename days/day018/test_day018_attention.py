@@ -184,7 +184,7 @@ def test_backward_plan_on_cpu():
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dql, dkdv = attention_bwd_gpu([dq, dk, dv, delta, None], [q, k, v, do, lse, out], {"CAUSAL": False, "SCALE": 0.125})
     assert dkdv.grid == (3, 2, 2) and dql.grid == (3, 4, 2)
-    assert dkdv.kernel is BWD_KERNEL[FP16, 64, 4, False, False, False, 0, bwd_smem_bytes(64)]
+    assert dkdv.kernel is BWD_KERNEL[FP16, 64, 4, False, False, False, False, False, bwd_smem_bytes(64)]
     assert dql.kernel.params[4] is True and dkdv.smem == dql.smem == bwd_smem_bytes(64)
     assert dkdv.args[4:6] == (dk.data_ptr(), dv.data_ptr()) and dql.args[4] == dq.data_ptr()
     assert dql.args[6:11] == (lse.data_ptr(), delta.data_ptr(), out.data_ptr(), do.data_ptr(), 0)
@@ -206,18 +206,19 @@ def test_backward_version_2_plan_on_cpu():
     assert dl.kernel is DELTA_KERNEL[BF16, 128] and dl.grid == (5, 4, 2) and dl.block == 128
     assert dl.args == (delta.data_ptr(), out.data_ptr(), do.data_ptr(), 300, *out.stride()[:3], *do.stride()[:3])
     smem = bwd_smem_bytes(128, fused=True)
-    assert dkdv.kernel is BWD_KERNEL[BF16, 128, 4, True, False, True, 0, smem] and dkdv.grid == (3, 2, 2)
+    assert dkdv.kernel is BWD_KERNEL[BF16, 128, 4, True, False, True, False, False, smem] and dkdv.grid == (3, 2, 2)
     assert smem == bwd_smem_bytes(128) + 2 * 64 * 64 * 2 and dkdv.smem == smem
     assert dkdv.args[10] == dq32.data_ptr()
 
 
-@pytest.mark.parametrize("version", [3, 4])
+@pytest.mark.parametrize("version", [3, 4, 5])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_versions_with_turns_plan_on_cpu(version, d, causal):
-    """Versions 3 and 4: version 1's two launches and arguments, with kernels whose
-    consumers take turns: both passes in version 3; in version 4 all but the dK/dV pass at
-    head_dim 128 without the mask (measured slower with turns)."""
+    """Versions 3 to 5: version 1's two launches and arguments, with kernels whose
+    consumers take turns (TURNS): both passes in version 3; in versions 4 and 5 all but
+    the dK/dV pass at head_dim 128 without the mask (measured slower with turns).
+    Version 5 also overlaps (OVERLAP) in the dQ pass, and in the dK/dV pass at 64."""
     from pytorch_custom_ops.attention_gpu import BWD_KERNEL, DEFAULT_BWD_VERSION, attention_bwd_gpu, bwd_smem_bytes
 
     assert DEFAULT_BWD_VERSION == 4
@@ -233,8 +234,9 @@ def test_backward_versions_with_turns_plan_on_cpu(version, d, causal):
     dkdv_turns = version == 3 or causal or d == 64
     for (one, new), dq_pass in zip(zip(plans[1], plans[version], strict=True), (True, False), strict=True):
         turns = True if dq_pass else dkdv_turns
-        assert new.kernel is BWD_KERNEL[BF16, d, 4, causal, dq_pass, False, turns, smem]
-        assert one.kernel is BWD_KERNEL[BF16, d, 4, causal, dq_pass, False, False, smem]
+        overlap = version == 5 and (dq_pass or d == 64)
+        assert new.kernel is BWD_KERNEL[BF16, d, 4, causal, dq_pass, False, turns, overlap, smem]
+        assert one.kernel is BWD_KERNEL[BF16, d, 4, causal, dq_pass, False, False, False, smem]
         assert (new.grid, new.block, new.smem) == (one.grid, one.block, one.smem)
         assert new.args == one.args
 
@@ -242,8 +244,8 @@ def test_backward_versions_with_turns_plan_on_cpu(version, d, causal):
 def test_unknown_backward_version():
     from pytorch_custom_ops.attention_gpu import attention_bwd_version
 
-    with pytest.raises(ValueError, match="unknown version 5"):
-        with attention_bwd_version(5):
+    with pytest.raises(ValueError, match="unknown version 6"):
+        with attention_bwd_version(6):
             pass
 
 
@@ -322,7 +324,7 @@ LONG_GRAD_SHAPES = [(1, 4, 2, 1100, 1300, 128), (2, 2, 1, 900, 700, 64)]
 
 
 @needs_cuda
-@pytest.mark.parametrize("bwd", [1, 2, 3, 4])
+@pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("dtype", [BF16, FP16])
 @pytest.mark.parametrize("shape", SHAPES + [(1, 4, 1, 700, 333, 64), (2, 2, 2, 64, 64, 128)] + LONG_GRAD_SHAPES)
 @pytest.mark.parametrize("causal", [False, True])
@@ -340,7 +342,7 @@ def test_cuda_grads(bwd, dtype, shape, causal):
 
 
 @needs_cuda
-@pytest.mark.parametrize("bwd", [1, 2, 3, 4])
+@pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("d", [64, 128])
 def test_cuda_grads_of_a_strided_incoming_gradient(bwd, d):
     """The dQ pass reads dO and O by their strides for delta = rowsum(dO * O): a
@@ -359,7 +361,7 @@ def test_cuda_grads_of_a_strided_incoming_gradient(bwd, d):
 
 
 @needs_cuda
-@pytest.mark.parametrize("bwd", [1, 2, 3, 4])
+@pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5])
 def test_cuda_grads_strided_and_graph(bwd):
     """Grads of (batch, seq, heads, head_dim) views, and a captured forward + backward."""
     with attention_bwd_version(bwd):
