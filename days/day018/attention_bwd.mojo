@@ -49,10 +49,7 @@ from days.day018.attention_common import (
 )
 from days.day018.attention_bwd_dkdv import consume_dkdv
 from days.day018.attention_bwd_dq import consume_dq, row_delta
-from days.day018.attention_bwd_overlap import (
-    consume_dkdv_overlapped,
-    consume_dq_overlapped,
-)
+from days.day018.attention_bwd_overlap import consume_dq_overlapped
 
 comptime BT = 64  # rows of a streamed tile
 
@@ -115,8 +112,8 @@ def attention_bwd_kernel[
     dq32 (float32, (batch, q heads, Lq, D) contiguous, zeroed), and delta comes from
     `attention_delta_kernel`; there is no dQ pass.
     TURNS (versions 3 to 5, either pass): the two consumers take turns to issue each
-    batch of products. OVERLAP (version 5, with TURNS): tile j - 1's last products run
-    beside tile j's elementwise step (attention_bwd_overlap.mojo).
+    batch of products. OVERLAP (version 5, the dQ pass, with TURNS): tile j - 1's dQ
+    product runs beside tile j's elementwise step (attention_bwd_overlap.mojo).
     Maps: 4-D views (head_dim, seq, heads, batch), boxes of 64 x 64."""
     comptime DB = D // TMA_BK
     comptime F_ELEMS = CONSUMERS * DB * BOX
@@ -124,7 +121,9 @@ def attention_bwd_kernel[
     comptime DS_ELEMS = CONSUMERS * BOX if FUSED else 0  # dS^T boxes
     comptime assert D == 64 or D == 128, "head dim 64 or 128"
     comptime assert not (FUSED and DQ), "version 2 has no dQ pass"
-    comptime assert not OVERLAP or TURNS, "version 5 overlaps within turns"
+    comptime assert not OVERLAP or (
+        TURNS and DQ
+    ), "version 5: the dQ pass, in turns"
     comptime assert SMEM == (
         2 * F_ELEMS + STAGES * 2 * T_ELEMS + DS_ELEMS
     ) * size_of[dtype]() + 8 * (
@@ -256,47 +255,27 @@ def attention_bwd_kernel[
             var base = (b * n_heads * G + h * G) * Lq
             var dk = SIMD[DType.float32, D // 2](0)
             var dv = SIMD[DType.float32, D // 2](0)
-            comptime if OVERLAP:
-                consume_dkdv_overlapped[dtype, D, STAGES, CAUSAL](
-                    f0,
-                    f1,
-                    stream,
-                    bars,
-                    n_tiles,
-                    per_head,
-                    s_start,
-                    row0,
-                    my_row,
-                    Lq,
-                    lse.unsafe_offset(base),
-                    delta.unsafe_offset(base),
-                    scale_log2,
-                    dk,
-                    dv,
-                    cw,
-                )
-            else:
-                consume_dkdv[dtype, D, STAGES, CAUSAL, FUSED, TURNS](
-                    f0,
-                    f1,
-                    stream,
-                    bars,
-                    n_tiles,
-                    per_head,
-                    s_start,
-                    row0,
-                    my_row,
-                    Lq,
-                    lse.unsafe_offset(base),
-                    delta.unsafe_offset(base),
-                    scale_log2,
-                    dk,
-                    dv,
-                    ds_boxes.unsafe_offset(cw * BOX),
-                    dq32.unsafe_offset(base * D),
-                    scale,
-                    cw,
-                )
+            consume_dkdv[dtype, D, STAGES, CAUSAL, FUSED, TURNS](
+                f0,
+                f1,
+                stream,
+                bars,
+                n_tiles,
+                per_head,
+                s_start,
+                row0,
+                my_row,
+                Lq,
+                lse.unsafe_offset(base),
+                delta.unsafe_offset(base),
+                scale_log2,
+                dk,
+                dv,
+                ds_boxes.unsafe_offset(cw * BOX),
+                dq32.unsafe_offset(base * D),
+                scale,
+                cw,
+            )
             store_rows[dtype, D](dk, ones, out0, row0, Lk, Int(d_rs))
             var out1 = dst1.unsafe_offset(b * Int(d_bs) + h * Int(d_hs))
             store_rows[dtype, D](

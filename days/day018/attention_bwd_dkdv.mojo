@@ -70,67 +70,6 @@ def probs_t[
                 st[i] = p
 
 
-@always_inline
-def load_columns[
-    N: Int
-](
-    mut lc: SIMD[DType.float32, N],
-    mut dl: SIMD[DType.float32, N],
-    lse: Pointer[Float32, MutAnyOrigin],
-    delta: Pointer[Float32, MutAnyOrigin],
-    head_off: Int,
-    q0: Int,
-    Lq: Int,
-):
-    """lse2 and delta of this thread's N columns (queries q0 + 8 jj + 2 t (+1)) of a
-    streamed tile; past Lq they keep their defaults (+inf makes P^T = 0 there).
-    """
-    var t = lane_id() % 4
-    comptime for jj in range(N // 2):
-        comptime for e in range(2):
-            var col = q0 + 8 * jj + 2 * t + e
-            if col < Lq:
-                lc[2 * jj + e] = lse[unsafe_offset=head_off + col]
-                dl[2 * jj + e] = delta[unsafe_offset=head_off + col]
-
-
-@always_inline
-def p_t_fragments[
-    NS: Int, //, dtype: DType, BQ: Int, NL: Int, CAUSAL: Bool
-](
-    mut st: SIMD[DType.float32, NS],
-    lc: SIMD[DType.float32, NL],
-    key0: Int,
-    my_key: Int,
-    q0: Int,
-) -> SIMD[DType.uint32, BQ // 4]:
-    """P^T in place of the waited, scaled S^T, and its register-A fragments (for dV).
-    """
-    # only a tile that reaches the diagonal has a query before one of these keys: the
-    # others skip the mask (a uniform branch)
-    if CAUSAL and key0 + 63 > q0:
-        probs_t[NL, CAUSAL](st, lc, my_key, q0)
-    else:
-        probs_t[NL, False](st, lc, my_key, q0)
-    return p_fragments[dtype, BQ](rebind[SIMD[DType.float32, BQ // 2]](st))
-
-
-@always_inline
-def ds_t_fragments[
-    NS: Int, //, dtype: DType, BQ: Int, NL: Int
-](
-    mut st: SIMD[DType.float32, NS],
-    dpt: SIMD[DType.float32, NS],
-    dl: SIMD[DType.float32, NL],
-) -> SIMD[DType.uint32, BQ // 4]:
-    """dS^T = P^T (dP^T - delta) in place of P^T, and its fragments (for dK)."""
-    comptime for jj in range(NL // 2):
-        comptime for e in range(4):
-            var i = 4 * jj + e
-            st[i] = st[i] * (dpt[i] - dl[2 * jj + e % 2])
-    return p_fragments[dtype, BQ](rebind[SIMD[DType.float32, BQ // 2]](st))
-
-
 # --8<-- [start:consume]
 @always_inline
 def consume_dkdv[
@@ -187,10 +126,16 @@ def consume_dkdv[
         var sdo = sq.unsafe_offset(BQ * D)
         var q0 = q_start + (j % per_head) * BQ
         var head_off = (j // per_head) * Lq
-        # loaded before the barrier wait, so their latency hides behind it and S^T
+        # P^T: column c (a query) uses lse2[c]; +inf past Lq makes P^T = 0 there.
+        # Loaded before the barrier wait, so their latency hides behind it and S^T.
         var lc = SIMD[DType.float32, BQ // 4](Float32.MAX)  # lse2 per column
         var dl = SIMD[DType.float32, BQ // 4](0)  # delta per column, same order
-        load_columns[BQ // 4](lc, dl, lse, delta, head_off, q0, Lq)
+        comptime for jj in range(BQ // 8):
+            comptime for e in range(2):
+                var col = q0 + 8 * jj + 2 * t + e
+                if col < Lq:
+                    lc[2 * jj + e] = lse[unsafe_offset=head_off + col]
+                    dl[2 * jj + e] = delta[unsafe_offset=head_off + col]
         # both score-shaped products first, back to back: dP^T = V dO^T does not
         # need P^T, so the tensor cores run two products between the waits
         mbar_wait(full0.unsafe_offset(s), phase)
@@ -205,10 +150,18 @@ def consume_dkdv[
         wgmma_wait_group_sync[0]()
         st = hold(st) * scale_log2
         dpt = hold(dpt)
-        var pf = p_t_fragments[dtype, BQ, BQ // 4, CAUSAL](
-            st, lc, key0, my_key, q0
-        )
-        var dsf = ds_t_fragments[dtype, BQ, BQ // 4](st, dpt, dl)
+        # only a tile that reaches the diagonal has a query before one of these keys:
+        # the others skip the mask (a uniform branch)
+        if CAUSAL and key0 + 63 > q0:
+            probs_t[BQ // 4, CAUSAL](st, lc, my_key, q0)
+        else:
+            probs_t[BQ // 4, False](st, lc, my_key, q0)
+        var pf = p_fragments[dtype, BQ](st)
+        comptime for jj in range(BQ // 8):
+            comptime for e in range(4):
+                var i = 4 * jj + e
+                st[i] = st[i] * (dpt[i] - dl[2 * jj + e % 2])
+        var dsf = p_fragments[dtype, BQ](st)
         # then the two register-A products, back to back
         take_turn[TURNS](cw)
         dv = pv_issue[dtype, D, BQ](pf, v_descs[dtype, D, BQ](sdo), dv)

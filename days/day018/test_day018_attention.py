@@ -218,10 +218,10 @@ def test_backward_versions_with_turns_plan_on_cpu(version, d, causal):
     """Versions 3 to 5: version 1's two launches and arguments, with kernels whose
     consumers take turns (TURNS): both passes in version 3; in versions 4 and 5 all but
     the dK/dV pass at head_dim 128 without the mask (measured slower with turns).
-    Version 5 also overlaps (OVERLAP) in the dQ pass, and in the dK/dV pass at 64."""
+    Version 5, the default, also overlaps (OVERLAP) in the dQ pass."""
     from pytorch_custom_ops.attention_gpu import BWD_KERNEL, DEFAULT_BWD_VERSION, attention_bwd_gpu, bwd_smem_bytes
 
-    assert DEFAULT_BWD_VERSION == 4
+    assert DEFAULT_BWD_VERSION == 5
     q, k, v = make(1, 2, 1, 200, 130, d, BF16, "cpu")
     do, lse, delta, out = torch.empty_like(q), torch.empty(1, 2, 200), torch.empty(1, 2, 200), torch.empty_like(q)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -234,7 +234,7 @@ def test_backward_versions_with_turns_plan_on_cpu(version, d, causal):
     dkdv_turns = version == 3 or causal or d == 64
     for (one, new), dq_pass in zip(zip(plans[1], plans[version], strict=True), (True, False), strict=True):
         turns = True if dq_pass else dkdv_turns
-        overlap = version == 5 and (dq_pass or d == 64)
+        overlap = version == 5 and dq_pass
         assert new.kernel is BWD_KERNEL[BF16, d, 4, causal, dq_pass, False, turns, overlap, smem]
         assert one.kernel is BWD_KERNEL[BF16, d, 4, causal, dq_pass, False, False, False, smem]
         assert (new.grid, new.block, new.smem) == (one.grid, one.block, one.smem)
