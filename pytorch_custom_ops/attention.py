@@ -113,7 +113,7 @@ def _backward_cuda(do, q, k, v, out, lse2, causal, scale):
     if q.numel() == 0:  # no query: no gradient reaches k or v
         return torch.empty_like(q), dk.zero_(), dv.zero_()
     version = bwd_version()
-    # versions 1 and 3 write dq; version 2 adds into a float32 dQ (atomics), cast at the end
+    # every version but 2 writes dq; version 2 adds into a float32 dQ (atomics), cast at the end
     fused = version == 2
     dq = None if fused else torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dq32 = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if fused else None

@@ -164,9 +164,7 @@ def bwd_config(version: int, d: int, causal: bool, dq_pass: bool) -> tuple[bool,
         return False, False
     if version == 3:
         return True, False
-    turns = dq_pass or causal or d != 128
-    overlap = version == 5 and dq_pass
-    return turns or overlap, overlap
+    return dq_pass or causal or d != 128, version == 5 and dq_pass
 
 
 BWD_TILE = 64  # rows of a streamed tile
@@ -227,7 +225,7 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     version 1's launches, their consumers taking turns to issue products, in version 5
     the dQ pass overlapping its product with the elementwise step (`bwd_config`).
     inputs: q, k, v, do, lse2, out (the forward's output; do and out TMA-ready: 16-byte
-    aligned rows); outputs: dq (version 1), dk, dv, delta, dq32 (version 2: float32,
+    aligned rows); outputs: dq (all but version 2), dk, dv, delta, dq32 (version 2: float32,
     contiguous, zeroed)."""
     dq, dk, dv, delta, dq32 = outputs
     q, k, v, do, lse, out = inputs

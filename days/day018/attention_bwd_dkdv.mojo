@@ -10,7 +10,7 @@
 # register tile: the forward's two wgmma forms cover all four. (dQ is pass 2.)
 # FUSED (backward version 2): also dQ += scale dS K, through shared memory and float32
 # atomics (attention_bwd_dq.mojo), and there is no pass 2.
-# TURNS (backward versions 3 and 4): the two consumers take turns to issue each pair of
+# TURNS (backward versions 3 to 5): the two consumers take turns to issue each pair of
 # products, so one warpgroup's elementwise step runs beside the other's products (without
 # turns both wait for the same streamed tile, issue together, then both do their
 # elementwise step while the tensor cores idle).

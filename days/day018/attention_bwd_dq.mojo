@@ -33,7 +33,7 @@ from days.day018.attention_common import (
 comptime BK = 64  # keys per streamed tile
 
 
-# The backward's turns (TURNS, versions 3 and 4, both passes): the two consumers take turns
+# The backward's turns (TURNS, versions 3 to 5, both passes): the two consumers take turns
 # to issue each batch of products, so one warpgroup's elementwise step runs beside the
 # other's products.
 comptime TURN_BAR = 4  # the backward's turns: named barriers 4 and 5 (version 2 uses 2, 3)
@@ -180,12 +180,11 @@ def consume_dq[
     cw: Int,
 ):
     """row0: this consumer's first query; lse_r / delta_r: this thread's rows (g,
-    g + 8), +inf / 0 past Lq; cw: this
-    consumer (0 or 1), whose turns TURNS takes as the dK/dV pass does."""
+    g + 8), +inf / 0 past Lq; cw: this consumer (0 or 1), whose turns TURNS takes as
+    the dK/dV pass does."""
     var full0 = bars.unsafe_offset(1)
     var full1 = bars.unsafe_offset(1 + STAGES)
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
-    var t = lane_id() % 4
     open_turns[TURNS](cw)
     for j in range(n_tiles):
         var slot = ring_slot[STAGES](j)
