@@ -4,7 +4,8 @@ day 017 (benchmark/cases/day017.py): `attention_{fwd,fwd_bwd}_d{64,128}[_causal]
 16384 tokens, heads x head_dim = 2048, bfloat16.
 
 Impls: `mojo_v1` ... `mojo_v4` (pco.attention with each forward version, and the Mojo
-backward; pytorch_custom_ops.attention_gpu.DEFAULT_VERSION is the default),
+backward's default version; pytorch_custom_ops.attention_gpu.DEFAULT_VERSION and
+DEFAULT_BWD_VERSION are the defaults; a row's commit says which those were),
 `triton` (day 017), `torch` (SDPA's default dispatch, the speedup baseline), `sdpa_flash`,
 `sdpa_cudnn` (SDPA's fastest on the H100 at long sequences). The O(seq^2) impls stay in day 017.
 """
