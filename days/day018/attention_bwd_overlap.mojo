@@ -23,7 +23,6 @@ from days.day018.attention_bwd_dq import (
     take_turn,
 )
 from days.day018.attention_common import (
-    hold,
     pv_issue,
     pv_wait,
     s_wgmma,
