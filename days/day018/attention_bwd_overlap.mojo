@@ -104,9 +104,8 @@ def consume_dq_overlapped[
         dp = s_wgmma[dtype, D, BK](sdo, sk.unsafe_offset(BK * D))
         dq = pv_issue[dtype, D, BK](dsf, v_descs[dtype, D, BK](sk_prev), dq)
         pass_turn[True](cw)
-        wgmma_wait_group_sync[
-            1
-        ]()  # S and dP of tile j; dQ's product may run on
+        # S and dP of tile j are done; dQ's product of tile j - 1 may run on
+        wgmma_wait_group_sync[1]()
         var next = ds_fragments[dtype, BK, CAUSAL](
             sc, dp, lse_r, delta_r, scale_log2, row0, my_row, j * BK, Lk
         )
