@@ -27,7 +27,16 @@ from torch import Tensor
 
 from . import direct, eager, fallback
 from .attention_checks import check_qkv
-from .attention_gpu import HEAD_DIMS, LOG2E, attention_bwd_gpu, attention_gpu, bwd_version, tma_ready
+from .attention_gpu import (
+    HEAD_DIMS,
+    LOG2E,
+    attention_bwd_gpu,
+    attention_gpu,
+    bwd_version,
+    dq32_shape,
+    dq_from_pieces,
+    tma_ready,
+)
 from .flash_attention import attention_backward_with, attention_outputs_like, setup_attention_context
 
 OP = "attention"
@@ -113,16 +122,19 @@ def _backward_cuda(do, q, k, v, out, lse2, causal, scale):
     if q.numel() == 0:  # no query: no gradient reaches k or v
         return torch.empty_like(q), dk.zero_(), dv.zero_()
     version = bwd_version()
-    # every version but 2 writes dq; version 2 adds into a float32 dQ (atomics), cast at the end
-    fused = version == 2
-    dq = None if fused else torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dq32 = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if fused else None
+    # versions 2 and 6 add dQ into a float32 tensor (one pass), cast at the end
+    dq32_dims = dq32_shape(q, version)
+    dq = None if dq32_dims else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dq32 = torch.zeros(dq32_dims, dtype=torch.float32, device=q.device) if dq32_dims else None
     # delta = rowsum(dO * O), written by the first launch for the dK/dV pass
     delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     params = {"CAUSAL": causal, "SCALE": scale, "VERSION": version}
     launches = attention_bwd_gpu([dq, dk, dv, delta, dq32], [q, k, v, do, lse2.contiguous(), out], params)
     direct.run(launches, q.get_device())
-    return (dq32.to(q.dtype) if fused else dq), dk, dv
+    if dq32 is None:
+        return dq, dk, dv
+    rows = dq_from_pieces(dq32, q.shape[2]) if version == 6 else dq32
+    return rows.to(q.dtype, memory_format=torch.contiguous_format), dk, dv
 
 
 def _backward_eager(do, q, k, v, out, lse2, causal, scale):

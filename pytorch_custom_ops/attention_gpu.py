@@ -154,13 +154,17 @@ def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
 # 7-8% faster in the other three cases; day 018's journal, "The backward, part 3").
 # 5: as 4, and the dQ pass overlaps tile j - 1's dQ product with tile j's elementwise
 # step: that pass 3-6% faster (the journal's "The backward, part 3").
-BWD_VERSIONS = (1, 2, 3, 4, 5)
+# 6: version 2's one pass with dS shared between the consumers and dQ added by whole
+# 16 KB pieces through the TMA unit (days/day018/attention_bwd_tiles.mojo).
+BWD_VERSIONS = (1, 2, 3, 4, 5, 6)
 DEFAULT_BWD_VERSION = 5
+DQ_ADD = {2: 1, 6: 2}  # the kernel's FUSED: how a one-pass version adds dQ (0: a dQ pass)
+PIECE = 64  # version 6's dq32: 64 x 64 float32 pieces
 
 
 def bwd_config(version: int, d: int, causal: bool, dq_pass: bool) -> tuple[bool, bool]:
     """(TURNS, OVERLAP) of the dQ pass (dq_pass) or the dK/dV pass in backward `version`."""
-    if version in (1, 2):
+    if version in (1, 2, 6):
         return False, False
     if version == 3:
         return True, False
@@ -171,11 +175,28 @@ BWD_TILE = 64  # rows of a streamed tile
 BWD_STAGES = 4
 
 
-def bwd_smem_bytes(d: int, itemsize: int = 2, fused: bool = False) -> int:
-    """Two fixed tensors (2 x 64 rows x d each), BWD_STAGES x two streamed 64 x d tiles,
-    with `fused` (version 2) a 64 x 64 dS box per consumer, 1 + 3 stages mbarriers."""
-    ds = 2 * 64 * 64 if fused else 0
-    return (2 * 2 * 64 * d + BWD_STAGES * 2 * BWD_TILE * d + ds) * itemsize + 8 * (1 + 3 * BWD_STAGES)
+def bwd_smem_bytes(d: int, itemsize: int = 2, fused: int = 0, stages: int = BWD_STAGES) -> int:
+    """Two fixed tensors (2 x 64 rows x d each), `stages` x two streamed 64 x d tiles, then
+    fused 1 (version 2): a 64 x 64 dS box per consumer; fused 2 (version 6): two pairs of
+    boxes and a 64 x 64 float32 piece per consumer; 1 + 3 stages mbarriers."""
+    ds = {0: 0, 1: 2 * 64 * 64, 2: 4 * 64 * 64 + 2 * PIECE * PIECE * 4 // itemsize}[fused]
+    return (2 * 2 * 64 * d + stages * 2 * BWD_TILE * d + ds) * itemsize + 8 * (1 + 3 * stages)
+
+
+def bwd_stages(d: int, fused: int) -> int:
+    """BWD_STAGES, or as many as fit (version 6 at head_dim 128: 3)."""
+    s = BWD_STAGES
+    while bwd_smem_bytes(d, fused=fused, stages=s) > SMEM_LIMIT:
+        s -= 1
+    return s
+
+
+def bwd_kernel_params(dtype, d: int, causal: bool, version: int, dq_pass: bool) -> tuple:
+    """(dtype, D, STAGES, CAUSAL, DQ, FUSED, TURNS, OVERLAP, SMEM) of one pass."""
+    fused = DQ_ADD.get(version, 0)
+    stages = bwd_stages(d, fused)
+    config = bwd_config(version, d, causal, dq_pass)
+    return (dtype, d, stages, causal, dq_pass, fused, *config, bwd_smem_bytes(d, fused=fused, stages=stages))
 
 
 BWD_KERNEL = KernelFamily(
@@ -184,17 +205,17 @@ BWD_KERNEL = KernelFamily(
     # f0, f1, s0, s1 maps, dst0, dst1, lse, delta, o, do, dq32, Lq, Lk, group,
     # d_bs, d_hs, d_rs, o_bs, o_hs, o_rs, do_bs, do_hs, do_rs, scale_log2, scale
     args=("tensormap",) * 4 + ("ptr",) * 7 + ("i64",) * 12 + ("f32",) * 2,
-    variants=tuple(  # (dtype, D, STAGES, CAUSAL, DQ, FUSED, TURNS, OVERLAP, SMEM)
-        (dtype, d, BWD_STAGES, causal, dq, fused, *config, bwd_smem_bytes(d, fused=fused))
-        for dtype in DTYPES
-        for d in HEAD_DIMS
-        for causal in (False, True)
-        for dq, fused, config in sorted(
+    variants=tuple(
+        sorted(
             {
-                (dq, version == 2, bwd_config(version, d, causal, dq))
+                bwd_kernel_params(dtype, d, causal, version, dq)
+                for dtype in DTYPES
+                for d in HEAD_DIMS
+                for causal in (False, True)
                 for version in BWD_VERSIONS
-                for dq in ((False,) if version == 2 else (False, True))
-            }
+                for dq in ((False,) if version in DQ_ADD else (False, True))
+            },
+            key=repr,
         )
     ),
 )
@@ -208,12 +229,32 @@ _chosen["backward"] = DEFAULT_BWD_VERSION
 
 
 def attention_bwd_version(version: int):
-    """Run backward version `version` (1 to 5) inside the block (benchmarks, tests)."""
+    """Run backward version `version` (1 to 6) inside the block (benchmarks, tests)."""
     return _choose("backward", "attention_bwd_version", version, BWD_VERSIONS)
 
 
 def bwd_version() -> int:
     return _chosen["backward"]
+
+
+def dq32_shape(q: torch.Tensor, version: int) -> tuple[int, ...] | None:
+    """The float32 dQ a one-pass version adds into (zeroed by the caller), or None:
+    version 2 q's shape; version 6 whole 64-row tiles per head."""
+    if version not in DQ_ADD:
+        return None
+    b, h, lq, d = q.shape
+    return (b, h, -(-lq // PIECE) * PIECE, d) if version == 6 else (b, h, lq, d)
+
+
+def dq_from_pieces(dq32: torch.Tensor, lq: int) -> torch.Tensor:
+    """Version 6's dq32 (b, h, tiles x 64, d) in rows: every 64 x 64 piece holds float4
+    jj of the consumer's thread 32 w + 4 g + t at 16 (128 jj + 32 w + 4 g + t) bytes, its
+    floats rows 16 w + 8 half + g, columns 8 jj + 2 t + e (index 2 half + e); a view, to
+    copy or cast."""
+    b, h, rows, d = dq32.shape
+    pieces = dq32.view(b, h, rows // PIECE, d // PIECE, 8, 4, 8, 4, 2, 2)
+    # (b, h, tile, piece, jj, w, g, t, half, e) -> (b, h, tile, w, half, g, piece, jj, t, e)
+    return pieces.permute(0, 1, 2, 5, 8, 6, 3, 4, 7, 9).reshape(b, h, rows, d)[:, :, :lq]
 
 
 @direct.plan(BWD_KERNEL, DELTA_KERNEL)
@@ -224,16 +265,16 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     block), then dK and dV, which also add scale * dS K into dq32. Versions 3 to 5:
     version 1's launches, their consumers taking turns to issue products, in version 5
     the dQ pass overlapping its product with the elementwise step (`bwd_config`).
+    Version 6: version 2's launches, dq32 in pieces (`dq32_shape`, `dq_from_pieces`).
     inputs: q, k, v, do, lse2, out (the forward's output; do and out TMA-ready: 16-byte
-    aligned rows); outputs: dq (all but version 2), dk, dv, delta, dq32 (version 2: float32,
-    contiguous, zeroed)."""
+    aligned rows); outputs: dq (versions 1, 3-5), dk, dv, delta, dq32 (versions 2, 6: float32,
+    `dq32_shape`, zeroed)."""
     dq, dk, dv, delta, dq32 = outputs
     q, k, v, do, lse, out = inputs
     b, hq, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     causal, version = params["CAUSAL"], params.get("VERSION", 1)
-    fused = version == 2
-    smem = bwd_smem_bytes(d, fused=fused)
+    fused = version in DQ_ADD
     dq32_ptr = dq32.data_ptr() if fused else 0
     tail = (lse.data_ptr(), delta.data_ptr(), out.data_ptr(), do.data_ptr(), dq32_ptr, lq, lk, hq // hkv)
     row_strides = (*out.stride()[:3], *do.stride()[:3])
@@ -243,9 +284,8 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
 
     def one_pass(dq_pass: bool, fixed, streamed, dst0, dst1, rows: int, heads: int) -> direct.Launch:
         args = (*fixed, *streamed, dst0.data_ptr(), dst1.data_ptr(), *tail, *dst0.stride()[:3], *row_strides, *scales)
-        config = bwd_config(version, d, causal, dq_pass)
-        kernel = BWD_KERNEL[q.dtype, d, BWD_STAGES, causal, dq_pass, fused, *config, smem]
-        return direct.Launch(kernel, (-(-rows // BLOCK_M), heads, b), THREADS, args, smem)
+        kparams = bwd_kernel_params(q.dtype, d, causal, version, dq_pass)
+        return direct.Launch(BWD_KERNEL[kparams], (-(-rows // BLOCK_M), heads, b), THREADS, args, kparams[-1])
 
     dkdv = one_pass(False, maps_kv, maps_q, dk, dv, lk, hkv)
     if not fused:

@@ -258,6 +258,17 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         # version 5 (OVERLAP): the dQ pass waits for S and dP only, while tile j - 1's dQ
         # product may still run: wait_group 1
         "day018.attention_bwd_kernel.*.*.4.*.1.0.1.1.*": (r"wgmma\.wait_group\.sync\.aligned 1;",),
+        # version 6 (FUSED 2): dQ's 64 x 64 float32 pieces (m64n64 products from shared dS
+        # boxes) added by the TMA unit, whose reads of a piece finish before it is rewritten
+        "day018.attention_bwd_kernel.*.*.*.*.0.2.0.0.*": (
+            r"cp\.reduce\.async\.bulk\.global\.shared::cta\.bulk_group\.add\.f32 \[%rd\d+\], \[%r\d+\], %r\d+;",
+            r"cp\.async\.bulk\.commit_group;",
+            r"cp\.async\.bulk\.wait_group\.read 0;",
+            r"cp\.async\.bulk\.wait_group 0;",
+            r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.(bf16\.bf16|f16\.f16)\s*\{[^}]*\},\s*%rd\d+,\s*%rd",
+        ),
+        # at head_dim 128 the consumers share dS: a barrier over both, 3 K/Q stages
+        "day018.attention_bwd_kernel.*.128.3.*.0.2.0.0.*": (r"bar\.sync\s+%r\d+, 256;",),
         "day018.attention_bwd_kernel.bfloat16.128.*": (
             r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16\s*\{[^}]*\},"
             r"\s*\{%r\d+, %r\d+, %r\d+, %r\d+\}",

@@ -48,6 +48,7 @@ from days.day018.attention_common import (
     store_rows,
 )
 from days.day018.attention_bwd_dkdv import consume_dkdv
+from days.day018.attention_bwd_tiles import DQ_ATOMIC, DQ_TILES, PIECE
 from days.day018.attention_bwd_dq import consume_dq, row_delta
 from days.day018.attention_bwd_overlap import consume_dq_overlapped
 
@@ -70,7 +71,7 @@ def attention_bwd_kernel[
     STAGES: Int,
     CAUSAL: Bool,
     DQ: Bool,
-    FUSED: Bool,
+    FUSED: Int,
     TURNS: Bool,
     OVERLAP: Bool,
     SMEM: Int,
@@ -108,9 +109,11 @@ def attention_bwd_kernel[
     lse (the forward's lse2) and delta: (batch, q heads, Lq) float32, contiguous; the
     dQ pass writes delta = rowsum(dO * O) from o and do ((batch, q heads, Lq, D) by
     their strides, 16-byte aligned rows), the dK/dV pass reads it.
-    FUSED (version 2, with DQ = False): the dK/dV pass also adds scale * dS K into
-    dq32 (float32, (batch, q heads, Lq, D) contiguous, zeroed), and delta comes from
-    `attention_delta_kernel`; there is no dQ pass.
+    FUSED (versions 2 and 6, with DQ = False): the dK/dV pass also adds scale * dS K
+    into dq32 (float32, zeroed), and delta comes from `attention_delta_kernel`; there is
+    no dQ pass. Version 2 (DQ_ATOMIC): dq32 is (batch, q heads, Lq, D) contiguous.
+    Version 6 (DQ_TILES): (batch, q heads, ceil(Lq / 64) 64, D), each 64 x 64 piece in
+    the order of attention_bwd_tiles.mojo.
     TURNS (versions 3 to 5, either pass): the two consumers take turns to issue each
     batch of products. OVERLAP (version 5, the dQ pass, with TURNS): tile j - 1's dQ
     product runs beside tile j's elementwise step (attention_bwd_overlap.mojo).
@@ -118,9 +121,12 @@ def attention_bwd_kernel[
     comptime DB = D // TMA_BK
     comptime F_ELEMS = CONSUMERS * DB * BOX
     comptime T_ELEMS = BT * D
-    comptime DS_ELEMS = CONSUMERS * BOX if FUSED else 0  # dS^T boxes
+    # dS^T boxes (version 6: two pairs taking turns, then a float32 piece per consumer)
+    comptime DS_ELEMS = CONSUMERS * BOX if FUSED == DQ_ATOMIC else (
+        2 * CONSUMERS * BOX + CONSUMERS * PIECE * 4 // size_of[dtype]()
+    ) if FUSED == DQ_TILES else 0
     comptime assert D == 64 or D == 128, "head dim 64 or 128"
-    comptime assert not (FUSED and DQ), "version 2 has no dQ pass"
+    comptime assert not (FUSED != 0 and DQ), "versions 2 and 6 have no dQ pass"
     comptime assert not OVERLAP or (
         TURNS and DQ
     ), "version 5: the dQ pass, in turns"
@@ -252,7 +258,13 @@ def attention_bwd_kernel[
             store_rows[dtype, D](dq, ones, out0, row0, Lq, Int(d_rs))
         else:
             mbar_wait(bars, 0)
-            var base = (b * n_heads * G + h * G) * Lq
+            var first_head = b * n_heads * G + h * G  # the group's first q head
+            var base = first_head * Lq
+            # version 6's dq32 has whole 64-row tiles per head
+            var lq_pad = ceildiv(Lq, 64) * 64 if FUSED == DQ_TILES else Lq
+            var staged = ds_boxes.unsafe_offset(
+                2 * CONSUMERS * BOX
+            ).unsafe_bitcast[Float32]()
             var dk = SIMD[DType.float32, D // 2](0)
             var dv = SIMD[DType.float32, D // 2](0)
             consume_dkdv[dtype, D, STAGES, CAUSAL, FUSED, TURNS](
@@ -271,8 +283,10 @@ def attention_bwd_kernel[
                 scale_log2,
                 dk,
                 dv,
-                ds_boxes.unsafe_offset(cw * BOX),
-                dq32.unsafe_offset(base * D),
+                ds_boxes,
+                staged.unsafe_offset(cw * PIECE),
+                dq32.unsafe_offset(first_head * lq_pad * D),
+                lq_pad,
                 scale,
                 cw,
             )

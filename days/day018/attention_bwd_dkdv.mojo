@@ -8,8 +8,10 @@
 #   dK  += dS^T Q                wgmma, dS^T from registers
 # Everything is computed with keys as rows, so no product needs a transpose of a
 # register tile: the forward's two wgmma forms cover all four. (dQ is pass 2.)
-# FUSED (backward version 2): also dQ += scale dS K, through shared memory and float32
-# atomics (attention_bwd_dq.mojo), and there is no pass 2.
+# FUSED (backward versions 2 and 6): also dQ += scale dS K, through shared memory, into a
+# float32 dQ: version 2 with atomics per thread (attention_bwd_dq.mojo), version 6 with dS
+# shared and whole pieces added by the TMA unit (attention_bwd_tiles.mojo); there is no
+# pass 2.
 # TURNS (backward versions 3 to 5): the two consumers take turns to issue each pair of
 # products, so one warpgroup's elementwise step runs beside the other's products (without
 # turns both wait for the same streamed tile, issue together, then both do their
@@ -31,7 +33,24 @@ from days.day018.attention_bwd_dq import (
     take_turn,
     warpgroup_sync,
 )
+from days.day018.attention_bwd_tiles import (
+    CONSUMERS_BAR,
+    DQ_ATOMIC,
+    DQ_TILES,
+    PIECE,
+    bulk_reduce_add,
+    dq_piece_wgmma,
+    shares_ds,
+    stage_piece,
+)
+from days.day018.attention_v2_overlap import sched_sync
+from days.day019.tma_store import (
+    bulk_commit,
+    bulk_wait_all,
+    bulk_wait_read,
+)
 from days.day018.attention_common import (
+    BOX,
     hold,
     p_fragments,
     pv_issue,
@@ -77,7 +96,7 @@ def consume_dkdv[
     D: Int,
     STAGES: Int,
     CAUSAL: Bool,
-    FUSED: Bool = False,
+    FUSED: Int = 0,
     TURNS: Bool = False,
 ](
     sk: Pointer[
@@ -101,22 +120,29 @@ def consume_dkdv[
     scale_log2: Float32,
     mut dk: SIMD[DType.float32, D // 2],
     mut dv: SIMD[DType.float32, D // 2],
-    ds_box: Pointer[
+    ds_boxes: Pointer[
         Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
     ],
+    staged: Pointer[
+        Float32, MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
     dq: Pointer[Float32, MutAnyOrigin],
+    lq_pad: Int,
     scale: Float32,
     cw: Int,
 ):
     """cw: this consumer (0 or 1), key0 its first key. `lse`, `delta` and (FUSED) `dq`
     point at the group's first query head (row 0); my_key is this thread's row g
-    (g + 8 is the other); sk is this consumer's 64 keys and ds_box (FUSED) its 64 x 64
-    box for dS^T."""
+    (g + 8 is the other); sk is this consumer's 64 keys. FUSED: ds_boxes are the 64 x 64
+    dS^T boxes (version 2: one per consumer; version 6: two pairs taking turns), staged
+    (version 6) this consumer's float32 piece, and dq's heads lq_pad rows apart (version
+    6; version 2: Lq)."""
     var full0 = bars.unsafe_offset(1)
     var full1 = bars.unsafe_offset(1 + STAGES)
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
     var t = lane_id() % 4
-    comptime assert not (FUSED and TURNS), "version 2 takes no turns"
+    comptime assert not (FUSED != 0 and TURNS), "versions 2 and 6 take no turns"
+    var sk_block = sk.unsafe_offset(-cw * (D // 64) * BOX)  # both consumers' keys
     open_turns[TURNS](cw)
     for j in range(n_tiles):
         var slot = ring_slot[STAGES](j)
@@ -167,9 +193,10 @@ def consume_dkdv[
         dv = pv_issue[dtype, D, BQ](pf, v_descs[dtype, D, BQ](sdo), dv)
         dk = pv_issue[dtype, D, BQ](dsf, v_descs[dtype, D, BQ](sq), dk)
         pass_turn[TURNS](cw)
-        comptime if FUSED:
+        comptime if FUSED == DQ_ATOMIC:
             # dS^T to shared memory while dV and dK run (the box's last reader, the
             # previous tile's dQ product, has retired), then dQ's share from it
+            var ds_box = ds_boxes.unsafe_offset(cw * BOX)
             ds_store(
                 rebind[SIMD[DType.uint32, 16]](dsf),
                 ds_box.unsafe_bitcast[UInt32](),
@@ -183,11 +210,41 @@ def consume_dkdv[
             dk = pv_wait[D, BQ](dsf, dk)
             dqt = hold(dqt)
             dq_red_add[D](dqt, scale, dq.unsafe_offset(head_off * D), q0, Lq)
+        elif FUSED == DQ_TILES:
+            # dS^T into this tile's pair of boxes (attention_bwd_tiles.mojo)
+            var pair = ds_boxes.unsafe_offset((j % 2) * 2 * BOX)
+            ds_store(
+                rebind[SIMD[DType.uint32, 16]](dsf),
+                pair.unsafe_offset(cw * BOX).unsafe_bitcast[UInt32](),
+            )
+            fence_async_shared()
+            var storer = Int(warp_id()) % 4 == 0 and lane_id() == 0
+            if storer:
+                bulk_wait_read()  # the last piece has left `staged`
+            comptime if shares_ds[D]():
+                sched_sync(CONSUMERS_BAR)  # both boxes written, both pieces free
+            else:
+                warpgroup_sync(1 + Int(warp_id()) // 4)
+            var dqt = dq_piece_wgmma[dtype, D](pair, sk_block, cw)
+            dv = pv_wait[D, BQ](pf, dv)  # wait_group 0: all three products
+            dk = pv_wait[D, BQ](dsf, dk)
+            dqt = hold[32](dqt)
+            stage_piece(dqt, scale, staged)
+            fence_async_shared()
+            warpgroup_sync(1 + Int(warp_id()) // 4)
+            if storer:
+                var col = cw if shares_ds[D]() else 0
+                var at = (((j // per_head) * lq_pad + q0) * D) + col * PIECE
+                bulk_reduce_add(dq.unsafe_offset(at), staged)
+                bulk_commit()
         else:
             dv = pv_wait[D, BQ](pf, dv)  # wait_group 0: dK is done too
             dk = pv_wait[D, BQ](dsf, dk)
         if lane_id() == 0:
             _ = mbarrier_arrive(empty.unsafe_offset(s))
+    comptime if FUSED == DQ_TILES:
+        if Int(warp_id()) % 4 == 0 and lane_id() == 0:
+            bulk_wait_all()  # the last piece is added before the block exits
 
 
 # --8<-- [end:consume]

@@ -205,10 +205,62 @@ def test_backward_version_2_plan_on_cpu():
     dl, dkdv = attention_bwd_gpu([None, dk, dv, delta, dq32], [q, k, v, do, lse, out], params)
     assert dl.kernel is DELTA_KERNEL[BF16, 128] and dl.grid == (5, 4, 2) and dl.block == 128
     assert dl.args == (delta.data_ptr(), out.data_ptr(), do.data_ptr(), 300, *out.stride()[:3], *do.stride()[:3])
-    smem = bwd_smem_bytes(128, fused=True)
-    assert dkdv.kernel is BWD_KERNEL[BF16, 128, 4, True, False, True, False, False, smem] and dkdv.grid == (3, 2, 2)
+    smem = bwd_smem_bytes(128, fused=1)
+    assert dkdv.kernel is BWD_KERNEL[BF16, 128, 4, True, False, 1, False, False, smem] and dkdv.grid == (3, 2, 2)
     assert smem == bwd_smem_bytes(128) + 2 * 64 * 64 * 2 and dkdv.smem == smem
     assert dkdv.args[10] == dq32.data_ptr()
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_backward_version_6_plan_on_cpu(d):
+    """Version 6: version 2's launches; its kernel (FUSED 2) has two pairs of dS boxes and
+    a 16 KB float32 piece per consumer, which leaves room for 3 K/Q stages at head_dim 128
+    (4 at 64); dq32 has whole 64-row tiles per head."""
+    from pytorch_custom_ops.attention_gpu import (
+        BWD_KERNEL,
+        SMEM_LIMIT,
+        attention_bwd_gpu,
+        bwd_smem_bytes,
+        dq32_shape,
+    )
+
+    q, k, v = make(2, 4, 2, 300, 260, d, BF16, "cpu")
+    assert dq32_shape(q, 6) == (2, 4, 320, d) and dq32_shape(q, 2) == q.shape and dq32_shape(q, 5) is None
+    do, lse, delta, out = torch.empty_like(q), torch.empty(2, 4, 300), torch.empty(2, 4, 300), torch.empty_like(q)
+    dk, dv, dq32 = torch.empty_like(k), torch.empty_like(v), torch.zeros(dq32_shape(q, 6))
+    params = {"CAUSAL": False, "SCALE": 0.1, "VERSION": 6}
+    outputs, inputs = [None, dk, dv, delta, dq32], [q, k, v, do, lse, out]
+    (dl6, dkdv6), (dl2, dkdv2) = (attention_bwd_gpu(outputs, inputs, {**params, "VERSION": v}) for v in (6, 2))
+    stages = 3 if d == 128 else 4
+    smem = bwd_smem_bytes(d, fused=2, stages=stages)
+    assert smem == (2 * 2 * 64 * d + stages * 2 * 64 * d + 4 * 64 * 64 + 2 * 64 * 64 * 2) * 2 + 8 * (1 + 3 * stages)
+    assert smem <= SMEM_LIMIT < bwd_smem_bytes(d, fused=2, stages=stages + 1) or d == 64
+    assert dkdv6.kernel is BWD_KERNEL[BF16, d, stages, False, False, 2, False, False, smem] and dkdv6.smem == smem
+    assert (dl6.kernel, dl6.grid, dl6.args) == (dl2.kernel, dl2.grid, dl2.args)
+    assert (dkdv6.grid, dkdv6.block, dkdv6.args) == (dkdv2.grid, dkdv2.block, dkdv2.args)
+
+
+def test_dq_from_pieces_puts_rows_back():
+    """Version 6's pieces: float4 jj of warpgroup thread 32 w + 4 g + t holds rows
+    16 w + g (+ 8), columns 8 jj + 2 t (+ 1) of its 64 x 64 piece (the wgmma accumulator's
+    layout); stored at 16 (128 jj + 32 w + 4 g + t) bytes. Scatter a tensor by that rule,
+    element by element, and the view must give it back."""
+    from pytorch_custom_ops.attention_gpu import dq_from_pieces
+
+    rows, d, lq = 128, 128, 100
+    want = torch.randn(1, 2, rows, d)
+    pieces = torch.full((1, 2, rows * d), float("nan"))
+    for r in range(rows):
+        tile, rr = divmod(r, 64)
+        w, half, g = rr // 16, (rr % 16) // 8, rr % 8
+        for c in range(d):
+            piece, cc = divmod(c, 64)
+            jj, t, e = cc // 8, (cc % 8) // 2, cc % 2
+            at = (tile * (d // 64) + piece) * 4096 + 4 * (128 * jj + 32 * w + 4 * g + t) + 2 * half + e
+            pieces[:, :, at] = want[:, :, r, c]
+    got = dq_from_pieces(pieces.view(1, 2, rows, d), lq)
+    assert got.shape == (1, 2, lq, d)
+    torch.testing.assert_close(got, want[:, :, :lq], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("version", [3, 4, 5])
@@ -244,8 +296,8 @@ def test_backward_versions_with_turns_plan_on_cpu(version, d, causal):
 def test_unknown_backward_version():
     from pytorch_custom_ops.attention_gpu import attention_bwd_version
 
-    with pytest.raises(ValueError, match="unknown version 6"):
-        with attention_bwd_version(6):
+    with pytest.raises(ValueError, match="unknown version 7"):
+        with attention_bwd_version(7):
             pass
 
 
@@ -319,12 +371,12 @@ def test_cuda_strided_layouts():
     close(pco.attention(qt, k, v, causal=True), reference(q, k, v, True), BF16)
 
 
-# many key blocks: version 2's blocks add into the same dQ rows (atomics)
+# many key blocks: versions 2 and 6 add into the same dQ rows (atomics)
 LONG_GRAD_SHAPES = [(1, 4, 2, 1100, 1300, 128), (2, 2, 1, 900, 700, 64)]
 
 
 @needs_cuda
-@pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5, 6])
 @pytest.mark.parametrize("dtype", [BF16, FP16])
 @pytest.mark.parametrize("shape", SHAPES + [(1, 4, 1, 700, 333, 64), (2, 2, 2, 64, 64, 128)] + LONG_GRAD_SHAPES)
 @pytest.mark.parametrize("causal", [False, True])
@@ -342,7 +394,7 @@ def test_cuda_grads(bwd, dtype, shape, causal):
 
 
 @needs_cuda
-@pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5, 6])
 @pytest.mark.parametrize("d", [64, 128])
 def test_cuda_grads_of_a_strided_incoming_gradient(bwd, d):
     """The dQ pass reads dO and O by their strides for delta = rowsum(dO * O): a
@@ -361,7 +413,7 @@ def test_cuda_grads_of_a_strided_incoming_gradient(bwd, d):
 
 
 @needs_cuda
-@pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5, 6])
 def test_cuda_grads_strided_and_graph(bwd):
     """Grads of (batch, seq, heads, head_dim) views, and a captured forward + backward."""
     with attention_bwd_version(bwd):
