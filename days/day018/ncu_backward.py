@@ -1,0 +1,36 @@
+"""One forward + backward of day 018's kernels per backward version and mask, for Nsight
+Compute: bf16 (2, 16, 8192, 128). Each (version, mask) runs twice; profile the second.
+
+    M=gpu__time_duration.sum,lts__t_sector_hit_rate.pct,dram__bytes_read.sum,...
+    ncu --clock-control none -k regex:"attention_bwd" --metrics $M \\
+        python days/day018/ncu_backward.py --versions 5 6
+
+(the metric list of the stored run is in results/nvidia-h100-80gb-hbm3/day018_ncu_backward.txt).
+"""
+
+import argparse
+
+import torch
+
+import pytorch_custom_ops as pco
+from pytorch_custom_ops.attention_gpu import BWD_VERSIONS, attention_bwd_version
+
+SHAPE = (2, 16, 8192, 128)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--versions", type=int, nargs="+", default=[5, 6], choices=BWD_VERSIONS)
+    args = parser.parse_args()
+    q, k, v = (torch.randn(SHAPE, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    g = torch.randn(SHAPE, device="cuda", dtype=torch.bfloat16)
+    for causal in (False, True):
+        for version in args.versions:
+            with attention_bwd_version(version):
+                for _ in range(2):
+                    torch.autograd.grad(pco.attention(q, k, v, causal=causal), (q, k, v), g)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
