@@ -142,9 +142,8 @@ def consume_dkdv[
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
     var t = lane_id() % 4
     comptime assert not (FUSED != 0 and TURNS), "versions 2 and 6 take no turns"
-    var sk_block = sk.unsafe_offset(
-        -cw * (D // 64) * BOX
-    )  # both consumers' keys
+    # both consumers' keys (version 6's shared dS reads them all)
+    var sk_block = sk.unsafe_offset(-cw * (D // 64) * BOX)
     open_turns[TURNS](cw)
     for j in range(n_tiles):
         var slot = ring_slot[STAGES](j)
@@ -224,9 +223,8 @@ def consume_dkdv[
             if storer:
                 bulk_wait_read()  # the last piece has left `staged`
             comptime if shares_ds[D]():
-                sched_sync(
-                    CONSUMERS_BAR
-                )  # both boxes written, both pieces free
+                # both boxes written, both pieces free
+                sched_sync(CONSUMERS_BAR)
             else:
                 warpgroup_sync(1 + Int(warp_id()) // 4)
             var dqt = dq_piece_wgmma[dtype, D](pair, sk_block, cw)
