@@ -76,15 +76,17 @@ def probs_t[
     """
     comptime assert NS == 2 * NL, "a tile's scores, its columns' lse2"
     var t = lane_id() % 4
+    # masked where my_key + 8 half > q0 + 8 jj + 2 t + e: one 32-bit register against
+    # a constant per score (64-bit columns per score spilled the causal loops)
+    var rel = Int32(my_key - q0) - 2 * Int32(t)
     comptime for jj in range(NL // 2):
         comptime for e in range(2):
-            var col = q0 + 8 * jj + 2 * t + e
             var lse_c = lc[2 * jj + e]
             comptime for half in range(2):
                 var i = 4 * jj + 2 * half + e
                 var p = exp2(st[i] - lse_c)
                 comptime if MASK:
-                    if my_key + 8 * half > col:
+                    if rel > Int32(8 * jj + e - 8 * half):
                         p = 0
                 st[i] = p
 
@@ -157,12 +159,15 @@ def consume_dkdv[
         # Loaded before the barrier wait, so their latency hides behind it and S^T.
         var lc = SIMD[DType.float32, BQ // 4](Float32.MAX)  # lse2 per column
         var dl = SIMD[DType.float32, BQ // 4](0)  # delta per column, same order
+        # column q0 + 8 jj + 2 t + e, in bounds while 8 jj + e < cols_left (32 bits)
+        var cols_left = Int32(Lq - q0) - 2 * Int32(t)
+        var lse_t = lse.unsafe_offset(head_off + q0 + 2 * Int(t))
+        var delta_t = delta.unsafe_offset(head_off + q0 + 2 * Int(t))
         comptime for jj in range(BQ // 8):
             comptime for e in range(2):
-                var col = q0 + 8 * jj + 2 * t + e
-                if col < Lq:
-                    lc[2 * jj + e] = lse[unsafe_offset=head_off + col]
-                    dl[2 * jj + e] = delta[unsafe_offset=head_off + col]
+                if Int32(8 * jj + e) < cols_left:
+                    lc[2 * jj + e] = lse_t[8 * jj + e]
+                    dl[2 * jj + e] = delta_t[8 * jj + e]
         # both score-shaped products first, back to back: dP^T = V dO^T does not
         # need P^T, so the tensor cores run two products between the waits
         mbar_wait(full0.unsafe_offset(s), phase)
