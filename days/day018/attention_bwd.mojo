@@ -42,6 +42,7 @@ from days.day014.gemm_v3_tma import (
 )
 from days.day018.attention_common import (
     BM,
+    heavy_first,
     BOX,
     CONSUMERS,
     produce,
@@ -139,10 +140,15 @@ def attention_bwd_kernel[
     var Lq = Int(lq)
     var Lk = Int(lk)
     var G = Int(group)
-    var r0 = block_idx.x * BM  # the block's first fixed row (a key or a query)
-    var h = block_idx.y  # a kv head (DQ = False) or a q head
-    var b = block_idx.z
     var n_heads = Int(grid_dim.y)
+    var fixed_block = Int(block_idx.x)  # its fixed rows: a key or a query block
+    var h = Int(block_idx.y)  # a kv head (DQ = False) or a q head
+    var b = Int(block_idx.z)
+    # measured (day018_backward_onepass.txt, section 4): the dQ passes and head_dim 128's
+    # dK/dV passes gain 2-5%; head_dim 64's dK/dV pass lost 4%
+    comptime if CAUSAL and (DQ or D == 128):
+        fixed_block, h, b = heavy_first[DQ](n_heads)
+    var r0 = fixed_block * BM  # the block's first fixed row
     var n_tiles: Int
     var per_head: Int
     var s_start: Int

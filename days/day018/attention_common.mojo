@@ -13,7 +13,7 @@
 # 8 kk .. 8 kk + 7 of columns 16 kk .. 16 kk + 15, in order. P = softmax(S) turns
 # into the A operand of O += P V by a cast, with no shuffle.
 
-from max.gpu import lane_id, warp_id
+from max.gpu import block_idx, grid_dim, lane_id, warp_id
 from max.gpu.compute.mma import (
     wgmma_async,
     wgmma_commit_group_sync,
@@ -497,6 +497,34 @@ def produce_stream[
                     head,
                     b,
                 )
+
+
+# The blocks of a causal backward pass differ in work: the dQ pass's query block walks
+# the keys up to it, the dK/dV pass's key block the queries from it on. The grid's x
+# (fixed blocks) runs fastest, so each head's heaviest block came up in its turn, and
+# the last head's ran alone at the end. `heavy_first` renumbers the blocks: HEAD_GROUP
+# heads at a time (their streamed tiles stay in L2), heaviest fixed block first, the
+# group's heads interleaved.
+comptime HEAD_GROUP = 4
+
+
+@always_inline
+def heavy_first[LAST: Bool](n_heads: Int) -> Tuple[Int, Int, Int]:
+    """(fixed block, head, batch) of this block in the heavy-first order, on a grid of
+    (fixed blocks, n_heads, batch); LAST: the last fixed block is the heaviest (query
+    blocks), else the first (key blocks)."""
+    var n_fixed = Int(grid_dim.x)
+    var heads = n_heads * Int(grid_dim.z)  # (batch, head) pairs
+    var linear = Int(block_idx.x) + n_fixed * (
+        Int(block_idx.y) + n_heads * Int(block_idx.z)
+    )
+    var group = linear // (HEAD_GROUP * n_fixed)
+    var size = min(HEAD_GROUP, heads - group * HEAD_GROUP)
+    var within = linear - group * HEAD_GROUP * n_fixed
+    var rank = within // size  # 0: the heaviest
+    var bh = group * HEAD_GROUP + within % size
+    var fixed = n_fixed - 1 - rank if LAST else rank
+    return (fixed, bh % n_heads, bh // n_heads)
 
 
 @always_inline
