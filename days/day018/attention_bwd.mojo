@@ -42,9 +42,9 @@ from days.day014.gemm_v3_tma import (
 )
 from days.day018.attention_common import (
     BM,
-    heavy_first,
     BOX,
     CONSUMERS,
+    heavy_first,
     produce,
     store_rows,
 )

@@ -43,12 +43,6 @@ from days.day018.attention_bwd_tiles import (
     shares_ds,
     stage_piece,
 )
-from days.day018.attention_v2_overlap import sched_sync
-from days.day019.tma_store import (
-    bulk_commit,
-    bulk_wait_all,
-    bulk_wait_read,
-)
 from days.day018.attention_common import (
     BOX,
     hold,
@@ -57,6 +51,12 @@ from days.day018.attention_common import (
     pv_wait,
     s_wgmma,
     v_descs,
+)
+from days.day018.attention_v2_overlap import sched_sync
+from days.day019.tma_store import (
+    bulk_commit,
+    bulk_wait_all,
+    bulk_wait_read,
 )
 
 comptime BQ = 64  # queries per streamed tile
