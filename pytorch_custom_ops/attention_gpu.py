@@ -239,7 +239,7 @@ def bwd_version() -> int:
 
 def dq32_shape(q: torch.Tensor, version: int) -> tuple[int, ...] | None:
     """The float32 dQ a one-pass version adds into (zeroed by the caller), or None:
-    version 2 q's shape; version 6 whole 64-row tiles per head."""
+    version 2: q's shape; version 6: whole 64-row tiles per head."""
     if version not in DQ_ADD:
         return None
     b, h, lq, d = q.shape
