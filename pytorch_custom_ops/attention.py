@@ -35,6 +35,7 @@ from .attention_gpu import (
     bwd_version,
     dq32_shape,
     dq_from_pieces,
+    pairs_rows,
     tma_ready,
 )
 from .flash_attention import attention_backward_with, attention_outputs_like, setup_attention_context
@@ -126,8 +127,9 @@ def _backward_cuda(do, q, k, v, out, lse2, causal, scale):
     dq32_dims = dq32_shape(q, version)
     dq = None if dq32_dims else torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dq32 = torch.zeros(dq32_dims, dtype=torch.float32, device=q.device) if dq32_dims else None
-    # delta = rowsum(dO * O), written by the first launch for the dK/dV pass
-    delta = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    # (lse2, delta = rowsum(dO * O)) per row, whole 64-row tiles: written by the first
+    # launch for the dK/dV pass
+    delta = torch.empty((*q.shape[:2], pairs_rows(q.shape[2]), 2), dtype=torch.float32, device=q.device)
     params = {"CAUSAL": causal, "SCALE": scale, "VERSION": version}
     launches = attention_bwd_gpu([dq, dk, dv, delta, dq32], [q, k, v, do, lse2.contiguous(), out], params)
     direct.run(launches, q.get_device())

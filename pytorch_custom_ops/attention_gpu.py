@@ -175,12 +175,14 @@ BWD_TILE = 64  # rows of a streamed tile
 BWD_STAGES = 4
 
 
-def bwd_smem_bytes(d: int, itemsize: int = 2, fused: int = 0, stages: int = BWD_STAGES) -> int:
+def bwd_smem_bytes(d: int, itemsize: int = 2, fused: int = 0, stages: int = BWD_STAGES, dq_pass: bool = False) -> int:
     """Two fixed tensors (2 x 64 rows x d each), `stages` x two streamed 64 x d tiles, then
     fused 1 (version 2): a 64 x 64 dS box per consumer; fused 2 (version 6): two pairs of
-    boxes and a 64 x 64 float32 piece per consumer; 1 + 3 stages mbarriers."""
+    boxes and a 64 x 64 float32 piece per consumer; the dK/dV pass's (lse2, delta) pairs
+    (512 bytes a stage); 1 + 3 stages mbarriers (+ stages for the pairs)."""
     ds = {0: 0, 1: 2 * 64 * 64, 2: 4 * 64 * 64 + 2 * PIECE * PIECE * 4 // itemsize}[fused]
-    return (2 * 2 * 64 * d + stages * 2 * BWD_TILE * d + ds) * itemsize + 8 * (1 + 3 * stages)
+    pairs = 0 if dq_pass else stages * (BWD_TILE * 2 * 4 + 8)
+    return (2 * 2 * 64 * d + stages * 2 * BWD_TILE * d + ds) * itemsize + pairs + 8 * (1 + 3 * stages)
 
 
 def bwd_stages(d: int, fused: int) -> int:
@@ -196,13 +198,14 @@ def bwd_kernel_params(dtype, d: int, causal: bool, version: int, dq_pass: bool) 
     fused = DQ_ADD.get(version, 0)
     stages = bwd_stages(d, fused)
     config = bwd_config(version, d, causal, dq_pass)
-    return (dtype, d, stages, causal, dq_pass, fused, *config, bwd_smem_bytes(d, fused=fused, stages=stages))
+    smem = bwd_smem_bytes(d, fused=fused, stages=stages, dq_pass=dq_pass)
+    return (dtype, d, stages, causal, dq_pass, fused, *config, smem)
 
 
 BWD_KERNEL = KernelFamily(
     BWD_MODULE,
     "attention_bwd_kernel",
-    # f0, f1, s0, s1 maps, dst0, dst1, lse, delta, o, do, dq32, Lq, Lk, group,
+    # f0, f1, s0, s1 maps, dst0, dst1, lse, pairs, o, do, dq32, Lq, Lk, group,
     # d_bs, d_hs, d_rs, o_bs, o_hs, o_rs, do_bs, do_hs, do_rs, scale_log2, scale
     args=("tensormap",) * 4 + ("ptr",) * 7 + ("i64",) * 12 + ("f32",) * 2,
     variants=tuple(
@@ -222,7 +225,7 @@ BWD_KERNEL = KernelFamily(
 DELTA_KERNEL = KernelFamily(
     BWD_MODULE,
     "attention_delta_kernel",
-    args=("ptr",) * 3 + ("i64",) * 7,  # delta, o, do, Lq, o_bs, o_hs, o_rs, do_bs, do_hs, do_rs
+    args=("ptr",) * 4 + ("i64",) * 7,  # pairs, lse, o, do, Lq, o_bs, o_hs, o_rs, do_bs, do_hs, do_rs
     variants=tuple((dtype, d) for dtype in DTYPES for d in HEAD_DIMS),
 )
 _chosen["backward"] = DEFAULT_BWD_VERSION
@@ -235,6 +238,11 @@ def attention_bwd_version(version: int):
 
 def bwd_version() -> int:
     return _chosen["backward"]
+
+
+def pairs_rows(lq: int) -> int:
+    """Rows per head of the backward's (lse2, delta) pairs: whole 64-row tiles."""
+    return -(-lq // BWD_TILE) * BWD_TILE
 
 
 def dq32_shape(q: torch.Tensor, version: int) -> tuple[int, ...] | None:
@@ -290,5 +298,5 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     dkdv = one_pass(False, maps_kv, maps_q, dk, dv, lk, hkv)
     if not fused:
         return [one_pass(True, maps_q, maps_kv, dq, dq, lq, hq), dkdv]
-    delta_args = (delta.data_ptr(), out.data_ptr(), do.data_ptr(), lq, *row_strides)
+    delta_args = (delta.data_ptr(), lse.data_ptr(), out.data_ptr(), do.data_ptr(), lq, *row_strides)
     return [direct.Launch(DELTA_KERNEL[q.dtype, d], (-(-lq // 64), hq, b), 128, delta_args, 0), dkdv]

@@ -258,6 +258,11 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         # version 5 (OVERLAP): the dQ pass waits for S and dP only, while tile j - 1's dQ
         # product may still run: wait_group 1
         "day018.attention_bwd_kernel.*.*.4.*.1.0.1.1.*": (r"wgmma\.wait_group\.sync\.aligned 1;",),
+        # the dK/dV passes (DQ 0): each stage's (lse2, delta) pairs by one plain bulk copy
+        "day018.attention_bwd_kernel.*.*.*.*.0.*": (
+            r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes"
+            r" \[%r\d+\], \[%rd\d+\], %r\d+, \[%r\d+\];",
+        ),
         # version 6 (FUSED 2): dQ's 64 x 64 float32 pieces (m64n64 products from shared dS
         # boxes) added by the TMA unit, whose reads of a piece finish before it is rewritten
         "day018.attention_bwd_kernel.*.*.*.*.0.2.0.0.*": (

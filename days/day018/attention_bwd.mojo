@@ -52,6 +52,7 @@ from days.day018.attention_bwd_dkdv import consume_dkdv
 from days.day018.attention_bwd_tiles import DQ_ATOMIC, DQ_TILES, PIECE
 from days.day018.attention_bwd_dq import consume_dq, row_delta
 from days.day018.attention_bwd_overlap import consume_dq_overlapped
+from days.day018.attention_bwd_pairs import PAIR_FLOATS, produce_pairs
 
 comptime BT = 64  # rows of a streamed tile
 
@@ -84,7 +85,7 @@ def attention_bwd_kernel[
     dst0: Pointer[Scalar[dtype], MutAnyOrigin],
     dst1: Pointer[Scalar[dtype], MutAnyOrigin],
     lse: Pointer[Float32, MutAnyOrigin],
-    delta: Pointer[Float32, MutAnyOrigin],
+    pairs: Pointer[Float32, MutAnyOrigin],
     o: Pointer[Scalar[dtype], MutAnyOrigin],
     do: Pointer[Scalar[dtype], MutAnyOrigin],
     dq32: Pointer[Float32, MutAnyOrigin],
@@ -107,11 +108,13 @@ def attention_bwd_kernel[
     dst0 = dK, dst1 = dV, (batch, kv heads, Lk, D) by d_bs/d_hs/d_rs.
     DQ = True: grid (ceil(Lq / 128), q heads, batch); f0/f1 = Q/dO, s0/s1 = K/V;
     dst0 = dQ (batch, q heads, Lq, D) by the same strides; dst1 unused.
-    lse (the forward's lse2) and delta: (batch, q heads, Lq) float32, contiguous; the
-    dQ pass writes delta = rowsum(dO * O) from o and do ((batch, q heads, Lq, D) by
-    their strides, 16-byte aligned rows), the dK/dV pass reads it.
+    lse (the forward's lse2): (batch, q heads, Lq) float32, contiguous. pairs: (batch,
+    q heads, ceil(Lq / 64) 64, 2) float32, (lse2, delta) per row and (+inf, 0) past Lq:
+    the dQ pass writes it, with delta = rowsum(dO * O) from o and do ((batch, q heads,
+    Lq, D) by their strides, 16-byte aligned rows); the dK/dV pass's producer copies
+    each streamed tile's pairs into its stage (attention_bwd_pairs.mojo).
     FUSED (versions 2 and 6, with DQ = False): the dK/dV pass also adds scale * dS K
-    into dq32 (float32, zeroed), and delta comes from `attention_delta_kernel`; there is
+    into dq32 (float32, zeroed), and the pairs come from `attention_delta_kernel`; there is
     no dQ pass. Version 2 (DQ_ATOMIC): dq32 is (batch, q heads, Lq, D) contiguous.
     Version 6 (DQ_TILES): (batch, q heads, ceil(Lq / 64) 64, D), each 64 x 64 piece in
     the order of attention_bwd_tiles.mojo.
@@ -131,11 +134,15 @@ def attention_bwd_kernel[
     comptime assert not OVERLAP or (
         TURNS and DQ
     ), "version 5: the dQ pass, in turns"
-    comptime assert SMEM == (
-        2 * F_ELEMS + STAGES * 2 * T_ELEMS + DS_ELEMS
-    ) * size_of[dtype]() + 8 * (
-        1 + 3 * STAGES
-    ), "fixed tiles, stages, dS, barriers"
+    # the dK/dV pass: each stage's (lse2, delta) pairs, on barriers full_2
+    comptime PAIR_BYTES = 0 if DQ else STAGES * PAIR_FLOATS * 4
+    comptime N_BARS = 1 + 3 * STAGES + (0 if DQ else STAGES)
+    comptime assert (
+        SMEM
+        == (2 * F_ELEMS + STAGES * 2 * T_ELEMS + DS_ELEMS) * size_of[dtype]()
+        + PAIR_BYTES
+        + 8 * N_BARS
+    ), "tiles, stages, dS, pairs, barriers"
 
     var Lq = Int(lq)
     var Lk = Int(lk)
@@ -167,7 +174,8 @@ def attention_bwd_kernel[
     ]()
     var stream = smem.unsafe_offset(2 * F_ELEMS)
     var ds_boxes = stream.unsafe_offset(STAGES * 2 * T_ELEMS)
-    var bars = ds_boxes.unsafe_offset(DS_ELEMS).unsafe_bitcast[Int64]()
+    var pair_slots = ds_boxes.unsafe_offset(DS_ELEMS).unsafe_bitcast[Float32]()
+    var bars = pair_slots.unsafe_offset(PAIR_BYTES // 4).unsafe_bitcast[Int64]()
     if thread_idx.x == 0:
         mbarrier_init(bars, 1)
         comptime for s in range(STAGES):
@@ -176,12 +184,26 @@ def attention_bwd_kernel[
             mbarrier_init(
                 bars.unsafe_offset(1 + 2 * STAGES + s), Int32(CONSUMERS * 4)
             )
+            comptime if not DQ:
+                mbarrier_init(bars.unsafe_offset(1 + 3 * STAGES + s), 1)
         fence_mbarrier_init()
     barrier()
 
+    var Lq_pad = ceildiv(Lq, 64) * 64  # rows per head of the pairs buffer
     var wg = thread_idx.x // WG_THREADS
     if wg == 0:
         set_max_registers[False, TMA_PRODUCER_REGS]()
+        comptime if not DQ:
+            if thread_idx.x == 32:  # warp 1: the pairs of each streamed tile
+                produce_pairs[STAGES](
+                    pair_slots,
+                    bars,
+                    pairs.unsafe_offset((b * n_heads * G + h * G) * Lq_pad * 2),
+                    n_tiles,
+                    per_head,
+                    s_start,
+                    Lq_pad,
+                )
         if thread_idx.x == 0:
             produce[dtype, D, BT, STAGES, 2](
                 Pointer(to=f0_map).unsafe_bitcast[NoneType](),
@@ -220,13 +242,16 @@ def attention_bwd_kernel[
                 Lq,
             )
             var lse_r = SIMD[DType.float32, 2](Float32.MAX)
+            var pair_base = (b * n_heads + h) * Lq_pad
             comptime for half in range(2):
-                if my_row + 8 * half < Lq:
-                    lse_r[half] = lse[unsafe_offset=base + my_row + 8 * half]
-                    if lane_id() % 4 == 0:  # for the dK/dV pass
-                        delta[unsafe_offset=base + my_row + 8 * half] = delta_r[
-                            half
-                        ]
+                var row = my_row + 8 * half
+                if row < Lq:
+                    lse_r[half] = lse[unsafe_offset=base + row]
+                if row < Lq_pad and lane_id() % 4 == 0:  # for the dK/dV pass
+                    pairs.unsafe_store[alignment=8](
+                        (pair_base + row) * 2,
+                        SIMD[DType.float32, 2](lse_r[half], delta_r[half]),
+                    )
             mbar_wait(bars, 0)
             var dq = SIMD[DType.float32, D // 2](0)
             comptime if OVERLAP:
@@ -284,8 +309,7 @@ def attention_bwd_kernel[
                 row0,
                 my_row,
                 Lq,
-                lse.unsafe_offset(base),
-                delta.unsafe_offset(base),
+                pair_slots,
                 scale_log2,
                 dk,
                 dv,
@@ -313,7 +337,8 @@ def attention_bwd_kernel[
 def attention_delta_kernel[
     dtype: DType, D: Int
 ](
-    delta: Pointer[Float32, MutAnyOrigin],
+    pairs: Pointer[Float32, MutAnyOrigin],
+    lse: Pointer[Float32, MutAnyOrigin],
     o: Pointer[Scalar[dtype], MutAnyOrigin],
     do: Pointer[Scalar[dtype], MutAnyOrigin],
     lq: Int64,
@@ -324,9 +349,10 @@ def attention_delta_kernel[
     do_hs: Int64,
     do_rs: Int64,
 ):
-    """Backward version 2's first launch: delta = rowsum(dO * O), float32 (batch,
-    q heads, Lq) contiguous; grid (ceil(Lq / 64), q heads, batch), 128 threads, the
-    dQ pass's `row_delta` on 64 rows a block."""
+    """Backward versions 2 and 6's first launch: the dK/dV pass's pairs (lse2, delta =
+    rowsum(dO * O)) as `attention_bwd_kernel` describes them; grid (ceil(Lq / 64),
+    q heads, batch), 128 threads, the dQ pass's `row_delta` on 64 rows a block.
+    """
     var Lq = Int(lq)
     var h = block_idx.y
     var b = block_idx.z
@@ -340,10 +366,16 @@ def attention_delta_kernel[
         Lq,
     )
     if lane_id() % 4 == 0:
-        var base = (b * Int(grid_dim.y) + h) * Lq
+        var head = b * Int(grid_dim.y) + h
         comptime for half in range(2):
-            if my_row + 8 * half < Lq:
-                delta[unsafe_offset=base + my_row + 8 * half] = d[half]
+            var row = my_row + 8 * half
+            var l = (
+                lse[unsafe_offset=head * Lq + row] if row < Lq else Float32.MAX
+            )
+            pairs.unsafe_store[alignment=8](
+                (head * Int(grid_dim.x) * 64 + row) * 2,
+                SIMD[DType.float32, 2](l, d[half]),
+            )
 
 
 # --8<-- [end:delta]

@@ -24,6 +24,7 @@ from std.math import exp2
 
 from days.day014.gemm_v2_wgmma import fence_async_shared
 from days.day014.gemm_v3_tma import mbar_wait, ring_slot
+from days.day018.attention_bwd_pairs import PAIR_FLOATS
 from days.day018.attention_bwd_dq import (
     dq_red_add,
     dq_wgmma,
@@ -117,8 +118,9 @@ def consume_dkdv[
     key0: Int,
     my_key: Int,
     Lq: Int,
-    lse: Pointer[Float32, MutAnyOrigin],
-    delta: Pointer[Float32, MutAnyOrigin],
+    pair_slots: Pointer[
+        Float32, MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
     scale_log2: Float32,
     mut dk: SIMD[DType.float32, D // 2],
     mut dv: SIMD[DType.float32, D // 2],
@@ -133,8 +135,9 @@ def consume_dkdv[
     scale: Float32,
     cw: Int,
 ):
-    """cw: this consumer (0 or 1), key0 its first key. `lse`, `delta` and (FUSED) `dq`
-    point at the group's first query head (row 0); my_key is this thread's row g
+    """cw: this consumer (0 or 1), key0 its first key. pair_slots: each stage's (lse2,
+    delta) pairs (attention_bwd_pairs.mojo); (FUSED) `dq` points at the group's first
+    query head (row 0); my_key is this thread's row g
     (g + 8 is the other); sk is this consumer's 64 keys. FUSED: ds_boxes are the 64 x 64
     dS^T boxes (version 2: one per consumer; version 6: two pairs taking turns), staged
     (version 6) this consumer's float32 piece, and dq's heads lq_pad rows apart (version
@@ -142,6 +145,7 @@ def consume_dkdv[
     var full0 = bars.unsafe_offset(1)
     var full1 = bars.unsafe_offset(1 + STAGES)
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
+    var full2 = bars.unsafe_offset(1 + 3 * STAGES)
     var t = lane_id() % 4
     comptime assert not (FUSED != 0 and TURNS), "versions 2 and 6 take no turns"
     # both consumers' keys (version 6's shared dS reads them all)
@@ -155,19 +159,6 @@ def consume_dkdv[
         var sdo = sq.unsafe_offset(BQ * D)
         var q0 = q_start + (j % per_head) * BQ
         var head_off = (j // per_head) * Lq
-        # P^T: column c (a query) uses lse2[c]; +inf past Lq makes P^T = 0 there.
-        # Loaded before the barrier wait, so their latency hides behind it and S^T.
-        var lc = SIMD[DType.float32, BQ // 4](Float32.MAX)  # lse2 per column
-        var dl = SIMD[DType.float32, BQ // 4](0)  # delta per column, same order
-        # column q0 + 8 jj + 2 t + e, in bounds while 8 jj + e < cols_left (32 bits)
-        var cols_left = Int32(Lq - q0) - 2 * Int32(t)
-        var lse_t = lse.unsafe_offset(head_off + q0 + 2 * Int(t))
-        var delta_t = delta.unsafe_offset(head_off + q0 + 2 * Int(t))
-        comptime for jj in range(BQ // 8):
-            comptime for e in range(2):
-                if Int32(8 * jj + e) < cols_left:
-                    lc[2 * jj + e] = lse_t[8 * jj + e]
-                    dl[2 * jj + e] = delta_t[8 * jj + e]
         # both score-shaped products first, back to back: dP^T = V dO^T does not
         # need P^T, so the tensor cores run two products between the waits
         mbar_wait(full0.unsafe_offset(s), phase)
@@ -182,6 +173,19 @@ def consume_dkdv[
         wgmma_wait_group_sync[0]()
         st = hold(st) * scale_log2
         dpt = hold(dpt)
+        # P^T: column c (a query) uses lse2[c] (+inf past Lq: P^T = 0 there), dS^T
+        # delta[c]; the tile's pairs came with it (its own barrier, full_2)
+        mbar_wait(full2.unsafe_offset(s), phase)
+        var lc = SIMD[DType.float32, BQ // 4]()  # lse2 per column
+        var dl = SIMD[DType.float32, BQ // 4]()  # delta per column, same order
+        var my_pairs = pair_slots.unsafe_offset(s * PAIR_FLOATS + 4 * Int(t))
+        comptime for jj in range(BQ // 8):
+            comptime for e in range(2):
+                var pr = my_pairs.unsafe_load[width=2, alignment=8](
+                    16 * jj + 2 * e
+                )
+                lc[2 * jj + e] = pr[0]
+                dl[2 * jj + e] = pr[1]
         # only a tile that reaches the diagonal has a query before one of these keys:
         # the others skip the mask (a uniform branch)
         if CAUSAL and key0 + 63 > q0:

@@ -174,18 +174,21 @@ def test_tma_ready_layouts():
 
 
 def test_backward_plan_on_cpu():
-    """dQ over 128-query blocks of q heads (it writes delta), then dK/dV over 128-key
-    blocks of kv heads (they read it); O and dO by their own strides."""
-    from pytorch_custom_ops.attention_gpu import BWD_KERNEL, attention_bwd_gpu, bwd_smem_bytes
+    """dQ over 128-query blocks of q heads (it writes the (lse2, delta) pairs), then dK/dV
+    over 128-key blocks of kv heads (their producer copies each tile's pairs into shared
+    memory: 512 bytes and a barrier a stage); O and dO by their own strides."""
+    from pytorch_custom_ops.attention_gpu import BWD_KERNEL, attention_bwd_gpu, bwd_smem_bytes, pairs_rows
 
     q, k, v = make(2, 4, 2, 300, 260, 64, FP16, "cpu")
-    do, lse, delta = torch.empty_like(q), torch.empty(2, 4, 300), torch.empty(2, 4, 300)
+    assert pairs_rows(300) == 320 and pairs_rows(64) == 64
+    do, lse, delta = torch.empty_like(q), torch.empty(2, 4, 300), torch.empty(2, 4, 320, 2)
     out = torch.empty(2, 300, 4, 64, dtype=FP16).transpose(1, 2)  # (B, S, H, D) stored
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dql, dkdv = attention_bwd_gpu([dq, dk, dv, delta, None], [q, k, v, do, lse, out], {"CAUSAL": False, "SCALE": 0.125})
     assert dkdv.grid == (3, 2, 2) and dql.grid == (3, 4, 2)
     assert dkdv.kernel is BWD_KERNEL[FP16, 64, 4, False, False, False, False, False, bwd_smem_bytes(64)]
-    assert dql.kernel.params[4] is True and dkdv.smem == dql.smem == bwd_smem_bytes(64)
+    assert dql.kernel.params[4] is True and dql.smem == bwd_smem_bytes(64, dq_pass=True)
+    assert dkdv.smem == bwd_smem_bytes(64) == dql.smem + 4 * (512 + 8)
     assert dkdv.args[4:6] == (dk.data_ptr(), dv.data_ptr()) and dql.args[4] == dq.data_ptr()
     assert dql.args[6:11] == (lse.data_ptr(), delta.data_ptr(), out.data_ptr(), do.data_ptr(), 0)
     assert dkdv.args[11:14] == (300, 260, 2) and dkdv.args[-1] == 0.125
@@ -199,12 +202,13 @@ def test_backward_version_2_plan_on_cpu():
     from pytorch_custom_ops.attention_gpu import BWD_KERNEL, DELTA_KERNEL, attention_bwd_gpu, bwd_smem_bytes
 
     q, k, v = make(2, 4, 2, 300, 260, 128, BF16, "cpu")
-    do, lse, delta, out = torch.empty_like(q), torch.empty(2, 4, 300), torch.empty(2, 4, 300), torch.empty_like(q)
+    do, lse, delta, out = torch.empty_like(q), torch.empty(2, 4, 300), torch.empty(2, 4, 320, 2), torch.empty_like(q)
     dk, dv, dq32 = torch.empty_like(k), torch.empty_like(v), torch.zeros(q.shape)
     params = {"CAUSAL": True, "SCALE": 0.1, "VERSION": 2}
     dl, dkdv = attention_bwd_gpu([None, dk, dv, delta, dq32], [q, k, v, do, lse, out], params)
     assert dl.kernel is DELTA_KERNEL[BF16, 128] and dl.grid == (5, 4, 2) and dl.block == 128
-    assert dl.args == (delta.data_ptr(), out.data_ptr(), do.data_ptr(), 300, *out.stride()[:3], *do.stride()[:3])
+    assert dl.args[:4] == (delta.data_ptr(), lse.data_ptr(), out.data_ptr(), do.data_ptr())
+    assert dl.args[4:] == (300, *out.stride()[:3], *do.stride()[:3])
     smem = bwd_smem_bytes(128, fused=1)
     assert dkdv.kernel is BWD_KERNEL[BF16, 128, 4, True, False, 1, False, False, smem] and dkdv.grid == (3, 2, 2)
     assert smem == bwd_smem_bytes(128) + 2 * 64 * 64 * 2 and dkdv.smem == smem
@@ -226,14 +230,15 @@ def test_backward_version_6_plan_on_cpu(d):
 
     q, k, v = make(2, 4, 2, 300, 260, d, BF16, "cpu")
     assert dq32_shape(q, 6) == (2, 4, 320, d) and dq32_shape(q, 2) == q.shape and dq32_shape(q, 5) is None
-    do, lse, delta, out = torch.empty_like(q), torch.empty(2, 4, 300), torch.empty(2, 4, 300), torch.empty_like(q)
+    do, lse, delta, out = torch.empty_like(q), torch.empty(2, 4, 300), torch.empty(2, 4, 320, 2), torch.empty_like(q)
     dk, dv, dq32 = torch.empty_like(k), torch.empty_like(v), torch.zeros(dq32_shape(q, 6))
     params = {"CAUSAL": False, "SCALE": 0.1, "VERSION": 6}
     outputs, inputs = [None, dk, dv, delta, dq32], [q, k, v, do, lse, out]
     (dl6, dkdv6), (dl2, dkdv2) = (attention_bwd_gpu(outputs, inputs, {**params, "VERSION": v}) for v in (6, 2))
     stages = 3 if d == 128 else 4
     smem = bwd_smem_bytes(d, fused=2, stages=stages)
-    assert smem == (2 * 2 * 64 * d + stages * 2 * 64 * d + 4 * 64 * 64 + 2 * 64 * 64 * 2) * 2 + 8 * (1 + 3 * stages)
+    tiles = 2 * 2 * 64 * d + stages * 2 * 64 * d + 4 * 64 * 64 + 2 * 64 * 64 * 2  # 16-bit elements
+    assert smem == tiles * 2 + stages * (512 + 8) + 8 * (1 + 3 * stages)  # pairs, barriers
     assert smem <= SMEM_LIMIT < bwd_smem_bytes(d, fused=2, stages=stages + 1) or d == 64
     assert dkdv6.kernel is BWD_KERNEL[BF16, d, stages, False, False, 2, False, False, smem] and dkdv6.smem == smem
     assert (dl6.kernel, dl6.grid, dl6.args) == (dl2.kernel, dl2.grid, dl2.args)
@@ -275,16 +280,16 @@ def test_backward_versions_with_turns_plan_on_cpu(version, d, causal):
 
     assert DEFAULT_BWD_VERSION == 5
     q, k, v = make(1, 2, 1, 200, 130, d, BF16, "cpu")
-    do, lse, delta, out = torch.empty_like(q), torch.empty(1, 2, 200), torch.empty(1, 2, 200), torch.empty_like(q)
+    do, lse, delta, out = torch.empty_like(q), torch.empty(1, 2, 200), torch.empty(1, 2, 256, 2), torch.empty_like(q)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     inputs, outputs = [q, k, v, do, lse, out], [dq, dk, dv, delta, None]
     plans = {
         ver: attention_bwd_gpu(outputs, inputs, {"CAUSAL": causal, "SCALE": 0.1, "VERSION": ver})
         for ver in (1, version)
     }
-    smem = bwd_smem_bytes(d)
     dkdv_turns = version == 3 or causal or d == 64
     for (one, new), dq_pass in zip(zip(plans[1], plans[version], strict=True), (True, False), strict=True):
+        smem = bwd_smem_bytes(d, dq_pass=dq_pass)
         turns = True if dq_pass else dkdv_turns
         overlap = version == 5 and dq_pass
         assert new.kernel is BWD_KERNEL[BF16, d, 4, causal, dq_pass, False, turns, overlap, smem]
