@@ -129,9 +129,9 @@ def _backward_cuda(do, q, k, v, out, lse2, causal, scale):
     dq32 = torch.zeros(dq32_dims, dtype=torch.float32, device=q.device) if dq32_dims else None
     # (lse2, delta = rowsum(dO * O)) per row, whole 64-row tiles: written by the first
     # launch for the dK/dV pass
-    delta = torch.empty((*q.shape[:2], pairs_rows(q.shape[2]), 2), dtype=torch.float32, device=q.device)
+    pairs = torch.empty((*q.shape[:2], pairs_rows(q.shape[2]), 2), dtype=torch.float32, device=q.device)
     params = {"CAUSAL": causal, "SCALE": scale, "VERSION": version}
-    launches = attention_bwd_gpu([dq, dk, dv, delta, dq32], [q, k, v, do, lse2.contiguous(), out], params)
+    launches = attention_bwd_gpu([dq, dk, dv, pairs, dq32], [q, k, v, do, lse2.contiguous(), out], params)
     direct.run(launches, q.get_device())
     if dq32 is None:
         return dq, dk, dv

@@ -268,23 +268,24 @@ def dq_from_pieces(dq32: torch.Tensor, lq: int) -> torch.Tensor:
 @direct.plan(BWD_KERNEL, DELTA_KERNEL)
 def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     """Version 1 (params["VERSION"]): dQ (grid: 128 queries per block, q heads, batch),
-    which also writes delta = rowsum(dO * O) (float32, (b, q heads, Lq)), then dK and dV
-    (128 keys per block, kv heads, batch), which read it. Version 2: delta (64 rows per
-    block), then dK and dV, which also add scale * dS K into dq32. Versions 3 to 5:
+    which also writes the (lse2, delta = rowsum(dO * O)) pairs (float32, (b, q heads,
+    `pairs_rows`, 2)), then dK and dV (128 keys per block, kv heads, batch), which read
+    them. Version 2: the pairs (64 rows per block), then dK and dV, which also add
+    scale * dS K into dq32. Versions 3 to 5:
     version 1's launches, their consumers taking turns to issue products, in version 5
     the dQ pass overlapping its product with the elementwise step (`bwd_config`).
     Version 6: version 2's launches, dq32 in pieces (`dq32_shape`, `dq_from_pieces`).
     inputs: q, k, v, do, lse2, out (the forward's output; do and out TMA-ready: 16-byte
-    aligned rows); outputs: dq (versions 1, 3-5), dk, dv, delta, dq32 (versions 2, 6: float32,
+    aligned rows); outputs: dq (versions 1, 3-5), dk, dv, pairs, dq32 (versions 2, 6: float32,
     `dq32_shape`, zeroed)."""
-    dq, dk, dv, delta, dq32 = outputs
+    dq, dk, dv, pairs, dq32 = outputs
     q, k, v, do, lse, out = inputs
     b, hq, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     causal, version = params["CAUSAL"], params.get("VERSION", 1)
     fused = version in DQ_ADD
     dq32_ptr = dq32.data_ptr() if fused else 0
-    tail = (lse.data_ptr(), delta.data_ptr(), out.data_ptr(), do.data_ptr(), dq32_ptr, lq, lk, hq // hkv)
+    tail = (lse.data_ptr(), pairs.data_ptr(), out.data_ptr(), do.data_ptr(), dq32_ptr, lq, lk, hq // hkv)
     row_strides = (*out.stride()[:3], *do.stride()[:3])
     scales = (params["SCALE"] * LOG2E, params["SCALE"])
     maps_kv = (tma_map(k, BOX), tma_map(v, BOX))
@@ -298,5 +299,5 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     dkdv = one_pass(False, maps_kv, maps_q, dk, dv, lk, hkv)
     if not fused:
         return [one_pass(True, maps_q, maps_kv, dq, dq, lq, hq), dkdv]
-    delta_args = (delta.data_ptr(), lse.data_ptr(), out.data_ptr(), do.data_ptr(), lq, *row_strides)
-    return [direct.Launch(DELTA_KERNEL[q.dtype, d], (-(-lq // 64), hq, b), 128, delta_args, 0), dkdv]
+    pairs_args = (pairs.data_ptr(), lse.data_ptr(), out.data_ptr(), do.data_ptr(), lq, *row_strides)
+    return [direct.Launch(DELTA_KERNEL[q.dtype, d], (-(-lq // 64), hq, b), 128, pairs_args, 0), dkdv]

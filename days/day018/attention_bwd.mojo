@@ -292,7 +292,7 @@ def attention_bwd_kernel[
             var first_head = b * n_heads * G + h * G  # the group's first q head
             var base = first_head * Lq
             # version 6's dq32 has whole 64-row tiles per head
-            var lq_pad = ceildiv(Lq, 64) * 64 if FUSED == DQ_TILES else Lq
+            var dq_rows = Lq_pad if FUSED == DQ_TILES else Lq
             var staged = ds_boxes.unsafe_offset(
                 2 * CONSUMERS * BOX
             ).unsafe_bitcast[Float32]()
@@ -315,8 +315,8 @@ def attention_bwd_kernel[
                 dv,
                 ds_boxes,
                 staged.unsafe_offset(cw * PIECE),
-                dq32.unsafe_offset(first_head * lq_pad * D),
-                lq_pad,
+                dq32.unsafe_offset(first_head * dq_rows * D),
+                dq_rows,
                 scale,
                 cw,
             )

@@ -131,7 +131,7 @@ def consume_dkdv[
         Float32, MutUntrackedOrigin, address_space=AddressSpace.SHARED
     ],
     dq: Pointer[Float32, MutAnyOrigin],
-    lq_pad: Int,
+    dq_rows: Int,
     scale: Float32,
     cw: Int,
 ):
@@ -140,7 +140,7 @@ def consume_dkdv[
     query head (row 0); my_key is this thread's row g
     (g + 8 is the other); sk is this consumer's 64 keys. FUSED: ds_boxes are the 64 x 64
     dS^T boxes (version 2: one per consumer; version 6: two pairs taking turns), staged
-    (version 6) this consumer's float32 piece, and dq's heads lq_pad rows apart (version
+    (version 6) this consumer's float32 piece, and dq's heads dq_rows rows apart (version
     6; version 2: Lq)."""
     var full0 = bars.unsafe_offset(1)
     var full1 = bars.unsafe_offset(1 + STAGES)
@@ -245,7 +245,7 @@ def consume_dkdv[
             warpgroup_sync(1 + Int(warp_id()) // 4)
             if storer:
                 var col = cw if shares_ds[D]() else 0
-                var at = (((j // per_head) * lq_pad + q0) * D) + col * PIECE
+                var at = (((j // per_head) * dq_rows + q0) * D) + col * PIECE
                 bulk_reduce_add(dq.unsafe_offset(at), staged)
                 bulk_commit()
         else:
