@@ -251,7 +251,7 @@ def dq32_shape(q: torch.Tensor, version: int) -> tuple[int, ...] | None:
     if version not in DQ_ADD:
         return None
     b, h, lq, d = q.shape
-    return (b, h, -(-lq // PIECE) * PIECE, d) if version == 6 else (b, h, lq, d)
+    return (b, h, pairs_rows(lq), d) if version == 6 else (b, h, lq, d)
 
 
 def dq_from_pieces(dq32: torch.Tensor, lq: int) -> torch.Tensor:

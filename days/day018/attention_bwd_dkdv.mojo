@@ -135,13 +135,12 @@ def consume_dkdv[
     scale: Float32,
     cw: Int,
 ):
-    """cw: this consumer (0 or 1), key0 its first key. pair_slots: each stage's (lse2,
-    delta) pairs (attention_bwd_pairs.mojo); (FUSED) `dq` points at the group's first
-    query head (row 0); my_key is this thread's row g
-    (g + 8 is the other); sk is this consumer's 64 keys. FUSED: ds_boxes are the 64 x 64
-    dS^T boxes (version 2: one per consumer; version 6: two pairs taking turns), staged
-    (version 6) this consumer's float32 piece, and dq's heads dq_rows rows apart (version
-    6; version 2: Lq)."""
+    """cw: this consumer (0 or 1), key0 its first key; my_key is this thread's row g
+    (g + 8 is the other); sk is this consumer's 64 keys. pair_slots: each stage's (lse2,
+    delta) pairs (attention_bwd_pairs.mojo). FUSED: `dq` points at the group's first
+    query head (row 0), its heads dq_rows rows apart (version 6; version 2: Lq);
+    ds_boxes are the 64 x 64 dS^T boxes (version 2: one per consumer; version 6: two
+    pairs taking turns), staged (version 6) this consumer's float32 piece."""
     var full0 = bars.unsafe_offset(1)
     var full1 = bars.unsafe_offset(1 + STAGES)
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
