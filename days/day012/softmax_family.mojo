@@ -222,7 +222,9 @@ def softmax_rows_kernel[
 
     # 3. one write; exp() is recomputed rather than kept: registers are the
     #    scarce resource here, the special-function units are not
-    var shift = m + log(s)
+    # log_softmax as (x - max) - log(sum): x - max is exact for close values however
+    # large; x - (max + log(sum)) lost log(sum) in max's rounding (a row of -1e9 gave 0)
+    var log_s = log(s)
     var inv = 1 / s
     comptime for v in range(NV):
         var c = (v * G + t) * W
@@ -230,7 +232,7 @@ def softmax_rows_kernel[
             var x = xs.slice[W, offset=v * W]().cast[acc]()
             var y: SIMD[acc, W]
             comptime if LOG:
-                y = x - shift
+                y = (x - m) - log_s
             else:
                 y = exp(x - m) * inv
             if not finite(m):  # masked (-inf), NaN or +inf row: NaN like torch
@@ -379,7 +381,7 @@ def write_normalised[
     from the cache that fold_and_cache filled, the rest from src again."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
-    var shift = m + log(s)
+    var log_s = log(s)
     var inv = 1 / s
     for c in range(thread_idx.x * W, n, BLOCK * W):
         var raw = load_shared[dtype, W](cache, c) if c < cached else load_vec[
@@ -388,7 +390,7 @@ def write_normalised[
         var x = raw.cast[acc]()
         var y: SIMD[acc, W]
         comptime if LOG:
-            y = x - shift
+            y = (x - m) - log_s
         else:
             y = exp(x - m) * inv
         if not finite(m):
@@ -705,12 +707,12 @@ def softmax_rows_cpu[
     for r in range(rows):
         var base = r * cols
         var m, s = row_max_sum_cpu(src, base, cols)
-        var shift = m + log(s)
+        var log_s = log(s)
         for c in range(cols):
             var x = src[unsafe_offset=base + c].cast[acc]()
             var y: Scalar[acc]
             comptime if LOG:
-                y = x - shift
+                y = (x - m) - log_s
             else:
                 y = exp(x - m) / s
             if not finite(m):

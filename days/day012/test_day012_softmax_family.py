@@ -123,6 +123,23 @@ def test_large_magnitudes(name, device):
     check_forward(name, x + 1e4)  # a large common offset cancels
 
 
+# a warp per row, a block per row, the cluster kernel (its own write pass)
+@pytest.mark.parametrize("cols", [8, 1000, 40000])
+def test_log_softmax_exact_far_from_zero(cols, device):
+    """log_softmax = (x - max) - log(sum): a row far from 0 (a whole row masked with
+    -1e9, a common offset of 1e5) keeps log(sum), which x - (max + log(sum)) lost in
+    max's rounding (the -1e9 row came out 0 instead of -log(cols)). The tolerance is
+    relative to the output, not to the input's magnitude, so that loss shows."""
+    torch.manual_seed(cols)
+    x = torch.randn(4, cols, device=device) * 4
+    x[0] = -1e9  # every score masked: uniform, -log(cols)
+    x[1, 3:] = -1e9  # all but three masked
+    x[2] += 1e5  # a large common offset
+    x[3] -= 3e7
+    y, want = pco.log_softmax(x, -1), torch.log_softmax(x.double(), -1)
+    torch.testing.assert_close(y.double(), want, rtol=3e-6, atol=3e-6 * (1 + want[:, :3].abs().amax()))
+
+
 @pytest.mark.parametrize("name", ["softmax", "log_softmax"])
 # vector loads; scalar loads (a NaN alone in its vector); rows long enough for the cluster
 # kernel, whose first pass (fold_and_cache) tests for NaN and +inf its own way
