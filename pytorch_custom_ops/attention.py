@@ -173,8 +173,8 @@ def _(grad_out, q, k, v, out, lse, causal, scale):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-_backward = attention_backward_with(torch.ops.gpu_days.attention_backward)
-_backward_direct = attention_backward_with(_backward_eager)
+_backward = attention_backward_with(torch.ops.gpu_days.attention_backward, "attention")
+_backward_direct = attention_backward_with(_backward_eager, "attention")
 
 
 _attention.register_autograd(_backward, setup_context=setup_attention_context)

@@ -106,6 +106,19 @@ def call(tensors: tuple, args: tuple, *, eager: Callable, autograd: Callable, op
     return op(*args)
 
 
+def refuse_double_backward(op: str) -> None:
+    """Call first in a backward whose kernels have no derivative of their own. Under
+    create_graph=True autograd runs the backward in grad mode: its gradients would then
+    carry no graph (the GPU kernels), or one that misses the terms through what the
+    forward saved as non-differentiable (the CPU math); either way a double backward
+    would be silently wrong, so it stops here with the reason."""
+    if torch.is_grad_enabled():
+        raise NotImplementedError(
+            f"{op}: double backward (create_graph=True) is not supported: its backward runs "
+            "kernels that have no derivative of their own"
+        )
+
+
 # -- autocast ---------------------------------------------------------------------------------
 def autocast_dtype(t) -> torch.dtype | None:
     """The dtype torch.autocast asks for on `t`'s device, or None when it is off there.

@@ -89,14 +89,15 @@ def setup_attention_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def attention_backward_with(run):
+def attention_backward_with(run, op: str):
     """The autograd backward of an op saved by `setup_attention_context`:
     `run(grad_out, *tensor inputs, out, lse, causal, scale)` computes the gradients of the
-    tensor inputs ((dq, dk, dv), or d(qkv) for the packed op)."""
+    tensor inputs ((dq, dk, dv), or d(qkv) for the packed op). No double backward."""
 
     def backward(ctx, grad_out, _grad_lse):
         if grad_out is None:  # only lse got a gradient, and lse is not differentiable
             return (None,) * (ctx.inputs + 2)
+        eager.refuse_double_backward(op)
         grads = run(grad_out, *ctx.saved_tensors, ctx.causal, ctx.scale)
         return (*((grads,) if isinstance(grads, Tensor) else grads), None, None)
 
@@ -107,8 +108,8 @@ def _forward_eager(q, k, v, causal, scale):
     return _day().attention_forward(q, k, v, causal, scale)
 
 
-_backward = attention_backward_with(torch.ops.gpu_days.flash_attention_backward)
-_backward_eager = attention_backward_with(lambda *args: _day().attention_backward(*args))
+_backward = attention_backward_with(torch.ops.gpu_days.flash_attention_backward, "flash_attention")
+_backward_eager = attention_backward_with(lambda *args: _day().attention_backward(*args), "flash_attention")
 
 
 _flash_attention.register_autograd(_backward, setup_context=setup_attention_context)
@@ -202,11 +203,14 @@ def _(grad_out, qkv, out, lse, causal, scale):
 
 
 _qkvpacked.register_autograd(
-    attention_backward_with(torch.ops.gpu_days.flash_attention_qkvpacked_backward),
+    attention_backward_with(torch.ops.gpu_days.flash_attention_qkvpacked_backward, "flash_attention_qkvpacked"),
     setup_context=setup_attention_context,
 )
 _packed_autograd = eager.function(
-    "FlashAttentionQKVPacked", _packed_forward, setup_attention_context, attention_backward_with(_packed_backward)
+    "FlashAttentionQKVPacked",
+    _packed_forward,
+    setup_attention_context,
+    attention_backward_with(_packed_backward, "flash_attention_qkvpacked"),
 )
 
 

@@ -494,6 +494,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_y, _grad_mean, _grad_rstd):
     if grad_y is None:
         return None, None, None, None, None
+    eager.refuse_double_backward("layer_norm")
     x, weight, mean, rstd = ctx.saved_tensors
     grad_x, grad_w, grad_b = layer_norm_backward(grad_y, x, ctx.normalized_shape, weight, mean, rstd)
     return grad_x, None, grad_w if ctx.has_weight else None, grad_b if ctx.has_bias else None, None

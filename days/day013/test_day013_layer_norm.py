@@ -201,6 +201,18 @@ def test_gradcheck_float64():
     assert torch.autograd.gradcheck(lambda x: pco.layer_norm(x, (5,)), (x,))  # no affine
 
 
+def test_double_backward_is_refused_clearly(device):
+    """The backward kernels have no derivative, and mean and rstd are saved as
+    non-differentiable: create_graph=True raises, rather than a silently wrong gradient."""
+    x = torch.randn(6, 40, device=device, requires_grad=True)
+    w = torch.randn(40, device=device, requires_grad=True)
+    y = pco.layer_norm(x, 40, w)
+    with pytest.raises(NotImplementedError, match="layer_norm: double backward"):
+        torch.autograd.grad(y.square().sum(), x, create_graph=True)
+    (gx,) = torch.autograd.grad(pco.layer_norm(x, 40, w).square().sum(), x)
+    assert torch.isfinite(gx).all()
+
+
 def test_opcheck():
     x, w, b = make(4, 9)
     for args in [

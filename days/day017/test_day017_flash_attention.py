@@ -215,6 +215,17 @@ def test_other_tile_sizes(configs):
     assert_close((out, dq, dk, dv), want, TOL[torch.float16], f"tiles {configs}")
 
 
+def test_double_backward_is_refused_clearly():
+    """Triton's backward has no derivative: create_graph=True raises instead of returning
+    gradients that silently carry no graph (a gradient penalty would be dropped)."""
+    q, k, v = (randn(1, 2, 32, 64, seed=s).requires_grad_() for s in range(3))
+    with pytest.raises(NotImplementedError, match="flash_attention: double backward"):
+        torch.autograd.grad(pco.flash_attention(q, k, v).float().square().sum(), q, create_graph=True)
+    qkv = randn(1, 32, 3, 2, 64).requires_grad_()
+    with pytest.raises(NotImplementedError, match="flash_attention_qkvpacked: double backward"):
+        torch.autograd.grad(pco.flash_attention_qkvpacked(qkv).float().square().sum(), qkv, create_graph=True)
+
+
 def test_lse_is_the_log2_logsumexp():
     q, k, v, _ = qkvo(1, 2, 2, 20, 33, 32, seed=2)
     _, lse = fa.attention_forward(q, k, v, True, 0.5)

@@ -75,6 +75,19 @@ def test_cpu_forward_backward_match_float64(shape, causal):
         close(a, r, BF16, factor=2)
 
 
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_double_backward_is_refused_clearly(device):
+    """The backward's kernels have no derivative, and the CPU math rebuilds P from the
+    saved lse: a gradient penalty (create_graph=True) would be silently wrong, so it
+    raises; a plain backward after it still works."""
+    q, k, v = (t.requires_grad_() for t in make(1, 2, 2, 40, 40, 64, BF16, device))
+    out = pco.attention(q, k, v, causal=True)
+    with pytest.raises(NotImplementedError, match="attention: double backward"):
+        torch.autograd.grad(out.float().square().sum(), q, create_graph=True)
+    (dq,) = torch.autograd.grad(pco.attention(q, k, v, causal=True).float().square().sum(), q)
+    assert dq.shape == q.shape and torch.isfinite(dq).all()
+
+
 def test_cpu_lse_is_the_log2_logsumexp():
     q, k, v = make(1, 2, 1, 33, 70, 64, BF16, "cpu")
     out, lse = torch.ops.gpu_days.attention(q, k, v, True, 0.2)
