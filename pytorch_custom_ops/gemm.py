@@ -494,7 +494,7 @@ class MojoGEMM(torch.nn.Module):
             )
         # a 2-D input and the 1-D bias go in as they are: in grad mode each reshape or view
         # would be one more autograd node (microseconds forward and backward)
-        rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        rows = x if x.dim() == 2 else x.reshape(math.prod(x.shape[:-1]), self.in_features)
         bias = self.bias
         y = gemm(rows, self.weight, bias, 1.0, 0.0 if bias is None else 1.0, False, True)
         return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)

@@ -20,6 +20,8 @@ the same results, with the matrix product still on gpu-days' GEMM.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import direct, eager
@@ -175,7 +177,7 @@ def _fusable(x, weight, bias, residual) -> bool:
 
 def _composed(x, weight, bias, activation, residual):
     """The layer as separate calls (CPU, other dtypes, tracing): gemm does x W^T + bias."""
-    rows = x.reshape(-1, x.shape[-1])
+    rows = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # not -1: K may be 0
     y = gemm(rows, weight, bias, 1.0, 0.0 if bias is None else 1.0, False, True)
     if activation == "gelu_tanh":
         y = torch.nn.functional.gelu(y, approximate="tanh")
@@ -267,7 +269,7 @@ def linear(
             weight, bias = eager.cast_floats(low, *params)
         return _composed(x, weight, bias, activation, residual)
     n = weight.shape[0]
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
     if not x2.is_contiguous():
         x2 = x2.contiguous()
     weight = weight if weight.is_contiguous() else weight.contiguous()

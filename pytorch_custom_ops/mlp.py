@@ -25,6 +25,7 @@ that composition, `linear(linear(x, W1, b1, "gelu_tanh"), W2, b2)`: the same res
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import torch
@@ -223,7 +224,7 @@ def mlp(
     fc_weight, fc_bias, proj_weight, proj_bias = params
     check_mlp_args(x, *params)
     way = eager.route(x, *params, *masters)
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # not -1: K may be 0
     if way is eager.OP or not _fusable_mlp(x2, fc_weight, proj_weight):
         # the composition from the float32 parameters: linear casts (and keeps masters) itself
         fc_weight, fc_bias, proj_weight, proj_bias = (

@@ -127,6 +127,21 @@ def test_mojo_linear_loads_an_nn_linear_state_dict():
     assert "activation=gelu_tanh" in repr(ours)
 
 
+def test_zero_in_features_give_the_bias_like_torch():
+    """K = 0: the product is empty, so the layer is its bias (a reshape with -1 cannot
+    infer the rows of a 0-wide input; the rows are given explicitly)."""
+    x, w, b = torch.randn(2, 3, 0), torch.randn(4, 0), torch.randn(4)
+    torch.testing.assert_close(pco.linear(x, w, b), F.linear(x, w, b))
+    torch.testing.assert_close(pco.linear(x, w, b, "gelu_tanh"), F.gelu(F.linear(x, w, b), approximate="tanh"))
+    layer = pco.MojoGEMM(0, 4)
+    with torch.no_grad():
+        layer.bias.copy_(b)
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, b))
+    w2, b2 = torch.randn(5, 4), torch.randn(5)
+    want = F.linear(F.gelu(F.linear(x, w, b), approximate="tanh"), w2, b2)
+    torch.testing.assert_close(pco.mlp(x, w, b, w2, b2), want)
+
+
 def test_bad_inputs_raise_clear_errors():
     x, w, b, r = inputs((4,), 8, 16, torch.float32, "cpu")
     with pytest.raises(ValueError, match="unknown activation 'relu'"):
