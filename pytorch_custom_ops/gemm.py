@@ -13,7 +13,10 @@ Autograd runs through the same Mojo kernel with transpose flags instead of copie
     d a = alpha * g @ op(b)^T    (stored orientation: flip the flags, swap operands)
     d b = alpha * op(a)^T @ g
     d c = beta * g, summed over c's broadcast dims
-alpha and beta get no gradient. A non-contiguous `a` or `b` that is the transpose of a
+alpha and beta get no gradient. The kernels apply alpha and beta in float32: a float16,
+bfloat16 or float32 GEMM refuses values beyond float32's range, and a float64 one applies
+values that float32 would round in float64 itself (a product at alpha 1, then torch's
+mul_ and add_). A non-contiguous `a` or `b` that is the transpose of a
 contiguous tensor (e.g. `w.t()`) is passed as that tensor with its flag flipped.
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import struct
 from functools import lru_cache
 
 import torch
@@ -93,6 +97,17 @@ def _op_shape(t: torch.Tensor, transpose: bool) -> tuple[int, int]:
 
 
 _NUMBERS = (float, int)
+F32_MAX = torch.finfo(torch.float32).max  # the kernels apply alpha and beta in float32
+
+
+def f32_exact(v: float) -> bool:
+    """v survives a round trip through float32 (what the kernels read alpha and beta as)."""
+    try:
+        return struct.unpack("f", struct.pack("f", v))[0] == v
+    except OverflowError:
+        return False
+
+
 _TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -112,7 +127,7 @@ def _usual_gemm_shape(a, b, c, alpha, beta, transpose_a, transpose_b, batched: b
         or not same_device(b, a)
         or a.dim() != (3 if batched else 2)
         or b.dim() != a.dim()
-        or not (math.isfinite(alpha) and math.isfinite(beta))
+        or not (-F32_MAX <= alpha <= F32_MAX and -F32_MAX <= beta <= F32_MAX)
     ):
         return None
     m, k = _op_shape(a, transpose_a)
@@ -163,6 +178,10 @@ def check_gemm_args(name, a, b, c, alpha, beta, transpose_a, transpose_b, batche
             raise ValueError(f"{name}: device {t.device} is not supported (cpu, cuda)")
         if t.device != a.device:
             raise ValueError(f"{name}: '{arg}' is on {t.device} but 'a' is on {a.device}")
+    if a.dtype != torch.float64:  # float64 applies inexact ones itself (_gemm_eager)
+        for arg, v in (("alpha", alpha), ("beta", beta)):
+            if abs(v) > F32_MAX:
+                raise ValueError(f"{name}: {arg}={v} overflows float32, in which {a.dtype} GEMMs apply it")
     for arg, t in (("a", a), ("b", b)):
         if t.dim() != rank:
             want = "(batch, rows, cols)" if batched else "(rows, cols)"
@@ -226,6 +245,10 @@ def _gemm_eager(a, b, c, alpha, beta, transpose_a, transpose_b, batched: bool) -
         if c is None:
             return torch.zeros(out_shape, dtype=a.dtype, device=a.device)
         return torch.broadcast_to(c * beta, out_shape).contiguous()
+    if a.dtype == torch.float64 and not (f32_exact(alpha) and f32_exact(beta)):
+        # the kernels read alpha and beta as float32: apply these in float64 instead
+        out = _gemm_eager(a, b, None, 1.0, 0.0, transpose_a, transpose_b, batched).mul_(alpha)
+        return out if c is None else out.add_(c, alpha=beta)
     a, transpose_a = _stored(a, transpose_a)
     b, transpose_b = _stored(b, transpose_b)
     if c is None:
@@ -260,6 +283,7 @@ def _backward_product(a, b, alpha, transpose_a: bool, transpose_b: bool, batched
         or a.numel() == 0
         or b.numel() == 0
         or eager.autocast_dtype(a) is not None
+        or not f32_exact(alpha)  # float64's exact alpha (or float32's overflow error): the public path
     ):
         return (gemm_batched if batched else gemm)(a, b, None, alpha, 0.0, transpose_a, transpose_b)
     a, transpose_a = _stored(a, transpose_a)

@@ -134,6 +134,26 @@ def test_new_alpha_beta_do_not_recompile(device):
     assert len(pco.gemm_kernel._models) == models
 
 
+def test_alpha_beta_keep_their_precision(device):
+    """The kernels read alpha and beta as float32. A float64 GEMM applies the ones float32
+    would round itself (in float64, like torch.addmm); a float32 one refuses an alpha that
+    overflows float32 (torch raises too), instead of returning inf."""
+    torch.manual_seed(3)
+    a, b = torch.randn(5, 7, dtype=torch.float64, device=device), torch.randn(7, 3, dtype=torch.float64, device=device)
+    c = torch.randn(3, dtype=torch.float64, device=device)
+    for alpha, beta in ((0.1, 0.0), (1 / 3, 0.7), (1e-50, 1.0), (1e40, 1e-3)):
+        want = torch.addmm(c.expand(5, 3), a, b, alpha=alpha, beta=beta)
+        torch.testing.assert_close(pco.gemm(a, b, c, alpha, beta), want, rtol=1e-13, atol=0)
+        torch.testing.assert_close(pco.gemm_batched(a[None], b[None], c, alpha, beta), want[None], rtol=1e-13, atol=0)
+    x, w = a.clone().requires_grad_(), b.clone().requires_grad_()
+    (gx,) = torch.autograd.grad(pco.gemm(x, w, alpha=0.1).sum(), x)
+    torch.testing.assert_close(gx, 0.1 * torch.ones(5, 3, dtype=torch.float64, device=device) @ b.T, rtol=1e-13, atol=0)
+    with pytest.raises(ValueError, match="alpha=1e\\+40 overflows float32"):
+        pco.gemm(a.float(), b.float(), alpha=1e40)
+    with pytest.raises(ValueError, match="beta=-1e\\+39 overflows float32"):
+        pco.gemm(a.float(), b.float(), c.float(), beta=-1e39)
+
+
 def test_empty_like_torch(device):
     a, b = rand(0, 5, device=device), rand(5, 3, device=device)
     assert pco.gemm(a, b).shape == (0, 3)
