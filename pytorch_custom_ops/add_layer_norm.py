@@ -20,7 +20,8 @@ Dtypes: s has x's dtype. y has `out_dtype`: by default the autocast dtype under 
 and x's dtype otherwise; it may be x's dtype, or bfloat16/float16 when x is float32.
 delta may have x's dtype or y's (a bf16 product next to a float32 stream); it may not be
 wider than x. weight and bias have x's dtype (cast to it under autocast, as torch casts
-a LayerNorm's to float32). Statistics are float32 (float64 for float64), as in day 013.
+a LayerNorm's to float32). Statistics are computed in float32 (float64 for float64) and
+stored as float32, as in day 013.
 
 On CUDA the fused kernels run (strict mode: no torch fallback). On the CPU the op is the
 composition of torch's add and cast with day 013's LayerNorm ops (MAX on the CPU), the
