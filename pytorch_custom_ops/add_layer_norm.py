@@ -299,6 +299,7 @@ def _backward(ctx, grad_y, grad_sum, _grad_mean, _grad_rstd):
         gx = grad_sum
         gd = None if gx is None or ctx.delta_dtype is None else gx.to(ctx.delta_dtype)
         return gx, gd, None, None, None, None, None
+    eager.refuse_double_backward("add_layer_norm")  # (the pass-through above stays differentiable)
     write_low = ctx.delta_dtype is not None and ctx.delta_dtype == grad_y.dtype != s.dtype
     gx, low, gw, gb = add_layer_norm_backward(grad_y, grad_sum, s, ctx.normalized_shape, weight, mean, rstd, write_low)
     gd = None if ctx.delta_dtype is None else (low if write_low else gx.to(ctx.delta_dtype))

@@ -154,6 +154,18 @@ def test_autocast_writes_y_in_the_autocast_dtype(device):
     assert x.grad.dtype == torch.float32 and d.grad.dtype == dtype and ln.weight.grad.dtype == torch.float32
 
 
+def test_double_backward_is_refused_clearly(device):
+    """y's backward runs day 013's kernels, which have no derivative: create_graph=True
+    through y raises with the reason, not torch's "no autograd formula" message."""
+    x, d = (torch.randn(4, 32, device=device, requires_grad=True) for _ in range(2))
+    s, y = pco.add_layer_norm(x, d, 32)
+    with pytest.raises(NotImplementedError, match="add_layer_norm: double backward"):
+        torch.autograd.grad(y.square().sum(), x, create_graph=True)
+    s, y = pco.add_layer_norm(x, d, 32)  # the stream alone: its gradient is the add's
+    (gx,) = torch.autograd.grad(s.square().sum(), x, create_graph=True)
+    torch.testing.assert_close(gx, 2 * (x + d))
+
+
 def test_module_keeps_nn_layernorms_parameters():
     ref = torch.nn.LayerNorm(10, eps=1e-3)
     mine = pco.MojoAddLayerNorm(10, eps=1e-3)
