@@ -128,7 +128,9 @@ def write_loss_and_lse[
         var l = log(s) - (
             xt - m
         )  # xt - m first: exact when both are large and close
-        loss[unsafe_offset=row] = (l if valid else nan_value[acc]()).cast[
+        # NaN, like torch, for a row with NaN or +inf (log(s) - (xt - m) gave +inf
+        # for a +inf logit) or with every logit -inf
+        loss[unsafe_offset=row] = (l if ok else nan_value[acc]()).cast[
             DType.float64
         ]()
         lse[unsafe_offset=row] = shift.cast[DType.float64]()
@@ -196,11 +198,15 @@ def write_row_grad[
     """grad[base + c] = (exp(x[c] - shift) - onehot(t)[c]) * f for c < n, UNROLL
     vectors in flight per thread; x[c] comes from `cache` for c < cached (filled by
     fold_and_cache: each thread reads back what it cached itself, so no barrier), from
-    `logits` after that. An invalid target has a NaN shift: every gradient is NaN.
+    `logits` after that. A NaN shift (an invalid target; a row with NaN, +inf or only
+    -inf) writes NaN everywhere, explicitly: exp(NaN) is +inf in Mojo 1.2.
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     comptime STEP = BLOCK * W
+    var poisoned = (
+        shift != shift
+    )  # NaN: exp() would give +inf (Mojo 1.2), torch NaN
     for c0 in range(thread_idx.x * W, n, STEP * UNROLL):
         var xs = SIMD[dtype, W * UNROLL](0)
         comptime for u in range(UNROLL):
@@ -215,6 +221,8 @@ def write_row_grad[
             if c < n:
                 var x = xs.slice[W, offset=u * W]().cast[acc]()
                 var g = exp(x - shift) * f
+                if poisoned:
+                    g = SIMD[acc, W](shift)
                 if c <= t < c + W:
                     comptime for j in range(W):  # a compile-time lane: no spill
                         if c + j == t:
@@ -419,10 +427,10 @@ def cross_entropy_cpu[
             acc
         ]()
         var l = log(s) - (xt - m)
-        loss[unsafe_offset=r] = (l if valid else nan_value[acc]()).cast[
+        var ok = valid and finite(m)
+        loss[unsafe_offset=r] = (l if ok else nan_value[acc]()).cast[
             DType.float64
         ]()
-        var ok = valid and finite(m)
         lse[unsafe_offset=r] = (m + log(s) if ok else nan_value[acc]()).cast[
             DType.float64
         ]()
@@ -452,7 +460,9 @@ def cross_entropy_backward_cpu[
             var g = Scalar[acc](0)
             if t != ignore_index:
                 var x = logits[unsafe_offset=base + c].cast[acc]()
-                g = exp(x - shift) * f
+                g = (
+                    exp(x - shift) * f if shift == shift else shift
+                )  # NaN: see write_row_grad
                 if Int64(c) == t:
                     g -= f
             grad[unsafe_offset=base + c] = g.cast[dtype]()

@@ -116,6 +116,27 @@ def test_large_logits_are_stable_and_nan_propagates(device):
     assert math.isnan(ours[2].item())
 
 
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_rows_without_a_finite_max_give_nan_like_torch(device, reduction):
+    """A row holding NaN or +inf, or only -inf: torch's loss and that row's gradient are
+    NaN. Ours gave +inf gradients (Mojo's exp(NaN) is +inf) and, for a +inf logit, a +inf
+    loss; the other rows stay finite."""
+    inf, nan = float("inf"), float("nan")
+    logits = torch.randn(5, 6, device=device)
+    logits[0, 3], logits[1, 2], logits[2] = nan, inf, -inf
+    targets = torch.tensor([0, 0, 1, 4, 5], device=device)
+    x, xr = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    ours, ref = pco.cross_entropy(x, targets, reduction=reduction), F.cross_entropy(xr, targets, reduction=reduction)
+    ours.sum().backward()
+    ref.sum().backward()
+    assert torch.equal(torch.isnan(ours), torch.isnan(ref))
+    assert torch.equal(torch.isnan(x.grad), torch.isnan(xr.grad))
+    assert not torch.isinf(x.grad).any() and not torch.isinf(ours).any()
+    if reduction == "none":
+        torch.testing.assert_close(ours[3:], ref[3:])
+        torch.testing.assert_close(x.grad[3:], xr.grad[3:])
+
+
 def test_gradcheck(device):
     x = torch.randn(4, 9, dtype=torch.float64, device=device, requires_grad=True)
     t = torch.tensor([0, 8, -100, 3], device=device)
