@@ -25,6 +25,7 @@ that composition, `linear(linear(x, W1, b1, "gelu_tanh"), W2, b2)`: the same res
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import replace
 
@@ -186,7 +187,8 @@ _fused_autograd = eager.function("FusedMLP", _forward, _setup_context, _backward
 
 # -- public API -------------------------------------------------------------------------
 def check_mlp_args(x, fc_weight, fc_bias, proj_weight, proj_bias) -> None:
-    check_linear_args(x, fc_weight, fc_bias, None, None)
+    with _layer("the first layer (fc_weight, fc_bias)"):
+        check_linear_args(x, fc_weight, fc_bias, None, None)
     if not isinstance(proj_weight, torch.Tensor):
         raise TypeError(f"mlp: 'proj_weight' must be a torch.Tensor, got {type(proj_weight).__name__}")
     if proj_weight.dim() != 2 or proj_weight.shape[1] != fc_weight.shape[0]:
@@ -196,7 +198,17 @@ def check_mlp_args(x, fc_weight, fc_bias, proj_weight, proj_bias) -> None:
         )
     # the second layer's checks, on a stand-in for its input (one element, broadcast)
     hidden = x.new_empty(1).expand(*x.shape[:-1], fc_weight.shape[0])
-    check_linear_args(hidden, proj_weight, proj_bias, None, None)
+    with _layer("the second layer (proj_weight, proj_bias)"):
+        check_linear_args(hidden, proj_weight, proj_bias, None, None)
+
+
+@contextlib.contextmanager
+def _layer(which: str):
+    """linear's messages say 'weight' and 'bias': name the mlp's layer they are about."""
+    try:
+        yield
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"mlp, {which}: {exc}") from None
 
 
 def _fusable_mlp(x2, fc_weight, proj_weight) -> bool:

@@ -85,8 +85,12 @@ def test_bad_inputs_raise_clear_errors():
         pco.mlp(x, w1, b1, w2[:, :8], b2)
     with pytest.raises(ValueError, match="does not end in in_features"):
         pco.mlp(x[:, :4], w1, b1, w2, b2)
-    with pytest.raises(ValueError, match="bias must have shape"):
+    with pytest.raises(ValueError, match=r"second layer \(proj_weight, proj_bias\): linear: bias must have shape"):
         pco.mlp(x, w1, b1, w2, b2[:3])
+    with pytest.raises(ValueError, match=r"first layer \(fc_weight, fc_bias\): linear: bias must have shape"):
+        pco.mlp(x, w1, b1[:3], w2, b2)
+    with pytest.raises(TypeError, match=r"first layer .*'weight' must be a torch.Tensor"):
+        pco.mlp(x, None, b1, w2, b2)
     with pytest.raises(TypeError, match="'weight' is torch.float64"):
         pco.mlp(x, w1, b1, w2.double(), b2)
     with pytest.raises(TypeError, match="'proj_weight' must be a torch.Tensor"):
