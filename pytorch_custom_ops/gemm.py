@@ -16,7 +16,7 @@ Autograd runs through the same Mojo kernel with transpose flags instead of copie
 alpha and beta get no gradient. The kernels apply alpha and beta in float32: a float16,
 bfloat16 or float32 GEMM refuses values beyond float32's range, and a float64 one applies
 values that float32 would round in float64 itself (a product at alpha 1, then torch's
-mul_ and add_). A non-contiguous `a` or `b` that is the transpose of a
+mul and add). A non-contiguous `a` or `b` that is the transpose of a
 contiguous tensor (e.g. `w.t()`) is passed as that tensor with its flag flipped.
 """
 
@@ -247,8 +247,10 @@ def _gemm_eager(a, b, c, alpha, beta, transpose_a, transpose_b, batched: bool) -
         return torch.broadcast_to(c * beta, out_shape).contiguous()
     if a.dtype == torch.float64 and not (f32_exact(alpha) and f32_exact(beta)):
         # the kernels read alpha and beta as float32: apply these in float64 instead
-        out = _gemm_eager(a, b, None, 1.0, 0.0, transpose_a, transpose_b, batched).mul_(alpha)
-        return out if c is None else out.add_(c, alpha=beta)
+        # out of place: torch's ops make new tensors, so a program of this call (programs.py)
+        # is "does not replay" and the scaling is never skipped
+        out = _gemm_eager(a, b, None, 1.0, 0.0, transpose_a, transpose_b, batched) * alpha
+        return out if c is None else torch.add(out, c, alpha=beta)
     a, transpose_a = _stored(a, transpose_a)
     b, transpose_b = _stored(b, transpose_b)
     if c is None:

@@ -75,7 +75,8 @@ class _Unresolved(Exception):
 
 class Recorder:
     def __init__(self):
-        self.steps: list[tuple] = []  # (book or primitive name, params, inputs, outputs)
+        # (book or primitive name, params, inputs, outputs, the outputs' version counters)
+        self.steps: list[tuple] = []
         self.broken: str | None = None
 
 
@@ -104,7 +105,7 @@ def note_call(op, inputs, out, params: dict | None, outputs) -> None:
     elif op._book is None or module is None or not module.has(op._book, inputs, items, ()):
         rec.broken = f"{op.spec.name}: no recipe in the C++ book for this call"
     else:
-        rec.steps.append((op._book, items, list(inputs), list(outputs)))
+        rec.steps.append((op._book, items, list(inputs), list(outputs), [t._version for t in outputs]))
 
 
 PRIMITIVES = ("sum_rows", "mv", "contiguous")  # t.sum(0), torch.mv(a, v), t.contiguous(): run in C++
@@ -114,7 +115,7 @@ def note_primitive(name: str, inputs, output: torch.Tensor) -> None:
     """A torch function of `PRIMITIVES` that the recorded function called."""
     rec = _recorder()
     if rec is not None and not rec.broken:
-        rec.steps.append((name, None, list(inputs), [output]))
+        rec.steps.append((name, None, list(inputs), [output], [output._version]))
 
 
 def contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -162,7 +163,10 @@ def _build(rec: Recorder, inputs, result) -> tuple:
         return ("view", name, tuple(t.shape), tuple(t.stride()), offset)
 
     steps = []
-    for what, params, step_inputs, step_outputs in rec.steps:
+    for what, params, step_inputs, step_outputs, versions in rec.steps:
+        if any(t._version != v for t, v in zip(step_outputs, versions, strict=True)):
+            # e.g. out.mul_(alpha) after the op: a replay would run the op and skip the edit
+            raise _Unresolved(f"{what}: an output was modified in place after the call")
         refs = [ref(t) for t in step_inputs]
         steps.append((what, params, refs, len(step_outputs)))
         for t in step_outputs:
