@@ -9,6 +9,7 @@ compiled library (`verify_against_library`), so Python and Mojo cannot drift apa
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,23 @@ def check_float_tensor(name: str, x) -> None:
         raise TypeError(f"{name}: dtype {x.dtype} is not supported (float32, float16, bfloat16, float64)")
     if x.device.type not in SUPPORTED_DEVICES:
         raise ValueError(f"{name}: device {x.device} is not supported (cpu, cuda)")
+
+
+def as_int(v):
+    """v as a Python int where it is an integer torch takes as one (numpy's, a 0-d tensor's
+    __index__), except bool; anything else as it is, for the checks to name."""
+    if isinstance(v, int) or isinstance(v, bool) or not hasattr(type(v), "__index__"):
+        return v
+    try:
+        return operator.index(v)
+    except TypeError:
+        return v
+
+
+def as_int_list(seq):
+    """A tuple, list or range of such integers as a list of Python ints (torch's permute
+    takes all of them); anything else as it is."""
+    return [as_int(p) for p in seq] if isinstance(seq, (tuple, list, range)) else seq
 
 
 def same_device(t: torch.Tensor, ref: torch.Tensor) -> bool:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 import torch
 
 from . import direct, eager
-from .contract import FLOAT_DTYPES, OpSpec, TensorArg, check_float_tensor
+from .contract import FLOAT_DTYPES, OpSpec, TensorArg, as_int, check_float_tensor
 from .gemm_gpu import sm_count
 from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp
@@ -260,6 +260,8 @@ def check_cross_entropy_args(logits, targets, ignore_index, reduction) -> None:
         raise ValueError(f"{name}: targets are on {targets.device} but logits on {logits.device}")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"{name}: ignore_index must be an int, got {type(ignore_index).__name__}")
+    if not -(2**63) <= ignore_index < 2**63:  # the targets are int64
+        raise ValueError(f"{name}: ignore_index {ignore_index} is outside int64's range")
     if reduction not in REDUCTIONS:
         raise ValueError(f"{name}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
 
@@ -559,5 +561,5 @@ def cross_entropy(
     they are (the kernels accumulate in float32 anyway: no float32 copy of them) and the
     loss is float32, as torch's."""
     float_loss = eager.autocast_dtype(logits) is not None
-    args = (logits, targets, ignore_index, reduction, float_loss)
+    args = (logits, targets, as_int(ignore_index), reduction, float_loss)
     return eager.call((logits, targets), args, **_ROUTES)[0]

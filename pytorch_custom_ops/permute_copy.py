@@ -20,7 +20,7 @@ from functools import cache
 import torch
 
 from . import direct, eager, programs
-from .contract import FLOAT_DTYPES, OpSpec, TensorArg, check_float_tensor
+from .contract import FLOAT_DTYPES, OpSpec, TensorArg, as_int_list, check_float_tensor
 from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp
 
@@ -174,7 +174,7 @@ _autograd = eager.function("PermuteCopy", _replayed, _setup_context, _backward, 
 def permute_copy(x: torch.Tensor, dims) -> torch.Tensor:
     """`x.permute(dims).contiguous()` (a new tensor, always), by day 016's Mojo kernel.
     `dims` must keep the last dim last; rank 1 to 5; float dtypes; differentiable."""
-    dims = list(dims) if isinstance(dims, tuple) else dims
+    dims = as_int_list(dims)  # a list of Python ints where it is one (range, numpy ints)
     return eager.call(
         (x,), (x, dims), eager=_replayed, autograd=_autograd, op=torch.ops.gpu_days.permute_copy, check=_check
     )

@@ -20,7 +20,7 @@ from functools import cache
 import torch
 
 from . import eager, programs
-from .contract import OpSpec, TensorArg
+from .contract import OpSpec, TensorArg, as_int_list
 from .mojo_op import MojoOp
 from .permute_copy import RANK, _gather_gpu, _inverse, _padded, _replayed, check_permute_args, permute_copy
 
@@ -84,7 +84,7 @@ def permute_unbind(x: torch.Tensor, dims) -> tuple[torch.Tensor, ...]:
     """`x.permute(dims).contiguous().unbind(0)`: views of one new tensor, by day 016's Mojo
     kernel. `dims` must keep the last dim last; rank 1 to 5; float dtypes; differentiable,
     the gradient gathered from the pieces' in one pass (see the top of the file)."""
-    dims = list(dims) if isinstance(dims, tuple) else dims
+    dims = as_int_list(dims)  # a list of Python ints where it is one (range, numpy ints)
     check_permute_args("permute_unbind", x, dims)  # the eager paths' own checks say permute_copy
     return eager.call((x,), (x, dims), eager=_forward, autograd=_autograd, op=_op, check=_check_args)
 

@@ -114,6 +114,16 @@ def test_bad_arguments_raise_clear_errors(x, dims, error, match):
         pco.permute_copy(x, dims)
 
 
+def test_dims_as_torch_takes_them():
+    """range and numpy ints, as Tensor.permute takes them (bool stays refused above)."""
+    np = pytest.importorskip("numpy")
+    x = torch.randn(2, 3, 4, 8)
+    assert torch.equal(pco.permute_copy(x, range(4)), x)
+    want = x.permute(1, 0, 2, 3).contiguous()
+    assert torch.equal(pco.permute_copy(x, (np.int64(1), 0, np.int32(2), 3)), want)
+    assert torch.equal(torch.stack(pco.permute_unbind(x, [np.int64(1), 0, 2, 3])), want)
+
+
 def test_registered_op_passes_opcheck():
     x = rand((2, 3, 4, 8), torch.float32, "cpu").requires_grad_()
     torch.library.opcheck(torch.ops.gpu_days.permute_copy, (x, [1, 0, 2, 3]))

@@ -107,6 +107,12 @@ def test_a_custom_ignore_index_and_every_row_ignored(device):
     assert pco.cross_entropy(logits, none_counted, ignore_index=7, reduction="sum").item() == 0
 
 
+def test_a_numpy_ignore_index_like_torch(device):
+    np = pytest.importorskip("numpy")
+    x, t = torch.randn(4, 6, device=device), torch.tensor([0, 1, 2, 3], device=device)
+    torch.testing.assert_close(pco.cross_entropy(x, t, ignore_index=np.int64(2)), F.cross_entropy(x, t, ignore_index=2))
+
+
 def test_large_logits_are_stable_and_nan_propagates(device):
     logits = torch.tensor([[1e4, -1e4, 0.0], [-3e4, -3e4 + 1.0, -3e4], [0.0, float("nan"), 1.0]], device=device)
     targets = torch.tensor([0, 1, 2], device=device)
@@ -172,6 +178,7 @@ def test_opcheck_and_compile(device):
         (lambda x, t: pco.cross_entropy(x, t[:2]), ValueError, r"targets must be \(3,\)"),
         (lambda x, t: pco.cross_entropy(x, t, reduction="avg"), ValueError, "reduction must be one of"),
         (lambda x, t: pco.cross_entropy(x, t, ignore_index=1.5), TypeError, "ignore_index must be an int"),
+        (lambda x, t: pco.cross_entropy(x, t, ignore_index=2**70), ValueError, "outside int64's range"),
         (lambda x, t: pco.cross_entropy(x.int(), t), TypeError, "not supported"),
         (lambda x, t: pco.cross_entropy(x, t + 10), ValueError, "target 1[0-9] is out of range for 10 classes"),
         (lambda x, t: pco.cross_entropy(x, t - 10), ValueError, "target -[0-9]+ is out of range"),
