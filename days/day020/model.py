@@ -200,10 +200,10 @@ class GPT(nn.Module):
         x, delta = tokens + self.wpe(pos), None
         for block in self.blocks:
             x, delta = block(x, delta)
-        x = self.ln_f(x, delta)[1].reshape(b * s, -1)
+        x = self.ln_f(x, delta)[1].reshape(b * s, self.config.n_embd)  # not -1: b * s may be 0
         logits = pco.linear(x, self.wte.weight) if self.impl == "gpu_days" else F.linear(x, self.wte.weight)
         loss = None if targets is None else cross_entropy(logits, targets.reshape(-1), self.impl)
-        return logits.view(b, s, -1), loss
+        return logits.view(b, s, self.config.vocab_size), loss
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, new_tokens: int, *, temperature: float = 1.0, seed: int = 0) -> torch.Tensor:

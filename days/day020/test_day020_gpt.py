@@ -96,6 +96,17 @@ def test_config_and_input_errors():
         model(torch.zeros(4, dtype=torch.long))
 
 
+@pytest.mark.parametrize("impl", ["torch", "gpu_days"])
+def test_an_empty_batch_or_sequence_gives_empty_logits(impl):
+    """No tokens: logits of shape (b, s, vocab) with b * s = 0 and a NaN mean loss, as
+    torch's F.cross_entropy gives (a reshape with -1 could not infer the width)."""
+    model = GPT(TINY, impl).init_weights(0)
+    for shape in ((0, 5), (2, 0)):
+        idx = torch.randint(0, TINY.vocab_size, shape)
+        logits, loss = model(idx, idx)
+        assert logits.shape == (*shape, TINY.vocab_size) and torch.isnan(loss)
+
+
 def test_the_impls_share_parameter_names_and_init():
     models = twins(TINY, seed=3)
     a, b = (m.state_dict() for m in models.values())
