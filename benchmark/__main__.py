@@ -19,6 +19,11 @@ from .environment import stamp
 from .store import RESULTS_DIR, append_rows, new_run_id
 
 
+def day_name(day: str) -> str:
+    """`--day 9`, `--day 009` or `--day day009`: the day's folder name."""
+    return f"day{int(day):03d}" if day.isdigit() else day
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmark", description=__doc__.splitlines()[0])
     parser.add_argument("--day", action="append", help="only these days (repeatable), e.g. day009")
@@ -30,18 +35,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-store", action="store_true", help="print only; do not append to results/")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="the results store (default: results/)")
     args = parser.parse_args(argv)
+    args.day = [day_name(d) for d in args.day] if args.day else args.day
 
     def wanted(x) -> bool:
         return (not args.day or x.day in args.day) and (not args.op or x.op in args.op)
 
     cases = [c for c in CASES if wanted(c)]
     runners = [r for r in RUNNERS if wanted(r)]
-    if args.list or not (cases or runners):
+    if args.list:
         for c in CASES:
             print(f"{c.day}  {c.op:24s} impls: {', '.join(c.impls)}")
         for r in RUNNERS:
             print(f"{r.day}  {r.op:24s} (the day's own sweep)")
-        return 0 if args.list else 2
+        return 0
+    if not (cases or runners):
+        asked = " ".join([*(f"--day {d}" for d in args.day or ()), *(f"--op {o}" for o in args.op or ())])
+        print(f"python -m benchmark: no case matches {asked}; `--list` shows them", file=sys.stderr)
+        return 2
 
     from rich.console import Console
     from rich.progress import Progress

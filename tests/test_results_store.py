@@ -179,3 +179,16 @@ def test_time_is_not_spent_holding_the_lock_while_rendering(results):
     store.append_rows([{"op": "fast"}], "day999", "fast", results)
     assert time.perf_counter() - t < 2.5
     slow.wait(timeout=60)
+
+
+def test_the_harness_names_a_filter_that_matches_nothing(capsys):
+    """A typo in --day or --op is an error on stderr (exit 2), not the case list; a day
+    may be given by its number."""
+    from benchmark.__main__ import day_name, main
+
+    assert main(["--day", "999", "--no-store"]) == 2
+    assert "no case matches --day day999" in capsys.readouterr().err
+    assert main(["--day", "day009", "--op", "softmaxx", "--no-store"]) == 2
+    assert "--op softmaxx" in capsys.readouterr().err
+    assert [day_name(d) for d in ("9", "009", "day009")] == ["day009"] * 3
+    assert main(["--day", "9", "--list"]) == 0

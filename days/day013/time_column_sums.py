@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from benchmark.gpu_script import need_cuda
 from benchmark.timing import kernel_time_ms
 from pytorch_custom_ops.column_sums import column_sums
 
@@ -39,4 +40,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    need_cuda(__doc__, __file__)
     main()

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import pytorch_custom_ops as pco
+from benchmark.gpu_script import need_cuda
 from benchmark.timing import kernel_times_us
 from pytorch_custom_ops import direct
 
@@ -77,6 +78,7 @@ def main() -> None:
     parser.add_argument("shapes", nargs="*", default=["4096x1024", "16384x768"])
     parser.add_argument("--dtype", default="bfloat16")
     args = parser.parse_args()
+    need_cuda(None, __file__)
     for shape in args.shapes:
         rows, cols = map(int, shape.split("x"))
         run_shape(rows, cols, getattr(torch, args.dtype))

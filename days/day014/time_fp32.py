@@ -18,6 +18,7 @@ import sys
 import torch
 
 import pytorch_custom_ops as pco
+from benchmark.gpu_script import need_cuda
 from benchmark.timing import kernel_time_ms
 from days.day014.time_versions import SQUARES, sampled_error
 
@@ -57,4 +58,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    need_cuda(__doc__, __file__)
     main()

@@ -17,6 +17,7 @@ import argparse
 import torch
 
 import pytorch_custom_ops as pco
+from benchmark.gpu_script import need_cuda
 from benchmark.timing import kernel_time_ms
 from pytorch_custom_ops.gemm_gpu import VERSIONS
 
@@ -73,6 +74,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer shapes, shorter timing")
     args = parser.parse_args()
+    need_cuda(None, __file__)
     shapes = SQUARES[:2] + GPT2[:6] if args.quick else SQUARES + GPT2
     print(f"{torch.cuda.get_device_name()}; bf16; TFLOP/s (% of torch.matmul)")
     for m, n, k, ta, tb in shapes:

@@ -21,6 +21,7 @@ import argparse
 import torch
 
 import pytorch_custom_ops as pco
+from benchmark.gpu_script import need_cuda
 from benchmark.timing import kernel_time_ms
 from pytorch_custom_ops.gemm_gpu import VERSIONS
 
@@ -63,6 +64,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--versions", nargs="+", default=DEFAULT, choices=list(VERSIONS))
     args = parser.parse_args()
+    need_cuda(None, __file__)
     torch.manual_seed(0)
     for b, s, d in SHAPES:
         batch = b * d // 64

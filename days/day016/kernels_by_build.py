@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import collections
+import sys
 
 import torch
 
 from benchmark import gpt_block as G
+from benchmark.gpu_script import need_cuda
 
 BUILDS = ("torch", "gpu_days", "gpu_days_fused", "torch_compile")
 STEPS = 3
@@ -45,7 +47,9 @@ def shape_args(doc: str, example: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shape", help=f"batch x seq x d, e.g. {example}")
     parser.add_argument("dtype", choices=["bfloat16", "float32"])
-    return parser.parse_args()
+    args = parser.parse_args()
+    need_cuda(None, sys.argv[0])
+    return args
 
 
 def train_steps(shape_text: str, dtype_name: str):

@@ -16,6 +16,7 @@ import collections
 
 import torch
 
+from benchmark.gpu_script import need_cuda
 from days.day016.kernels_by_build import train_steps
 
 # (kind, words in the kernel's name), first match wins; "bias" catches our column sums
@@ -64,6 +65,7 @@ def main() -> None:
     parser.add_argument("dtype", choices=["bfloat16", "float32"])
     parser.add_argument("--builds", nargs=2, default=["gpu_days_fused", "torch_compile"])
     args = parser.parse_args()
+    need_cuda(None, __file__)
     kinds = {}
     for name, step in train_steps(args.shape, args.dtype):
         if name not in args.builds:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from benchmark.gpu_script import need_cuda
 from benchmark.timing import kernel_time_ms
 
 
@@ -32,4 +33,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    need_cuda(__doc__, __file__)
     main()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 import pytorch_custom_ops as pco
+from benchmark.gpu_script import need_cuda
 from benchmark.timing import kernel_time_ms
 
 SHAPES = ((8, 1024, 768), (32, 128, 1024), (4, 2048, 1024))
@@ -51,4 +52,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    need_cuda(__doc__, __file__)
     main()

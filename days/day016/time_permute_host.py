@@ -16,6 +16,7 @@ import torch
 
 import pytorch_custom_ops as pco
 from benchmark import gpt_block as G
+from benchmark.gpu_script import need_cuda
 from benchmark.timing import host_overhead_us, time_cuda
 
 SHAPES = ((1, 64, 768), (8, 128, 768), (32, 128, 1024), (8, 1024, 768))
@@ -51,4 +52,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    need_cuda(__doc__, __file__)
     main()

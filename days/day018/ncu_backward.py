@@ -13,6 +13,7 @@ import argparse
 import torch
 
 import pytorch_custom_ops as pco
+from benchmark.gpu_script import need_cuda
 from pytorch_custom_ops.attention_gpu import BWD_VERSIONS, attention_bwd_version
 
 SHAPE = (2, 16, 8192, 128)
@@ -22,6 +23,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--versions", type=int, nargs="+", default=[5, 6], choices=BWD_VERSIONS)
     args = parser.parse_args()
+    need_cuda(None, __file__)
     q, k, v = (torch.randn(SHAPE, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     g = torch.randn(SHAPE, device="cuda", dtype=torch.bfloat16)
     for causal in (False, True):

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import pytorch_custom_ops as pco
+from benchmark.gpu_script import need_cuda
 
 SHAPE = (2, 16, 8192, 128)
 
@@ -28,4 +29,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    need_cuda(__doc__, __file__)
     main()

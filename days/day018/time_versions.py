@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 import pytorch_custom_ops as pco
 from benchmark.cases.day017 import IMPLS_FOR_TIMING, flops, shapes_for
+from benchmark.gpu_script import need_cuda
 from benchmark.timing import kernel_time_ms, kernel_times_us
 from pytorch_custom_ops.attention_gpu import (
     BWD_VERSIONS,
@@ -63,6 +64,7 @@ def main() -> None:
         "--kernels", action="store_true", help="with --backward: each Mojo kernel's time, seq 8192, every version"
     )
     args = parser.parse_args()
+    need_cuda(None, __file__)
     if args.backward:
         return time_backward(args.quick, args.bwd_versions, args.kernels)
     print(f"{torch.cuda.get_device_name()}; bf16 forward; TFLOP/s by kernel time (max |err| vs fp32)")

@@ -12,6 +12,7 @@ bf16 16384 x 2304 x 768 (the QKV forward, K = 768: 82% of cuBLAS) and 16384 x 76
 import torch
 
 import pytorch_custom_ops as pco
+from benchmark.gpu_script import need_cuda
 
 SHAPES = ((16384, 2304, 768), (16384, 768, 3072))  # (tokens, out, in): y = x W^T
 
@@ -30,4 +31,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    need_cuda(__doc__, __file__)
     main()

@@ -10,6 +10,7 @@ Prints one line per variant: {kernel: microseconds per call}.
 import torch
 
 import pytorch_custom_ops as pco
+from benchmark.gpu_script import need_cuda
 from benchmark.timing import kernel_times_us
 from pytorch_custom_ops import gemm_gpu
 
@@ -59,4 +60,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    need_cuda(__doc__, __file__)
     main()

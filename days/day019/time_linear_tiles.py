@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import pytorch_custom_ops as pco
+from benchmark.gpu_script import need_cuda
 from benchmark.timing import kernel_time_ms
 
 VERSIONS = (
@@ -46,4 +47,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    need_cuda(__doc__, __file__)
     main()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 import pytorch_custom_ops as pco
+from benchmark.gpu_script import need_cuda
 from benchmark.timing import kernel_time_ms
 from pytorch_custom_ops import direct
 from pytorch_custom_ops.gemm_gpu import float_kernel, gemm_gpu
@@ -71,4 +72,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    need_cuda(__doc__, __file__)
     main()

@@ -21,6 +21,7 @@ import argparse
 
 import torch
 
+from benchmark.gpu_script import need_cuda
 from days.day014.time_versions import GPT2, SQUARES, print_row, time_shape
 
 VERSIONS = (
@@ -55,6 +56,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=None, help="with --tokens: one day 016 block of this width")
     parser.add_argument("--versions", nargs="+", default=list(VERSIONS), choices=VERSIONS)
     args = parser.parse_args()
+    need_cuda(None, __file__)
     if args.tokens:
         layers = block_layers(args.width) if args.width else STEP_LAYERS
         step_layers(args.tokens, args.versions, layers)

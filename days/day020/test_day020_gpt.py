@@ -107,6 +107,18 @@ def test_an_empty_batch_or_sequence_gives_empty_logits(impl):
         assert logits.shape == (*shape, TINY.vocab_size) and torch.isnan(loss)
 
 
+def test_the_command_line_refuses_zero_periods_and_fits_seq_to_the_config(capsys):
+    """--eval-every 0 used to divide by zero after the first 100 steps; --config tiny (a 32
+    token block) failed with the default --seq 256, which now follows the config."""
+    from days.day020 import train
+
+    for flag in ("--eval-every", "--log-every", "--checkpoint-every", "--steps", "--batch", "--seq"):
+        with pytest.raises(SystemExit):
+            train.parse_args(["--out", "/tmp/x", flag, "0"])
+        assert "must be a positive integer" in capsys.readouterr().err
+    assert train.parse_args(["--config", "tiny", "--out", "/tmp/x"]).seq is None  # train(): min(256, block)
+
+
 def test_the_impls_share_parameter_names_and_init():
     models = twins(TINY, seed=3)
     a, b = (m.state_dict() for m in models.values())

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import pytorch_custom_ops as pco
+from benchmark.gpu_script import need_cuda
 
 from .time_master_grads import ROWS, graph_us
 
@@ -40,4 +41,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    need_cuda(__doc__, __file__)
     main()

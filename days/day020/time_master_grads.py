@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 import pytorch_custom_ops as pco
+from benchmark.gpu_script import need_cuda
 from pytorch_custom_ops.gemm import column_sum
 from pytorch_custom_ops.master_weights import bias_grad, weight_grad
 
@@ -84,4 +85,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    need_cuda(__doc__, __file__)
     main()

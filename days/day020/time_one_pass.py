@@ -16,6 +16,7 @@ import importlib
 
 import torch
 
+from benchmark.gpu_script import need_cuda
 from days.day020.time_master_grads import graph_us
 from pytorch_custom_ops import direct
 
@@ -63,4 +64,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    need_cuda(__doc__, __file__)
     main()

@@ -12,6 +12,7 @@ import importlib
 
 import torch
 
+from benchmark.gpu_script import need_cuda
 from benchmark.timing import copy_bandwidth_gbps, kernel_times_us, time_cuda
 from pytorch_custom_ops import direct
 
@@ -55,4 +56,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    need_cuda(__doc__, __file__)
     main()

@@ -150,6 +150,8 @@ def _train(args, ranks: Ranks) -> list[dict]:
             setattr(args, key, state["args"][key])  # a resumed run continues the same run
     config = CONFIGS[args.config]
     dtype = getattr(torch, args.dtype)
+    if args.seq is None:  # tiny's block is 32 tokens, small's 256
+        args.seq = min(256, config.block_size)
     if args.seq > config.block_size:
         raise ValueError(f"--seq {args.seq} is longer than the config's block_size {config.block_size}")
     data_dir = Path(args.data)
@@ -295,6 +297,14 @@ def _progress(total: int, start: int, quiet: bool):
     return show
 
 
+def positive(text: str) -> int:
+    """argparse's type for counts and periods (a period of 0 divided by zero mid-run)."""
+    n = int(text)
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {n}")
+    return n
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", choices=sorted(CONFIGS), default="small")
@@ -311,9 +321,11 @@ def parse_args(argv=None):
         help="CUDA: after the run, time and profile this many more steps; per-rank kernel times "
         "go to --out/profile-rank<r>.csv",
     )
-    p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--steps", type=positive, default=2000)
+    p.add_argument("--batch", type=positive, default=64)
+    p.add_argument(
+        "--seq", type=positive, default=None, help="tokens a row (default: the config's block_size, at most 256)"
+    )
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--weight-decay", type=float, default=0.1)
@@ -328,10 +340,10 @@ def parse_args(argv=None):
         help="several ranks: DDP (eager's default), a flat gradient buffer all-reduced in buckets while "
         "backward runs (--graph's default), or the same buffer in one all-reduce after backward",
     )
-    p.add_argument("--log-every", type=int, default=10)
-    p.add_argument("--eval-every", type=int, default=200)
-    p.add_argument("--eval-batches", type=int, default=10)
-    p.add_argument("--checkpoint-every", type=int, default=500)
+    p.add_argument("--log-every", type=positive, default=10)
+    p.add_argument("--eval-every", type=positive, default=200)
+    p.add_argument("--eval-batches", type=positive, default=10)
+    p.add_argument("--checkpoint-every", type=positive, default=500)
     p.add_argument("--sample-tokens", type=int, default=200)
     p.add_argument("--quiet", action="store_true")
     return p.parse_args(argv)
