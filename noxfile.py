@@ -6,7 +6,7 @@
     nox -s docs                  # the MkDocs site into site/ (mkdocs build --strict)
     nox -s serve                 # live preview of the site on http://127.0.0.1:8000
     nox -s lint                  # pre-commit on all files
-    nox -s new_day -- 12 "title" # scaffold days/day012/
+    nox -s new_day -- 21 "title" # scaffold days/day021/
 
 Each session installs what it needs into its own venv. Without network (the GPU machine),
 run in an existing environment: `nox --no-venv -s bench` skips the installs, or call what
@@ -120,7 +120,7 @@ def test_against_float64_reference(device):
 
 @nox.session(venv_backend="none")
 def new_day(session: nox.Session) -> None:
-    """Scaffold days/dayNNN/: journal, Mojo kernel stub, smoke test. Usage: nox -s new_day -- 12 "title"."""
+    """Scaffold days/dayNNN/: journal, Mojo kernel stub, smoke test. Usage: nox -s new_day -- 21 "title"."""
     if not session.posargs or not session.posargs[0].isdigit():
         session.error('usage: nox -s new_day -- NUMBER "title"')
     num = int(session.posargs[0])
