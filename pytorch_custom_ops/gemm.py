@@ -285,7 +285,7 @@ def _backward_product(a, b, alpha, transpose_a: bool, transpose_b: bool, batched
         or a.numel() == 0
         or b.numel() == 0
         or eager.autocast_dtype(a) is not None
-        or not f32_exact(alpha)  # float64's exact alpha (or float32's overflow error): the public path
+        or (a.dtype == torch.float64 and not f32_exact(alpha))  # float64 applies it itself: _gemm_eager
     ):
         return (gemm_batched if batched else gemm)(a, b, None, alpha, 0.0, transpose_a, transpose_b)
     a, transpose_a = _stored(a, transpose_a)
