@@ -151,7 +151,7 @@ print("ok", host_overhead_us(graph.replay, 300), "correct" if ok else "WRONG")
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--no-store", action="store_true")
     p.add_argument("--skip-max-customop", action="store_true", help="skip MAX's own per-shape path (slow compiles)")
     args = p.parse_args(argv)

@@ -19,7 +19,11 @@ def main(argv: list[str] | None = None) -> int:
     """A part of the sweep, e.g. to re-run one shape: `python -m benchmark.model_sweep
     --op gpt_block_train --shape 4x2048x1024 --dtype bfloat16` (rows appended like the
     harness's; `python -m benchmark --day day016` runs it all)."""
-    parser = argparse.ArgumentParser(prog="python -m benchmark.model_sweep", description=main.__doc__.split(",")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmark.model_sweep",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--op", action="append", choices=[FORWARD, TRAIN])
     parser.add_argument("--shape", action="append", help="batch x seq x d, e.g. 8x1024x768 (repeatable)")
     parser.add_argument("--dtype", action="append", choices=["float32", "bfloat16"])

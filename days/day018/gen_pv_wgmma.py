@@ -13,6 +13,7 @@ descriptors) and result type must be spelled out per shape, hence this script.
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 from pathlib import Path
 
@@ -119,4 +120,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # no options: `--help` shows the docstring instead of rewriting the files
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()
