@@ -36,8 +36,8 @@ def check_float_tensor(name: str, x) -> None:
 
 def as_int(v):
     """v as a Python int where it is an integer torch takes as one (numpy's, a 0-d tensor's
-    __index__), except bool; anything else as it is, for the checks to name."""
-    if isinstance(v, int) or isinstance(v, bool) or not hasattr(type(v), "__index__"):
+    __index__); an int (bool too) or anything else as it is, for the checks to name."""
+    if isinstance(v, int) or not hasattr(type(v), "__index__"):
         return v
     try:
         return operator.index(v)
