@@ -494,6 +494,15 @@ SHORT_K_TILE = ("pingpong_tma", 128, 128)
 # (768 x 2304 x 8192: 108) it lost (78 -> 51%), and where AUTO splits K it keeps splitting.
 FEW_TILES = 0.5  # of a round
 FEW_TILES_TILE = ("pingpong", 128, 64)  # mostly k-loop: their epilogues stay in registers
+# Where AUTO picks version 3's 128 x 128 for one round (more than FEW_TILES of it) with a
+# long K, version 4's ping-pong 128 x 128 with TMA stores is faster, though each block has
+# one tile and so one busy consumer. Measured on the H100 (bf16, % of cuBLAS, two runs;
+# results/nvidia-h100-80gb-hbm3/day019_one_round_tiles.txt): GPT-2's dW 2304 x 768 x 8192
+# 75-76 -> 83-84%, 1280 x 1280 x 8192 76 -> 84%, 1536 x 1024 x 8192 90-92 -> 99-101%,
+# 1024 x 1536 x 4096 58 -> 67%, 2048 x 1024 x 4096 77 -> 77-81%. At K = 1024 it lost
+# (2304 x 768: 81-83 -> 75-77%) and at K = 2048 it was mixed (-2 to +5 points).
+ONE_ROUND_LONG_K = 4096
+ONE_ROUND_LONG_K_TILE = ("pingpong_tma", 128, 128)
 # Split-K (part 3), for few output tiles and a long K (GPT-2's weight gradients): each
 # 256 x 128 tile's k-steps are cut into S aligned pieces, one block each, all in one
 # wave (stream-K's walk on a grid of tiles x S: its even shares fall on the split
@@ -558,6 +567,8 @@ def auto_tile(
     tiles128 = _cdiv(m, 128) * _cdiv(n, 128) * batch
     if kind == "tma" and bm == 128 and tiles128 <= FEW_TILES * sms:
         return FEW_TILES_TILE  # under half a round: twice the tiles, every SM busy
+    if kind == "tma" and bm == 128 and tiles128 <= sms and k >= ONE_ROUND_LONG_K:
+        return ONE_ROUND_LONG_K_TILE  # one round, long k-loops
     if kind == "tma" and k <= SHORT_K and tiles128 > sms:
         return SHORT_K_TILE  # more than a round of short tiles: overlap their epilogues
     return kind, bm, bn

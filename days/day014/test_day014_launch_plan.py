@@ -148,7 +148,9 @@ AUTO = [
     ((8192, 3072, 3072, BF16, None), "coop 256x128 tma"),
     # GPT-2's dW (part 3): few tiles and a long K: split-K (stream-K's kernel, tiles x S blocks)
     ((768, 768, 8192, BF16, None), "splitk 256x128"),  # 18 wide tiles x 7 pieces: 126 blocks
-    ((768, 2304, 8192, BF16, None), "tma 128x128"),  # 108 square tiles, one wave: 2 pieces do not pay
+    ((768, 2304, 8192, BF16, None), "pingpong 128x128 tma"),  # 108 square tiles, one wave: 2 pieces do not
+    # pay; K >= 4096: ONE_ROUND_LONG_K
+    ((2304, 768, 1024, BF16, None), "tma 128x128"),  # the same tiles, a short K: version 3
     ((768, 2304, 16384, BF16, None), "splitk 256x128"),  # ... but do at twice the K (the 124M step)
     # one round of version 3's three-consumer 192 x 128 tiles where K is long (part 12)
     ((3072, 768, 8192, BF16, None), "tma 192x128"),  # 96 tiles; 72 wide ones (55% of the SMs)
@@ -325,12 +327,12 @@ def test_gpt2_linear_layers_take_tensor_cores():
             (tokens, d_in, d_out, False, False),
             (d_out, d_in, tokens, True, False),
         ):
-            kind = choice(plan(m, n, k, BF16, ta, tb))
-            assert kind.startswith(("tma", "coop", "splitk", "pingpong 128x64")), (tokens, d_in, d_out, ta, tb)
+            kind, where = choice(plan(m, n, k, BF16, ta, tb)), (tokens, d_in, d_out, ta, tb)
+            assert kind.startswith(("tma", "coop", "splitk", "pingpong 128x64", "pingpong 128x128 tma")), where
             if tokens >= 8192 and k <= 1024:  # short K, many tiles: day 019's version 4
-                assert kind.startswith("coop 256x"), (tokens, d_in, d_out, ta, tb)
+                assert kind.startswith("coop 256x"), where
             if tokens >= 4096 and k < tokens:  # float32: 3xTF32 for every forward and dX product
-                assert choice(plan(m, n, k, FP32, ta, tb)) == "tf32x3 128x128", (tokens, d_in, d_out, ta, tb)
+                assert choice(plan(m, n, k, FP32, ta, tb)) == "tf32x3 128x128", where
 
 
 def test_tma_descriptors_view_each_operand_as_stored():
