@@ -39,7 +39,7 @@ def check_qkv(op: str, q, k, v, causal, head_dims: tuple[int, ...], device_check
         raise ValueError(f"{op}: q heads ({hq}) must be a multiple of k/v heads ({hkv}) (grouped-query attention)")
     if lk == 0 and b * hq * lq > 0:
         raise ValueError(f"{op}: k and v have sequence length 0: softmax over no keys is undefined")
-    if hq > MAX_GRID_YZ or b > MAX_GRID_YZ:
+    if q.device.type == "cuda" and (hq > MAX_GRID_YZ or b > MAX_GRID_YZ):  # the CPU paths have no grid
         raise ValueError(f"{op}: batch ({b}) and heads ({hq}) must each be <= {MAX_GRID_YZ} (CUDA grid limits)")
     if not isinstance(causal, bool):
         raise TypeError(f"{op}: causal must be a bool, got {type(causal).__name__}")

@@ -171,7 +171,10 @@ def _fusable(x, weight, bias, residual) -> bool:
     aligned = all(t.data_ptr() % 16 == 0 for t in (x, weight))
     rows_ok = k % 8 == 0 and n % 8 == 0 and k > 0 and x.numel() > 0
     full = (*x.shape[:-1], n)
-    res_ok = residual is None or tuple(residual.shape) == full or residual.numel() == n
+    # one row of n: (n,), (1, n), (1, 1, n)... not (n, 1), which also holds n values but
+    # broadcasts along the other axis
+    row = residual is not None and residual.numel() == n and (residual.dim() == 0 or residual.shape[-1] == n)
+    res_ok = residual is None or tuple(residual.shape) == full or row
     return aligned and rows_ok and res_ok
 
 

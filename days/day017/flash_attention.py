@@ -44,6 +44,17 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def interpreter_ready() -> bool:
+    """Whether Triton's own @triton.jit library (tl.max, tl.cdiv, ...) is interpreted too.
+    Triton decorates it once, when triton.language is first imported: if that happened
+    before TRITON_INTERPRET=1 was set (torch.compile imports triton, for one), our kernels
+    are interpreted but what they call is not, and a launch fails deep inside Triton."""
+    from triton.language import standard
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(getattr(standard, "max", None), InterpretedFunction)
+
+
 # ----------------------------------------------------------------------------- checks
 
 
@@ -51,8 +62,16 @@ def check_inputs(q, k, v, causal=False, scale=None) -> None:
     """Raise TypeError/ValueError naming the op and the problem; shapes, dtypes, devices only."""
 
     def on_cuda(t):
-        if t.device.type != "cuda" and t.device.type != "meta" and not interpreting():
+        if t.device.type == "cuda" or t.device.type == "meta":
+            return
+        if not interpreting():
             raise ValueError(f"{OP}: the Triton kernels need CUDA tensors, got {t.device} (or set TRITON_INTERPRET=1)")
+        if not interpreter_ready():
+            raise RuntimeError(
+                f"{OP}: {t.device} tensors run in Triton's interpreter, but triton was imported before "
+                "TRITON_INTERPRET=1 was set (torch.compile imports it, for one): set TRITON_INTERPRET=1 in the "
+                "environment before Python starts"
+            )
 
     check_qkv(OP, q, k, v, causal, HEAD_DIMS, on_cuda)
     resolve_scale(scale, q.shape[-1])

@@ -6,6 +6,9 @@ tiles and causal diagonals inside a tile are all exercised. With CUDA, larger ca
 """
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -271,6 +274,23 @@ def test_bad_inputs_raise_clear_errors():
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("TRITON_INTERPRET", "0")
             _bad("the Triton kernels need CUDA tensors, got cpu", q, k, v)
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter runs CPU tensors only without CUDA")
+def test_triton_imported_before_the_interpreter_is_named():
+    """Triton decorates its own library when first imported: with TRITON_INTERPRET=1 set
+    only afterwards (by day 017's module), a CPU call would fail inside Triton."""
+    code = (
+        "import triton, torch, pytorch_custom_ops as pco\n"
+        "q = torch.randn(1, 1, 8, 32, dtype=torch.bfloat16)\n"
+        "try:\n"
+        "    pco.flash_attention(q, q, q)\n"
+        "except RuntimeError as e:\n"
+        "    print(e)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert "triton was imported before TRITON_INTERPRET=1 was set" in out.stdout, out.stdout + out.stderr
 
 
 def test_config_tables():

@@ -88,6 +88,14 @@ def test_double_backward_is_refused_clearly(device):
     assert dq.shape == q.shape and torch.isfinite(dq).all()
 
 
+@pytest.mark.parametrize("dims", [(65536, 1), (1, 65536)])
+def test_cpu_takes_more_than_65535_batches_or_heads(dims):
+    """CUDA's grid limits the GPU kernels' batch and heads; the CPU path is torch math."""
+    b, h = dims
+    q, k, v = make(b, h, h, 1, 2, 64, BF16, "cpu")
+    close(pco.attention(q, k, v), reference(q, k, v, False), BF16)
+
+
 def test_cpu_lse_is_the_log2_logsumexp():
     q, k, v = make(1, 2, 1, 33, 70, 64, BF16, "cpu")
     out, lse = torch.ops.gpu_days.attention(q, k, v, True, 0.2)

@@ -249,6 +249,21 @@ def test_cuda_tma_store_batched_transposed_and_beta():
 
 
 @needs_cuda
+def test_cuda_a_column_residual_is_not_read_as_a_row():
+    """A residual (M, 1) with M == N holds N values like a row (N,), but adds along the
+    other axis: it goes the composed way (the fused epilogue takes a row or the full
+    output). Its gradient is the row sums, not the column sums."""
+    x, w, b, _ = inputs((136,), 64, 136, BF16, "cuda")
+    r = torch.randn(136, 1, device="cuda", dtype=BF16)
+    leaves = [t.detach().requires_grad_() for t in (x, w, b, r)]
+    y = pco.linear(*leaves[:3], None, leaves[3])
+    close(y, reference(x, w, b, None, r), BF16)
+    g = torch.randn_like(y)
+    (got,) = torch.autograd.grad(y, leaves[3], g)
+    torch.testing.assert_close(got.float(), g.float().sum_to_size(r.shape), atol=0.5, rtol=2e-2)
+
+
+@needs_cuda
 def test_cuda_gpt2_mlp_shapes_and_a_broadcast_residual(launched):
     x, w, b, _ = inputs((4, 256), 768, 3072, BF16, "cuda")
     with torch.no_grad():
