@@ -31,7 +31,10 @@ from max.gpu import (
 from max.gpu.host import DeviceContext
 from max.gpu.memory import external_memory
 from max.gpu.primitives import block
-from std.math import exp, log
+from std.math import log
+from days.day009.exp_f64 import (
+    exp,
+)  # float64: accurate to 1 ulp (Mojo 1.2's: ~3e-13)
 from std.memory import stack_allocation
 from std.utils.static_tuple import StaticTuple
 
