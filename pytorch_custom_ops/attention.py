@@ -94,8 +94,15 @@ def _backward_math(do, q, k, v, out, lse2, causal, scale):
 
 
 # -- the CUDA path ------------------------------------------------------------------------------
+def tma_copy(t: Tensor) -> Tensor:
+    """t, or a copy the tensor maps can read. A clone, not .contiguous(): a contiguous
+    view 2 bytes past a 16-byte boundary (x[1:]) is its own .contiguous(), and
+    cuTensorMapEncodeTiled refused its address."""
+    return t if tma_ready(t) else t.clone(memory_format=torch.contiguous_format)
+
+
 def _forward_cuda(q, k, v, causal, scale):
-    q, k, v = (t if tma_ready(t) else t.contiguous() for t in (q, k, v))
+    q, k, v = (tma_copy(t) for t in (q, k, v))
     b, hq, lq, d = q.shape
     out = torch.empty((b, hq, lq, d), dtype=q.dtype, device=q.device)
     lse2 = torch.empty((b, hq, lq), dtype=torch.float32, device=q.device)
@@ -117,7 +124,7 @@ def _forward_eager(q, k, v, causal, scale):
 
 
 def _backward_cuda(do, q, k, v, out, lse2, causal, scale):
-    q, k, v, do, out = (t if tma_ready(t) else t.contiguous() for t in (q, k, v, do, out))
+    q, k, v, do, out = (tma_copy(t) for t in (q, k, v, do, out))
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if q.numel() == 0:  # no query: no gradient reaches k or v

@@ -397,6 +397,29 @@ def test_cuda_strided_layouts():
     close(pco.attention(qt, k, v, causal=True), reference(q, k, v, True), BF16)
 
 
+@needs_cuda
+@pytest.mark.parametrize("d", [64, 128])
+def test_cuda_contiguous_but_misaligned_inputs_are_copied(d):
+    """x[1:] of a flat buffer is contiguous, 2 bytes past a 16-byte boundary: its own
+    .contiguous(), which TMA refused (cuTensorMapEncodeTiled: invalid argument)."""
+    shape = (3, 5, 129, d)
+
+    def misaligned():
+        t = torch.randn(math.prod(shape) + 1, device="cuda", dtype=BF16)[1:].view(shape)
+        assert t.is_contiguous() and t.data_ptr() % 16 != 0
+        return t.requires_grad_()
+
+    q, k, v = misaligned(), misaligned(), misaligned()
+    out = pco.attention(q, k, v, causal=True)
+    ref = reference(q, k, v, True)
+    close(out, ref, BF16)
+    g = misaligned().detach()
+    got = torch.autograd.grad(out, (q, k, v), g)
+    want = torch.autograd.grad(ref, (q, k, v), g.double())
+    for a, r in zip(got, want, strict=True):
+        close(a, r, BF16, factor=2)
+
+
 # many key blocks: versions 2 and 6 add into the same dQ rows (atomics)
 LONG_GRAD_SHAPES = [(1, 4, 2, 1100, 1300, 128), (2, 2, 1, 900, 700, 64)]
 
