@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from . import direct, eager, programs
-from .contract import FLOAT_DTYPES, OpSpec, TensorArg, check_float_tensor, same_device
+from .contract import FLOAT_DTYPES, OpSpec, TensorArg, as_int, check_float_tensor, same_device
 from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp, device_constant
 
@@ -285,14 +285,22 @@ layer_norm_backward_kernel = MojoOp(LAYER_NORM_BACKWARD, gpu=_layer_norm_backwar
 
 
 # -- argument checks: torch's rules, with messages that name the op ----------------------
+def _size(d):
+    """d as a size: a Python int (numpy's too), a SymInt as it is (torch.compile's dynamic
+    widths), anything else None."""
+    if isinstance(d, torch.SymInt):
+        return d
+    d = as_int(d)
+    return d if isinstance(d, int) and not isinstance(d, bool) else None
+
+
 def normalized_shape_tuple(name: str, normalized_shape) -> tuple[int, ...]:
-    if isinstance(normalized_shape, int) and not isinstance(normalized_shape, bool):
+    if _size(normalized_shape) is not None:
         normalized_shape = (normalized_shape,)
-    if not isinstance(normalized_shape, Sequence) or not all(
-        isinstance(d, int) and not isinstance(d, bool) for d in normalized_shape
-    ):
+    sizes = [_size(d) for d in normalized_shape] if isinstance(normalized_shape, Sequence) else [None]
+    if any(d is None for d in sizes):
         raise TypeError(f"{name}: normalized_shape must be an int or a sequence of ints, got {normalized_shape!r}")
-    shape = tuple(int(d) for d in normalized_shape)
+    shape = tuple(sizes)
     if not shape:
         raise ValueError(f"{name}: normalized_shape must have at least one dim, got ()")
     if any(d < 0 for d in shape):
@@ -307,11 +315,11 @@ def _usual_normalized_shape(x, normalized_shape, weight, bias, eps) -> tuple[int
     """normalized_shape of an ordinary valid call (one trailing dim, weight and bias of
     the input's dtype and device, a float eps), in a few cheap steps; None sends the call
     through the full checks."""
-    if normalized_shape.__class__ is int:
+    if type(normalized_shape) is int:
         shape = (normalized_shape,)
-    elif normalized_shape.__class__ in (tuple, list, torch.Size) and len(normalized_shape) == 1:
+    elif type(normalized_shape) in (tuple, list, torch.Size) and len(normalized_shape) == 1:
         shape = tuple(normalized_shape)
-        if shape[0].__class__ is not int:
+        if type(shape[0]) is not int:
             return None
     else:
         return None
@@ -354,8 +362,31 @@ def check_layer_norm_args(name: str, x, normalized_shape, weight, bias, eps) -> 
             raise ValueError(f"{name}: {pname} is on {p.device} but the input is on {x.device}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
         raise TypeError(f"{name}: eps must be a float, got {type(eps).__name__}")
-    if not (math.isfinite(eps) and eps >= 0):
+    if not (0 <= eps < math.inf):  # finite and >= 0 (NaN compares false); no math.isfinite: dynamo cannot trace it
         raise ValueError(f"{name}: eps must be finite and >= 0, got {eps}")
+    return shape
+
+
+def check_layer_norm_backward_args(grad_out, x, normalized_shape, weight, mean, rstd) -> tuple[int, ...]:
+    """x, normalized_shape and weight as the forward checks them; grad_out like x; mean and
+    rstd floating point with one value per normalized row (torch refuses an integer mean:
+    cast, a truncated one gave wrong gradients)."""
+    name = "layer_norm_backward"
+    shape = check_layer_norm_args(name, x, normalized_shape, weight, None, 0.0)
+    for arg, t in (("grad_out", grad_out), ("mean", mean), ("rstd", rstd)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: {arg} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name}: {arg} has dtype {t.dtype}; it must be a floating-point tensor")
+        if not same_device(t, x):
+            raise ValueError(f"{name}: {arg} is on {t.device} but x is on {x.device}")
+    if grad_out.shape != x.shape:
+        raise ValueError(f"{name}: grad_out {tuple(grad_out.shape)} must match x {tuple(x.shape)}")
+    rows = math.prod(x.shape[: x.dim() - len(shape)])
+    if mean.numel() != rows or rstd.numel() != rows:
+        raise ValueError(
+            f"{name}: mean and rstd must hold one value per row ({rows}), got {mean.numel()} and {rstd.numel()}"
+        )
     return shape
 
 
@@ -441,9 +472,7 @@ def _layer_norm_backward_eager(
     mean: torch.Tensor,
     rstd: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    shape = check_layer_norm_args("layer_norm_backward", x, normalized_shape, weight, None, 0.0)
-    if grad_out.shape != x.shape:
-        raise ValueError(f"layer_norm_backward: grad_out {tuple(grad_out.shape)} must match x {tuple(x.shape)}")
+    shape = check_layer_norm_backward_args(grad_out, x, normalized_shape, weight, mean, rstd)
     # the usual case (a (rows, cols) LayerNorm's own saved tensors) needs no copy or view
     as_is = x.dim() == 2 and len(shape) == 1 and x.is_contiguous() and grad_out.is_contiguous()
     if as_is:  # no .to() call either when the dtypes agree: each torch call is ~1 us on the host
@@ -478,7 +507,7 @@ _layer_norm_backward_op = torch.library.custom_op(
 
 @_layer_norm_backward_op.register_fake
 def _(grad_out, x, normalized_shape, weight, mean, rstd):
-    shape = check_layer_norm_args("layer_norm_backward", x, normalized_shape, weight, None, 0.0)
+    shape = check_layer_norm_backward_args(grad_out, x, normalized_shape, weight, mean, rstd)
     grad_x = torch.empty_like(x, memory_format=torch.contiguous_format)
     return grad_x, x.new_empty(shape), x.new_empty(shape)
 

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from functools import cache
 from pathlib import Path
 
@@ -22,6 +23,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 KERNEL_PACKAGE = REPO_ROOT / "days"
 BUILD_DIR = REPO_ROOT / "build"
 ENV_LIBRARY = "GPU_DAYS_KERNEL_LIBRARY"
+OLD_LIBRARY_S = 24 * 3600  # an older library is removed once this old (build_library)
 
 
 class KernelBuildError(RuntimeError):
@@ -71,9 +73,13 @@ def build_library(package: Path = KERNEL_PACKAGE, build_dir: Path = BUILD_DIR) -
         raise KernelBuildError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}):\n{proc.stderr or proc.stdout}")
     (staging / target.name).replace(target)  # atomic: parallel workers never see half a file
     shutil.rmtree(staging, ignore_errors=True)
-    for old in build_dir.iterdir():  # older libraries (hash-named); build/gpu is gpu_build's
+    # older libraries (hash-named; build/gpu is gpu_build's), once a day old: a process
+    # still running on one (edited sources, a new process rebuilt) compiles its next graph
+    # from that file, and failed when it was gone. They are ~0.6 MB each.
+    for old in build_dir.iterdir():
         if old.is_dir() and old.name != key and len(old.name) == len(key) and old.name.isalnum():
-            shutil.rmtree(old, ignore_errors=True)
+            if time.time() - old.stat().st_mtime > OLD_LIBRARY_S:
+                shutil.rmtree(old, ignore_errors=True)
     return target
 
 

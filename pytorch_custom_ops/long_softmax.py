@@ -22,7 +22,7 @@ import dataclasses
 import torch
 
 from . import direct, eager, programs, softmax
-from .contract import FLOAT_DTYPES, OpSpec, TensorArg
+from .contract import FLOAT_DTYPES, OpSpec, TensorArg, as_int
 from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp
 from .softmax import _as_rows, _from_rows, check_softmax_args
@@ -284,6 +284,7 @@ _long_softmax_autograd = eager.function(
 
 def long_softmax(x: torch.Tensor, dim: int = -1, pipeline: str = "fused") -> torch.Tensor:
     """Softmax of `x` along `dim`, each row spread over many blocks (day015's Mojo kernels)."""
+    dim = as_int(dim)  # numpy's ints, as torch takes them
     return eager.call(
         (x,),
         (x, dim, pipeline),

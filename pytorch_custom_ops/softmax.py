@@ -13,7 +13,7 @@ import math
 import torch
 
 from . import direct, eager, programs
-from .contract import FLOAT_DTYPES, OpSpec, TensorArg, check_float_tensor
+from .contract import FLOAT_DTYPES, OpSpec, TensorArg, as_int, check_float_tensor
 from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp
 
@@ -120,6 +120,7 @@ _online_softmax_autograd = eager.function(
 
 def online_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Softmax of `x` along `dim`, computed by day009's one-pass (online) Mojo kernel."""
+    dim = as_int(dim)  # numpy's ints, as torch takes them
     return eager.call(
         (x,),
         (x, dim),

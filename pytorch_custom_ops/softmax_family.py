@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 
 from . import direct, eager, programs
-from .contract import FLOAT_DTYPES, OpSpec, TensorArg
+from .contract import FLOAT_DTYPES, OpSpec, TensorArg, as_int
 from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp
 from .softmax import _as_rows, _from_rows, check_softmax_args
@@ -372,6 +372,7 @@ _CHECKS = {
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Softmax of `x` along `dim` (day012 Mojo kernels; any dim, float32/16, bfloat16, float64).
     Under torch.autocast it runs in float32 (torch's CUDA policy)."""
+    dim = as_int(dim)  # numpy's ints, as torch takes them
     if eager.autocast_dtype(x) is not None:
         (x,) = eager.cast_floats(torch.float32, x)
     return eager.call(
@@ -386,6 +387,7 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """log(softmax(x)) along `dim`, computed as x - max - log(sum(exp(x - max)))."""
+    dim = as_int(dim)  # numpy's ints, as torch takes them
     if eager.autocast_dtype(x) is not None:  # float32 under torch.autocast, as softmax
         (x,) = eager.cast_floats(torch.float32, x)
     return eager.call(
@@ -400,6 +402,7 @@ def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 def softmax_backward(grad_output: torch.Tensor, output: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """The gradient of softmax: output * (grad_output - sum(grad_output * output, dim))."""
+    dim = as_int(dim)  # numpy's ints, as torch takes them
     return eager.call(
         (grad_output, output),
         (grad_output, output, dim),
@@ -412,6 +415,7 @@ def softmax_backward(grad_output: torch.Tensor, output: torch.Tensor, dim: int =
 
 def log_softmax_backward(grad_output: torch.Tensor, output: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """The gradient of log_softmax: grad_output - exp(output) * sum(grad_output, dim)."""
+    dim = as_int(dim)  # numpy's ints, as torch takes them
     return eager.call(
         (grad_output, output),
         (grad_output, output, dim),

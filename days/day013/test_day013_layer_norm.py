@@ -9,6 +9,7 @@ import math
 import re
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -312,9 +313,32 @@ def test_bad_inputs_raise_clear_errors():
         pco.layer_norm(x.requires_grad_(), (4,), w.double())
     with pytest.raises(ValueError, match=r"layer_norm: normalized_shape \(8,\) does not match"):
         pco.MojoLayerNorm(8)(x)
+    stats = x.detach()[:, 0]
     with pytest.raises(ValueError, match="layer_norm_backward: grad_out"):
-        stats = x.detach()[:, 0]
         torch.ops.gpu_days.layer_norm_backward(torch.randn(3, 5), x.detach(), [4], None, stats, stats)
+    # torch's backward refuses integer statistics; cast, a truncated mean gave wrong gradients
+    g = torch.randn(3, 4)
+    with pytest.raises(TypeError, match="layer_norm_backward: mean has dtype torch.int64"):
+        pco.layer_norm_backward(g, x.detach(), 4, None, stats.long(), stats)
+    with pytest.raises(TypeError, match="layer_norm_backward: grad_out has dtype torch.int64"):
+        pco.layer_norm_backward(g.long(), x.detach(), 4, None, stats, stats)
+    with pytest.raises(ValueError, match=r"mean and rstd must hold one value per row \(3\), got 2 and 3"):
+        pco.layer_norm_backward(g, x.detach(), 4, None, stats[:2], stats)
+
+
+def test_numpy_and_symbolic_sizes():
+    """normalized_shape may hold numpy ints (as F.layer_norm takes them), and under
+    torch.compile a dynamic width (a SymInt) once dynamo sees a second width."""
+    x = torch.randn(3, 6)
+    want = F.layer_norm(x, (6,))
+    torch.testing.assert_close(pco.layer_norm(x, (np.int64(6),)), want)
+    torch.testing.assert_close(pco.layer_norm(x, np.int64(6)), want)
+    f = torch.compile(lambda t: pco.layer_norm(t, t.shape[-1:]), fullgraph=True, dynamic=True)
+    h = torch.compile(lambda t: pco.add_layer_norm(t, None, t.shape[-1])[1], fullgraph=True, dynamic=True)
+    for n in (5, 9):
+        t = torch.randn(3, n)
+        torch.testing.assert_close(f(t), F.layer_norm(t, (n,)), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(h(t), F.layer_norm(t, (n,)), atol=1e-5, rtol=1e-5)
 
 
 # -- the GPU launch plans, checked on CPU tensors (plans read shapes, dtypes and pointers) ---
