@@ -97,7 +97,7 @@ def tma_map(t: torch.Tensor, box_rows: int) -> TensorMapSpec:
     b, h, n, d = t.shape
     size = t.element_size()
     strides = (t.stride(2) * size, t.stride(1) * size, t.stride(0) * size)
-    return TensorMapSpec(t.dtype, t.data_ptr(), (d, n, h, b), strides, (BOX, box_rows, 1, 1))
+    return TensorMapSpec(t.dtype, t.data_ptr(), (d, n, h, b), strides, (BOX, box_rows, 1, 1), what="attention operand")
 
 
 def tma_ready(t: torch.Tensor) -> bool:

@@ -259,5 +259,9 @@ def encode_tiled_tensor_map(data_type: int, address: int, dims, byte_strides, bo
         CU_TENSOR_MAP_L2_PROMOTION_NONE,
         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
     )
-    check(code, f"cuTensorMapEncodeTiled ({what}: dims {tuple(dims)}, box {tuple(box)})")
+    check(
+        code,
+        f"cuTensorMapEncodeTiled ({what}: dims {tuple(dims)}, byte strides {tuple(byte_strides)}, box {tuple(box)}, "
+        f"address {address:#x}, {address % 16} bytes past a 16-byte boundary)",
+    )
     return ctypes.string_at(aligned, 128)

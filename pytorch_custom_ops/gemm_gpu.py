@@ -15,7 +15,7 @@ plan that drifts from a kernel fails in `gpu_build` instead of overrunning share
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cache
 
 import torch
@@ -351,6 +351,7 @@ class TensorMapSpec:
     byte_strides: tuple[int, ...]
     box: tuple[int, ...]
     swizzle: int = cuda_driver.CU_TENSOR_MAP_SWIZZLE_128B
+    what: str = field(default="gemm operand", compare=False)  # for the driver's error message
 
     def encode(self) -> bytes:
         # A pure function of the fields: in a model the weights (and, through torch's
@@ -365,7 +366,7 @@ class TensorMapSpec:
                 self.byte_strides,
                 self.box,
                 self.swizzle,
-                "gemm operand",
+                self.what,
             )
             if len(_ENCODED) >= 4096:
                 _ENCODED.clear()

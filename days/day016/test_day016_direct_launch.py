@@ -277,3 +277,28 @@ def test_cuda_constant_first_made_inside_a_graph_capture_is_not_kept():
     graph.replay()
     assert t.tolist() == [0.125, 3.5]
     assert not any(k[0] == (0.125, 3.5) for k in _constants)  # it lives in the graph's pool
+
+
+def test_a_refused_tensor_map_names_the_operand_its_strides_and_alignment(monkeypatch):
+    """The driver's CUDA_ERROR_INVALID_VALUE says nothing of why: the message carries what
+    the map was for, its strides and the address's alignment (TMA needs 16 bytes)."""
+    from pytorch_custom_ops import cuda_driver
+    from pytorch_custom_ops.gemm_gpu import TensorMapSpec
+
+    class RefusingDriver:
+        def cuTensorMapEncodeTiled(self, *args):
+            return 1  # CUDA_ERROR_INVALID_VALUE
+
+        def cuGetErrorName(self, code, out):
+            return 0
+
+        cuGetErrorString = cuGetErrorName
+
+    monkeypatch.setattr(cuda_driver, "_lib", RefusingDriver)
+    spec = TensorMapSpec(torch.bfloat16, 0x7F0000001002, (64, 129, 5, 3), (128, 8256, 41280), (64, 64, 1, 1))
+    with pytest.raises(cuda_driver.CudaDriverError) as caught:
+        TensorMapSpec(**{**spec.__dict__, "what": "attention operand"}).encode()
+    message = str(caught.value)
+    assert "attention operand: dims (64, 129, 5, 3), byte strides (128, 8256, 41280), box (64, 64, 1, 1)" in message
+    assert "address 0x7f0000001002, 2 bytes past a 16-byte boundary" in message
+    assert spec == TensorMapSpec(**{**spec.__dict__, "what": "another label"})  # the label is not part of the key
