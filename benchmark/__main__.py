@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from fnmatch import fnmatchcase
 from functools import partial
 from pathlib import Path
 
@@ -27,7 +28,7 @@ def day_name(day: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmark", description=__doc__.splitlines()[0])
     parser.add_argument("--day", action="append", help="only these days (repeatable), e.g. day009")
-    parser.add_argument("--op", action="append", help="only these ops (repeatable)")
+    parser.add_argument("--op", action="append", help="only these ops (repeatable; patterns like 'attention_*')")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="small shapes (default on CPU)")
     size.add_argument("--full", action="store_true", help="all shapes (default on CUDA)")
@@ -38,14 +39,14 @@ def main(argv: list[str] | None = None) -> int:
     args.day = [day_name(d) for d in args.day] if args.day else args.day
 
     def wanted(x) -> bool:
-        return (not args.day or x.day in args.day) and (not args.op or x.op in args.op)
+        return (not args.day or x.day in args.day) and (not args.op or any(fnmatchcase(x.op, o) for o in args.op))
 
     cases = [c for c in CASES if wanted(c)]
     runners = [r for r in RUNNERS if wanted(r)]
-    if args.list:
-        for c in CASES:
+    if args.list:  # what the filters select
+        for c in cases:
             print(f"{c.day}  {c.op:24s} impls: {', '.join(c.impls)}")
-        for r in RUNNERS:
+        for r in runners:
             print(f"{r.day}  {r.op:24s} (the day's own sweep)")
         return 0
     if not (cases or runners):

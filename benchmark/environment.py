@@ -47,8 +47,12 @@ def _git_commit() -> str:
         return os.environ["GPU_DAYS_GIT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True)
+        # results/ is the harness's own output: an earlier run's rows do not make the code dirty
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT, capture_output=True, text=True
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
         ).stdout.strip()
         return (out.stdout.strip() or "unknown") + ("+dirty" if dirty else "")
     except OSError:

@@ -191,4 +191,29 @@ def test_the_harness_names_a_filter_that_matches_nothing(capsys):
     assert main(["--day", "day009", "--op", "softmaxx", "--no-store"]) == 2
     assert "--op softmaxx" in capsys.readouterr().err
     assert [day_name(d) for d in ("9", "009", "day009")] == ["day009"] * 3
-    assert main(["--day", "9", "--list"]) == 0
+    capsys.readouterr()
+    assert main(["--day", "9", "--list"]) == 0  # the list follows the filters
+    assert {line.split()[0] for line in capsys.readouterr().out.splitlines()} == {"day009"}
+    assert main(["--day", "day018", "--op", "attention_fwd_bwd_*", "--list"]) == 0  # patterns, as day 018 documents
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == 4 and all(" attention_fwd_bwd_d" in line for line in listed)
+
+
+def test_the_commit_stamp_ignores_the_harness_own_results(tmp_path, monkeypatch):
+    """A stored run's rows (results/) do not make the next run's code '+dirty'."""
+    from benchmark import environment
+
+    repo = tmp_path / "repo"
+    (repo / "results").mkdir(parents=True)
+    (repo / "code.py").write_text("x = 1\n")
+    (repo / "results" / "day.csv").write_text("a\n")
+    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    monkeypatch.delenv("GPU_DAYS_GIT_COMMIT", raising=False)  # the GPU machine's stamp
+    monkeypatch.setattr(environment, "REPO_ROOT", repo)
+    (repo / "results" / "day.csv").write_text("a\nb\n")
+    assert not environment._git_commit().endswith("+dirty")
+    (repo / "code.py").write_text("x = 2\n")
+    assert environment._git_commit().endswith("+dirty")

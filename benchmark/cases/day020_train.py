@@ -300,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         "--impl", action="append", choices=["torch", "gpu_days", "torch_compile", "gpu_days_graph", "torch_graph"]
     )
     args = p.parse_args(argv)
+    from benchmark.gpu_script import need_cuda
+
+    need_cuda(None, __file__)  # the profile reads CUDA kernels: one line without a GPU, not a traceback
     torch.backends.cuda.matmul.allow_tf32 = False
     if args.gaps:
         writer = csv.DictWriter(sys.stdout, ["impl", "next_kernel", "gaps_per_step", "idle_us_per_step"])

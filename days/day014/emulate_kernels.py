@@ -401,4 +401,8 @@ def main():
 
 
 if __name__ == "__main__":
+    import argparse
+
+    # no options: --help shows the docstring instead of running the checks
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

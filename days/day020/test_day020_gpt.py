@@ -478,6 +478,54 @@ def test_resume_without_a_checkpoint_is_an_error(tmp_path):
         T.train(_args(tmp_path, "torch", 2, resume=True))
 
 
+@pytest.mark.slow
+def test_a_resume_after_a_crash_keeps_one_row_a_step_and_the_runs_settings(tmp_path, capsys):
+    """A run killed between checkpoints has logged steps past its last checkpoint; the
+    resumed run logs them again, so they are cut first. Settings given with --resume that
+    differ from the checkpoint's are refused; the periods come from the checkpoint."""
+    T.train(_args(tmp_path, "torch", 8, out="crash", stop_after="4"))  # checkpoint at step 4
+    with open(tmp_path / "crash" / "loss.csv", "a", newline="") as f:  # what the dead run logged after it
+        f.write("5,9.9,,1.0,torch\n6,9.9,,1.0,torch\n")
+    T.train(_args(tmp_path, "torch", 8, out="crash", resume=True))
+    with open(tmp_path / "crash" / "loss.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows] == list(range(1, 9)) and all(r["train_loss"] != "9.9" for r in rows)
+    argv = ["--out", str(tmp_path / "crash"), "--data", str(tmp_path / "data"), "--resume", "--quiet", "--steps", "12"]
+    assert T.main(argv) == 2
+    assert "--steps 12 differs from its 8" in capsys.readouterr().err
+    state = torch.load(tmp_path / "crash" / "checkpoint.pt", weights_only=False)
+    assert state["args"]["eval_every"] == 4 and state["args"]["log_every"] == 1
+
+
+def test_evaluation_follows_its_own_period(tmp_path):
+    """--eval-every 4 with --log-every 3: a validation loss at steps 4 and 8, not only where
+    the two periods meet."""
+    rows = T.train(_args(tmp_path, "torch", 9, log_every=3, eval_every=4, checkpoint_every=9))
+    assert [(r["step"], r["val_loss"] != "") for r in rows] == [
+        (3, False),
+        (4, True),
+        (6, False),
+        (8, True),
+        (9, True),
+    ]
+
+
+def test_the_command_line_reports_bad_settings_in_one_line(tmp_path, capsys):
+    base = ["--config", "tiny", "--data", str(tmp_path / "data"), "--max-data-bytes", "400000", "--quiet"]
+    (tmp_path / "a_file").write_text("")
+    for extra, message in (
+        (["--out", str(tmp_path / "a_file")], "File exists"),
+        (["--out", str(tmp_path / "r"), "--seq", "64"], "longer than the config's block_size 32"),
+        (["--out", str(tmp_path / "r"), "--device", "nonsense"], "--device nonsense"),
+    ):
+        assert T.main(base + extra) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("train: error:") and message in err and "Traceback" not in err, err
+    for flag, value in (("--stop-after", "0"), ("--lr", "nan")):
+        with pytest.raises(SystemExit):
+            T.parse_args(["--out", "/tmp/x", flag, value])
+
+
 def test_train_step_flops_count_the_models_parameters():
     """benchmark/cases/day020_train.py's MFU numerator: 6 N + 12 L d T per token, N the
     parameters without the position table (the tied head counted once)."""

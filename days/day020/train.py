@@ -146,8 +146,7 @@ def _train(args, ranks: Ranks) -> list[dict]:
         if not ckpt_path.exists():
             raise FileNotFoundError(f"--resume: no checkpoint at {ckpt_path}")
         state = torch.load(ckpt_path, map_location="cpu", weights_only=False)
-        for key in ("config", "impl", "seed", "batch", "seq", "steps", "lr", "warmup", "weight_decay", "dtype"):
-            setattr(args, key, state["args"][key])  # a resumed run continues the same run
+        _resume_args(args, state["args"])
     config = CONFIGS[args.config]
     dtype = getattr(torch, args.dtype)
     if args.seq is None:  # tiny's block is 32 tokens, small's 256
@@ -196,6 +195,13 @@ def _train(args, ranks: Ranks) -> list[dict]:
     if ranks.main and (start == 0 or not log_path.exists()):
         with open(log_path, "w", newline="") as f:
             csv.DictWriter(f, fields).writeheader()
+    elif ranks.main:  # resumed: rows a stopped run logged after its last checkpoint come again
+        with open(log_path, newline="") as f:
+            kept = [row for row in csv.DictReader(f) if int(row["step"]) <= start]
+        with open(log_path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fields)
+            writer.writeheader()
+            writer.writerows(kept)
     progress = _progress(args.steps, start, args.quiet or not ranks.main)
     tokens_per_step = args.batch * args.seq
     t_last, last_step = time.perf_counter(), start
@@ -204,15 +210,14 @@ def _train(args, ranks: Ranks) -> list[dict]:
         x, y = map(ranks.shard, train_batches.get(step, device))
         loss = stepper(x, y, lr_at(step, args.steps, args.lr, args.warmup))
         done = step + 1
-        if done % args.log_every == 0 or done == args.steps:
+        evaluated = done % args.eval_every == 0 or done == args.steps
+        if done % args.log_every == 0 or evaluated:  # a row at every log and every evaluation
             loss_value = ranks.mean(loss)  # synchronises: the time below is the steps' real time
             now = time.perf_counter()
             row = {
                 "step": done,
                 "train_loss": loss_value,
-                "val_loss": evaluate(model, val_batches, args.eval_batches, device, amp, ranks)
-                if (done % args.eval_every == 0 or done == args.steps)
-                else "",
+                "val_loss": evaluate(model, val_batches, args.eval_batches, device, amp, ranks) if evaluated else "",
                 "tokens_per_s": tokens_per_step * (done - last_step) / (now - t_last),
                 "impl": args.impl,
             }
@@ -269,11 +274,33 @@ def profile_steps(step, n: int, path: Path) -> None:
         writer.writerows(rows)
 
 
+# what a checkpoint fixes (the run's math) and what it only remembers (the periods)
+RUN_ARGS = ("config", "impl", "seed", "batch", "seq", "steps", "lr", "warmup", "weight_decay", "dtype")
+PERIOD_ARGS = ("log_every", "eval_every", "eval_batches", "checkpoint_every", "sample_tokens")
+
+
 def _saved_args(args) -> dict:
-    saved = {k: getattr(args, k) for k in ("impl", "seed", "batch", "seq", "steps", "lr", "warmup", "weight_decay")}
-    saved["dtype"] = args.dtype
-    saved["config"] = args.config
-    return saved
+    return {k: getattr(args, k) for k in RUN_ARGS + PERIOD_ARGS}
+
+
+def _resume_args(args, saved: dict) -> None:
+    """A resumed run continues the saved one: its settings come from the checkpoint. A
+    setting given on the command line that differs from it is refused (a new --steps
+    would change the learning-rate schedule, a new --batch the data order); the periods
+    follow the checkpoint unless given."""
+    defaults = vars(parse_args(["--out", "-"]))
+    for key in RUN_ARGS:
+        given, kept = getattr(args, key), saved[key]
+        if given != defaults[key] and given != kept:
+            flag = "--" + key.replace("_", "-")
+            raise ValueError(
+                f"--resume continues the checkpoint's run: {flag} {given} differs from its {kept} "
+                "(use a new --out for a new run)"
+            )
+        setattr(args, key, kept)
+    for key in PERIOD_ARGS:  # checkpoints written before these were saved keep the flags
+        if getattr(args, key) == defaults[key] and key in saved:
+            setattr(args, key, saved[key])
 
 
 def _progress(total: int, start: int, quiet: bool):
@@ -305,6 +332,13 @@ def positive(text: str) -> int:
     return n
 
 
+def positive_float(text: str) -> float:
+    x = float(text)
+    if not (0 < x < math.inf):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
+    return x
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", choices=sorted(CONFIGS), default="small")
@@ -313,7 +347,7 @@ def parse_args(argv=None):
     p.add_argument("--data", type=Path, default=Path("build/day020/data"))
     p.add_argument("--max-data-bytes", type=int, default=None, help="cap the corpus when building it")
     p.add_argument("--resume", action="store_true")
-    p.add_argument("--stop-after", type=int, default=None, help="stop (with a checkpoint) after this step")
+    p.add_argument("--stop-after", type=positive, default=None, help="stop (with a checkpoint) after this step")
     p.add_argument(
         "--profile-steps",
         type=int,
@@ -326,7 +360,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--seq", type=positive, default=None, help="tokens a row (default: the config's block_size, at most 256)"
     )
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=positive_float, default=1e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
@@ -351,7 +385,20 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    rows = train(args)
+    if args.device is not None:  # a bad device is the user's error, not a traceback deep in torch
+        try:
+            kind = torch.device(args.device).type
+        except RuntimeError as exc:
+            print(f"train: error: --device {args.device}: {exc}", file=sys.stderr)
+            return 2
+        if kind == "cuda" and not torch.cuda.is_available():
+            print(f"train: error: --device {args.device}: this torch has no CUDA device", file=sys.stderr)
+            return 2
+    try:
+        rows = train(args)
+    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError) as exc:  # the arguments' errors
+        print(f"train: error: {exc}", file=sys.stderr)
+        return 2
     if rows and Ranks().main:
         last = rows[-1]
         print(f"step {last['step']}: train loss {last['train_loss']:.4f}, val loss {last['val_loss']}")
