@@ -239,22 +239,19 @@ def load_c_pairs[
     402 us at 16384 x 768 -> 3072 on the H100, day 020, and adding a (1, s, s) causal
     mask to attention scores cost 3x the product itself, day 016.) GELU_GRAD's c is
     full, contiguous and aligned (its caller's promise): a pair per 4-byte load. beta's
-    c may have any strides, and is read only where `with_c` (beta != 0): a pair per
-    4-byte load where its rows are contiguous, of even length and 4-byte aligned (a
-    broadcast bias, an attention mask: the same in every lane), else two 2-byte loads.
+    c may have any strides: two 2-byte loads, only where `with_c` (beta != 0).
     """
     var t = lane_id() % 4
     var safe = c_t.unsafe_offset(min(row, M - 1) * c_rs)
     var cq = SIMD[DType.uint32, NJ]()
-    var pairs = GELU_GRAD or (c_cs == 1 and c_rs % 2 == 0 and Int(c_t) % 4 == 0)
-    if pairs and (GELU_GRAD or with_c):
+    comptime if GELU_GRAD:
         comptime for j in range(NJ):
             var col = min(n0 + j * 8 + 2 * t, N - 2)
             cq[j] = bitcast[DType.uint32, 1](
                 safe.unsafe_load[width=2, alignment=4](col)
             )[0]
-    comptime if not GELU_GRAD:
-        if with_c and not pairs:  # beta: the same in every lane
+    else:
+        if with_c:  # beta: the same in every lane
             comptime for j in range(NJ):
                 var p = safe.unsafe_offset(
                     min(n0 + j * 8 + 2 * t, N - 2) * c_cs
