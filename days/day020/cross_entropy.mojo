@@ -31,7 +31,7 @@ from max.gpu import (
 from max.gpu.host import DeviceContext
 from max.gpu.memory import external_memory
 from max.gpu.primitives import block
-from std.math import log
+from std.math import isnan, log
 
 # float64 to 1 ulp (Mojo 1.2's own exp is ~3e-13 off); std.math.exp for the rest
 from days.day009.exp_f64 import exp
@@ -202,14 +202,13 @@ def write_row_grad[
     vectors in flight per thread; x[c] comes from `cache` for c < cached (filled by
     fold_and_cache: each thread reads back what it cached itself, so no barrier), from
     `logits` after that. A NaN shift (an invalid target; a row with NaN, +inf or only
-    -inf) writes NaN everywhere, explicitly: exp(NaN) is +inf in Mojo 1.2.
+    -inf) writes NaN everywhere: exp(NaN) may be +inf (Mojo 1.2's), so the factor f
+    becomes NaN too: one select a row, not one an element.
     """
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     comptime STEP = BLOCK * W
-    var poisoned = (
-        shift != shift
-    )  # NaN: exp() would give +inf (Mojo 1.2), torch NaN
+    var fs = shift if isnan(shift) else f  # anything * NaN is NaN
     for c0 in range(thread_idx.x * W, n, STEP * UNROLL):
         var xs = SIMD[dtype, W * UNROLL](0)
         comptime for u in range(UNROLL):
@@ -223,13 +222,11 @@ def write_row_grad[
             var c = c0 + u * STEP
             if c < n:
                 var x = xs.slice[W, offset=u * W]().cast[acc]()
-                var g = exp(x - shift) * f
-                if poisoned:
-                    g = SIMD[acc, W](shift)
+                var g = exp(x - shift) * fs
                 if c <= t < c + W:
                     comptime for j in range(W):  # a compile-time lane: no spill
                         if c + j == t:
-                            g[j] -= f
+                            g[j] -= fs
                 store_vec[dtype, W](grad, base + c, g.cast[dtype]())
 
 
