@@ -26,6 +26,7 @@ from .store import NUMERIC_COLUMNS
 COPY_OP = "copy_bandwidth"
 NUMERIC = NUMERIC_COLUMNS
 MAX_PANELS_PER_ROW = 3
+MAX_LINES_PER_PANEL = 16  # more and the legend crowds the axes out
 
 
 def shape_elements(shape) -> int | None:
@@ -107,13 +108,19 @@ def plot_family(df, family: str, ops: list[str] | tuple[str, ...], out_dir: Path
         if sub.empty:
             continue
         several_ops = sub["op"].nunique() > 1
+        # one line per (day, op, impl) in a panel per dtype, unless that makes more lines than
+        # a legend can name (attention: 8 ops x 12 impls): then a panel per (op, dtype)
+        by_op = several_ops and len(sub.groupby(["day", "op", "impl"])) > MAX_LINES_PER_PANEL
 
-        def label(r, several_ops=several_ops):
-            return f"{r['day']} {r['op']}/{r['impl']}" if several_ops else f"{r['day']} {r['impl']}"
+        def label(r, several_ops=several_ops, by_op=by_op):
+            return f"{r['day']} {r['op']}/{r['impl']}" if several_ops and not by_op else f"{r['day']} {r['impl']}"
+
+        def panel(r, by_op=by_op):
+            return f"{r['op']} · {r['dtype']}" if by_op else str(r["dtype"])
 
         device = _first(dev, "device") or device_dir
         path = out_dir / plot_name("family", family, device_dir)
-        if _plot(sub, label, f"{family} — {device}", copy_gbps, path):
+        if _plot(sub, label, f"{family} — {device}", copy_gbps, path, panel):
             paths.append(path)
     return paths
 
@@ -123,8 +130,9 @@ def _first(rows, col: str) -> str | None:
     return vals[0] if vals else None
 
 
-def _plot(rows, label, title: str, copy_gbps: float | None, path: Path) -> bool:
-    """One figure, a panel per dtype; False (and no file) when no row has a value to draw."""
+def _plot(rows, label, title: str, copy_gbps: float | None, path: Path, panel_of=None) -> bool:
+    """One figure, a panel per dtype (or per `panel_of(row)`); False (and no file) when no
+    row has a value to draw."""
     from matplotlib.figure import Figure
 
     ok = rows[(rows["status"] == "ok") & rows["size"].notna()]
@@ -135,7 +143,9 @@ def _plot(rows, label, title: str, copy_gbps: float | None, path: Path) -> bool:
         return False
     if metric == "tflops":  # x: the work of one call, which the shape's element count may not track
         ok = ok.assign(size=ok["tflops"] * ok["ms_median"] * 1e9)
-    dtypes = sorted(ok["dtype"].astype(str).unique())
+    panel_of = panel_of or (lambda r: str(r["dtype"]))
+    ok = ok.assign(panel=[panel_of(r) for _, r in ok.iterrows()])
+    dtypes = sorted(ok["panel"].unique())
     ncols = min(len(dtypes), MAX_PANELS_PER_ROW)
     nrows = math.ceil(len(dtypes) / ncols)
     fig = Figure(figsize=(5.4 * ncols, 3.9 * nrows), layout="constrained")
@@ -146,7 +156,7 @@ def _plot(rows, label, title: str, copy_gbps: float | None, path: Path) -> bool:
     for ax in axes.flat[len(dtypes) :]:
         ax.set_visible(False)
     for ax, dtype in zip(axes.flat, dtypes, strict=False):
-        panel = ok[ok["dtype"].astype(str) == dtype]
+        panel = ok[ok["panel"] == dtype]
         series: dict[str, list] = {}
         for _, r in panel.iterrows():
             series.setdefault(label(r), []).append(r)
