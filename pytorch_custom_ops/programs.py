@@ -287,11 +287,14 @@ def replayed_backward(name: str, backward):
         if torch.is_grad_enabled() or torch.is_autocast_enabled("cuda") or _inside_a_recording():
             return backward(ctx, *grads)
         saved = ctx.saved_tensors
+        # saved tensors may be unpacked once only (checkpoint(use_reentrant=False) raises
+        # on a second read): from here `backward` reads them from a context of our own
+        attrs = tuple(vars(ctx).items())
+        ctx = _make_context(saved, ctx.needs_input_grad, attrs)
         given = (*saved, *grads)
         tensors = [t for t in given if t is not None]
         if not tensors or not tensors[0].is_cuda:
             return backward(ctx, *grads)
-        attrs = tuple(vars(ctx).items())
         params = (attrs, ctx.needs_input_grad, tuple(t is None for t in given))
         try:
             found = program.call(tensors, params)
