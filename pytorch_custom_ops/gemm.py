@@ -487,25 +487,16 @@ def _dispatch(op, batched, a, b, c, alpha, beta, transpose_a, transpose_b):
     return op(a, b, c, float(alpha), float(beta), transpose_a, transpose_b)
 
 
-class MojoGEMM(torch.nn.Module):
+class MojoGEMM(torch.nn.Linear):
     """Drop-in for `torch.nn.Linear`: y = x @ weight^T + bias, any leading dims.
 
-    `weight` (out_features, in_features) and `bias` (out_features,) are named and
-    initialised as in nn.Linear, so its state_dicts load either way. The whole layer is
-    one GEMM call: x as (rows, in) with transpose_b=True reads the weight in place, and
-    the bias is c = bias, broadcast over the rows, with beta = 1 (no separate add).
+    An nn.Linear subclass (constructor, `weight` and `bias`, initialisation, repr), so
+    its state_dicts load either way and code that looks for nn.Linear finds it (a model's
+    `_init_weights`, weight-decay groups, LoRA targets): as a plain Module those skipped it
+    silently. Only forward differs. The whole layer is one GEMM call: x as (rows, in) with
+    transpose_b=True reads the weight in place, and the bias is c = bias, broadcast over
+    the rows, with beta = 1 (no separate add).
     """
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
-        super().__init__()
-        self.in_features = in_features
-        self.out_features = out_features
-        factory = {"device": device, "dtype": dtype}
-        self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, **factory))
-        self.bias = torch.nn.Parameter(torch.empty(out_features, **factory)) if bias else None
-        self.reset_parameters()
-
-    reset_parameters = torch.nn.Linear.reset_parameters
 
     @property
     def use_mojo(self) -> bool:
@@ -524,6 +515,3 @@ class MojoGEMM(torch.nn.Module):
         bias = self.bias
         y = gemm(rows, self.weight, bias, 1.0, 0.0 if bias is None else 1.0, False, True)
         return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

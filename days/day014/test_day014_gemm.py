@@ -251,6 +251,23 @@ def test_mojogemm_matches_linear(bias, device):
     assert "in_features=37, out_features=23" in repr(layer)
 
 
+@pytest.mark.parametrize("cls", [pco.MojoGEMM, pco.MojoLinear])
+def test_mojogemm_is_an_nn_linear_for_code_that_looks_for_one(cls):
+    """A model's `_init_weights` (GPT-2's: `if isinstance(m, nn.Linear): normal_(0, 0.02)`)
+    skipped a plain-Module MojoGEMM silently, and a bias=False layer kept `bias` as a plain
+    attribute: a tensor assigned to it later was no parameter (not trained, not saved)."""
+    model = torch.nn.Sequential(cls(64, 48), cls(48, 8, bias=False))
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.init.zeros_(m.weight)
+    assert all(not layer.weight.any() for layer in model)
+    no_bias = model[1]
+    assert "bias" in no_bias._parameters and no_bias.bias is None
+    with pytest.raises(TypeError):
+        no_bias.bias = torch.zeros(8)  # as nn.Linear: a parameter slot, not an attribute
+    assert repr(no_bias).startswith(f"{cls.__name__}(in_features=48, out_features=8, bias=False")
+
+
 def test_seed_check_prints_mojo_enabled():
     """Issue #3's check, verbatim, in a fresh interpreter."""
     cmd = "from pytorch_custom_ops import MojoGEMM; layer = MojoGEMM(10, 10); print(f'Mojo enabled: {layer.use_mojo}')"
