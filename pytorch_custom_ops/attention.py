@@ -21,6 +21,7 @@ convention the GPU backward relies on, not the Mojo kernel.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import Tensor
@@ -201,7 +202,13 @@ def _check(q, k, v, causal, scale):
 def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: float | None = None) -> Tensor:
     """softmax(q kᵀ · scale [+ causal mask]) v by day 018's Mojo FlashAttention forward,
     differentiable. Takes what `F.scaled_dot_product_attention(q, k, v, is_causal=causal,
-    scale=scale, enable_gqa=True)` takes, for head_dim 64 or 128 in bf16/fp16."""
+    scale=scale, enable_gqa=True)` takes, for head_dim 64 or 128 in bf16/fp16. Under
+    torch.autocast float32 inputs are cast to the autocast dtype, as SDPA's are."""
+    if isinstance(scale, numbers.Real) and not isinstance(scale, (bool, float)):  # numpy's floats, as SDPA takes
+        scale = float(scale)
+    low = eager.autocast_dtype(q)
+    if low is not None:
+        q, k, v = eager.cast_floats(low, q, k, v)
     args = (q, k, v, causal, scale)
     return eager.call((q, k, v), args, eager=_forward_eager, autograd=_autograd, op=_op, check=_check)[0]
 

@@ -559,7 +559,7 @@ def cross_entropy(
     """`F.cross_entropy(logits, targets, ignore_index=..., reduction=...)` for (N, C)
     logits, computed by day020's Mojo kernels. Under torch.autocast the logits are read as
     they are (the kernels accumulate in float32 anyway: no float32 copy of them) and the
-    loss is float32, as torch's."""
-    float_loss = eager.autocast_dtype(logits) is not None
+    loss is float32, as torch's (float64 logits keep a float64 loss, as autocast leaves them)."""
+    float_loss = eager.autocast_dtype(logits) is not None and logits.dtype != torch.float64
     args = (logits, targets, as_int(ignore_index), reduction, float_loss)
     return eager.call((logits, targets), args, **_ROUTES)[0]

@@ -6,7 +6,8 @@ costs tens of microseconds per call (day 016 measured 50-100 us on the H100's ho
 than the launch itself), and so does its autograd wrapper. So every public function asks
 `route` where a call goes:
 
-  OP        a tensor subclass (fake, functional...) or torch.compile tracing: the registered op
+  OP        a tensor subclass (fake, functional...), torch.compile tracing, or a torch.func
+            transform (vmap, grad...): the registered op
   AUTOGRAD  a plain tensor that needs a gradient: an `autograd.Function` made by `function`
             from the op's own eager implementation, setup_context and backward (the very
             functions registered with the op, so the two paths cannot disagree)
@@ -30,7 +31,7 @@ _transforms_active = torch._C._are_functorch_transforms_active
 
 def route(*tensors) -> str:
     """OP, AUTOGRAD or EAGER for a call with these tensor arguments (None allowed)."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _transforms_active():  # vmap's tensors have no storage
         return OP
     grad = False
     for t in tensors:
@@ -136,8 +137,11 @@ def autocast_dtype(t) -> torch.dtype | None:
 
 
 def cast_floats(dtype: torch.dtype, *tensors):
-    """`tensors` with every floating-point one of another dtype cast to `dtype` (None stays)."""
+    """`tensors` with every floating-point one of another dtype cast to `dtype` (None stays).
+    float64 stays too: torch's autocast casts no float64 tensor (torch.mm stays float64)."""
     return tuple(
-        t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != dtype else t
+        t.to(dtype)
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype not in (dtype, torch.float64)
+        else t
         for t in tensors
     )

@@ -283,8 +283,11 @@ _long_softmax_autograd = eager.function(
 
 
 def long_softmax(x: torch.Tensor, dim: int = -1, pipeline: str = "fused") -> torch.Tensor:
-    """Softmax of `x` along `dim`, each row spread over many blocks (day015's Mojo kernels)."""
+    """Softmax of `x` along `dim`, each row spread over many blocks (day015's Mojo kernels).
+    Under torch.autocast it runs in float32, as `softmax` (torch's CUDA policy)."""
     dim = as_int(dim)  # numpy's ints, as torch takes them
+    if eager.autocast_dtype(x) is not None:
+        (x,) = eager.cast_floats(torch.float32, x)
     return eager.call(
         (x,),
         (x, dim, pipeline),

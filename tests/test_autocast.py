@@ -93,3 +93,47 @@ def test_cross_entropy_reads_low_precision_logits_and_returns_float32(device):
     assert abs(loss.item() - F.cross_entropy(logits.double(), targets).item()) < 1e-4
     loss.backward()
     assert logits.grad.dtype == torch.bfloat16
+
+
+def test_float64_is_left_alone_as_torch_autocast_does(device):
+    """torch.autocast casts no float64 tensor: torch.mm, F.linear, F.layer_norm, softmax and
+    F.cross_entropy stay float64 inside it, and so must the ops (they ran in bf16/float32)."""
+    torch.manual_seed(2)
+    a, b = torch.randn(5, 7, device=device, dtype=torch.float64), torch.randn(7, 9, device=device, dtype=torch.float64)
+    w, bias = b.t().contiguous(), torch.randn(9, device=device, dtype=torch.float64)
+    targets = torch.randint(0, 7, (5,), device=device)
+    with _autocast(device):
+        got = {
+            "gemm": (pco.gemm(a, b), a @ b),
+            "gemm_batched": (pco.gemm_batched(a[None], b[None]), (a @ b)[None]),
+            "linear": (pco.linear(a, w, bias), F.linear(a, w, bias)),
+            "mlp": (pco.mlp(a, w, bias, b, None), F.linear(F.gelu(F.linear(a, w, bias), approximate="tanh"), b)),
+            "layer_norm": (pco.layer_norm(a, 7), F.layer_norm(a, (7,))),
+            "softmax": (pco.softmax(a, -1), torch.softmax(a, -1)),
+            "cross_entropy": (pco.cross_entropy(a, targets), F.cross_entropy(a, targets)),
+        }
+    for name, (ours, ref) in got.items():
+        assert ours.dtype == ref.dtype == torch.float64, name
+        torch.testing.assert_close(ours, ref, msg=name)
+
+
+def test_long_softmax_runs_in_float32(device):
+    x = torch.randn(4, 300, device=device).bfloat16()
+    with _autocast(device):
+        p = pco.long_softmax(x, -1)
+    assert p.dtype == torch.float32  # as pco.softmax, torch's CUDA policy for softmax
+    torch.testing.assert_close(p, torch.softmax(x.float(), -1))
+
+
+def test_attention_casts_float32_inputs_to_the_autocast_dtype(device):
+    """SDPA under autocast runs float32 q, k, v (say after a float32 rotary embedding) in the
+    autocast dtype; attention refused them with a TypeError."""
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 9, 64, device=device, requires_grad=True) for _ in range(3))
+    with _autocast(device):
+        out = pco.attention(q, k, v, causal=True)
+        ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert out.dtype == ref.dtype == torch.bfloat16
+    assert rel(out, F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)) < 2e-2
+    out.float().sum().backward()
+    assert q.grad.dtype == k.grad.dtype == v.grad.dtype == torch.float32  # through the casts

@@ -220,6 +220,20 @@ def test_torch_compile_fullgraph_and_shape_changes():
         torch.testing.assert_close(compiled(x), torch.softmax(x * 2, -1) + 1)
 
 
+def test_vmap_goes_through_the_registered_op():
+    """Under torch.vmap an eager call would hand the kernels a batched tensor, which has no
+    storage (a crash deep inside: "Batching rule not implemented for aten::is_pinned");
+    the registered op computes it one example at a time."""
+    x = torch.randn(3, 4, 5, dtype=torch.float64)
+    w, b = torch.randn(6, 5, dtype=torch.float64), torch.randn(6, dtype=torch.float64)
+    targets = torch.randint(0, 5, (3, 4))
+    torch.testing.assert_close(torch.vmap(lambda a: pco.gemm(a, w, transpose_b=True))(x), x @ w.T)
+    torch.testing.assert_close(torch.vmap(lambda a: pco.linear(a, w, b))(x), torch.nn.functional.linear(x, w, b))
+    torch.testing.assert_close(torch.vmap(lambda a: pco.long_softmax(a))(x), torch.softmax(x, -1))
+    per_example = torch.stack([torch.nn.functional.cross_entropy(x[i], targets[i]) for i in range(3)])
+    torch.testing.assert_close(torch.vmap(pco.cross_entropy)(x, targets), per_example)
+
+
 def test_new_shapes_do_not_recompile():
     x = torch.randn(3, 5)
     pco.online_softmax(x)

@@ -9,6 +9,7 @@ streams, and grads through day 017's Triton backward.
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -135,6 +136,14 @@ def test_bad_scale(scale):
     q, k, v = make(1, 1, 1, 8, 8, 64, BF16, "cpu")
     with pytest.raises(ValueError, match="scale"):
         pco.attention(q, k, v, scale=scale)
+
+
+def test_numpy_scale_is_taken_as_sdpa_takes_it():
+    """np.float32(0.2) was refused as not "a positive finite number"."""
+    q, k, v = make(1, 2, 2, 5, 7, 64, BF16, "cpu")
+    want = pco.attention(q, k, v, scale=0.25)
+    torch.testing.assert_close(pco.attention(q, k, v, scale=np.float32(0.25)), want, rtol=0, atol=0)
+    torch.testing.assert_close(pco.attention(q, k, v, scale=np.float64(0.25)), want, rtol=0, atol=0)
 
 
 def test_unknown_version():
