@@ -97,14 +97,18 @@ def test_config_and_input_errors():
 
 
 @pytest.mark.parametrize("impl", ["torch", "gpu_days"])
-def test_an_empty_batch_or_sequence_gives_empty_logits(impl):
+def test_an_empty_batch_or_sequence_gives_empty_logits(impl, device):
     """No tokens: logits of shape (b, s, vocab) with b * s = 0 and a NaN mean loss, as
-    torch's F.cross_entropy gives (a reshape with -1 could not infer the width)."""
-    model = GPT(TINY, impl).init_weights(0)
+    torch's F.cross_entropy gives (a reshape with -1 could not infer the width); on CUDA
+    no kernel may be launched on an empty grid, and backward gives zero gradients."""
+    model = GPT(TINY, impl).init_weights(0).to(device)
     for shape in ((0, 5), (2, 0)):
-        idx = torch.randint(0, TINY.vocab_size, shape)
+        idx = torch.randint(0, TINY.vocab_size, shape, device=device)
         logits, loss = model(idx, idx)
         assert logits.shape == (*shape, TINY.vocab_size) and torch.isnan(loss)
+        logits.sum().backward()  # the loss is NaN; the logits' sum is an empty 0
+        assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+        model.zero_grad(set_to_none=True)
 
 
 def test_the_command_line_refuses_zero_periods_and_fits_seq_to_the_config(capsys):
