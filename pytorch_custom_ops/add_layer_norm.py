@@ -337,7 +337,8 @@ def add_layer_norm(
     else:
         shape = check_layer_norm_args("add_layer_norm", x, normalized_shape, weight, bias, eps)
         check_delta(x, delta)
-        y, s = torch.ops.gpu_days.add_layer_norm(x, delta, list(shape), weight, bias, float(eps), out_dtype)[:2]
+        op = torch.ops.gpu_days.add_layer_norm
+        y, s = eager.run_op("add_layer_norm", op, x, delta, list(shape), weight, bias, float(eps), out_dtype)[:2]
     return (x if delta is None else s), y
 
 

@@ -104,7 +104,28 @@ def call(tensors: tuple, args: tuple, *, eager: Callable, autograd: Callable, op
     if way is AUTOGRAD:
         return autograd(*args)
     check(*args)
-    return op(*args)
+    return run_op(None, op, *args)
+
+
+def run_op(name: str | None, op: Callable, *args):
+    """`op(*args)`, the registered op. Under torch.func's grad, jvp or jacrev torch refuses
+    a torch.library op's autograd with a message about autograd.Function's setup_context
+    that names no op: this one names the public function (`name`, else the op's or its
+    helper's module's) and says what works."""
+    if torch.compiler.is_compiling() or not _transforms_active():  # dynamo need not trace the check
+        return op(*args)
+    try:
+        return op(*args)
+    except RuntimeError as e:
+        if "setup_context" not in str(e):
+            raise
+        if name is None:  # an OpOverloadPacket's name is the op's; a helper's, its module's
+            name = getattr(op, "__name__", "op")
+            name = op.__module__.rsplit(".", 1)[-1] if name.startswith("_") else name
+        raise NotImplementedError(
+            f"{name}: torch.func's grad, jvp, jacrev and the like are not supported (a torch.library "
+            "op's autograd cannot run under them); torch.vmap is, and so is ordinary autograd"
+        ) from e
 
 
 def refuse_double_backward(op: str) -> None:

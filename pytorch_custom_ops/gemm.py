@@ -484,7 +484,7 @@ def _dispatch(op, batched, a, b, c, alpha, beta, transpose_a, transpose_b):
         return fn(a, b, c, alpha, beta, transpose_a, transpose_b)
     name = "gemm_batched" if batched else "gemm"
     check_gemm_args(name, a, b, c, alpha, beta, transpose_a, transpose_b, batched)  # our message first
-    return op(a, b, c, float(alpha), float(beta), transpose_a, transpose_b)
+    return eager.run_op(name, op, a, b, c, float(alpha), float(beta), transpose_a, transpose_b)
 
 
 class MojoGEMM(torch.nn.Linear):

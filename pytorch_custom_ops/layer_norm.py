@@ -578,7 +578,7 @@ def layer_norm(
     if way is eager.AUTOGRAD:
         return _layer_norm_autograd(x, normalized_shape, weight, bias, eps)[0]
     shape = check_layer_norm_args("layer_norm", x, normalized_shape, weight, bias, eps)
-    return torch.ops.gpu_days.layer_norm(x, list(shape), weight, bias, float(eps))[0]
+    return eager.run_op("layer_norm", torch.ops.gpu_days.layer_norm, x, list(shape), weight, bias, float(eps))[0]
 
 
 def layer_norm_backward(

@@ -234,6 +234,25 @@ def test_vmap_goes_through_the_registered_op():
     torch.testing.assert_close(torch.vmap(pco.cross_entropy)(x, targets), per_example)
 
 
+@pytest.mark.parametrize(
+    "name, fn",
+    [
+        ("softmax", lambda x: pco.softmax(x, -1)),
+        ("gemm", lambda x: pco.gemm(x, x, transpose_b=True)),
+        ("layer_norm", lambda x: pco.layer_norm(x, (5,))),
+        ("add_layer_norm", lambda x: pco.add_layer_norm(x, x, (5,))[1]),
+        ("long_softmax", lambda x: pco.long_softmax(x)),
+        ("cross_entropy", lambda x: pco.cross_entropy(x, torch.tensor([0, 4, 2]))),
+    ],
+)
+def test_torch_func_grad_is_refused_naming_the_op(name, fn):
+    """torch.func.grad over a torch.library op's autograd fails inside torch with a message
+    about autograd.Function's setup_context that names nothing of ours."""
+    x = torch.randn(3, 5, dtype=torch.float64)
+    with pytest.raises(NotImplementedError, match=rf"^{name}: torch\.func's grad.*torch\.vmap is"):
+        torch.func.grad(lambda a: fn(a).square().sum())(x)
+
+
 def test_new_shapes_do_not_recompile():
     x = torch.randn(3, 5)
     pco.online_softmax(x)
