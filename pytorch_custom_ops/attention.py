@@ -21,7 +21,6 @@ convention the GPU backward relies on, not the Mojo kernel.
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 from torch import Tensor
@@ -39,6 +38,7 @@ from .attention_gpu import (
     pairs_rows,
     tma_ready,
 )
+from .contract import as_float
 from .flash_attention import attention_backward_with, attention_outputs_like, setup_attention_context
 
 OP = "attention"
@@ -204,8 +204,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: floa
     differentiable. Takes what `F.scaled_dot_product_attention(q, k, v, is_causal=causal,
     scale=scale, enable_gqa=True)` takes, for head_dim 64 or 128 in bf16/fp16. Under
     torch.autocast float32 inputs are cast to the autocast dtype, as SDPA's are."""
-    if isinstance(scale, numbers.Real) and not isinstance(scale, (bool, float)):  # numpy's floats, as SDPA takes
-        scale = float(scale)
+    scale = as_float(scale)  # numpy's floats, as SDPA takes them
     low = eager.autocast_dtype(q)
     if low is not None:
         q, k, v = eager.cast_floats(low, q, k, v)

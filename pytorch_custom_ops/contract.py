@@ -9,6 +9,7 @@ compiled library (`verify_against_library`), so Python and Mojo cannot drift apa
 
 from __future__ import annotations
 
+import numbers
 import operator
 import re
 from collections.abc import Mapping, Sequence
@@ -43,6 +44,14 @@ def as_int(v):
         return operator.index(v)
     except TypeError:
         return v
+
+
+def as_float(v):
+    """v as a Python float where it is a real number torch takes as one (numpy's floats and
+    ints); a float, a bool or anything else as it is, for the checks to name."""
+    if isinstance(v, (bool, float)) or not isinstance(v, numbers.Real):
+        return v
+    return float(v)
 
 
 def as_int_list(seq):
