@@ -145,18 +145,18 @@ def _plot(rows, label, title: str, copy_gbps: float | None, path: Path, panel_of
         ok = ok.assign(size=ok["tflops"] * ok["ms_median"] * 1e9)
     panel_of = panel_of or (lambda r: str(r["dtype"]))
     ok = ok.assign(panel=[panel_of(r) for _, r in ok.iterrows()])
-    dtypes = sorted(ok["panel"].unique())
-    ncols = min(len(dtypes), MAX_PANELS_PER_ROW)
-    nrows = math.ceil(len(dtypes) / ncols)
+    keys = sorted(ok["panel"].unique())
+    ncols = min(len(keys), MAX_PANELS_PER_ROW)
+    nrows = math.ceil(len(keys) / ncols)
     fig = Figure(figsize=(5.4 * ncols, 3.9 * nrows), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False)
     labels = sorted({label(r) for _, r in ok.iterrows()})
     colors = {name: f"C{i % 10}" for i, name in enumerate(labels)}
     markers = "osD^vP*Xh<>"
-    for ax in axes.flat[len(dtypes) :]:
+    for ax in axes.flat[len(keys) :]:
         ax.set_visible(False)
-    for ax, dtype in zip(axes.flat, dtypes, strict=False):
-        panel = ok[ok["panel"] == dtype]
+    for ax, key in zip(axes.flat, keys, strict=False):
+        panel = ok[ok["panel"] == key]
         series: dict[str, list] = {}
         for _, r in panel.iterrows():
             series.setdefault(label(r), []).append(r)
@@ -184,7 +184,7 @@ def _plot(rows, label, title: str, copy_gbps: float | None, path: Path, panel_of
             ax.set_ylabel("median ms (lower is better)")
         ax.set_xlabel(f"problem size ({'FLOPs' if metric == 'tflops' else 'elements'}, log scale)")
         _shape_ticks(ax, panel)
-        ax.set_title(dtype, fontsize=10)
+        ax.set_title(key, fontsize=10)
         ax.grid(True, which="major", alpha=0.35)
         ax.legend(fontsize=8, loc="best")
     fig.suptitle(title, fontsize=11)
