@@ -223,22 +223,27 @@ PP_TMA_STORE_CONFIGS = (
     (128, 64, 1, False, 0),
 )
 STORE_BOXES, STORE_BOX = 2, 64  # days/day019/tma_store.mojo
-PP_CLUSTER, PP_SPLIT, PP_TMA_STORE = 10, 12, 14  # where these flags sit in a variant (below)
+PP_CLUSTER, PP_SPLIT, PP_TMA_STORE, PP_C_BLOCKS = 10, 12, 14, 15  # where these flags sit in a variant (below)
+# The epilogues that also come with c read in 16-byte blocks (C_BLOCKS, day 019, part 16):
+# a linear layer's residual, with or without bias (x @ W^T: TRANSPOSE_B), on every tile
+# without split K. Other products with c read it in 2-byte loads, as before.
+PP_C_BLOCKS_EPILOGUES = ((True, False, False), PLAIN_EPILOGUE)
 
 
 def _pp_variants(dtype: torch.dtype, config: tuple, tma_store: bool = False):
     """Version 4's variants of one PP_CONFIGS tile: (dtype, TA, TB, BM, BN, STAGES, SMEM,
-    BIAS, GELU, GELU_GRAD, CLUSTER, COOP, SPLIT, F32_OUT, TMA_STORE)."""
+    BIAS, GELU, GELU_GRAD, CLUSTER, COOP, SPLIT, F32_OUT, TMA_STORE, C_BLOCKS)."""
     bm, bn, cluster, coop, split = config
 
-    def variant(pair, epilogue, f32_out=False):
+    def variant(pair, epilogue, f32_out=False, c_blocks=False):
         stages, smem = pp_stages(dtype, bm, bn, tma_store), pp_smem_bytes(dtype, bm, bn, tma_store)
-        return (dtype, *pair, bm, bn, stages, smem, *epilogue, cluster, coop, split, f32_out, tma_store)
+        return (dtype, *pair, bm, bn, stages, smem, *epilogue, cluster, coop, split, f32_out, tma_store, c_blocks)
 
     yield from (variant(pair, PLAIN_EPILOGUE) for pair in PAIRS)
     if not split:  # the fused epilogues: split tiles serve the long-K backward's plain products only
         yield from (variant((False, True), epilogue) for epilogue in PP_LINEAR_EPILOGUES)
         yield variant((False, False), PP_GELU_GRAD)
+        yield from (variant((False, True), epilogue, c_blocks=True) for epilogue in PP_C_BLOCKS_EPILOGUES)
     if config in PP_F32_CONFIGS and not tma_store:
         yield variant((True, False), PLAIN_EPILOGUE, f32_out=True)
     if config in PP_TMA_STORE_CONFIGS and not tma_store:
@@ -327,6 +332,23 @@ def gemm_version(name: str):
         yield
     finally:
         _version = previous
+        direct.plans_changed()
+
+
+_c_blocks = True  # C_BLOCKS where its promise holds (pingpong_launch)
+
+
+@contextmanager
+def c_in_pairs():
+    """Inside the block, version 4 reads every c in 2-byte loads, as before day 019's part
+    16 (C_BLOCKS off): the same kernels otherwise, for an A/B in one process."""
+    global _c_blocks
+    previous, _c_blocks = _c_blocks, False
+    direct.plans_changed()  # recipes made with C_BLOCKS must not be reused
+    try:
+        yield
+    finally:
+        _c_blocks = previous
         direct.plans_changed()
 
 
@@ -658,7 +680,20 @@ def pingpong_launch(
             aux_map = output_tma_map(aux, batch, m, n)
     smem = pp_smem_bytes(dtype, bm, bn, tma_store)
     stages = pp_stages(dtype, bm, bn, tma_store)
-    kernel = PINGPONG_KERNEL[dtype, ta, tb, bm, bn, stages, smem, *epilogue, cluster, coop, split, f32_out, tma_store]
+    # a full, row-major, 16-byte aligned c (a residual, attention's mask) is read in 16-byte
+    # blocks where that variant exists (PP_C_BLOCKS_EPILOGUES); a row or another c in pairs
+    c_bs, c_rs, c_cs = sizes[4:7]
+    flags = (*epilogue, cluster, coop, split, f32_out, tma_store)
+    c_blocks = (
+        _c_blocks
+        and c_cs == 1
+        and c_rs >= n
+        and (c_rs * c.element_size()) % 16 == 0
+        and (c_bs * c.element_size()) % 16 == 0
+        and c.data_ptr() % 16 == 0
+        and (dtype, ta, tb, bm, bn, stages, smem, *flags, True) in PINGPONG_KERNEL
+    )
+    kernel = PINGPONG_KERNEL[dtype, ta, tb, bm, bn, stages, smem, *flags, c_blocks]
     units = _cdiv(m, bm) * _cdiv(n, bn * cluster) * batch  # what one cluster takes at a time
     sms = sm_count(out.get_device())
     pieces = 1

@@ -101,6 +101,10 @@ class KernelFamily:
                 "(add it to the family's variants so that gpu_build compiles it)"
             ) from None
 
+    def __contains__(self, params) -> bool:
+        """Whether `params` is a declared variant (a plan may prefer a special one)."""
+        return (params if isinstance(params, tuple) else (params,)) in self._index
+
     def kernels(self) -> list[Kernel]:
         return list(self._index.values())
 

@@ -263,6 +263,39 @@ def load_c_pairs[
 
 
 @always_inline
+def load_c_blocks[
+    dtype: DType, NJ: Int
+](
+    c_t: Pointer[Scalar[dtype], MutAnyOrigin],
+    row: Int,
+    n0: Int,
+    M: Int,
+    N: Int,
+    c_rs: Int,
+) -> SIMD[DType.uint32, NJ]:
+    """load_c_pairs' pairs (pair j of a lane at column n0 + 8 j + 2 t) from whole 16-byte
+    blocks: in each group of 4 column blocks, lane t of a quad loads block t (the one it
+    stores, wg_store_acc) and a quad_transpose hands each lane its pairs. One load where
+    load_c_pairs issues 8 two-byte loads: c read that way cost a residual linear 14 us
+    on a 23 us product (8192 x 768 -> 768, day 019, part 16). The caller's promise
+    (C_BLOCKS): c_cs == 1, c_t and every row (c_rs) 16-byte aligned, N % 8 == 0, so a
+    block is all in or all out; out-of-range lanes read row M - 1 or the last block, and
+    their results are never stored. Every lane of the warp must call it.
+    """
+    var t = lane_id() % 4
+    var safe = c_t.unsafe_offset(min(row, M - 1) * c_rs)
+    var cq = SIMD[DType.uint32, NJ]()
+    comptime for jq in range(NJ // 4):
+        var col = min(n0 + (4 * jq + t) * 8, N - 8)
+        var q = bitcast[DType.uint32, 4](
+            safe.unsafe_load[width=8, alignment=16](col)
+        )
+        quad_transpose(q, t)
+        cq = cq.insert[offset=4 * jq](q)
+    return cq
+
+
+@always_inline
 def epilogue_pair[
     dtype: DType, GELU: Bool, GELU_GRAD: Bool
 ](
@@ -300,6 +333,7 @@ def wg_store_acc[
     GELU: Bool = False,
     GELU_GRAD: Bool = False,
     F32_OUT: Bool = False,
+    C_BLOCKS: Bool = False,
 ](
     acc: SIMD[DType.float32, BN // 2],
     o_t: Pointer[Scalar[dtype], MutAnyOrigin],
@@ -331,7 +365,8 @@ def wg_store_acc[
     holds float32 values (the caller passes a float32 pointer cast to dtype's), for
     the weight gradient of float32 master weights (day 020), so no kernel converts it
     afterwards; each lane then stores its pairs directly (8 bytes; a warp writes whole
-    32-byte sectors), marked evict-first (store_streaming). Day 014's kernels use
+    32-byte sectors), marked evict-first (store_streaming). C_BLOCKS reads beta's c in
+    16-byte blocks (load_c_blocks, whose promise the caller keeps). Day 014's kernels use
     none of them (they pass o_t for both pointers, never touched); day 019's fused
     linear layers and day 020's MLP do. Call it from every lane of the
     warpgroup: the stores go through warp shuffles.
@@ -365,9 +400,15 @@ def wg_store_acc[
     comptime for half in range(2):
         var row = wrow + half * 8
         var row_in = row < M
-        var cq = load_c_pairs[dtype, BN // 8, GELU_GRAD](
-            c_t, row, n0, M, N, c_rs, c_cs, with_c
-        )
+        var cq: SIMD[DType.uint32, BN // 8]
+        comptime if C_BLOCKS:
+            cq = SIMD[DType.uint32, BN // 8]()
+            if with_c:  # beta: the same in every lane
+                cq = load_c_blocks[dtype, BN // 8](c_t, row, n0, M, N, c_rs)
+        else:
+            cq = load_c_pairs[dtype, BN // 8, GELU_GRAD](
+                c_t, row, n0, M, N, c_rs, c_cs, with_c
+            )
         comptime for jq in range(BN // 32):
             var res = SIMD[DType.uint32, 4]()
             var pre = SIMD[DType.uint32, 4]()  # GELU's input, for aux

@@ -125,10 +125,11 @@ def choice(launch) -> str:
         return f"{'tf32x3' if p[0] == FP32 else 'tma'} {p[3]}x{p[4]}"
     if family is gemm_gpu.WG_KERNEL:
         return f"wgmma {p[3]}x{p[4]}"
-    if family is gemm_gpu.PINGPONG_KERNEL:  # ... CLUSTER, COOP, SPLIT, F32_OUT, TMA_STORE
-        cluster, coop, split, f32, tma_store = p[PP_CLUSTER:]
+    if family is gemm_gpu.PINGPONG_KERNEL:  # ... CLUSTER, COOP, SPLIT, F32_OUT, TMA_STORE, C_BLOCKS
+        cluster, coop, split, f32, tma_store, c_blocks = p[PP_CLUSTER:]
         kind = {1: "streamk", 2: "splitk"}.get(split) or ("coop" if coop else "pingpong")
         extra = (f" cluster {cluster}" if cluster > 1 else "") + (" f32" if f32 else "") + (" tma" if tma_store else "")
+        extra += " c_blocks" if c_blocks else ""
         return f"{kind} {p[3]}x{p[4]}" + extra
     vec = "vec" if p[3] else "novec"
     return f"{'mma' if family is gemm_gpu.TC_KERNEL else 'simt'} {p[4]} {vec}"
@@ -368,6 +369,31 @@ def test_c_broadcast_strides():
     assert strides((2, 5, 7), batch=2) == (35, 7, 1)
     assert strides((1, 1, 7), batch=2) == (0, 0, 1)
     assert strides((2, 1, 1), batch=2) == (1, 0, 0)
+
+
+def test_c_in_16_byte_blocks_only_where_its_promise_holds():
+    """Day 019, part 16: version 4 reads a full, row-major, 16-byte aligned c in 16-byte
+    blocks (C_BLOCKS) where that variant exists (x @ W^T, the plain or bias epilogue);
+    a row, a column, an unaligned c or another layout keeps the 2-byte reads."""
+
+    def c_blocks(c_shape=None, c_offset=0, tb=True, batch=None, n=768):
+        lead = () if batch is None else (batch,)
+        a, b = tensor((*lead, 8192, 768), BF16), tensor((*lead, n, 768) if tb else (*lead, 768, n), BF16)
+        c = tensor(c_shape or (*lead, 8192, n), BF16, c_offset)
+        out = tensor((*lead, 8192, n), BF16)
+        params = {"TRANSPOSE_A": False, "TRANSPOSE_B": tb}
+        (launch,) = gemm_gpu.gemm_gpu([out], [a, b, c, torch.empty(2)], params)
+        assert launch.kernel.family is gemm_gpu.PINGPONG_KERNEL
+        return launch.kernel.params[gemm_gpu.PP_C_BLOCKS]
+
+    assert c_blocks() is True
+    assert c_blocks(batch=2) is True and c_blocks((1, 8192, 768), batch=2) is True  # one c for every matrix
+    assert c_blocks(c_offset=1) is False  # 2 bytes past alignment
+    assert c_blocks(c_offset=8) is True  # 16 bytes: aligned again
+    assert c_blocks((1, 768)) is False and c_blocks((8192, 1)) is False  # a row, a column
+    assert c_blocks(tb=False) is False  # no such variant: W stored (in, out)
+    assert c_blocks(n=776) is True  # 776 x 2 bytes a row: still 16-byte rows
+    assert all(v[gemm_gpu.PP_C_BLOCKS] is False for v in gemm_gpu.PINGPONG_KERNEL.variants if v[12] or v[13])
 
 
 def test_bad_problems_raise_naming_the_op():

@@ -118,6 +118,7 @@ def gemm_pingpong_kernel[
     SPLIT: Int,
     F32_OUT: Bool,
     TMA_STORE: Bool,
+    C_BLOCKS: Bool,
 ](
     a_map: TMADescriptor,
     b_map: TMADescriptor,
@@ -179,6 +180,11 @@ def gemm_pingpong_kernel[
     the stages, before the mbarriers) and one thread stores it with TMA through
     `out_map` (and `aux_map` for aux): tensor maps of dst and aux as (N, M, batch),
     64 x 64 boxes, 128-byte swizzle. Unused without TMA_STORE (pass any map).
+
+    C_BLOCKS (day 019, part 16): c is read, full (c_rs >= N) or one row (c_rs == 0),
+    row-major (c_cs == 1), 16-byte aligned (c and c_rs): the epilogue reads it in
+    16-byte blocks (gemm_common's load_c_blocks), and each consumer asks L2 for its part
+    of a tile before the tile's k-loop, as GELU_GRAD does.
     """
     # COOP: both consumers work on every tile, one BM/2-row half each (version 3's
     # cooperative split, kept persistent); else each consumer owns whole tiles (ping-pong)
@@ -234,6 +240,9 @@ def gemm_pingpong_kernel[
     comptime assert not (
         F32_OUT and SPLIT == 2
     ), "split-K: the sum kernel writes the float32 output"
+    comptime assert not C_BLOCKS or (
+        SPLIT == 0 and not F32_OUT and not GELU_GRAD
+    ), "c in 16-byte blocks: beta's c, 16-bit, whole tiles"
 
     var M = Int(m)
     var N = Int(n)
@@ -382,7 +391,7 @@ def gemm_pingpong_kernel[
             # Mojo's SIMD widths are powers of two, so a BN of 192 is two column parts
             # (BN0 = 128, then BN1 = 64), each its own wgmma and accumulator; in each,
             # the row blocks' m64 accumulators sit side by side (block r at r * FRAG0)
-            comptime if GELU_GRAD:  # its epilogue reads a whole tile of c: to L2 now
+            comptime if GELU_GRAD or C_BLOCKS:  # the epilogue reads a tile of c: to L2 now
                 prefetch_l2_rows[dtype, WG_ROWS, BN](
                     c.unsafe_offset(bt * Int(c_bs)),
                     tile[0] * BM + row_off,
@@ -459,7 +468,9 @@ def gemm_pingpong_kernel[
                 # GELU_GRAD's column sums (store_aux != 0), over the row blocks
                 var col_sums = SIMD[DType.float32, BN0 // 32](0)
                 comptime for r in range(ROW_BLOCKS):
-                    wg_store_acc_tma[dtype, BN0, BIAS, GELU, GELU_GRAD](
+                    wg_store_acc_tma[
+                        dtype, BN0, BIAS, GELU, GELU_GRAD, C_BLOCKS
+                    ](
                         acc0.slice[FRAG0, offset=r * FRAG0](),
                         my_boxes,
                         Pointer(to=out_map).unsafe_bitcast[NoneType](),
@@ -494,7 +505,9 @@ def gemm_pingpong_kernel[
                         )
                 continue
             comptime for r in range(ROW_BLOCKS):
-                wg_store_acc[dtype, BN0, BIAS, GELU, GELU_GRAD, F32_OUT](
+                wg_store_acc[
+                    dtype, BN0, BIAS, GELU, GELU_GRAD, F32_OUT, C_BLOCKS
+                ](
                     acc0.slice[FRAG0, offset=r * FRAG0](),
                     out_t,
                     c.unsafe_offset(bt * Int(c_bs)),
@@ -511,7 +524,9 @@ def gemm_pingpong_kernel[
                     Int(store_aux),
                 )
                 comptime if BN1 > 0:
-                    wg_store_acc[dtype, BN1, BIAS, GELU, GELU_GRAD, F32_OUT](
+                    wg_store_acc[
+                        dtype, BN1, BIAS, GELU, GELU_GRAD, F32_OUT, C_BLOCKS
+                    ](
                         rebind[SIMD[DType.float32, BN1 // 2]](
                             acc1.slice[FRAG1, offset=r * FRAG1]()
                         ),

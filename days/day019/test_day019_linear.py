@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import pytorch_custom_ops as pco
+from pytorch_custom_ops.gemm_gpu import PP_TMA_STORE
 from pytorch_custom_ops.linear import _fusable
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -226,7 +227,7 @@ def test_cuda_tma_store_epilogues(bias, activation, residual, version, launched)
         with torch.no_grad():
             y = pco.linear(x, w, b, activation, r)
         close(y, reference(x, w, b, activation, r), BF16)
-        assert launched[-1].split(".")[-1] == "1", launched  # TMA_STORE compiled in
+        assert launched[-1].split(".")[2 + PP_TMA_STORE] == "1", launched  # TMA_STORE compiled in
         leaves = [t.detach().requires_grad_() for t in (x, w, b, r) if t is not None]
         xs, ws, bs, rs = _rebuild(leaves, bias, residual)
         y = pco.linear(xs, ws, bs, activation, rs)  # the training form: GELU stores its input too
@@ -273,10 +274,11 @@ def test_cuda_gpt2_mlp_shapes_and_a_broadcast_residual(launched):
     assert len(launched) == 2
     # 1024 x 3072: one round of 128 x 192 tiles (AUTO) for the residual layer, of 256 x 128 for
     # GELU (its epilogue keeps 128 columns); cooperative, no cluster, no split, a bf16 store
-    # (keys end in CLUSTER, COOP, SPLIT, F32_OUT, TMA_STORE)
+    # (keys end in CLUSTER, COOP, SPLIT, F32_OUT, TMA_STORE, C_BLOCKS)
     gelu_key, residual_key = launched
     assert ".256.128." in gelu_key and ".128.192." in residual_key
-    assert gelu_key.endswith(".1.1.0.0.1") and residual_key.endswith(".1.1.0.0.0")  # TMA stores: 256 x 128 only
+    # TMA stores: 256 x 128 only; a row residual is read in pairs, not blocks (C_BLOCKS last)
+    assert gelu_key.endswith(".1.1.0.0.1.0") and residual_key.endswith(".1.1.0.0.0.0")
     strided_bias = torch.randn(2 * 3072, device="cuda", dtype=BF16)[::2]  # a view, stride 2
     unaligned_bias = torch.randn(3073, device="cuda", dtype=BF16)[1:]  # 2 bytes past 16-byte alignment
     wt = w.t().contiguous().t()  # a transposed layout: copied, not misread
@@ -334,3 +336,31 @@ def test_fused_path_is_chosen_only_where_it_can_run():
         assert _fusable(xc, wc, None, None)
         assert not _fusable(xc.float(), wc.float(), None, None)
         assert not _fusable(xc, wc, None, torch.zeros(4, 1, device="cuda", dtype=BF16))
+
+
+@needs_cuda
+@pytest.mark.parametrize("version", ["COOP_256x192", "COOP_TMA_256x128", "PINGPONG_128x128", "MULTICAST_128x128"])
+def test_cuda_c_in_16_byte_blocks(version, launched):
+    """Day 019, part 16: a full, 16-byte aligned c is read in 16-byte blocks (C_BLOCKS) and
+    asked of L2 before each tile's k-loop. 2100 x 1032 outputs are more tiles than SMs
+    (blocks take several; rows and columns with tails); c aligned (blocks) and 2 bytes
+    past alignment (2-byte reads), each against float64; then a batch with one c for
+    every matrix (c_bs = 0)."""
+    g = torch.Generator(device="cuda").manual_seed(4)
+    a = torch.randn(2100, 136, device="cuda", generator=g, dtype=BF16)
+    b = torch.randn(1032, 136, device="cuda", generator=g, dtype=BF16) / 12  # (N, K): transpose_b
+    c = torch.randn(2100, 1032, device="cuda", generator=g, dtype=BF16)
+    unaligned = torch.empty(2100 * 1032 + 1, device="cuda", dtype=BF16)[1:].view(2100, 1032).copy_(c)
+    want = 0.5 * a.double() @ b.double().T + 1.5 * c.double()
+    with pco.gemm_version(version):
+        for cc, blocks in ((c, "1"), (unaligned, "0")):
+            got = pco.gemm(a, b, cc, alpha=0.5, beta=1.5, transpose_b=True)
+            err = ((got.double() - want).abs() / (want.abs() + 1)).max().item()
+            assert err < tolerance(BF16), (version, blocks, err)
+            assert "gemm_pingpong_kernel" in launched[-1] and launched[-1].split(".")[-1] == blocks, launched
+        ab = torch.stack([a[:1000], a[1000:2000]])
+        bb = torch.stack([b, b.flip(0)])
+        got = pco.gemm_batched(ab, bb, c[:1000], beta=-1.0, transpose_b=True)
+        want = ab.double() @ bb.double().mT - c[:1000].double()
+        assert ((got.double() - want).abs() / (want.abs() + 1)).max().item() < tolerance(BF16)
+        assert launched[-1].split(".")[-1] == "1", launched

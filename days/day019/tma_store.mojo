@@ -24,6 +24,7 @@ from std.sys._assembly import inlined_assembly
 
 from days.day014.gemm_common import (
     epilogue_pair,
+    load_c_blocks,
     load_c_pairs,
     scaled_with_bias,
     _packed,
@@ -219,6 +220,7 @@ def wg_store_acc_tma[
     BIAS: Bool,
     GELU: Bool,
     GELU_GRAD: Bool,
+    C_BLOCKS: Bool = False,
 ](
     acc: SIMD[DType.float32, BN // 2],
     boxes: Pointer[
@@ -244,7 +246,7 @@ def wg_store_acc_tma[
     mut col_sums: SIMD[DType.float32, BN // 32],
 ):
     """wg_store_acc's epilogue (the same values: alpha, bias, GELU and aux, beta c or
-    GELU_GRAD's * c) for one warpgroup's 64 x BN accumulator at (row0, n0) of matrix
+    GELU_GRAD's * c; C_BLOCKS as there) for one warpgroup's 64 x BN accumulator at (row0, n0) of matrix
     `bt`, stored by TMA through this consumer's STORE_BOXES boxes at `boxes`, 64 x 64
     at a time. `piece` counts the boxes this consumer has published (it picks the box);
     `storer` is one thread of the warpgroup, the same every call; `bar_id` a named
@@ -275,16 +277,24 @@ def wg_store_acc_tma[
         ]()  # GELU_GRAD: its column sums, by pair
         comptime for half in range(2):
             var row_in = wrow + half * 8 < M
-            var cq = load_c_pairs[dtype, 8, GELU_GRAD](
-                c_t,
-                wrow + half * 8,
-                n0 + h * STORE_BOX,
-                M,
-                N,
-                c_rs,
-                c_cs,
-                with_c,
-            )
+            var cq: SIMD[DType.uint32, 8]
+            comptime if C_BLOCKS:  # c in 16-byte blocks (gemm_common's load_c_blocks)
+                cq = SIMD[DType.uint32, 8]()
+                if with_c:
+                    cq = load_c_blocks[dtype, 8](
+                        c_t, wrow + half * 8, n0 + h * STORE_BOX, M, N, c_rs
+                    )
+            else:
+                cq = load_c_pairs[dtype, 8, GELU_GRAD](
+                    c_t,
+                    wrow + half * 8,
+                    n0 + h * STORE_BOX,
+                    M,
+                    N,
+                    c_rs,
+                    c_cs,
+                    with_c,
+                )
             comptime for jc in range(8):
                 comptime j = J0 + jc
                 var kept = UInt32(0)
