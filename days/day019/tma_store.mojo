@@ -267,6 +267,18 @@ def wg_store_acc_tma[
     var wrow = row0 + (warp_id() % 4) * 16 + g
     var out = scaled_with_bias[dtype, BN, BIAS](acc, alpha, bias, n0, N)
     var with_c = beta != 0
+    # C_BLOCKS: every box's c first, so that one wait covers them all (loads issued
+    # between the boxes' stores made a trip to memory per box and half)
+    var c_all = SIMD[DType.uint32, BN // 4]()
+    comptime if C_BLOCKS:
+        if with_c:
+            comptime for h in range(BN // STORE_BOX):
+                comptime for half in range(2):
+                    c_all = c_all.insert[offset=(2 * h + half) * 8](
+                        load_c_blocks[dtype, 8](
+                            c_t, wrow + half * 8, n0 + h * STORE_BOX, M, N, c_rs
+                        )
+                    )
     comptime for h in range(BN // STORE_BOX):
         comptime J0 = h * (STORE_BOX // 8)  # the box's first column block
         var res = SIMD[DType.uint32, 16]()
@@ -279,11 +291,7 @@ def wg_store_acc_tma[
             var row_in = wrow + half * 8 < M
             var cq: SIMD[DType.uint32, 8]
             comptime if C_BLOCKS:  # c in 16-byte blocks (gemm_common's load_c_blocks)
-                cq = SIMD[DType.uint32, 8]()
-                if with_c:
-                    cq = load_c_blocks[dtype, 8](
-                        c_t, wrow + half * 8, n0 + h * STORE_BOX, M, N, c_rs
-                    )
+                cq = c_all.slice[8, offset=(2 * h + half) * 8]()
             else:
                 cq = load_c_pairs[dtype, 8, GELU_GRAD](
                     c_t,
