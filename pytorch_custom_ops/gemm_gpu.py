@@ -623,6 +623,22 @@ def split_k_sum_launch(kernel, args: tuple, out) -> direct.Launch:
     return direct.Launch(kernel, grid, SPLIT_K_SUM_THREADS, args)
 
 
+def c_fits_blocks(c: torch.Tensor, c_bs: int, c_rs: int, c_cs: int, n: int) -> bool:
+    """Whether version 4 may read `c` in 16-byte blocks (C_BLOCKS, day 019 part 16): full
+    (rows of at least n), row-major, 16-byte aligned. A residual, attention's mask. A row
+    (MojoGEMM's bias) or any other c is read in pairs: a row in blocks measured level or
+    1-2 us slower."""
+    size = c.element_size()
+    return (
+        _c_blocks
+        and c_cs == 1
+        and c_rs >= n
+        and (c_rs * size) % 16 == 0
+        and (c_bs * size) % 16 == 0
+        and c.data_ptr() % 16 == 0
+    )
+
+
 def pingpong_launch(
     a,
     b,
@@ -680,19 +696,10 @@ def pingpong_launch(
             aux_map = output_tma_map(aux, batch, m, n)
     smem = pp_smem_bytes(dtype, bm, bn, tma_store)
     stages = pp_stages(dtype, bm, bn, tma_store)
-    # a full, row-major, 16-byte aligned c (a residual, attention's mask) is read in 16-byte
-    # blocks where that variant exists (PP_C_BLOCKS_EPILOGUES); a row or another c in pairs
-    c_bs, c_rs, c_cs = sizes[4:7]
     flags = (*epilogue, cluster, coop, split, f32_out, tma_store)
-    c_blocks = (
-        _c_blocks
-        and c_cs == 1
-        and c_rs >= n
-        and (c_rs * c.element_size()) % 16 == 0
-        and (c_bs * c.element_size()) % 16 == 0
-        and c.data_ptr() % 16 == 0
-        and (dtype, ta, tb, bm, bn, stages, smem, *flags, True) in PINGPONG_KERNEL
-    )
+    # c in 16-byte blocks where it fits and the variant exists (PP_C_BLOCKS_EPILOGUES)
+    c_blocks = c_fits_blocks(c, *sizes[4:7], n)
+    c_blocks = c_blocks and (dtype, ta, tb, bm, bn, stages, smem, *flags, True) in PINGPONG_KERNEL
     kernel = PINGPONG_KERNEL[dtype, ta, tb, bm, bn, stages, smem, *flags, c_blocks]
     units = _cdiv(m, bm) * _cdiv(n, bn * cluster) * batch  # what one cluster takes at a time
     sms = sm_count(out.get_device())

@@ -34,6 +34,7 @@ from .gemm_gpu import (
     VERSIONS,
     auto_tile,
     broadcast_stride,
+    c_fits_blocks,
     current_version,
     pingpong_launch,
     sm_count,
@@ -64,18 +65,33 @@ LINEAR_SAVING = OpSpec(
 
 
 # --8<-- [start:plan]
-def linear_tile(m: int, n: int, k: int, device_index: int | None, gelu: bool = False) -> tuple[str, int, int]:
+# A residual read in 16-byte blocks with a short K (day 019, part 16): the ping-pong's
+# epilogue, the residual's reads included, runs while the other consumer multiplies. On
+# the H100 (bf16, kernel time, results/.../day019_residual_tiles.txt), K = 768: 8192 x 768
+# -> 768 26.6 us against AUTO's 34.0, -> 2304 72.6 against 81.3, -> 3072 94.1 against
+# 99.4, at 16384 and 2048 tokens too; at K = 1024 and 3072 it lost (up to 19%).
+RESIDUAL_SHORT_K = 768
+RESIDUAL_SHORT_K_TILE = ("pingpong_tma", 128, 128)
+
+
+def linear_tile(
+    m: int, n: int, k: int, device_index: int | None, gelu: bool = False, block_residual: bool = False
+) -> tuple[str, int, int]:
     """(kind, BM, BN) of the fused launch: a forced PINGPONG_*/MULTICAST_*/COOP_* version's;
     else AUTO's cooperative tile (256 x 128 or 256 x 192), or where AUTO picks version 3's
     128 x 128 (too few wide tiles to fill the SMs), version 4's ping-pong with that tile
     (the fused epilogue is version 4's). With GELU, 256 x 128 instead of 256 x 192: the
     GELU epilogue over 192 accumulators a thread spills ~1 KB (8192 x 768 x 768 took
-    0.063 ms against 0.040 with 256 x 128). GELU at 64 x 256 spills ~400 bytes."""
+    0.063 ms against 0.040 with 256 x 128). GELU at 64 x 256 spills ~400 bytes.
+    `block_residual`: a residual the epilogue reads in 16-byte blocks (gemm_gpu's
+    c_fits_blocks); with K <= RESIDUAL_SHORT_K and no GELU, RESIDUAL_SHORT_K_TILE."""
     kind, bm, bn = VERSIONS[current_version()]
     if kind in ("coop_streamk", "coop_splitk"):  # no fused epilogue with split tiles: the tile, whole
         return "coop", bm, bn
     if kind in V4_KINDS:
         return kind, bm, bn
+    if block_residual and not gelu and k <= RESIDUAL_SHORT_K:
+        return RESIDUAL_SHORT_K_TILE
     kind, bm, bn = auto_tile(m, n, k, 1, sm_count(device_index), plain_epilogue=False)
     if not kind.startswith("coop"):
         return "pingpong", 128, 128
@@ -90,7 +106,7 @@ def linear_gpu(outputs, inputs, params) -> list[direct.Launch]:
     c_rs = broadcast_stride("linear", residual.shape[0], m, residual.shape[1])
     c_cs = broadcast_stride("linear", residual.shape[1], n, 1)
     gelu = params["GELU"]
-    kind, bm, bn = linear_tile(m, n, k, out.get_device(), gelu)
+    kind, bm, bn = linear_tile(m, n, k, out.get_device(), gelu, c_fits_blocks(residual, 0, c_rs, c_cs, n))
     # x (M, K) and weight (N, K) are both k-contiguous: op(B) = weight^T, TRANSPOSE_B
     return pingpong_launch(
         x,

@@ -189,6 +189,40 @@ def test_fused_tile_follows_auto_and_forced_versions():
         assert linear_tile(8192, 3072, 768, None) == ("coop_tma", 256, 128)
 
 
+def test_a_block_residual_with_a_short_k_takes_the_ping_pong():
+    """Day 019, part 16: a residual read in 16-byte blocks with K <= 768 goes to the
+    ping-pong 128 x 128 with TMA stores (its epilogue overlaps the other consumer's
+    k-loop); a longer K, GELU, a residual read in pairs or a forced version keep their
+    tile. The plan decides "in blocks" from the residual itself (CPU tensors: H100's SMs)."""
+    from pytorch_custom_ops.gemm_gpu import PP_C_BLOCKS, PP_TMA_STORE, c_in_pairs
+    from pytorch_custom_ops.linear import linear_gpu, linear_tile
+
+    short = ("pingpong_tma", 128, 128)
+    assert linear_tile(8192, 768, 768, None, block_residual=True) == short
+    assert linear_tile(16384, 3072, 768, None, block_residual=True) == short
+    assert linear_tile(8192, 768, 3072, None, block_residual=True) == ("coop", 256, 192)  # K = 3072
+    assert linear_tile(8192, 1024, 1024, None, block_residual=True) != short  # K = 1024 lost
+    assert linear_tile(8192, 768, 768, None, gelu=True, block_residual=True) != short
+    with pco.gemm_version("COOP_256x192"):
+        assert linear_tile(8192, 768, 768, None, block_residual=True) == ("coop", 256, 192)
+
+    def plan(residual):
+        x, w, b = torch.empty(8192, 768, dtype=BF16), torch.empty(768, 768, dtype=BF16), torch.empty(768, dtype=BF16)
+        out = torch.empty(8192, 768, dtype=BF16)
+        params = {"GELU": False, "BIAS": True, "GELU_DERIVATIVE": False}
+        (launch,) = linear_gpu([out], [x, w, b, residual, torch.empty(2)], params)
+        p = launch.kernel.params
+        return (p[3], p[4], p[PP_TMA_STORE], p[PP_C_BLOCKS])
+
+    full = torch.empty(8192, 768, dtype=BF16)
+    unaligned = torch.empty(8192 * 768 + 1, dtype=BF16)[1:].view(8192, 768)
+    assert plan(full) == (128, 128, True, True)
+    assert plan(unaligned) == (256, 192, False, False)  # in pairs: AUTO's tile
+    assert plan(torch.empty(1, 768, dtype=BF16)) == (256, 192, False, False)  # a row
+    with c_in_pairs():  # as before part 16
+        assert plan(full) == (256, 192, False, False)
+
+
 # -- CUDA: the fused launch -------------------------------------------------------------
 @needs_cuda
 @pytest.mark.parametrize("dtype", [BF16, FP16])
