@@ -224,9 +224,10 @@ PP_TMA_STORE_CONFIGS = (
 )
 STORE_BOXES, STORE_BOX = 2, 64  # days/day019/tma_store.mojo
 PP_CLUSTER, PP_SPLIT, PP_TMA_STORE, PP_C_BLOCKS = 10, 12, 14, 15  # where these flags sit in a variant (below)
-# The epilogues that also come with c read in 16-byte blocks (C_BLOCKS, day 019, part 16):
-# a linear layer's residual, with or without bias (x @ W^T: TRANSPOSE_B), on every tile
-# without split K. Other products with c read it in 2-byte loads, as before.
+# The epilogues that also come with c read in 16-byte blocks (C_BLOCKS, day 019, part 16),
+# for A @ B^T (TRANSPOSE_B) on every tile without split K: a linear layer's residual, with
+# or without bias, and attention's masked scores (q k^T + mask). Other products with c
+# read it in 2-byte loads, as before.
 PP_C_BLOCKS_EPILOGUES = ((True, False, False), PLAIN_EPILOGUE)
 
 

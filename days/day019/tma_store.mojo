@@ -246,11 +246,12 @@ def wg_store_acc_tma[
     mut col_sums: SIMD[DType.float32, BN // 32],
 ):
     """wg_store_acc's epilogue (the same values: alpha, bias, GELU and aux, beta c or
-    GELU_GRAD's * c; C_BLOCKS as there) for one warpgroup's 64 x BN accumulator at (row0, n0) of matrix
-    `bt`, stored by TMA through this consumer's STORE_BOXES boxes at `boxes`, 64 x 64
-    at a time. `piece` counts the boxes this consumer has published (it picks the box);
-    `storer` is one thread of the warpgroup, the same every call; `bar_id` a named
-    barrier of the warpgroup's own. Every thread of the warpgroup calls it.
+    GELU_GRAD's * c; C_BLOCKS as there) for one warpgroup's 64 x BN accumulator at
+    (row0, n0) of matrix `bt`, stored by TMA through this consumer's STORE_BOXES boxes
+    at `boxes`, 64 x 64 at a time. `piece` counts the boxes this consumer has published
+    (it picks the box); `storer` is one thread of the warpgroup, the same every call;
+    `bar_id` a named barrier of the warpgroup's own. Every thread of the warpgroup
+    calls it.
 
     GELU_GRAD with `aux` != 0 also adds the column sums of the warp's 16 rows of out
     (rows below M; float32, before rounding) to `col_sums`, a pair per 64-column box
