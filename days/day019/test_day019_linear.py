@@ -379,7 +379,7 @@ def test_cuda_c_in_16_byte_blocks(version, launched):
     asked of L2 before each tile's k-loop. 2100 x 1032 outputs are more tiles than SMs
     (blocks take several; rows and columns with tails); c aligned (blocks) and 2 bytes
     past alignment (2-byte reads), each against float64; then a batch with one c for
-    every matrix (c_bs = 0)."""
+    every matrix (c_bs = 0) and with one c each."""
     g = torch.Generator(device="cuda").manual_seed(4)
     a = torch.randn(2100, 136, device="cuda", generator=g, dtype=BF16)
     b = torch.randn(1032, 136, device="cuda", generator=g, dtype=BF16) / 12  # (N, K): transpose_b
@@ -394,7 +394,8 @@ def test_cuda_c_in_16_byte_blocks(version, launched):
             assert "gemm_pingpong_kernel" in launched[-1] and launched[-1].split(".")[-1] == blocks, launched
         ab = torch.stack([a[:1000], a[1000:2000]])
         bb = torch.stack([b, b.flip(0)])
-        got = pco.gemm_batched(ab, bb, c[:1000], beta=-1.0, transpose_b=True)
-        want = ab.double() @ bb.double().mT - c[:1000].double()
-        assert ((got.double() - want).abs() / (want.abs() + 1)).max().item() < tolerance(BF16)
-        assert launched[-1].split(".")[-1] == "1", launched
+        for cb in (c[:1000], torch.stack([c[:1000], c[1000:2000]])):  # one c for both, one each
+            got = pco.gemm_batched(ab, bb, cb, beta=-1.0, transpose_b=True)
+            want = ab.double() @ bb.double().mT - cb.double()
+            assert ((got.double() - want).abs() / (want.abs() + 1)).max().item() < tolerance(BF16)
+            assert launched[-1].split(".")[-1] == "1", launched
