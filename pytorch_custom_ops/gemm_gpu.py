@@ -115,7 +115,7 @@ _ARGS = ("ptr",) * 5 + ("i64",) * 8  # dst, a, b, c, alpha_beta, m, n, k, a_bs, 
 SIMT_KERNEL = KernelFamily(
     SIMT_MODULE,
     "gemm_simt_kernel",
-    args=_ARGS,
+    args=_ARGS + ("i64",) * 2,  # ..., a_ld, b_ld: the operands' stored row strides (split-K)
     variants=tuple(  # (dtype, TA, TB, VEC, BM, BN, BK, TM, TN)
         (dtype, ta, tb, vec, bm, bm, bk, tt, tt)
         for dtype, configs in ((torch.float32, (SIMT_SMALL, SIMT_LARGE)), (torch.float64, (SIMT_FP64,)))
@@ -337,6 +337,22 @@ def gemm_version(name: str):
 
 
 _c_blocks = True  # C_BLOCKS where its promise holds (pingpong_launch)
+_forced_pieces: int | None = None  # simt_pieces
+
+
+@contextmanager
+def simt_pieces(pieces: int):
+    """Inside the block, float32 GEMMs that the SIMT kernel may split along K (batch 1,
+    16-byte rows) take `pieces` pieces where K allows them (1: never split): the sweep
+    behind SIMT_SPLIT's rules (days/day014/time_fp32.py --pieces)."""
+    global _forced_pieces
+    previous, _forced_pieces = _forced_pieces, pieces
+    direct.plans_changed()
+    try:
+        yield
+    finally:
+        _forced_pieces = previous
+        direct.plans_changed()
 
 
 @contextmanager
@@ -749,15 +765,14 @@ def pingpong_launch(
 # --8<-- [start:simt_split]
 # fp32 weight gradients (dW = dY^T X: few output tiles, K = the tokens) left most SMs idle:
 # 768 x 768 x 8192 is 36 tiles of 128 x 128 for 132 SMs, and ran at 37% of cuBLAS (day 016,
-# part six). Split-K: S pieces of K / S each, as a batch of S GEMMs over consecutive row
-# blocks of both stored operands (A = dY stored (K, M) read transposed, B = X stored (K, N):
-# piece s starts s * K / S rows down, so the SIMT kernel's batch strides do it), into a
+# part six). Split-K: S pieces of K / S each, as a batch of S GEMMs (the SIMT kernel's
+# batch strides step along K; its row strides stay those of the whole operands), into a
 # float32 workspace (S, M, N); day 019's sum kernel then adds the pieces in order and
-# applies alpha, beta and c. S minimises the time in rounds of full-K 128 x 128 blocks (one
-# block per SM: 168+ registers a thread): rounds(S) / S, plus the workspace's traffic
-# (S M N float32 written and read) in the same unit. On the H100 a round takes K x 128^2 x 2
-# flops at ~0.34 TFLOP/s per SM and the workspace moves at ~3 TB/s, so an element of it
-# costs SIMT_SPLIT_WS / K rounds.
+# applies alpha, beta and c. For these, S minimises the time in rounds of full-K 128 x 128
+# blocks (one block per SM: 168+ registers a thread): rounds(S) / S, plus the workspace's
+# traffic (S M N float32 written and read) in the same unit. On the H100 a round takes
+# K x 128^2 x 2 flops at ~0.34 TFLOP/s per SM and the workspace moves at ~3 TB/s, so an
+# element of it costs SIMT_SPLIT_WS / K rounds.
 SIMT_SPLIT_MAX = 16
 SIMT_SPLIT_MIN_K = 512  # each piece keeps at least this much of K
 SIMT_SPLIT_WS = 2.8e-5
@@ -777,21 +792,49 @@ def simt_split_k(m: int, n: int, k: int, sms: int) -> int:
     return best if cost(best) < SPLIT_K_MARGIN * cost(1) else 1  # only where it clearly wins
 
 
-def simt_split_launches(out, ptrs, sizes, pieces: int) -> list[direct.Launch]:
+# A linear layer at a few dozen tokens has the opposite shape: M small, K long. At 64
+# tokens, 64 x 768 x 3072 (the MLP's dX) is 12 tiles of 64 x 64 for 132 SMs, each walking
+# all of K (day 016's float32 block at 1 x 64 x 768 spent 687 of its 1232 us there). These
+# split on 64 x 64 tiles into as many pieces as keep at most SIMT_SMALL_SPLIT_BLOCKS blocks
+# per SM and SIMT_SMALL_SPLIT_MIN_K of K (a multiple of 4: 16-byte rows) in each piece.
+SIMT_SMALL_SPLIT_BLOCKS = 2
+SIMT_SMALL_SPLIT_MIN_K = 64
+
+
+def simt_small_split(m: int, n: int, k: int, sms: int) -> int:
+    """S for a float32 GEMM of fewer 64 x 64 tiles than SMs (1: no split)."""
+    tiles = _cdiv(m, SIMT_SMALL[0]) * _cdiv(n, SIMT_SMALL[0])
+    if tiles >= sms:
+        return 1
+    most = SIMT_SMALL_SPLIT_BLOCKS * sms // tiles
+    options = [s for s in range(2, most + 1) if split_fits(k, s) and k // s >= SIMT_SMALL_SPLIT_MIN_K]
+    return max(options, default=1)
+
+
+def split_fits(k: int, pieces: int) -> bool:
+    """Equal pieces of K whose starts keep 16-byte alignment (float32)."""
+    return k % pieces == 0 and (k // pieces) % 4 == 0
+
+
+def simt_split_launches(out, ptrs, sizes, pieces: int, ta: bool, tb: bool, config) -> list[direct.Launch]:
     """The pieces (the SIMT kernel on a batch of S, alpha 1, beta 0, into the workspace),
     then the sum kernel (alpha * sum + beta * c into out). `ptrs`: the op's (out, a, b, c,
-    alpha_beta); `sizes`: (m, n, k, c_rs, c_cs)."""
+    alpha_beta); `sizes`: (m, n, k, c_rs, c_cs); `config`: the SIMT tile (BM, BK, TM)."""
     m, n, k, c_rs, c_cs = sizes
     ks = k // pieces
+    a_ld, b_ld = (m if ta else k), (k if tb else n)
+    # piece s starts s * ks along K: that many rows down an operand stored (K, MN), that
+    # many columns into one stored (MN, K)
+    a_bs, b_bs = (ks * m if ta else ks), (ks if tb else ks * n)
     ws = direct.scratch((pieces, m, n), torch.float32, out.device)
     plain = device_constant((1.0, 0.0), torch.float32, out.device)
-    bm, bk, tt = SIMT_LARGE
-    kernel = SIMT_KERNEL[torch.float32, True, False, True, bm, bm, bk, tt, tt]
-    piece_args = (ws.data_ptr(), ptrs[1], ptrs[2], ptrs[3], plain.data_ptr(), m, n, ks, ks * m, ks * n, 0, 0, 0)
+    bm, bk, tt = config
+    kernel = SIMT_KERNEL[torch.float32, ta, tb, True, bm, bm, bk, tt, tt]
+    piece_args = (ws.data_ptr(), ptrs[1], ptrs[2], ptrs[3], plain.data_ptr(), m, n, ks, a_bs, b_bs, 0, 0, 0)
     grid = (_cdiv(m, bm) * _cdiv(n, bm), 1, pieces)
     sum_args = (ptrs[0], ws.data_ptr(), ptrs[3], ptrs[4], m, n, 1, pieces, 0, c_rs, c_cs)
     return [
-        direct.Launch(kernel, grid, SIMT_THREADS, piece_args),
+        direct.Launch(kernel, grid, SIMT_THREADS, (*piece_args, a_ld, b_ld)),
         split_k_sum_launch(SPLIT_K_SUM_KERNEL[torch.float32, torch.float32], sum_args, out),
     ]
 
@@ -850,16 +893,25 @@ def float_kernel(
     """AUTO's float32 / float64 choice: ("tf32x3", 1), ("simt_small" or "simt_large", S),
     S > 1 being the SIMT kernel's split-K (`tf32x3`: may 3xTF32 run).
 
-    The SIMT kernel splits K where both operands run along K in memory; otherwise it runs
-    64 x 64 tiles under a round of 128 x 128 ones, or for an output at most 64 wide
+    The SIMT kernel splits K on 128 x 128 tiles where both operands run along K in memory
+    (a weight gradient), and on 64 x 64 tiles where M N is small and K long; otherwise it
+    runs 64 x 64 tiles under a round of 128 x 128 ones, or for an output at most 64 wide
     (attention's P V, d = 64 heads: half of each 128 x 128 tile would be empty)."""
-    pieces = 1
-    if dtype == torch.float32 and vec and ta and not tb and batch == 1:
-        pieces = simt_split_k(m, n, k, sms)
+    pieces, split_tile = 1, "simt_small"
+    if dtype == torch.float32 and vec and batch == 1:
+        if _forced_pieces is not None:
+            pieces = _forced_pieces if _forced_pieces > 1 and split_fits(k, _forced_pieces) else 1
+            split_tile = "simt_large" if ta and not tb else "simt_small"
+        elif ta and not tb and simt_split_k(m, n, k, sms) > 1:
+            pieces, split_tile = simt_split_k(m, n, k, sms), "simt_large"
+        else:
+            pieces = simt_small_split(m, n, k, sms)
     small = _cdiv(m, 128) * _cdiv(n, 128) * batch < SMALL_GRID or min(m, n) <= SIMT_SMALL[0]
     if tf32x3 and tf32x3_pays(m, n, k, batch, sms, small and pieces == 1):
         return "tf32x3", 1
-    return ("simt_small" if small else "simt_large"), pieces
+    if pieces > 1:
+        return split_tile, pieces
+    return ("simt_small" if small else "simt_large"), 1
 
 
 def tf32x3_fits(m: int, n: int, k: int, out: torch.Tensor) -> bool:
@@ -934,10 +986,12 @@ def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
         choice, pieces = float_kernel(m, n, k, batch, ta, tb, vec, dtype, sm_count(out.get_device()), fits)
         if choice == "tf32x3" or (fits and kind == "tf32x3"):
             return tf32x3_launches(out, a, b, c, alpha_beta, sizes, ta, tb)
+        config = SIMT_FP64 if dtype == torch.float64 else SIMT_SMALL if choice == "simt_small" else SIMT_LARGE
         if pieces > 1:
-            return simt_split_launches(out, ptrs, (m, n, k, c_rs, c_cs), pieces)
-        bm, bk, tt = SIMT_FP64 if dtype == torch.float64 else SIMT_SMALL if choice == "simt_small" else SIMT_LARGE
-        return tiled(SIMT_KERNEL[dtype, ta, tb, vec, bm, bm, bk, tt, tt], bm, bm, SIMT_THREADS)
+            return simt_split_launches(out, ptrs, (m, n, k, c_rs, c_cs), pieces, ta, tb, config)
+        bm, bk, tt = config
+        lds = (m if ta else k, k if tb else n)  # packed operands: their rows are whole
+        return tiled(SIMT_KERNEL[dtype, ta, tb, vec, bm, bm, bk, tt, tt], bm, bm, SIMT_THREADS, args=ptrs + sizes + lds)
 
     # the TMA maps view A and B as (batch, rows, cols) with packed batches, and a tensor
     # map cannot have a dimension of size 0 (K == 0: out = beta * c)

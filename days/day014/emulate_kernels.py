@@ -17,6 +17,8 @@ test_day014_gemm.py on the H100 are the real test.
     python days/day014/emulate_kernels.py
 """
 
+import itertools
+
 import numpy as np
 
 BK, PAD, BN, TC_WN, NI = 32, 8, 128, 32, 4
@@ -136,8 +138,9 @@ def tile_coords(pid, num_m, num_n):
     return first + loc % rows, loc // rows
 
 
-def off(kc, mn, kk, MN, K):
-    return mn * K + kk if kc else kk * MN + mn
+def off(kc, mn, kk, ld):
+    """stored_offset: (mn, kk) of op(X) in stored rows of ld elements."""
+    return mn * ld + kk if kc else kk * ld + mn
 
 
 def vector_slots(NT, LV, per_row, VW):
@@ -149,30 +152,30 @@ def vector_slots(NT, LV, per_row, VW):
             yield tid, i, v // per_row, (v % per_row) * VW
 
 
-def read_vector(src, kc, vec, mn, kk, MN, K, VW):
+def read_vector(src, kc, vec, mn, kk, MN, K, ld, VW):
     """The VW elements from (mn, kk) along the stored contiguous dim, zero outside the
     matrix: one vector load (vec) or VW element loads with their own bounds checks."""
     out = np.zeros(VW)
     if vec:
         if mn < MN and kk < K:
-            o = off(kc, mn, kk, MN, K)
+            o = off(kc, mn, kk, ld)
             out[:] = src[o : o + VW]
         return out
     for e in range(VW):
         emn = mn + (0 if kc else e)
         ek = kk + (e if kc else 0)
         if emn < MN and ek < K:
-            out[e] = src[off(kc, emn, ek, MN, K)]
+            out[e] = src[off(kc, emn, ek, ld)]
     return out
 
 
-def fetch(src, kc, vec, BMN, BK, VW, LV, mn0, k0, MN, K, NT):
+def fetch(src, kc, vec, BMN, BK, VW, LV, mn0, k0, MN, K, ld, NT):
     per_row = BK // VW if kc else BMN // VW
     regs = np.zeros((NT, LV, VW))
     for tid, i, row, col in vector_slots(NT, LV, per_row, VW):
         mn = mn0 + (row if kc else col)
         kk = k0 + (col if kc else row)
-        regs[tid, i] = read_vector(src, kc, vec, mn, kk, MN, K, VW)
+        regs[tid, i] = read_vector(src, kc, vec, mn, kk, MN, K, ld, VW)
     return regs
 
 
@@ -188,7 +191,10 @@ def stash(regs, kc, BMN, BK, LD, VW, LV, NT):
     return sm
 
 
-def simt(TA, TB, vec, M, N, K, BM, BK, TT, VW, rng):
+def simt(TA, TB, vec, M, N, K, BM, BK, TT, VW, rng, pieces=1):
+    """The SIMT kernel on packed operands, or (pieces > 1) its split-K launch: batch entry
+    s reads K / pieces of K from s * K / pieces on, in the rows of the whole operands
+    (a_ld, b_ld), into a workspace that the sum kernel adds up (alpha, beta applied there)."""
     BN, TM, TN, NT = BM, TT, TT, 256
     A = rng.standard_normal((M, K))
     B = rng.standard_normal((K, N))
@@ -202,15 +208,22 @@ def simt(TA, TB, vec, M, N, K, BM, BK, TT, VW, rng):
     LVA = BM * BK // VW // NT
     LVB = BN * BK // VW // NT
     assert LVA * VW * NT == BM * BK
-    out = np.full(M * N, np.nan)
+    KS = K // pieces
+    a_ld, b_ld = (M if TA else K), (K if TB else N)
+    a_bs, b_bs = (KS * M if TA else KS), (KS if TB else KS * N)
+    al, be = (alpha, beta) if pieces == 1 else (1.0, 0.0)
+    out = np.full((pieces, M * N), np.nan)
     num_m, num_n = ceildiv(M, BM), ceildiv(N, BN)
-    for pid in range(num_m * num_n):
+    for z, pid in itertools.product(range(pieces), range(num_m * num_n)):
+        a_t, b_t = a[z * a_bs :], b[z * b_bs :]
         tm, tn = tile_coords(pid, num_m, num_n)
         m0, n0 = tm * BM, tn * BN
         acc = np.zeros((NT, TM * GN, 4))
-        for kt in range(ceildiv(K, BK)):
-            sa = stash(fetch(a, not TA, vec, BM, BK, VW, LVA, m0, kt * BK, M, K, NT), not TA, BM, BK, LDA, VW, LVA, NT)
-            sb = stash(fetch(b, TB, vec, BN, BK, VW, LVB, n0, kt * BK, N, K, NT), TB, BN, BK, LDB, VW, LVB, NT)
+        for kt in range(ceildiv(KS, BK)):
+            ra = fetch(a_t, not TA, vec, BM, BK, VW, LVA, m0, kt * BK, M, KS, a_ld, NT)
+            rb = fetch(b_t, TB, vec, BN, BK, VW, LVB, n0, kt * BK, N, KS, b_ld, NT)
+            sa = stash(ra, not TA, BM, BK, LDA, VW, LVA, NT)
+            sb = stash(rb, TB, BN, BK, LDB, VW, LVB, NT)
             assert not np.isnan(sa).reshape(BK, LDA)[:, :BM].any() and not np.isnan(sb).reshape(BK, LDB)[:, :BN].any()
             for tid in range(NT):
                 tx, ty = tid % TX, tid // TX
@@ -237,12 +250,14 @@ def simt(TA, TB, vec, M, N, K, BM, BK, TT, VW, rng):
                             col = n0 + h * (BN // GN) + tx * 4
                             for e in range(4):
                                 if col + e < N:
-                                    out[row * N + col + e] = (
-                                        alpha * acc[tid, (g * 4 + r) * GN + h, e] + beta * C[row, col + e]
+                                    out[z, row * N + col + e] = (
+                                        al * acc[tid, (g * 4 + r) * GN + h, e] + be * C[row, col + e]
                                     )
-    err = np.nanmax(np.abs(out.reshape(M, N) - (alpha * A @ B + beta * C)))
+    result = out[0] if pieces == 1 else alpha * out.sum(0) + beta * C.ravel()
+    err = np.nanmax(np.abs(result.reshape(M, N) - (alpha * A @ B + beta * C)))
     assert not np.isnan(out).any() and err < 1e-9, err
-    print(f"simt TA={TA} TB={TB} vec={vec} M={M} N={N} K={K} BM={BM}: ok ({err:.1e})")
+    split = f" in {pieces} pieces of K" if pieces > 1 else ""
+    print(f"simt TA={TA} TB={TB} vec={vec} M={M} N={N} K={K} BM={BM}{split}: ok ({err:.1e})")
 
 
 def tc_tile(TA, vec, M, K, BM, rng):
@@ -261,7 +276,7 @@ def tc_tile(TA, vec, M, K, BM, rng):
                 mn = m0 + (row if kc else col)
                 kk = k0 + (col if kc else row)
                 d = row * LD + col
-                sm[d : d + VW] = read_vector(a, kc, vec, mn, kk, M, K, VW)
+                sm[d : d + VW] = read_vector(a, kc, vec, mn, kk, M, K, K if kc else M, VW)  # packed rows
             want = np.zeros((BM, BK))
             blk = A[m0 : m0 + BM, k0 : k0 + BK]
             want[: blk.shape[0], : blk.shape[1]] = blk
@@ -291,7 +306,7 @@ def wg_load(src, kc, BMN, NT, mn0, k0, MN, K):  # noqa: N803
             mn = mn0 + (row if kc else vec * 8)
             kk = k0 + (vec * 8 if kc else row)
             inside = mn < MN and kk < K
-            o = off(kc, mn, kk, MN, K) if inside else 0
+            o = off(kc, mn, kk, K if kc else MN) if inside else 0  # operand_offset: packed rows
             d = (vec * rows + row) * 8
             sm[d : d + 8] = src[o : o + 8] if inside else 0
             written[vec * rows + row] += 1
@@ -388,6 +403,8 @@ def main():
     simt(False, False, True, 136, 132, 20, 128, 16, 8, 4, rng)
     simt(True, True, False, 130, 129, 17, 128, 16, 8, 4, rng)
     simt(False, True, True, 66, 66, 10, 64, 8, 4, 2, rng)  # the float64 configuration
+    for ta, tb in itertools.product((False, True), repeat=2):  # split-K: pieces in the whole rows
+        simt(ta, tb, True, 68, 72, 120, 64, 16, 4, 4, rng, pieces=3)  # 40: a tail
     for ta in (False, True):
         tc_tile(ta, False, 70, 45, 64, rng)
         tc_tile(ta, True, 136, 72, 128, rng)

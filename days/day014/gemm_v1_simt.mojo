@@ -5,7 +5,7 @@ from std.memory import stack_allocation
 from std.math import ceildiv
 from std.sys import size_of
 
-from days.day014.gemm_common import accum_dtype, tile_coords, operand_offset
+from days.day014.gemm_common import accum_dtype, tile_coords
 
 
 # ---------------------------------------------------------------------------
@@ -15,6 +15,15 @@ comptime SIMT_THREADS = 256
 
 
 # --8<-- [start:simt_load]
+@always_inline
+def stored_offset[k_contiguous: Bool](mn: Int, kk: Int, ld: Int) -> Int:
+    """Offset of element (mn, kk) of op(X) in its stored rows of `ld` elements.
+    """
+    comptime if k_contiguous:
+        return mn * ld + kk
+    return kk * ld + mn
+
+
 @always_inline
 def simt_fetch[
     dtype: DType,
@@ -30,11 +39,14 @@ def simt_fetch[
     k0: Int,
     mn_size: Int,
     k_size: Int,
+    ld: Int,
     mut regs: Array[SIMD[dtype, VW], LV],
 ):
     """Global -> registers: this thread's LV vectors of the (BMN x BK) tile at (mn0, k0).
 
-    Vectors run along the stored contiguous dim. Out-of-range elements read as 0.
+    Vectors run along the stored contiguous dim; `ld` is the stored row stride (K or
+    more for a K-contiguous operand, MN or more otherwise: a piece of a split K reads
+    inside the rows of the whole matrix). Out-of-range elements read as 0.
     """
     comptime PER_ROW = BK // VW if K_CONTIG else BMN // VW
     comptime for i in range(LV):
@@ -47,7 +59,7 @@ def simt_fetch[
             # every leading dim is a multiple of VW: a vector is all in or all out
             if mn < mn_size and kk < k_size:
                 regs[i] = src.unsafe_load[width=VW, alignment=16](
-                    operand_offset[K_CONTIG](mn, kk, mn_size, k_size)
+                    stored_offset[K_CONTIG](mn, kk, ld)
                 )
             else:
                 regs[i] = 0
@@ -58,9 +70,7 @@ def simt_fetch[
                 var ek = kk + (e if K_CONTIG else 0)
                 if emn < mn_size and ek < k_size:
                     vec[e] = src[
-                        unsafe_offset=operand_offset[K_CONTIG](
-                            emn, ek, mn_size, k_size
-                        )
+                        unsafe_offset=stored_offset[K_CONTIG](emn, ek, ld)
                     ]
             regs[i] = vec
 
@@ -125,8 +135,12 @@ def gemm_simt_kernel[
     c_bs: Int64,
     c_rs: Int64,
     c_cs: Int64,
+    a_ld: Int64,
+    b_ld: Int64,
 ):
-    """Launch with grid (ceil(M/BM) * ceil(N/BN), 1, batch), 256 threads."""
+    """Launch with grid (ceil(M/BM) * ceil(N/BN), 1, batch), 256 threads. a_ld and
+    b_ld are the operands' stored row strides (packed: K or M for A, N or K for B).
+    """
     comptime acc = accum_dtype[dtype]()
     comptime VW = 16 // size_of[dtype]()  # elements per 16-byte global vector
     comptime TX = BN // TN  # threads along N
@@ -177,8 +191,12 @@ def gemm_simt_kernel[
     var ty = thread_idx.x // TX
     var num_k = ceildiv(K, BK)
 
-    simt_fetch[dtype, not TA, VEC, BM, BK, VW, LVA](a_t, m0, 0, M, K, ra)
-    simt_fetch[dtype, TB, VEC, BN, BK, VW, LVB](b_t, n0, 0, N, K, rb)
+    var a_stride = Int(a_ld)
+    var b_stride = Int(b_ld)
+    simt_fetch[dtype, not TA, VEC, BM, BK, VW, LVA](
+        a_t, m0, 0, M, K, a_stride, ra
+    )
+    simt_fetch[dtype, TB, VEC, BN, BK, VW, LVB](b_t, n0, 0, N, K, b_stride, rb)
     simt_stash[dtype, acc, not TA, BM, BK, LDA, VW, LVA](ra, as_)
     simt_stash[dtype, acc, TB, BN, BK, LDB, VW, LVB](rb, bs_)
     barrier()
@@ -188,10 +206,10 @@ def gemm_simt_kernel[
         var has_next = kt + 1 < num_k
         if has_next:  # issue the next tile's global loads before the math
             simt_fetch[dtype, not TA, VEC, BM, BK, VW, LVA](
-                a_t, m0, (kt + 1) * BK, M, K, ra
+                a_t, m0, (kt + 1) * BK, M, K, a_stride, ra
             )
             simt_fetch[dtype, TB, VEC, BN, BK, VW, LVB](
-                b_t, n0, (kt + 1) * BK, N, K, rb
+                b_t, n0, (kt + 1) * BK, N, K, b_stride, rb
             )
         var sa = as_.unsafe_offset(cur * BK * LDA)
         var sb = bs_.unsafe_offset(cur * BK * LDB)

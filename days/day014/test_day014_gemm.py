@@ -505,6 +505,30 @@ def test_cuda_fp32_weight_gradient_split_k(m, n, k, c_shape):
 
 @needs_cuda
 @pytest.mark.parametrize("ta,tb", TRANSPOSES)
+@pytest.mark.parametrize(
+    "m,n,k,c_shape", [(64, 768, 3072, (768,)), (40, 200, 1000, (40, 200)), (52, 100, 2048, (52, 1))]
+)
+def test_cuda_fp32_few_tokens_split_k(m, n, k, c_shape, ta, tb):
+    # a linear layer at a few dozen tokens: fewer 64 x 64 tiles than SMs and a long K, so
+    # K splits into pieces read inside the whole operands' rows (1000 / 10 = 100: each
+    # piece ends in a partial k-step); day 019's sum kernel applies alpha, beta and c
+    from pytorch_custom_ops.gemm_gpu import float_kernel, sm_count
+
+    assert float_kernel(m, n, k, 1, ta, tb, True, torch.float32, sm_count(0), False)[1] > 1
+    torch.manual_seed(m + n + k)
+    a, b = rand(m, k, device="cuda"), rand(k, n, device="cuda")
+    c = rand(*c_shape, device="cuda")
+    sa, sb = stored(a, ta), stored(b, tb)
+    with pco.gemm_version("SIMT"):
+        check(pco.gemm(sa, sb, c, alpha=0.75, beta=-1.5, transpose_a=ta, transpose_b=tb), a, b, c, 0.75, -1.5)
+        nan_c = torch.full_like(c, float("nan"))  # beta == 0: c is never read
+        check(pco.gemm(sa, sb, nan_c, alpha=2.0, beta=0.0, transpose_a=ta, transpose_b=tb), a, b, None, 2.0)
+    y = pco.gemm(sa, sb, c, alpha=0.75, beta=-1.5, transpose_a=ta, transpose_b=tb)  # AUTO
+    check(y, a, b, c, 0.75, -1.5)
+
+
+@needs_cuda
+@pytest.mark.parametrize("ta,tb", TRANSPOSES)
 @pytest.mark.parametrize("m,n,k", [(4096, 1024, 4096), (768, 2304, 8192), (257, 130, 20000)])
 def test_cuda_3xtf32_is_as_accurate_as_float32(m, n, k, ta, tb):
     # 3xTF32 drops lo*lo (~2^-22 of a product) and sums in the tensor cores between

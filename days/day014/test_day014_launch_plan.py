@@ -237,6 +237,65 @@ def test_fp32_weight_gradients_split_k_where_few_tiles_meet_a_long_k():
     assert direct.dim3(plan(768, 768, 8192, FP64, ta=True).grid)[2] == 1  # float64 has no sum kernel
 
 
+def split_pieces_result(launch, a, b, ta, tb) -> torch.Tensor:
+    """What the SIMT kernel computes on a split launch's arguments, in float64: batch
+    entry s is op(A) (m x ks) at s * a_bs in rows of a_ld, times op(B) at s * b_bs in rows
+    of b_ld (the addressing of stored_offset in gemm_v1_simt.mojo), summed over s."""
+    m, n, ks, a_bs, b_bs = launch.args[5:10]
+    a_ld, b_ld = launch.args[13:15]
+    a_flat, b_flat = a.double().flatten(), b.double().flatten()
+    total = torch.zeros(m, n, dtype=torch.float64)
+    for s in range(direct.dim3(launch.grid)[2]):
+        pa = a_flat.as_strided((m, ks), (1, a_ld) if ta else (a_ld, 1), s * a_bs)
+        pb = b_flat.as_strided((ks, n), (1, b_ld) if tb else (b_ld, 1), s * b_bs)
+        total += pa @ pb
+    return total
+
+
+@pytest.mark.parametrize("ta,tb", PAIRS)
+@pytest.mark.parametrize(
+    "m,n,k,pieces", [(64, 768, 3072, 16), (64, 768, 768, 12), (64, 2304, 768, 6), (52, 100, 2048, 32)]
+)
+def test_fp32_few_tokens_split_k_in_the_rows_of_the_whole_operands(m, n, k, pieces, ta, tb):
+    """A linear layer at a few dozen tokens (M small, K long; day 016's float32 block at
+    1 x 64 x 768): fewer 64 x 64 tiles than SMs, so K splits into pieces read inside the
+    rows of the whole operands (ta = 1 with tb = 0 is the weight gradient's split, on
+    128 x 128 tiles). The pieces' arguments must add up to op(A) op(B)."""
+    with gemm_version("SIMT"):
+        launch = plan(m, n, k, FP32, ta, tb)
+    torch.manual_seed(0)
+    a = torch.randn(*((k, m) if ta else (m, k)))
+    b = torch.randn(*((n, k) if tb else (k, n)))
+    if ta and not tb and gemm_gpu.simt_split_k(m, n, k, 132) > 1:  # the weight gradient's rule
+        assert k // direct.dim3(launch.grid)[2] >= 512 and launch.kernel.params[4] == 128
+    else:
+        assert direct.dim3(launch.grid)[2] == pieces and launch.kernel.params[4] == 64
+    assert launch.args[13:15] == ((m if ta else k), (k if tb else n))
+    want = (a.double().mT if ta else a.double()) @ (b.double().mT if tb else b.double())
+    assert torch.allclose(split_pieces_result(launch, a, b, ta, tb), want, rtol=1e-12, atol=1e-9)
+
+
+def test_fp32_few_tokens_split_choice():
+    # S: the most pieces that keep <= 2 blocks per SM and >= 64 of K (a multiple of 4) each
+    assert gemm_gpu.simt_small_split(64, 768, 3072, 132) == 16  # 12 tiles: 22 at most; 3072 / 16 = 192
+    assert gemm_gpu.simt_small_split(64, 768, 768, 132) == 12  # 768 / 12 = 64
+    assert gemm_gpu.simt_small_split(64, 2304, 768, 132) == 6  # 36 tiles: 7 at most
+    assert gemm_gpu.simt_small_split(64, 768, 100, 132) == 1  # no piece of >= 64 that is a multiple of 4
+    assert gemm_gpu.simt_small_split(1024, 768, 3072, 132) == 1  # 192 tiles: SMs full
+    assert gemm_gpu.simt_small_split(64, 768, 3070, 132) == 1  # 3070 = 2 x 5 x 307: no aligned piece
+    # only float32 with 16-byte rows, batch 1
+    assert gemm_gpu.float_kernel(64, 768, 3072, 1, False, False, True, FP32, 132, False) == ("simt_small", 16)
+    assert gemm_gpu.float_kernel(64, 768, 3072, 1, False, False, False, FP32, 132, False)[1] == 1
+    assert gemm_gpu.float_kernel(64, 768, 3072, 2, False, False, True, FP32, 132, False)[1] == 1
+    assert gemm_gpu.float_kernel(64, 768, 3072, 1, False, False, True, FP64, 132, False)[1] == 1
+    with gemm_gpu.simt_pieces(1):  # the sweep's switch: no split at all
+        assert gemm_gpu.float_kernel(64, 768, 3072, 1, False, False, True, FP32, 132, False)[1] == 1
+        assert gemm_gpu.float_kernel(768, 768, 8192, 1, True, False, True, FP32, 132, False)[1] == 1
+    with gemm_gpu.simt_pieces(5):  # forced, where K allows it
+        assert gemm_gpu.float_kernel(64, 768, 3080, 1, False, True, True, FP32, 132, False) == ("simt_small", 5)
+        assert gemm_gpu.float_kernel(64, 768, 3072, 1, False, True, True, FP32, 132, False)[1] == 1
+
+
 def test_huge_and_batched_shapes():
     assert choice(plan(2**20, 8, 8, BF16)) == "pingpong 128x64 tma"  # K = 8, 8192 narrow tiles
     assert choice(plan(2**20, 8, 2048, BF16, ta=True, tb=True)) == "pingpong 128x64 tma"
@@ -360,7 +419,7 @@ def test_tma_descriptors_view_each_operand_as_stored():
 def test_c_broadcast_strides():
     def strides(c_shape, batch=None):
         launch = plan(5, 7, 3, FP32, batch=batch, c_shape=c_shape)
-        return launch.args[-3:]  # c_bs, c_rs, c_cs
+        return launch.args[10:13]  # c_bs, c_rs, c_cs (then the SIMT kernel's a_ld, b_ld)
 
     assert strides((5, 7)) == (0, 7, 1)
     assert strides((1, 7)) == (0, 0, 1)  # a bias row

@@ -3,12 +3,17 @@ the SIMT kernel (and its split-K for weight gradients), and 3xTF32 on tensor cor
 019, part 9; AUTO's float32 choice since).
 
     PYTHONPATH=$PWD python days/day014/time_fp32.py [label]
+    PYTHONPATH=$PWD python days/day014/time_fp32.py --pieces [label]
 
 The shapes are day 014's squares and GPT-2 small's linear layers at 8192 tokens: forward
 y = x W^T, dX = dY W and dW = dY^T X (the transposed-A rows, where split-K applies). Each
 result is checked on sampled entries against float64 (day 014's `sampled_error`), then
 timed by CUPTI (benchmark.timing.kernel_time_ms). 3xTF32's time includes its two split
 kernels.
+
+--pieces: the same layers' forward and dX at a few dozen tokens (few output tiles, a long
+K), the SIMT kernel forced to each split S of K (`gemm_gpu.simt_pieces`), next to AUTO
+and torch: the sweep behind `simt_small_split`. Times include the sum kernel.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import pytorch_custom_ops as pco
 from benchmark.gpu_script import need_cuda
 from benchmark.timing import kernel_time_ms
 from days.day014.time_versions import SQUARES, sampled_error
+from pytorch_custom_ops import gemm_gpu
 
 SHAPES = SQUARES + [
     shape
@@ -29,7 +35,41 @@ SHAPES = SQUARES + [
 ]
 
 
+FEW_TOKENS = (64, 128, 256)
+PIECES = (1, 2, 3, 4, 6, 8, 12, 16, 24)
+
+
+def sweep_pieces(label: str) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    print(f"{label}: kernel us per call; S = pieces of K (- where K does not split so)")
+    print("shape                     torch   AUTO " + "".join(f"{'S=' + str(s):>7}" for s in PIECES))
+    for tokens in FEW_TOKENS:
+        for d_in, d_out in ((768, 2304), (768, 768), (768, 3072), (3072, 768)):
+            for m, n, k, tb in ((tokens, d_out, d_in, True), (tokens, d_in, d_out, False)):
+                a = torch.randn(m, k, device="cuda")
+                b = torch.randn(*((n, k) if tb else (k, n)), device="cuda")
+                pb = b.mT if tb else b
+                row = [1e3 * kernel_time_ms(lambda: torch.matmul(a, pb), 5)]  # noqa: B023
+                call = lambda: pco.gemm(a, b, transpose_b=tb)  # noqa: B023, E731
+                row.append(1e3 * kernel_time_ms(call, 5))
+                for pieces in PIECES:
+                    if not gemm_gpu.split_fits(k, pieces):
+                        row.append(None)
+                        continue
+                    with pco.gemm_version("SIMT"), gemm_gpu.simt_pieces(pieces):
+                        error = sampled_error(call(), a, b, False, tb)
+                        assert error < 1e-5, (m, n, k, tb, pieces, error)
+                        row.append(1e3 * kernel_time_ms(call, 5))
+                cells = "".join(f"{t:7.1f}" if t is not None else f"{'-':>7}" for t in row)
+                print(f"{f'{m}x{n}x{k} tb={int(tb)}':24}{cells}")
+
+
 def main() -> None:
+    if "--pieces" in sys.argv:
+        sys.argv.remove("--pieces")
+        sweep_pieces(sys.argv[1] if len(sys.argv) > 1 else "fp32")
+        return
     label = sys.argv[1] if len(sys.argv) > 1 else "fp32"
     torch.backends.cuda.matmul.allow_tf32 = False  # torch's float32 is IEEE float32
     torch.manual_seed(0)
