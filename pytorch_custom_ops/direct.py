@@ -292,11 +292,23 @@ class Recipe:
     # --8<-- [end:recipe_run]
 
 
+# Addresses of tensors kept for the whole process (mojo_op.device_constant's): a plan may
+# pass one (split-K's alpha = 1, beta = 0 for its pieces), and every call of its recipe
+# then passes the same. A constant made inside a graph capture is not kept, not listed.
+_kept_addresses: set[int] = set()
+
+
+def kept_for_the_process(t: torch.Tensor) -> torch.Tensor:
+    """List `t`'s address as a constant a recipe may keep (the caller keeps `t` alive)."""
+    _kept_addresses.add(t.data_ptr())
+    return t
+
+
 def recipe(outputs, inputs, scratch, launches: list[Launch], device_index: int, returned) -> Recipe | None:
     """The recipe of a call that just ran `launches`, or None when an address argument
     cannot be traced to exactly one of its tensors (an offset into a tensor, two tensors
-    at one address): such calls keep planning every time. `returned[i]` is False for an
-    output the caller gives (a destination)."""
+    at one address) or to a constant kept for the process: such calls keep planning every
+    time. `returned[i]` is False for an output the caller gives (a destination)."""
     tensors = (*outputs, *inputs, *scratch)
     addresses = [t.data_ptr() for t in tensors]
     steps = []
@@ -309,6 +321,8 @@ def recipe(outputs, inputs, scratch, launches: list[Launch], device_index: int, 
             if kind == "ptr" or kind == "tensormap":
                 address = value if kind == "ptr" else getattr(value, "address", None)
                 found = [i for i, a in enumerate(addresses) if a == address]
+                if not found and kind == "ptr" and address in _kept_addresses:  # the same for every call
+                    continue
                 if len(found) != 1 or (kind == "tensormap" and not hasattr(value, "encode_at")):
                     return None
                 if kind == "ptr":

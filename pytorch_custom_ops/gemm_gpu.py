@@ -794,21 +794,35 @@ def simt_split_k(m: int, n: int, k: int, sms: int) -> int:
 
 # A linear layer at a few dozen tokens has the opposite shape: M small, K long. At 64
 # tokens, 64 x 768 x 3072 (the MLP's dX) is 12 tiles of 64 x 64 for 132 SMs, each walking
-# all of K (day 016's float32 block at 1 x 64 x 768 spent 687 of its 1232 us there). These
-# split on 64 x 64 tiles into as many pieces as keep at most SIMT_SMALL_SPLIT_BLOCKS blocks
-# per SM and SIMT_SMALL_SPLIT_MIN_K of K (a multiple of 4: 16-byte rows) in each piece.
-SIMT_SMALL_SPLIT_BLOCKS = 2
+# all of K: 139 us against cuBLAS's 18 (day 016's float32 block at 1 x 64 x 768 spent 687
+# of its 1232 us there). These split on 64 x 64 tiles, S chosen by a cost model fitted on
+# the H100 to the sweep of S at 64-256 tokens (days/day014/time_fp32.py --pieces,
+# results/.../day014_fp32_few_tokens.txt; it picks the measured best S to within 4%, 0.3%
+# in the geometric mean): a block takes K / S k-steps of SIMT_K_STEP_US when alone on its
+# SM, and each more block on the busiest SM adds SIMT_SHARED_SM of that; the workspace
+# costs its S M N float32, written and read, at SIMT_SPLIT_GBPS. Only for grids of at
+# most 2 blocks per SM unsplit: the sweep's range (192 tiles at most).
+SIMT_K_STEP_US = 0.04
+SIMT_SHARED_SM = 0.7
+SIMT_SPLIT_GBPS = 3000.0
+SIMT_SMALL_SPLIT_MAX = 24  # the sweep's largest S
 SIMT_SMALL_SPLIT_MIN_K = 64
 
 
-def simt_small_split(m: int, n: int, k: int, sms: int) -> int:
-    """S for a float32 GEMM of fewer 64 x 64 tiles than SMs (1: no split)."""
+def simt_small_split_us(m: int, n: int, k: int, pieces: int, sms: int) -> float:
+    """The model's time of a 64 x 64-tile SIMT GEMM in `pieces` pieces of K (plus its sum)."""
     tiles = _cdiv(m, SIMT_SMALL[0]) * _cdiv(n, SIMT_SMALL[0])
-    if tiles >= sms:
+    busiest = _cdiv(tiles * pieces, sms)
+    work = k / pieces * SIMT_K_STEP_US * (1 + SIMT_SHARED_SM * (busiest - 1))
+    return work + (pieces * m * n * 8 / (SIMT_SPLIT_GBPS * 1e3) if pieces > 1 else 0.0)
+
+
+def simt_small_split(m: int, n: int, k: int, sms: int) -> int:
+    """S for a float32 GEMM of at most two 64 x 64 tiles per SM (1: no split)."""
+    if _cdiv(m, SIMT_SMALL[0]) * _cdiv(n, SIMT_SMALL[0]) > 2 * sms:
         return 1
-    most = SIMT_SMALL_SPLIT_BLOCKS * sms // tiles
-    options = [s for s in range(2, most + 1) if split_fits(k, s) and k // s >= SIMT_SMALL_SPLIT_MIN_K]
-    return max(options, default=1)
+    options = [s for s in range(2, SIMT_SMALL_SPLIT_MAX + 1) if split_fits(k, s) and k // s >= SIMT_SMALL_SPLIT_MIN_K]
+    return min([1, *options], key=lambda s: simt_small_split_us(m, n, k, s, sms))
 
 
 def split_fits(k: int, pieces: int) -> bool:
@@ -897,21 +911,20 @@ def float_kernel(
     (a weight gradient), and on 64 x 64 tiles where M N is small and K long; otherwise it
     runs 64 x 64 tiles under a round of 128 x 128 ones, or for an output at most 64 wide
     (attention's P V, d = 64 heads: half of each 128 x 128 tile would be empty)."""
-    pieces, split_tile = 1, "simt_small"
-    if dtype == torch.float32 and vec and batch == 1:
-        if _forced_pieces is not None:
-            pieces = _forced_pieces if _forced_pieces > 1 and split_fits(k, _forced_pieces) else 1
-            split_tile = "simt_large" if ta and not tb else "simt_small"
-        elif ta and not tb and simt_split_k(m, n, k, sms) > 1:
-            pieces, split_tile = simt_split_k(m, n, k, sms), "simt_large"
-        else:
-            pieces = simt_small_split(m, n, k, sms)
+    splits = dtype == torch.float32 and vec and batch == 1
+    pieces = 1
+    if splits and _forced_pieces is not None:
+        pieces = _forced_pieces if _forced_pieces > 1 and split_fits(k, _forced_pieces) else 1
+    elif splits and ta and not tb:
+        pieces = simt_split_k(m, n, k, sms)
     small = _cdiv(m, 128) * _cdiv(n, 128) * batch < SMALL_GRID or min(m, n) <= SIMT_SMALL[0]
     if tf32x3 and tf32x3_pays(m, n, k, batch, sms, small and pieces == 1):
         return "tf32x3", 1
     if pieces > 1:
-        return split_tile, pieces
-    return ("simt_small" if small else "simt_large"), 1
+        return ("simt_large" if ta and not tb else "simt_small"), pieces
+    if splits and _forced_pieces is None:  # after 3xTF32's choice, whose model has the unsplit SIMT kernel
+        pieces = simt_small_split(m, n, k, sms)
+    return ("simt_small" if small or pieces > 1 else "simt_large"), pieces
 
 
 def tf32x3_fits(m: int, n: int, k: int, out: torch.Tensor) -> bool:

@@ -401,5 +401,5 @@ def device_constant(values: tuple[float, ...], dtype: torch.dtype, device: torch
         return t
     t = torch.tensor(values, dtype=dtype, device=device)
     if len(_constants) < 1024:
-        _constants[key] = programs.keep(t)
+        _constants[key] = programs.keep(direct.kept_for_the_process(t))
     return t

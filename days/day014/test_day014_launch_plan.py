@@ -232,7 +232,9 @@ def test_fp32_weight_gradients_split_k_where_few_tiles_meet_a_long_k():
         ks = k // pieces
         assert launch.args[5:10] == (m, n, ks, ks * m, ks * n)  # m, n, k, a_bs, b_bs of one piece
     assert direct.dim3(plan(4096, 4096, 4096, FP32, ta=True).grid)[2] == 1  # enough tiles: no split
-    assert direct.dim3(plan(768, 768, 8192, FP32).grid)[2] == 1  # A along M: a piece is not a batch entry
+    # A along M: the weight gradient's rule does not apply; 144 tiles of 64 x 64 take the
+    # few-token rule's pieces (test_fp32_few_tokens_split_choice)
+    assert direct.dim3(plan(768, 768, 8192, FP32).grid)[2] == gemm_gpu.simt_small_split(768, 768, 8192, 132)
     assert direct.dim3(plan(768, 768, 8209, FP32, ta=True).grid)[2] == 1  # no S divides K into >= 512
     assert direct.dim3(plan(768, 768, 8192, FP64, ta=True).grid)[2] == 1  # float64 has no sum kernel
 
@@ -254,7 +256,7 @@ def split_pieces_result(launch, a, b, ta, tb) -> torch.Tensor:
 
 @pytest.mark.parametrize("ta,tb", PAIRS)
 @pytest.mark.parametrize(
-    "m,n,k,pieces", [(64, 768, 3072, 16), (64, 768, 768, 12), (64, 2304, 768, 6), (52, 100, 2048, 32)]
+    "m,n,k,pieces", [(64, 768, 3072, 16), (64, 768, 768, 8), (64, 2304, 768, 6), (52, 100, 2048, 16)]
 )
 def test_fp32_few_tokens_split_k_in_the_rows_of_the_whole_operands(m, n, k, pieces, ta, tb):
     """A linear layer at a few dozen tokens (M small, K long; day 016's float32 block at
@@ -276,13 +278,16 @@ def test_fp32_few_tokens_split_k_in_the_rows_of_the_whole_operands(m, n, k, piec
 
 
 def test_fp32_few_tokens_split_choice():
-    # S: the most pieces that keep <= 2 blocks per SM and >= 64 of K (a multiple of 4) each
-    assert gemm_gpu.simt_small_split(64, 768, 3072, 132) == 16  # 12 tiles: 22 at most; 3072 / 16 = 192
-    assert gemm_gpu.simt_small_split(64, 768, 768, 132) == 12  # 768 / 12 = 64
-    assert gemm_gpu.simt_small_split(64, 2304, 768, 132) == 6  # 36 tiles: 7 at most
+    # S: the cost model's best (fitted to the sweep of S on the H100, which it matches)
+    assert gemm_gpu.simt_small_split(64, 768, 3072, 132) == 16  # 12 tiles: 192 blocks of 192 k-steps
+    assert gemm_gpu.simt_small_split(64, 768, 768, 132) == 8
+    assert gemm_gpu.simt_small_split(64, 2304, 768, 132) == 6  # 36 tiles
+    assert gemm_gpu.simt_small_split(256, 3072, 768, 132) == 2  # 192 tiles: the workspace costs more
     assert gemm_gpu.simt_small_split(64, 768, 100, 132) == 1  # no piece of >= 64 that is a multiple of 4
-    assert gemm_gpu.simt_small_split(1024, 768, 3072, 132) == 1  # 192 tiles: SMs full
+    assert gemm_gpu.simt_small_split(1024, 2304, 768, 132) == 1  # 576 tiles: beyond what was measured
     assert gemm_gpu.simt_small_split(64, 768, 3070, 132) == 1  # 3070 = 2 x 5 x 307: no aligned piece
+    us = [gemm_gpu.simt_small_split_us(64, 768, 3072, s, 132) for s in (1, 8, 16, 24)]
+    assert us[0] > us[1] > us[2] < us[3]  # past 132 blocks, a second block shares the SM
     # only float32 with 16-byte rows, batch 1
     assert gemm_gpu.float_kernel(64, 768, 3072, 1, False, False, True, FP32, 132, False) == ("simt_small", 16)
     assert gemm_gpu.float_kernel(64, 768, 3072, 1, False, False, False, FP32, 132, False)[1] == 1

@@ -35,7 +35,7 @@ SHAPES = SQUARES + [
 ]
 
 
-FEW_TOKENS = (64, 128, 256)
+FEW_TOKENS = (64, 128, 256, 512, 1024)
 PIECES = (1, 2, 3, 4, 6, 8, 12, 16, 24)
 
 
@@ -43,7 +43,8 @@ def sweep_pieces(label: str) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
     print(f"{label}: kernel us per call; S = pieces of K (- where K does not split so)")
-    print("shape                     torch   AUTO " + "".join(f"{'S=' + str(s):>7}" for s in PIECES))
+    sms = gemm_gpu.sm_count(0)
+    print("shape                     torch   AUTO (its S) " + "".join(f"{'S=' + str(s):>7}" for s in PIECES))
     for tokens in FEW_TOKENS:
         for d_in, d_out in ((768, 2304), (768, 768), (768, 3072), (3072, 768)):
             for m, n, k, tb in ((tokens, d_out, d_in, True), (tokens, d_in, d_out, False)):
@@ -53,6 +54,7 @@ def sweep_pieces(label: str) -> None:
                 row = [1e3 * kernel_time_ms(lambda: torch.matmul(a, pb), 5)]  # noqa: B023
                 call = lambda: pco.gemm(a, b, transpose_b=tb)  # noqa: B023, E731
                 row.append(1e3 * kernel_time_ms(call, 5))
+                kind, auto_s = gemm_gpu.float_kernel(m, n, k, 1, False, tb, True, torch.float32, sms, n % 2 == 0)
                 for pieces in PIECES:
                     if not gemm_gpu.split_fits(k, pieces):
                         row.append(None)
@@ -62,7 +64,8 @@ def sweep_pieces(label: str) -> None:
                         assert error < 1e-5, (m, n, k, tb, pieces, error)
                         row.append(1e3 * kernel_time_ms(call, 5))
                 cells = "".join(f"{t:7.1f}" if t is not None else f"{'-':>7}" for t in row)
-                print(f"{f'{m}x{n}x{k} tb={int(tb)}':24}{cells}")
+                picked = "3xTF32" if kind == "tf32x3" else f"S={auto_s}"
+                print(f"{f'{m}x{n}x{k} tb={int(tb)}':24}{cells[:14]} {picked:>7}{cells[14:]}")
 
 
 def main() -> None:

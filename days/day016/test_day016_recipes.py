@@ -183,6 +183,48 @@ def test_layer_norm_backward_recipe_allocates_its_workspace_per_call(fake_gpu, m
     assert stage1[-1][7:9] == (0, 0)
 
 
+@pytest.mark.parametrize("ta", [False, True])
+def test_fp32_split_k_recipe_keeps_its_constant_and_makes_its_workspace(fake_gpu, monkeypatch, ta):
+    """The SIMT kernel's split-K pieces take alpha = 1, beta = 0 from a constant kept for
+    the process (device_constant): the recipe keeps that address as it is (without it,
+    every call planned again in Python: ~100 us a call on the H100's host), makes a new
+    workspace per call, and passes the caller's alpha and beta to the sum kernel."""
+    op = GEMM_OPS[(False, ta, False)]
+    m, n, k = (64, 768, 3072) if not ta else (768, 768, 8192)  # a few tokens; a weight gradient
+
+    def make():
+        a = torch.randn(k, m) if ta else torch.randn(m, k)
+        return [torch.empty(m, n)], [a, torch.randn(k, n), torch.zeros(1, 1), torch.tensor([0.5, 0.0])]
+
+    (out1, in1), (out2, in2) = make(), make()
+    with direct.planning() as scratch:
+        first = op.gpu(out1, in1, op.spec.params)
+    assert len(first) == 2 and len(scratch) == 1  # the pieces, the sum; the workspace
+    recipe = direct.recipe(out1, in1, scratch, first, 0, op.spec.returned)
+    assert recipe is not None
+    made = []
+    real_empty = torch.empty
+    monkeypatch.setattr(
+        torch, "empty", lambda *a, **k: made.append(real_empty(*a, **{**k, "device": "cpu"})) or made[-1]
+    )
+    pieces, total = replayed(fake_gpu, recipe, out2, in2)
+    (workspace,) = made
+    assert workspace.shape == scratch[0].shape
+    want_pieces, want_total = expected(first)
+    assert pieces[-1][0] == total[-1][1] == workspace.data_ptr()  # pieces write it, the sum reads it
+    assert pieces[-1][1:3] == (in2[0].data_ptr(), in2[1].data_ptr())
+    assert pieces[-1][4] == want_pieces[-1][4]  # the kept alpha = 1, beta = 0
+    assert pieces[-1][5:] == want_pieces[-1][5:] and pieces[:-1] == want_pieces[:-1]
+    assert total[-1][0] == out2[0].data_ptr() and total[-1][3] == in2[3].data_ptr()  # the caller's alpha, beta
+    # an alpha_beta that is a kept constant too stays a per-call argument: it is an input
+    kept = direct.kept_for_the_process(torch.tensor([1.0, 0.0]))
+    in3 = [*make()[1][:3], kept]
+    with direct.planning() as scratch3:
+        launches = op.gpu(out1, in3, op.spec.params)
+    recipe3 = direct.recipe(out1, in3, scratch3, launches, 0, op.spec.returned)
+    assert recipe3.steps[1].template[3] is None  # alpha_beta: filled in per call
+
+
 def test_no_recipe_when_an_address_is_ambiguous_or_offset(fake_gpu):
     op = SOFTMAX
     x = torch.randn(8, 128)
@@ -204,6 +246,19 @@ def test_repeated_calls_use_the_recipe_and_stay_correct(monkeypatch):
     for _ in range(3):
         x = torch.randn(33, 1001, device="cuda")
         torch.testing.assert_close(pco.softmax(x, -1), torch.softmax(x, -1))
+
+
+@needs_cuda
+def test_repeated_fp32_split_k_calls_replay_without_planning(monkeypatch):
+    # 64 x 3072 @ 3072 x 768: 12 tiles, K in pieces; the pieces' alpha-beta constant is kept
+    a, b = torch.randn(64, 3072, device="cuda"), torch.randn(3072, 768, device="cuda")
+    pco.gemm(a, b)  # makes the recipe
+    op = GEMM_OPS[(False, False, False)]
+    monkeypatch.setattr(op, "gpu", None)  # a replayed call must not plan
+    for _ in range(3):
+        a = torch.randn(64, 3072, device="cuda")
+        want = (a.double() @ b.double()).float()
+        torch.testing.assert_close(pco.gemm(a, b), want, rtol=1e-4, atol=1e-3)
 
 
 @needs_cuda
