@@ -238,7 +238,7 @@ def test_no_recipe_when_an_address_is_ambiguous_or_offset(fake_gpu):
 
 # -- on the GPU ---------------------------------------------------------------------------------
 @needs_cuda
-def test_repeated_calls_use_the_recipe_and_stay_correct(monkeypatch):
+def test_cuda_repeated_calls_use_the_recipe_and_stay_correct(monkeypatch):
     x = torch.randn(33, 1001, device="cuda")
     pco.softmax(x, -1)  # makes the recipe
     assert SOFTMAX._recipes
@@ -249,7 +249,7 @@ def test_repeated_calls_use_the_recipe_and_stay_correct(monkeypatch):
 
 
 @needs_cuda
-def test_repeated_fp32_split_k_calls_replay_without_planning(monkeypatch):
+def test_cuda_repeated_fp32_split_k_calls_replay_without_planning(monkeypatch):
     # 64 x 3072 @ 3072 x 768: 12 tiles, K in pieces; the pieces' alpha-beta constant is kept
     a, b = torch.randn(64, 3072, device="cuda"), torch.randn(3072, 768, device="cuda")
     pco.gemm(a, b)  # makes the recipe
@@ -262,7 +262,7 @@ def test_repeated_fp32_split_k_calls_replay_without_planning(monkeypatch):
 
 
 @needs_cuda
-def test_repeated_calls_replay_in_cpp_without_python_replay_or_plan(monkeypatch):
+def test_cuda_repeated_calls_replay_in_cpp_without_python_replay_or_plan(monkeypatch):
     from pytorch_custom_ops import replay
 
     x = torch.randn(31, 999, device="cuda")
@@ -277,7 +277,7 @@ def test_repeated_calls_replay_in_cpp_without_python_replay_or_plan(monkeypatch)
 
 
 @needs_cuda
-def test_a_failed_cpp_launch_resumes_in_python_from_that_step(monkeypatch):
+def test_cuda_failed_launch_in_cpp_resumes_in_python_from_that_step(monkeypatch):
     """The C++ replay bound to a driver whose every launch fails (201, no context): the
     Python recipe goes on from the failed step with the real launcher, and the result is
     right."""
@@ -302,7 +302,7 @@ def test_a_failed_cpp_launch_resumes_in_python_from_that_step(monkeypatch):
 
 
 @needs_cuda
-def test_a_recipe_never_skips_a_check_that_would_fail():
+def test_cuda_recipe_never_skips_a_check_that_would_fail():
     x = torch.randn(64, 64, device="cuda")
     pco.softmax(x, -1)
     with pytest.raises(ValueError, match="contiguous"):
@@ -314,7 +314,7 @@ def test_a_recipe_never_skips_a_check_that_would_fail():
 
 
 @needs_cuda
-def test_changing_the_gemm_version_forgets_recipes():
+def test_cuda_changing_the_gemm_version_forgets_recipes():
     a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
     reference = (a.double() @ b.double()).to(torch.bfloat16)

@@ -379,7 +379,7 @@ def test_side_stream_and_cuda_graph():
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
-def test_autotuned_long_sequence():
+def test_cuda_autotuned_long_sequence():
     # Above SMALL_WORK the autotuner picks the tiles: check its pick, causal and not.
     q, k, v, do = qkvo(1, 8, 8, 1537, 1537, 128, dtype=torch.bfloat16, seed=12)
     assert 8 * 1537 * 1537 * 128 >= fa.SMALL_WORK

@@ -86,7 +86,7 @@ def test_values_and_gradients_match_float64(x_dtype, delta_dtype, out_dtype, row
 @pytest.mark.skipif(not CUDA, reason="the fused kernels run on CUDA")
 @pytest.mark.parametrize("x_dtype, delta_dtype", [(torch.float32, torch.bfloat16), (torch.float32, torch.float32)])
 @pytest.mark.parametrize("cols", [768, 4100, 16388])
-def test_fused_kernels_match_day013s_composition(x_dtype, delta_dtype, cols):
+def test_cuda_fused_kernels_match_day013s_composition(x_dtype, delta_dtype, cols):
     """One pass forward and backward against add, LayerNorm, cast (and in backward cast,
     LayerNorm backward, add, cast) done by day 013's own kernels: the same bits, except
     that the fused backward adds the residual gradient with an FMA (one rounding instead

@@ -433,7 +433,7 @@ def test_a_captured_step_is_refused_without_cuda(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("impl", ["torch", "gpu_days"])
-def test_a_captured_step_computes_the_eager_losses(tmp_path, impl):
+def test_cuda_captured_step_computes_the_eager_losses(tmp_path, impl):
     """--graph replays one captured step: same losses as eager (its warm-up steps are undone),
     and a resumed captured run continues with the eager run's losses."""
     steps = 6
