@@ -155,6 +155,8 @@ TF32X3_TILE = (128, 128)  # two accumulators a thread (promotion): at most 128 w
 # F32_OUT (a float32 output from 16-bit operands): a weight gradient dH^T X of float32 master
 # weights (A transposed, B not), on the three-consumer tile AUTO gives one round of them
 TMA_F32_TILE = (192, 128)
+# ... and the pieces of K of a 16-bit GEMM at a few tokens, in float32, on 128 x 64 tiles
+TMA_SPLIT_TILE = (128, 64)  # version 3 has two or three consumers: 128 rows at least
 
 
 def _tma_variant(dtype: torch.dtype, ta: bool, tb: bool, bm: int, bn: int, f32_out: bool = False) -> tuple:
@@ -176,7 +178,8 @@ TMA_KERNEL = KernelFamily(
         for ta, tb in pairs
         for bm, bn in tiles
     )
-    + tuple(_tma_variant(dtype, True, False, *TMA_F32_TILE, f32_out=True) for dtype in (torch.bfloat16, torch.float16)),
+    + tuple(_tma_variant(dtype, True, False, *TMA_F32_TILE, f32_out=True) for dtype in (torch.bfloat16, torch.float16))
+    + tuple(_tma_variant(dtype, ta, tb, *TMA_SPLIT_TILE, f32_out=True) for dtype in TC_DTYPES for ta, tb in PAIRS),
 )
 TF32_SPLIT_THREADS, TF32_SPLIT_TILE = 256, 32
 TF32_SPLIT_KERNEL = KernelFamily(
@@ -337,14 +340,15 @@ def gemm_version(name: str):
 
 
 _c_blocks = True  # C_BLOCKS where its promise holds (pingpong_launch)
-_forced_pieces: int | None = None  # simt_pieces
+_forced_pieces: int | None = None  # split_pieces
 
 
 @contextmanager
-def simt_pieces(pieces: int):
-    """Inside the block, float32 GEMMs that the SIMT kernel may split along K (batch 1,
-    16-byte rows) take `pieces` pieces where K allows them (1: never split): the sweep
-    behind SIMT_SPLIT's rules (days/day014/time_fp32.py --pieces)."""
+def split_pieces(pieces: int):
+    """Inside the block, GEMMs of batch 1 with 16-byte rows take `pieces` pieces of K where
+    K allows them (1: never split): float32 on the SIMT kernel, 16-bit on version 3's
+    128 x 64 tiles (under AUTO). The sweeps behind the split rules
+    (days/day014/time_fp32.py --pieces, days/day019/time_few_tokens.py)."""
     global _forced_pieces
     previous, _forced_pieces = _forced_pieces, pieces
     direct.plans_changed()
@@ -421,17 +425,21 @@ _ENCODED: dict[TensorMapSpec, bytes] = {}
 
 
 # --8<-- [start:tma_map]
-def operand_tma_map(t: torch.Tensor, k_contiguous: bool, bmn: int, batch: int, mn: int, k: int) -> TensorMapSpec:
+def operand_tma_map(
+    t: torch.Tensor, k_contiguous: bool, bmn: int, batch: int, mn: int, k: int, ld: int | None = None, bs: int = 0
+) -> TensorMapSpec:
     """The descriptor of one operand viewed as (batch, rows, cols) as stored: rows = MN
     and cols = K when k-contiguous, else the reverse. A box is one stage's tile
-    (BMN x 64) or, mn-contiguous, 64 x 64 (the kernel issues BMN/64 copies)."""
+    (BMN x 64) or, mn-contiguous, 64 x 64 (the kernel issues BMN/64 copies). Packed by
+    default; `ld` and `bs` (elements) give other row and batch strides: split-K's pieces
+    are batch entries K/S apart inside the rows of the whole operand (the driver takes a
+    batch stride below the row stride), and TMA reads zeros past a piece's K."""
     rows, cols = (mn, k) if k_contiguous else (k, mn)
     bk = tma_bk(t.dtype)
     box_rows, box_cols = (bmn, bk) if k_contiguous else (bk, bk)
     size = t.dtype.itemsize
-    return TensorMapSpec(
-        t.dtype, t.data_ptr(), (cols, rows, batch), (cols * size, rows * cols * size), (box_cols, box_rows, 1)
-    )
+    ld, bs = (cols if ld is None else ld), (bs or rows * cols)
+    return TensorMapSpec(t.dtype, t.data_ptr(), (cols, rows, batch), (ld * size, bs * size), (box_cols, box_rows, 1))
 
 
 def output_tma_map(t: torch.Tensor, batch: int, m: int, n: int) -> TensorMapSpec:
@@ -869,6 +877,46 @@ def tma_launch(a, b, out, c, alpha_beta, sizes, ta: bool, tb: bool, bm: int, bn:
     return [direct.Launch(kernel, grid, (1 + bm // 64) * WG_THREADS, args, smem_of(kernel))]
 
 
+# --8<-- [start:tma_split]
+def few_token_pieces(m: int, n: int, k: int, sms: int) -> int:
+    """S for a 16-bit GEMM of batch 1 (1: AUTO's tile, no split). For now only where
+    `split_pieces` forces it."""
+    if _forced_pieces is not None and _forced_pieces > 1 and tma_split_fits(k, _forced_pieces):
+        return _forced_pieces
+    return 1
+
+
+def tma_split_launches(out, a, b, c, alpha_beta, sizes, ta: bool, tb: bool, pieces: int) -> list[direct.Launch]:
+    """A 16-bit GEMM of few output tiles in `pieces` pieces of K: version 3 on 128 x 64
+    tiles, batch entry s reading K/S of K from s K/S on (strided tensor maps) into a
+    float32 workspace (S, M, N), then day 019's sum kernel (alpha, beta, c) into out."""
+    m, n, k, c_bs, c_rs, c_cs = sizes
+    ks = k // pieces
+    bm, bn = TMA_SPLIT_TILE
+    # piece s: s * ks columns into an operand stored (MN, K), s * ks rows down one stored (K, MN)
+    a_ld, b_ld = (m if ta else k), (k if tb else n)
+    a_map = operand_tma_map(a, not ta, bm, pieces, m, ks, a_ld, ks * m if ta else ks)
+    b_map = operand_tma_map(b, tb, bn, pieces, n, ks, b_ld, ks if tb else ks * n)
+    ws = direct.scratch((pieces, m, n), torch.float32, out.device)
+    plain = device_constant((1.0, 0.0), torch.float32, out.device)
+    kernel = TMA_KERNEL[_tma_variant(a.dtype, ta, tb, bm, bn, f32_out=True)]
+    args = (a_map, b_map, ws.data_ptr(), c.data_ptr(), plain.data_ptr(), m, n, ks, 0, 0, 0)
+    grid = (_cdiv(m, bm) * _cdiv(n, bn), 1, pieces)
+    sum_args = (out.data_ptr(), ws.data_ptr(), c.data_ptr(), alpha_beta.data_ptr(), m, n, 1, pieces, c_bs, c_rs, c_cs)
+    return [
+        direct.Launch(kernel, grid, (1 + bm // 64) * WG_THREADS, args, smem_of(kernel)),
+        split_k_sum_launch(SPLIT_K_SUM_KERNEL[a.dtype, out.dtype], sum_args, out),
+    ]
+
+
+def tma_split_fits(k: int, pieces: int) -> bool:
+    """Equal pieces of K whose starts keep the tensor maps' 16-byte strides (16-bit)."""
+    return k % pieces == 0 and (k // pieces) % 8 == 0
+
+
+# --8<-- [end:tma_split]
+
+
 def smem_of(kernel) -> int:
     """A version 3 variant's dynamic shared memory (its SMEM parameter, the last)."""
     return kernel.params[-1]
@@ -1009,6 +1057,10 @@ def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
     # the TMA maps view A and B as (batch, rows, cols) with packed batches, and a tensor
     # map cannot have a dimension of size 0 (K == 0: out = beta * c)
     tma = vec and k > 0 and (batch == 1 or (a_bs == m * k and b_bs == k * n))
+    if kind == "auto" and tma and batch == 1:
+        pieces = few_token_pieces(m, n, k, sm_count(out.get_device()))
+        if pieces > 1:
+            return tma_split_launches(out, a, b, c, alpha_beta, (m, n, k, c_bs, c_rs, c_cs), ta, tb, pieces)
     if kind == "auto" and tma:
         kind, bm, bn = auto_tile(m, n, k, batch, sm_count(out.get_device()))
     if kind in V4_KINDS and tma:

@@ -528,6 +528,28 @@ def test_cuda_fp32_few_tokens_split_k(m, n, k, c_shape, ta, tb):
 
 
 @needs_cuda
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+@pytest.mark.parametrize("ta,tb", TRANSPOSES)
+@pytest.mark.parametrize(
+    "m,n,k,pieces,c_shape", [(64, 768, 3072, 16, (768,)), (40, 200, 1000, 5, (40, 200)), (136, 72, 2048, 8, (136, 1))]
+)
+def test_cuda_16_bit_few_tokens_split_k(m, n, k, pieces, c_shape, ta, tb, dtype):
+    # day 019: K in pieces on version 3's 128 x 64 tiles (strided tensor maps, float32
+    # pieces), then the sum kernel; 1000 / 5 = 200: each piece ends in a partial k-step
+    from pytorch_custom_ops.gemm_gpu import split_pieces
+
+    torch.manual_seed(m + n + k)
+    a, b = rand(m, k, device="cuda", dtype=dtype), rand(k, n, device="cuda", dtype=dtype)
+    c = rand(*c_shape, device="cuda", dtype=dtype)
+    sa, sb = stored(a, ta), stored(b, tb)
+    with split_pieces(pieces):
+        assert _planned(sa, sb, c.reshape((1,) * (2 - c.dim()) + c.shape), ta, tb) == "tma 128x64"
+        check(pco.gemm(sa, sb, c, alpha=0.75, beta=-1.5, transpose_a=ta, transpose_b=tb), a, b, c, 0.75, -1.5)
+        nan_c = torch.full_like(c, float("nan"))  # beta == 0: c is never read
+        check(pco.gemm(sa, sb, nan_c, alpha=2.0, beta=0.0, transpose_a=ta, transpose_b=tb), a, b, None, 2.0)
+
+
+@needs_cuda
 @pytest.mark.parametrize("ta,tb", TRANSPOSES)
 @pytest.mark.parametrize("m,n,k", [(4096, 1024, 4096), (768, 2304, 8192), (257, 130, 20000)])
 def test_cuda_3xtf32_is_as_accurate_as_float32(m, n, k, ta, tb):

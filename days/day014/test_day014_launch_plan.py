@@ -293,12 +293,68 @@ def test_fp32_few_tokens_split_choice():
     assert gemm_gpu.float_kernel(64, 768, 3072, 1, False, False, False, FP32, 132, False)[1] == 1
     assert gemm_gpu.float_kernel(64, 768, 3072, 2, False, False, True, FP32, 132, False)[1] == 1
     assert gemm_gpu.float_kernel(64, 768, 3072, 1, False, False, True, FP64, 132, False)[1] == 1
-    with gemm_gpu.simt_pieces(1):  # the sweep's switch: no split at all
+    with gemm_gpu.split_pieces(1):  # the sweep's switch: no split at all
         assert gemm_gpu.float_kernel(64, 768, 3072, 1, False, False, True, FP32, 132, False)[1] == 1
         assert gemm_gpu.float_kernel(768, 768, 8192, 1, True, False, True, FP32, 132, False)[1] == 1
-    with gemm_gpu.simt_pieces(5):  # forced, where K allows it
+    with gemm_gpu.split_pieces(5):  # forced, where K allows it
         assert gemm_gpu.float_kernel(64, 768, 3080, 1, False, True, True, FP32, 132, False) == ("simt_small", 5)
         assert gemm_gpu.float_kernel(64, 768, 3072, 1, False, True, True, FP32, 132, False)[1] == 1
+
+
+def map_view(t: torch.Tensor, spec: TensorMapSpec) -> torch.Tensor:
+    """What a tensor map over `t` names, as a float64 (batch, rows, cols) view."""
+    flat, size = t.flatten().double(), t.element_size()
+    cols, rows, batch = spec.dims
+    strides = (spec.byte_strides[1] // size, spec.byte_strides[0] // size, 1)
+    return flat.as_strided((batch, rows, cols), strides, (spec.address - t.data_ptr()) // size)
+
+
+@pytest.mark.parametrize("ta,tb", PAIRS)
+@pytest.mark.parametrize("m,n,k,pieces", [(64, 768, 3072, 16), (72, 200, 640, 5), (64, 2304, 768, 6)])
+def test_16_bit_few_token_split_maps_read_the_pieces_of_k(m, n, k, pieces, ta, tb):
+    """Day 019: a 16-bit GEMM in S pieces of K on version 3's 128 x 64 tiles. The tensor
+    maps (dims and strides as the driver gets them) must name, for batch entry s, the
+    piece of K from s K/S on inside the whole operands, and the pieces add up to op(A) op(B)."""
+    torch.manual_seed(m + k)
+    a = torch.randn(*((k, m) if ta else (m, k))).to(BF16)
+    b = torch.randn(*((n, k) if tb else (k, n))).to(BF16)
+    out, c = torch.empty(m, n, dtype=BF16), torch.zeros(1, 1, dtype=BF16)
+    with gemm_gpu.split_pieces(pieces):
+        launches = gemm_gpu.gemm_gpu([out], [a, b, c, torch.empty(2)], {"TRANSPOSE_A": ta, "TRANSPOSE_B": tb})
+    gemm, total = launches
+    assert gemm.kernel.family is gemm_gpu.TMA_KERNEL and gemm.kernel.params[:6] == (BF16, ta, tb, 128, 64, True)
+    assert direct.dim3(gemm.grid) == (-(-m // 128) * -(-n // 64), 1, pieces) and gemm.smem == gemm.kernel.params[-1]
+    assert total.kernel.family is gemm_gpu.SPLIT_K_SUM_KERNEL and total.args[1] == gemm.args[2]  # the workspace
+    assert total.args[0] == out.data_ptr() and total.args[4:8] == (m, n, 1, pieces)
+    ks = k // pieces
+    assert gemm.args[5:8] == (m, n, ks)
+    a_map, b_map = gemm.args[:2]
+    for spec in (a_map, b_map):
+        assert all(stride % 16 == 0 for stride in spec.byte_strides)  # what the driver requires
+    pa = map_view(a, a_map)  # (S, rows, cols) as stored
+    pb = map_view(b, b_map)
+    pa = pa if not ta else pa.mT  # op(A) pieces: (S, m, ks)
+    pb = pb.mT if tb else pb  # op(B) pieces: (S, ks, n)
+    assert pa.shape == (pieces, m, ks) and pb.shape == (pieces, ks, n)
+    want = (a.double().mT if ta else a.double()) @ (b.double().mT if tb else b.double())
+    torch.testing.assert_close((pa @ pb).sum(0), want, rtol=1e-10, atol=1e-8)
+
+
+def test_16_bit_split_only_where_forced_and_k_allows():
+    a, b = torch.empty(64, 3072, dtype=BF16), torch.empty(3072, 768, dtype=BF16)
+    out, c = torch.empty(64, 768, dtype=BF16), torch.zeros(1, 1, dtype=BF16)
+
+    def kinds(pieces=None, version="AUTO", aa=a):
+        with gemm_version(version), gemm_gpu.split_pieces(pieces):
+            params = {"TRANSPOSE_A": False, "TRANSPOSE_B": False}
+            return [
+                launch.kernel.family.function for launch in gemm_gpu.gemm_gpu([out], [aa, b, c, torch.empty(2)], params)
+            ]
+
+    assert kinds(8) == ["gemm_tma_kernel", "split_k_sum_kernel"]
+    assert kinds(5) != kinds(8)  # 3072 / 5 is no whole piece
+    assert kinds(8, "PINGPONG_TMA_128x64") == ["gemm_pingpong_kernel"]  # a forced version: no split
+    assert gemm_gpu.tma_split_fits(3072, 8) and not gemm_gpu.tma_split_fits(3072 + 4, 2)  # 1538: not 8-aligned
 
 
 def test_huge_and_batched_shapes():

@@ -12,7 +12,7 @@ timed by CUPTI (benchmark.timing.kernel_time_ms). 3xTF32's time includes its two
 kernels.
 
 --pieces: the same layers' forward and dX at a few dozen tokens (few output tiles, a long
-K), the SIMT kernel forced to each split S of K (`gemm_gpu.simt_pieces`), next to AUTO
+K), the SIMT kernel forced to each split S of K (`gemm_gpu.split_pieces`), next to AUTO
 and torch: the sweep behind `simt_small_split`. Times include the sum kernel.
 """
 
@@ -39,32 +39,39 @@ FEW_TOKENS = (64, 128, 256, 512, 1024)
 PIECES = (1, 2, 3, 4, 6, 8, 12, 16, 24)
 
 
-def sweep_pieces(label: str) -> None:
+def sweep_pieces(label: str, dtype=torch.float32, version: str = "SIMT", auto_pieces=None, tolerance=1e-5) -> None:
+    """Kernel time of GPT-2's linear layers (forward, dX) at a few tokens with K forced into
+    each S of PIECES (`split_pieces`, under `version`), next to torch and AUTO, whose S
+    `auto_pieces(m, n, k, tb, sms)` names (default: float32's `float_kernel`)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
-    print(f"{label}: kernel us per call; S = pieces of K (- where K does not split so)")
+    print(f"{label}: {dtype}, kernel us per call; S = pieces of K (- where K does not split so)")
     sms = gemm_gpu.sm_count(0)
+    fits = gemm_gpu.split_fits if dtype == torch.float32 else gemm_gpu.tma_split_fits
     print("shape                     torch   AUTO (its S) " + "".join(f"{'S=' + str(s):>7}" for s in PIECES))
     for tokens in FEW_TOKENS:
         for d_in, d_out in ((768, 2304), (768, 768), (768, 3072), (3072, 768)):
             for m, n, k, tb in ((tokens, d_out, d_in, True), (tokens, d_in, d_out, False)):
-                a = torch.randn(m, k, device="cuda")
-                b = torch.randn(*((n, k) if tb else (k, n)), device="cuda")
+                a = torch.randn(m, k, device="cuda", dtype=dtype)
+                b = torch.randn(*((n, k) if tb else (k, n)), device="cuda", dtype=dtype)
                 pb = b.mT if tb else b
                 row = [1e3 * kernel_time_ms(lambda: torch.matmul(a, pb), 5)]  # noqa: B023
                 call = lambda: pco.gemm(a, b, transpose_b=tb)  # noqa: B023, E731
                 row.append(1e3 * kernel_time_ms(call, 5))
-                kind, auto_s = gemm_gpu.float_kernel(m, n, k, 1, False, tb, True, torch.float32, sms, n % 2 == 0)
+                if auto_pieces is None:
+                    kind, auto_s = gemm_gpu.float_kernel(m, n, k, 1, False, tb, True, dtype, sms, n % 2 == 0)
+                    picked = "3xTF32" if kind == "tf32x3" else f"S={auto_s}"
+                else:
+                    picked = f"S={auto_pieces(m, n, k, tb, sms)}"
                 for pieces in PIECES:
-                    if not gemm_gpu.split_fits(k, pieces):
+                    if not fits(k, pieces):
                         row.append(None)
                         continue
-                    with pco.gemm_version("SIMT"), gemm_gpu.simt_pieces(pieces):
+                    with pco.gemm_version(version), gemm_gpu.split_pieces(pieces):
                         error = sampled_error(call(), a, b, False, tb)
-                        assert error < 1e-5, (m, n, k, tb, pieces, error)
+                        assert error < tolerance, (m, n, k, tb, pieces, error)
                         row.append(1e3 * kernel_time_ms(call, 5))
                 cells = "".join(f"{t:7.1f}" if t is not None else f"{'-':>7}" for t in row)
-                picked = "3xTF32" if kind == "tf32x3" else f"S={auto_s}"
                 print(f"{f'{m}x{n}x{k} tb={int(tb)}':24}{cells[:14]} {picked:>7}{cells[14:]}")
 
 
