@@ -878,12 +878,27 @@ def tma_launch(a, b, out, c, alpha_beta, sizes, ta: bool, tb: bool, bm: int, bn:
 
 
 # --8<-- [start:tma_split]
+# The sweep of S on the H100 (days/day019/time_few_tokens.py, results/.../
+# day019_few_tokens_split.txt): a piece costs ~5 us (its block, the sum kernel) plus ~0.25
+# us a k-step, and a block of 196 KiB of stages has its SM to itself. So the split won only
+# where K is long (2304 and 3072: 64 x 768 x 3072 11.1 -> 7.4 us; at K = 768 it lost at
+# every S), with pieces of at least FEW_TOKEN_PIECE_K and one wave of blocks (at 1024
+# tokens, two pieces already lost). The rule below is that, fitted by hand to those rows.
+FEW_TOKEN_MIN_K = 2048
+FEW_TOKEN_PIECE_K = 384  # six k-steps of 64
+
+
 def few_token_pieces(m: int, n: int, k: int, sms: int) -> int:
-    """S for a 16-bit GEMM of batch 1 (1: AUTO's tile, no split). For now only where
-    `split_pieces` forces it."""
-    if _forced_pieces is not None and _forced_pieces > 1 and tma_split_fits(k, _forced_pieces):
-        return _forced_pieces
-    return 1
+    """S for a 16-bit GEMM of batch 1 (1: AUTO's tile, no split): the most pieces of at
+    least FEW_TOKEN_PIECE_K that keep one block per SM, where K >= FEW_TOKEN_MIN_K and the
+    unsplit tiles fill at most half the SMs. `split_pieces` overrides it."""
+    if _forced_pieces is not None:
+        return _forced_pieces if _forced_pieces > 1 and tma_split_fits(k, _forced_pieces) else 1
+    tiles = _cdiv(m, TMA_SPLIT_TILE[0]) * _cdiv(n, TMA_SPLIT_TILE[1])
+    if k < FEW_TOKEN_MIN_K or 2 * tiles > sms:
+        return 1
+    options = [s for s in range(2, sms // tiles + 1) if tma_split_fits(k, s) and k // s >= FEW_TOKEN_PIECE_K]
+    return max(options, default=1)
 
 
 def tma_split_launches(out, a, b, c, alpha_beta, sizes, ta: bool, tb: bool, pieces: int) -> list[direct.Launch]:

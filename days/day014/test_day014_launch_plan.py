@@ -46,6 +46,12 @@ def plan(m, n, k, dtype, ta=False, tb=False, batch=None, c_shape=None, a_offset=
         assert total.args[1] == pieces.args[0] and total.args[7] == direct.dim3(pieces.grid)[2]  # workspace, S
         check_launch(pieces, m, n, direct.dim3(pieces.grid)[2])
         return pieces
+    if len(launches) == 2 and launches[0].kernel.family is gemm_gpu.TMA_KERNEL:  # 16-bit few-token split-K
+        pieces, total = launches
+        assert total.kernel.family is gemm_gpu.SPLIT_K_SUM_KERNEL and total.args[0] == out.data_ptr()
+        assert total.args[1] == pieces.args[2] and total.args[7] == direct.dim3(pieces.grid)[2]  # workspace, S
+        check_launch(pieces, m, n, direct.dim3(pieces.grid)[2])
+        return pieces
     if len(launches) == 2:  # split-K: the GEMM, then the kernel that sums its pieces
         gemm, total = launches
         assert gemm.kernel.params[PP_SPLIT] == 2 and total.kernel.family is gemm_gpu.SPLIT_K_SUM_KERNEL
@@ -338,6 +344,21 @@ def test_16_bit_few_token_split_maps_read_the_pieces_of_k(m, n, k, pieces, ta, t
     assert pa.shape == (pieces, m, ks) and pb.shape == (pieces, ks, n)
     want = (a.double().mT if ta else a.double()) @ (b.double().mT if tb else b.double())
     torch.testing.assert_close((pa @ pb).sum(0), want, rtol=1e-10, atol=1e-8)
+
+
+def test_16_bit_few_token_split_rule():
+    # day 019's sweep: long K (>= 2048), pieces of >= 384, one block per SM, few tiles
+    sms = 132
+    assert gemm_gpu.few_token_pieces(64, 768, 3072, sms) == 8  # 12 tiles of 128 x 64: 11.1 -> 7.4 us
+    assert gemm_gpu.few_token_pieces(64, 768, 2304, sms) == 6
+    assert gemm_gpu.few_token_pieces(256, 768, 3072, sms) == 4
+    assert gemm_gpu.few_token_pieces(512, 768, 2304, sms) == 2  # 48 tiles: two pieces at most
+    assert gemm_gpu.few_token_pieces(1024, 768, 3072, sms) == 1  # 96 tiles: two pieces lost
+    assert gemm_gpu.few_token_pieces(64, 3072, 768, sms) == 1  # K = 768: every S lost
+    assert gemm_gpu.few_token_pieces(64, 768, 2052, sms) == 1  # no piece of >= 384 at a multiple of 8
+    assert choice(plan(64, 768, 3072, BF16)) == "tma 128x64"  # AUTO takes it: dX at 64 tokens
+    assert choice(plan(64, 768, 3072, FP16, ta=True, tb=True)) == "tma 128x64"
+    assert choice(plan(64, 768, 3072, BF16, batch=2)) != "tma 128x64"  # batch 1 only
 
 
 def test_16_bit_split_only_where_forced_and_k_allows():
