@@ -838,16 +838,20 @@ def split_fits(k: int, pieces: int) -> bool:
     return k % pieces == 0 and (k // pieces) % 4 == 0
 
 
+def piece_strides(m: int, n: int, k: int, ks: int, ta: bool, tb: bool) -> tuple[int, int, int, int]:
+    """(a_ld, b_ld, a_bs, b_bs) of split-K's pieces of `ks`, in elements: the row strides of
+    the whole (packed) operands, and the batch strides from one piece to the next: `ks`
+    rows down an operand stored (K, MN), `ks` columns into one stored (MN, K)."""
+    return (m if ta else k), (k if tb else n), (ks * m if ta else ks), (ks if tb else ks * n)
+
+
 def simt_split_launches(out, ptrs, sizes, pieces: int, ta: bool, tb: bool, config) -> list[direct.Launch]:
     """The pieces (the SIMT kernel on a batch of S, alpha 1, beta 0, into the workspace),
     then the sum kernel (alpha * sum + beta * c into out). `ptrs`: the op's (out, a, b, c,
     alpha_beta); `sizes`: (m, n, k, c_rs, c_cs); `config`: the SIMT tile (BM, BK, TM)."""
     m, n, k, c_rs, c_cs = sizes
     ks = k // pieces
-    a_ld, b_ld = (m if ta else k), (k if tb else n)
-    # piece s starts s * ks along K: that many rows down an operand stored (K, MN), that
-    # many columns into one stored (MN, K)
-    a_bs, b_bs = (ks * m if ta else ks), (ks if tb else ks * n)
+    a_ld, b_ld, a_bs, b_bs = piece_strides(m, n, k, ks, ta, tb)
     ws = direct.scratch((pieces, m, n), torch.float32, out.device)
     plain = device_constant((1.0, 0.0), torch.float32, out.device)
     bm, bk, tt = config
@@ -908,10 +912,9 @@ def tma_split_launches(out, a, b, c, alpha_beta, sizes, ta: bool, tb: bool, piec
     m, n, k, c_bs, c_rs, c_cs = sizes
     ks = k // pieces
     bm, bn = TMA_SPLIT_TILE
-    # piece s: s * ks columns into an operand stored (MN, K), s * ks rows down one stored (K, MN)
-    a_ld, b_ld = (m if ta else k), (k if tb else n)
-    a_map = operand_tma_map(a, not ta, bm, pieces, m, ks, a_ld, ks * m if ta else ks)
-    b_map = operand_tma_map(b, tb, bn, pieces, n, ks, b_ld, ks if tb else ks * n)
+    a_ld, b_ld, a_bs, b_bs = piece_strides(m, n, k, ks, ta, tb)
+    a_map = operand_tma_map(a, not ta, bm, pieces, m, ks, a_ld, a_bs)
+    b_map = operand_tma_map(b, tb, bn, pieces, n, ks, b_ld, b_bs)
     ws = direct.scratch((pieces, m, n), torch.float32, out.device)
     plain = device_constant((1.0, 0.0), torch.float32, out.device)
     kernel = TMA_KERNEL[_tma_variant(a.dtype, ta, tb, bm, bn, f32_out=True)]
@@ -1066,7 +1069,7 @@ def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
         if pieces > 1:
             return simt_split_launches(out, ptrs, (m, n, k, c_rs, c_cs), pieces, ta, tb, config)
         bm, bk, tt = config
-        lds = (m if ta else k, k if tb else n)  # packed operands: their rows are whole
+        lds = piece_strides(m, n, k, k, ta, tb)[:2]  # one piece: the whole, packed operands
         return tiled(SIMT_KERNEL[dtype, ta, tb, vec, bm, bm, bk, tt, tt], bm, bm, SIMT_THREADS, args=ptrs + sizes + lds)
 
     # the TMA maps view A and B as (batch, rows, cols) with packed batches, and a tensor
