@@ -210,7 +210,7 @@ def test_fp32_split_k_recipe_keeps_its_constant_and_makes_its_workspace(fake_gpu
     pieces, total = replayed(fake_gpu, recipe, out2, in2)
     (workspace,) = made
     assert workspace.shape == scratch[0].shape
-    want_pieces, want_total = expected(first)
+    want_pieces = expected(first)[0]
     assert pieces[-1][0] == total[-1][1] == workspace.data_ptr()  # pieces write it, the sum reads it
     assert pieces[-1][1:3] == (in2[0].data_ptr(), in2[1].data_ptr())
     assert pieces[-1][4] == want_pieces[-1][4]  # the kept alpha = 1, beta = 0
@@ -223,6 +223,41 @@ def test_fp32_split_k_recipe_keeps_its_constant_and_makes_its_workspace(fake_gpu
         launches = op.gpu(out1, in3, op.spec.params)
     recipe3 = direct.recipe(out1, in3, scratch3, launches, 0, op.spec.returned)
     assert recipe3.steps[1].template[3] is None  # alpha_beta: filled in per call
+
+
+def test_16_bit_split_k_recipe_keeps_its_constant(fake_gpu, monkeypatch):
+    """Day 019's few-token split (version 3 over strided tensor maps) has the same kept
+    constant: its recipe exists, and a replay encodes the new operands' maps, makes a new
+    workspace and keeps the constant's address."""
+    op = GEMM_OPS[(False, False, False)]
+
+    def make():
+        a, b = torch.randn(64, 3072).to(torch.bfloat16), torch.randn(3072, 768).to(torch.bfloat16)
+        return [torch.empty(64, 768, dtype=torch.bfloat16)], [
+            a,
+            b,
+            torch.zeros(1, 1, dtype=torch.bfloat16),
+            torch.tensor([1.0, 0.0]),
+        ]
+
+    (out1, in1), (out2, in2) = make(), make()
+    with direct.planning() as scratch:
+        first = op.gpu(out1, in1, op.spec.params)
+    assert [launch.kernel.family.function for launch in first] == ["gemm_tma_kernel", "split_k_sum_kernel"]
+    recipe = direct.recipe(out1, in1, scratch, first, 0, op.spec.returned)
+    assert recipe is not None
+    made = []
+    real_empty = torch.empty
+    monkeypatch.setattr(
+        torch, "empty", lambda *a, **k: made.append(real_empty(*a, **{**k, "device": "cpu"})) or made[-1]
+    )
+    pieces, total = replayed(fake_gpu, recipe, out2, in2)
+    (workspace,) = made
+    with direct.planning():
+        want = expected(op.gpu(out2, in2, op.spec.params))[0]
+    assert pieces[-1][:2] == want[-1][:2]  # the maps of the new operands, as the plan encodes them
+    assert pieces[-1][2] == total[-1][1] == workspace.data_ptr() and pieces[-1][4] == want[-1][4]  # the kept constant
+    assert total[-1][0] == out2[0].data_ptr() and total[-1][3] == in2[3].data_ptr()
 
 
 def test_no_recipe_when_an_address_is_ambiguous_or_offset(fake_gpu):
