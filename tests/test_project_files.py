@@ -1,5 +1,6 @@
 """The project's own files agree with each other (pins, commands the README promises)."""
 
+import ast
 import re
 import tomllib
 
@@ -74,3 +75,31 @@ def test_results_written_before_a_new_column_get_it_blank(tmp_path, monkeypatch)
         ("a", "1.5", "", "old"),
         ("b", "2.5", "0.5", "new"),
     ]
+
+
+def _gpu_only(decorator: str, aliases: set[str]) -> bool:
+    """A skip marker that skips unless CUDA is there (`skipif(not ... cuda ...)`), or a
+    module's alias for one (`needs_cuda = pytest.mark.skipif(...)`)."""
+    return bool(re.search(r"skipif\(\s*not\b[^,]*cuda", decorator, re.IGNORECASE)) or decorator in aliases
+
+
+def test_gpu_only_tests_carry_cuda_in_their_names():
+    """The GPU machine runs the CUDA cases by name (`pytest days tests -k cuda`, README's
+    "Running on a GPU"): a test that only runs on CUDA and has no `cuda` in its name or its
+    module's would never run there (day 016, part fourteen, found 17 such tests)."""
+    missed = []
+    for path in sorted([*REPO_ROOT.glob("days/*/test_*.py"), *REPO_ROOT.glob("tests/test_*.py")]):
+        tree = ast.parse(path.read_text())
+        aliases, module_gpu_only = set(), False
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and _gpu_only(ast.unparse(node.value), set()):
+                names = {t.id for t in node.targets if isinstance(t, ast.Name)}
+                aliases |= names - {"pytestmark"}
+                module_gpu_only |= "pytestmark" in names
+        for node in tree.body:
+            if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
+                continue
+            gpu_only = module_gpu_only or any(_gpu_only(ast.unparse(d), aliases) for d in node.decorator_list)
+            if gpu_only and "cuda" not in node.name and "cuda" not in path.name:
+                missed.append(f"{path.relative_to(REPO_ROOT)}::{node.name}")
+    assert not missed, f"GPU-only tests that `-k cuda` does not select: {missed}"

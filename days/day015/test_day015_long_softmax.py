@@ -216,7 +216,7 @@ def test_module(device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("pipeline", PIPELINES)
 @pytest.mark.parametrize("shape", [(1, 2**26), (8, 2**22), (2, 2**24 + 12)], ids=lambda s: "x".join(map(str, s)))
-def test_benchmark_shapes_on_gpu(shape, pipeline):
+def test_cuda_benchmark_shapes(shape, pipeline):
     torch.manual_seed(8)
     check(torch.randn(shape, device="cuda") * 3, pipeline=pipeline)
 

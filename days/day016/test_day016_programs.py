@@ -46,7 +46,7 @@ def _step(module, x, g):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_a_repeated_backward_runs_from_its_program_and_matches_python(case, monkeypatch):
+def test_cuda_a_repeated_backward_runs_from_its_program_and_matches_python(case, monkeypatch):
     make, shape, dtype = CASES[case]
     torch.manual_seed(0)
     module = make().to(device="cuda", dtype=dtype)
@@ -72,7 +72,7 @@ def test_a_repeated_backward_runs_from_its_program_and_matches_python(case, monk
         ("softmax", lambda: (pco.MojoSoftmax(-1), (4, 77))),  # its backward calls softmax_backward
     ],
 )
-def test_a_backward_calling_a_replayed_function_is_one_program(function, make, monkeypatch):
+def test_cuda_a_backward_calling_a_replayed_function_is_one_program(function, make, monkeypatch):
     """The node's backward calls a public function that is replayed itself: recorded
     inside the backward's recording, its op calls belong to the backward's program, and
     a repeated backward is that one program. (`.sum()`'s gradient is expanded: the
@@ -95,7 +95,7 @@ def test_a_backward_calling_a_replayed_function_is_one_program(function, make, m
 
 @pytest.mark.parametrize("grad", [False, True])
 @pytest.mark.parametrize("case", CASES)
-def test_a_repeated_forward_runs_from_its_program_and_matches_python(case, grad, monkeypatch):
+def test_cuda_a_repeated_forward_runs_from_its_program_and_matches_python(case, grad, monkeypatch):
     make, shape, dtype = CASES[case]
     torch.manual_seed(1)
     module = make().to(device="cuda", dtype=dtype)
@@ -141,7 +141,7 @@ FUNCTIONS = {
 
 
 @pytest.mark.parametrize("name", FUNCTIONS)
-def test_a_repeated_public_call_runs_from_its_program(name, monkeypatch):
+def test_cuda_a_repeated_public_call_runs_from_its_program(name, monkeypatch):
     fn, make, replays = FUNCTIONS[name]
     torch.manual_seed(2)
     args = make()
@@ -155,7 +155,7 @@ def test_a_repeated_public_call_runs_from_its_program(name, monkeypatch):
     torch.testing.assert_close(replayed, python, rtol=0, atol=0)
 
 
-def test_a_gemm_batched_backward_with_a_broadcast_mask_replays(monkeypatch):
+def test_cuda_a_gemm_batched_backward_with_a_broadcast_mask_replays(monkeypatch):
     """The attention scores of the model benchmark: q and k are views of one tensor, the
     mask a (1, s, s) c that needs no gradient."""
     torch.manual_seed(0)
@@ -176,7 +176,7 @@ def test_a_gemm_batched_backward_with_a_broadcast_mask_replays(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_a_gpt_block_train_step_is_the_same_with_and_without_programs(dtype, monkeypatch):
+def test_cuda_a_gpt_block_train_step_is_the_same_with_and_without_programs(dtype, monkeypatch):
     x = G.make_input((2, 64, 128), dtype, "cuda")
     mask = G.causal_mask(64, dtype, "cuda")
     block = G.make_block(128, G.GPU_DAYS, dtype, "cuda")
@@ -191,7 +191,7 @@ def test_a_gpt_block_train_step_is_the_same_with_and_without_programs(dtype, mon
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-def test_new_launch_plans_make_the_programs_record_again():
+def test_cuda_new_launch_plans_make_the_programs_record_again():
     """A GEMM version forced by `gemm_version` changes the plans (direct.plans_changed):
     the programs of every backward are forgotten with the recipes, and the next
     backward runs the new version's kernels."""
@@ -208,7 +208,7 @@ def test_new_launch_plans_make_the_programs_record_again():
         torch.testing.assert_close(grads[0].double(), want, rtol=2e-2, atol=2e-1)
 
 
-def test_a_replay_never_skips_a_check_that_would_fail():
+def test_cuda_a_replay_never_skips_a_check_that_would_fail():
     """A program skips the public checks: only calls equal to one that passed them may
     find it. True == 1 == 1.0 in Python, so each scalar's type is part of the key."""
     a, b = _cuda(16, 32), _cuda(32, 8)
@@ -224,7 +224,7 @@ def test_a_replay_never_skips_a_check_that_would_fail():
 
 
 @pytest.mark.parametrize("nodes", [True, False])
-def test_a_repeated_call_in_grad_mode_makes_a_cpp_node(nodes, monkeypatch):
+def test_cuda_a_repeated_call_in_grad_mode_makes_a_cpp_node(nodes, monkeypatch):
     """With programs.NODES on, the third call of a key in grad mode is one C++ call: its
     node is torch's C++ custom-function node (whose backward replays the backward's
     program). Off, it is the autograd.Function's Python node. Both give the same grads,
