@@ -72,6 +72,26 @@ def replayed(log, recipe, outputs, inputs):
     return list(log)
 
 
+def replayed_with_workspace(log, monkeypatch, op, make):
+    """Plan a call of `make()`'s tensors, make its recipe, replay it on a second call's:
+    (the plan's launches, its scratch, the replay's launches, the one tensor the replay
+    made, the second call's (outputs, inputs))."""
+    (out1, in1), (out2, in2) = make(), make()
+    with direct.planning() as scratch:
+        first = op.gpu(out1, in1, op.spec.params)
+    recipe = direct.recipe(out1, in1, scratch, first, 0, op.spec.returned)
+    assert recipe is not None
+    made = []
+    real_empty = torch.empty
+    monkeypatch.setattr(
+        torch, "empty", lambda *a, **k: made.append(real_empty(*a, **{**k, "device": "cpu"})) or made[-1]
+    )
+    calls = replayed(log, recipe, out2, in2)
+    monkeypatch.setattr(torch, "empty", real_empty)
+    (workspace,) = made
+    return first, scratch, calls, workspace, (out2, in2)
+
+
 CASES = {
     "softmax 8x128 fp32": (
         SOFTMAX,
@@ -163,18 +183,8 @@ def test_layer_norm_backward_recipe_allocates_its_workspace_per_call(fake_gpu, m
         ]
         return outs, ins
 
-    (out1, in1), (out2, in2) = make(), make()
-    with direct.planning() as scratch:
-        first = op.gpu(out1, in1, op.spec.params)
+    _, scratch, calls, workspace, (out2, in2) = replayed_with_workspace(fake_gpu, monkeypatch, op, make)
     assert len(scratch) == 1  # the partial-sums workspace
-    recipe = direct.recipe(out1, in1, scratch, first, 0, op.spec.returned)
-    made = []
-    real_empty = torch.empty
-    monkeypatch.setattr(
-        torch, "empty", lambda *a, **k: made.append(real_empty(*a, **{**k, "device": "cpu"})) or made[-1]
-    )
-    calls = replayed(fake_gpu, recipe, out2, in2)
-    (workspace,) = made
     assert workspace.shape == scratch[0].shape and workspace.dtype == scratch[0].dtype
     stage1, stage2 = calls
     assert workspace.data_ptr() in stage1[-1] and workspace.data_ptr() in stage2[-1]
@@ -196,19 +206,8 @@ def test_fp32_split_k_recipe_keeps_its_constant_and_makes_its_workspace(fake_gpu
         a = torch.randn(k, m) if ta else torch.randn(m, k)
         return [torch.empty(m, n)], [a, torch.randn(k, n), torch.zeros(1, 1), torch.tensor([0.5, 0.0])]
 
-    (out1, in1), (out2, in2) = make(), make()
-    with direct.planning() as scratch:
-        first = op.gpu(out1, in1, op.spec.params)
+    first, scratch, (pieces, total), workspace, (out2, in2) = replayed_with_workspace(fake_gpu, monkeypatch, op, make)
     assert len(first) == 2 and len(scratch) == 1  # the pieces, the sum; the workspace
-    recipe = direct.recipe(out1, in1, scratch, first, 0, op.spec.returned)
-    assert recipe is not None
-    made = []
-    real_empty = torch.empty
-    monkeypatch.setattr(
-        torch, "empty", lambda *a, **k: made.append(real_empty(*a, **{**k, "device": "cpu"})) or made[-1]
-    )
-    pieces, total = replayed(fake_gpu, recipe, out2, in2)
-    (workspace,) = made
     assert workspace.shape == scratch[0].shape
     want_pieces = expected(first)[0]
     assert pieces[-1][0] == total[-1][1] == workspace.data_ptr()  # pieces write it, the sum reads it
@@ -220,8 +219,8 @@ def test_fp32_split_k_recipe_keeps_its_constant_and_makes_its_workspace(fake_gpu
     kept = direct.kept_for_the_process(torch.tensor([1.0, 0.0]))
     in3 = [*make()[1][:3], kept]
     with direct.planning() as scratch3:
-        launches = op.gpu(out1, in3, op.spec.params)
-    recipe3 = direct.recipe(out1, in3, scratch3, launches, 0, op.spec.returned)
+        launches = op.gpu(out2, in3, op.spec.params)
+    recipe3 = direct.recipe(out2, in3, scratch3, launches, 0, op.spec.returned)
     assert recipe3.steps[1].template[3] is None  # alpha_beta: filled in per call
 
 
@@ -240,19 +239,8 @@ def test_16_bit_split_k_recipe_keeps_its_constant(fake_gpu, monkeypatch):
             torch.tensor([1.0, 0.0]),
         ]
 
-    (out1, in1), (out2, in2) = make(), make()
-    with direct.planning() as scratch:
-        first = op.gpu(out1, in1, op.spec.params)
+    first, _, (pieces, total), workspace, (out2, in2) = replayed_with_workspace(fake_gpu, monkeypatch, op, make)
     assert [launch.kernel.family.function for launch in first] == ["gemm_tma_kernel", "split_k_sum_kernel"]
-    recipe = direct.recipe(out1, in1, scratch, first, 0, op.spec.returned)
-    assert recipe is not None
-    made = []
-    real_empty = torch.empty
-    monkeypatch.setattr(
-        torch, "empty", lambda *a, **k: made.append(real_empty(*a, **{**k, "device": "cpu"})) or made[-1]
-    )
-    pieces, total = replayed(fake_gpu, recipe, out2, in2)
-    (workspace,) = made
     with direct.planning():
         want = expected(op.gpu(out2, in2, op.spec.params))[0]
     assert pieces[-1][:2] == want[-1][:2]  # the maps of the new operands, as the plan encodes them
