@@ -210,6 +210,26 @@ def plan_epoch() -> int:
     return _epoch
 
 
+class PlanSetting:
+    """Module state that launch plans read (a forced kernel version, an A/B switch):
+    `value`, and `set_to(v)`, a context manager that holds `v` inside its block. Recipes
+    made under one value must not replay under another, so it forgets them
+    (plans_changed) on the way in and on the way out."""
+
+    def __init__(self, value):
+        self.value = value
+
+    @contextmanager
+    def set_to(self, value):
+        previous, self.value = self.value, value
+        plans_changed()
+        try:
+            yield
+        finally:
+            self.value = previous
+            plans_changed()
+
+
 class _Step:
     __slots__ = ("kernel", "function", "letters", "grid", "block", "smem", "cluster", "template", "pointers", "maps")
 

@@ -313,11 +313,13 @@ V4_KINDS = (
     "coop_tma",
     "pingpong_tma",
 )
-_version = "AUTO"
+_version = direct.PlanSetting("AUTO")
+_c_blocks = direct.PlanSetting(True)  # C_BLOCKS where its promise holds (pingpong_launch)
+_forced_pieces = direct.PlanSetting(None)  # split_pieces: None, or the S every split takes
 
 
 def current_version() -> str:
-    return _version
+    return _version.value
 
 
 @contextmanager
@@ -327,50 +329,33 @@ def gemm_version(name: str):
     where they fail, mma.sync runs, as in the Mojo host code it replaces. The float32
     names ("SIMT", "TF32X3_128x128") apply to float32 only (3xTF32 also needs an even
     N); every other name leaves float32 to AUTO."""
-    global _version
     if name not in VERSIONS:
         raise ValueError(f"gemm: unknown kernel version {name!r}; known: {', '.join(VERSIONS)}")
-    previous, _version = _version, name
-    direct.plans_changed()  # recipes made under another version must not be reused
-    try:
+    with _version.set_to(name):
         yield
-    finally:
-        _version = previous
-        direct.plans_changed()
 
 
-_c_blocks = True  # C_BLOCKS where its promise holds (pingpong_launch)
-_forced_pieces: int | None = None  # split_pieces
-
-
-@contextmanager
 def split_pieces(pieces: int):
     """Inside the block, GEMMs of batch 1 with 16-byte rows take `pieces` pieces of K where
     K allows them (1: never split): float32 on the SIMT kernel, 16-bit on version 3's
     128 x 64 tiles (under AUTO). The sweeps behind the split rules
     (days/day014/time_fp32.py --pieces, days/day019/time_few_tokens.py)."""
-    global _forced_pieces
-    previous, _forced_pieces = _forced_pieces, pieces
-    direct.plans_changed()
-    try:
-        yield
-    finally:
-        _forced_pieces = previous
-        direct.plans_changed()
+    return _forced_pieces.set_to(pieces)
 
 
-@contextmanager
+def forced_pieces(k: int, fits) -> int | None:
+    """split_pieces' S for this K (1 where `fits(k, S)` says K does not split so), or None
+    outside split_pieces."""
+    pieces = _forced_pieces.value
+    if pieces is None:
+        return None
+    return pieces if pieces > 1 and fits(k, pieces) else 1
+
+
 def c_in_pairs():
     """Inside the block, version 4 reads every c in 2-byte loads, as before day 019's part
     16 (C_BLOCKS off): the same kernels otherwise, for an A/B in one process."""
-    global _c_blocks
-    previous, _c_blocks = _c_blocks, False
-    direct.plans_changed()  # recipes made with C_BLOCKS must not be reused
-    try:
-        yield
-    finally:
-        _c_blocks = previous
-        direct.plans_changed()
+    return _c_blocks.set_to(False)
 
 
 # -- TMA descriptors ------------------------------------------------------------------------
@@ -655,7 +640,7 @@ def c_fits_blocks(c: torch.Tensor, c_bs: int, c_rs: int, c_cs: int, n: int) -> b
     1-2 us slower."""
     size = c.element_size()
     return (
-        _c_blocks
+        _c_blocks.value
         and c_cs == 1
         and c_rs >= n
         and (c_rs * size) % 16 == 0
@@ -896,8 +881,9 @@ def few_token_pieces(m: int, n: int, k: int, sms: int) -> int:
     """S for a 16-bit GEMM of batch 1 (1: AUTO's tile, no split): the most pieces of at
     least FEW_TOKEN_PIECE_K that keep one block per SM, where K >= FEW_TOKEN_MIN_K and the
     unsplit tiles fill at most half the SMs. `split_pieces` overrides it."""
-    if _forced_pieces is not None:
-        return _forced_pieces if _forced_pieces > 1 and tma_split_fits(k, _forced_pieces) else 1
+    forced = forced_pieces(k, tma_split_fits)
+    if forced is not None:
+        return forced
     tiles = _cdiv(m, TMA_SPLIT_TILE[0]) * _cdiv(n, TMA_SPLIT_TILE[1])
     if k < FEW_TOKEN_MIN_K or 2 * tiles > sms:
         return 1
@@ -978,9 +964,10 @@ def float_kernel(
     runs 64 x 64 tiles under a round of 128 x 128 ones, or for an output at most 64 wide
     (attention's P V, d = 64 heads: half of each 128 x 128 tile would be empty)."""
     splits = dtype == torch.float32 and vec and batch == 1
+    forced = forced_pieces(k, split_fits) if splits else None
     pieces = 1
-    if splits and _forced_pieces is not None:
-        pieces = _forced_pieces if _forced_pieces > 1 and split_fits(k, _forced_pieces) else 1
+    if forced is not None:
+        pieces = forced
     elif splits and ta and not tb:
         pieces = simt_split_k(m, n, k, sms)
     small = _cdiv(m, 128) * _cdiv(n, 128) * batch < SMALL_GRID or min(m, n) <= SIMT_SMALL[0]
@@ -988,7 +975,7 @@ def float_kernel(
         return "tf32x3", 1
     if pieces > 1:
         return ("simt_large" if ta and not tb else "simt_small"), pieces
-    if splits and _forced_pieces is None:  # after 3xTF32's choice, whose model has the unsplit SIMT kernel
+    if splits and forced is None:  # after 3xTF32's choice, whose model has the unsplit SIMT kernel
         pieces = simt_small_split(m, n, k, sms)
     return ("simt_small" if small or pieces > 1 else "simt_large"), pieces
 
@@ -1059,7 +1046,7 @@ def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
     def tiled(kernel, bm, bn, threads, smem=0, args=ptrs + sizes):
         return [direct.Launch(kernel, (_cdiv(m, bm) * _cdiv(n, bn), 1, batch), threads, args, smem)]
 
-    kind, bm, bn = VERSIONS[_version]
+    kind, bm, bn = VERSIONS[_version.value]
     if dtype not in TC_DTYPES:  # float32 (3xTF32 or SIMT), float64 (SIMT)
         fits = dtype == torch.float32 and kind != "simt" and tf32x3_fits(m, n, k, out)
         choice, pieces = float_kernel(m, n, k, batch, ta, tb, vec, dtype, sm_count(out.get_device()), fits)
