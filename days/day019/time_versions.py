@@ -4,12 +4,14 @@
     PYTHONPATH=$PWD python days/day019/time_versions.py --tokens 16384 --versions AUTO COOP_256x128
     PYTHONPATH=$PWD python days/day019/time_versions.py --tokens 4096 --width 1024
     PYTHONPATH=$PWD python days/day019/time_versions.py --small --versions AUTO TMA_128x128
+    PYTHONPATH=$PWD python days/day019/time_versions.py --one-round --versions AUTO KPAIR_TMA_128x128
 
 The issue's squares and GPT-2 small's linear layers at 8192 tokens (forward, dX, dW);
 `--tokens` times instead every linear layer of a GPT-2 124M step at that many tokens (the
 four layers and the tied head, each forward, dX and dW) and prints what they add up to, or
 with `--width` those of one day 016 block of that width (d -> 3d, d -> d, d -> 4d, 4d -> d);
-`--small` times the problems of few output tiles that AUTO's FEW_TILES rule is about;
+`--small` times the problems of few output tiles that AUTO's FEW_TILES rule is about,
+`--one-round` those of about one round of 128 x 128 tiles with a long K (weight gradients);
 each version is checked on sampled entries against float64, then timed by kernel time
 (CUPTI), as day 014's script does. The stored rows come from
 `python -m benchmark --day day019`; this is the quick look while a kernel changes.
@@ -42,6 +44,9 @@ VERSIONS = (
     "PINGPONG_TMA_128x64",
     "TMA_192x128",
     "COOP_256x64",
+    "KPAIR_128x128",
+    "KPAIR_TMA_128x128",
+    "KPAIR_TMA_128x64",
     "STREAMK_256x128",
     "SPLITK_256x128",
     "AUTO",
@@ -53,6 +58,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer shapes, shorter timing")
     parser.add_argument("--tokens", type=int, default=None, help="a 124M step's layers at this many tokens")
     parser.add_argument("--small", action="store_true", help="few output tiles (FEW_TILES)")
+    parser.add_argument("--one-round", action="store_true", help="about one round of tiles, a long K")
     parser.add_argument("--width", type=int, default=None, help="with --tokens: one day 016 block of this width")
     parser.add_argument("--versions", nargs="+", default=list(VERSIONS), choices=VERSIONS)
     args = parser.parse_args()
@@ -61,9 +67,9 @@ def main() -> None:
         layers = block_layers(args.width) if args.width else STEP_LAYERS
         step_layers(args.tokens, args.versions, layers)
         return
-    if args.small:
+    if args.small or args.one_round:
         print(f"{torch.cuda.get_device_name()}; bf16; TFLOP/s (% of torch.matmul)")
-        for m, n, k, ta, tb in SMALL:
+        for m, n, k, ta, tb in SMALL if args.small else ONE_ROUND:
             print_row(m, n, k, ta, tb, time_shape(m, n, k, ta, tb, args.versions, quick=True))
         return
     gpt2 = [s for s in GPT2 if 8192 in s[:3]]
@@ -91,6 +97,22 @@ SMALL = (
     (2304, 768, 64, True, False),
     (512, 768, 768, False, True),
     (1024, 1024, 4096, False, True),
+)
+
+
+# (m, n, k, ta, tb): about one round of 128 x 128 tiles (36 to 132) with a long K, where
+# a block has one tile: GPT-2's weight gradients at 8192 and 16384 tokens and others
+# (results/nvidia-h100-80gb-hbm3/day019_one_round_tiles.txt)
+ONE_ROUND = (
+    (2304, 768, 8192, True, False),
+    (2304, 768, 16384, True, False),
+    (768, 2304, 8192, True, False),
+    (768, 768, 8192, True, False),
+    (768, 768, 16384, True, False),
+    (1536, 1024, 8192, True, False),
+    (1280, 1280, 8192, True, False),
+    (2048, 1024, 4096, True, False),
+    (1024, 1536, 4096, False, True),
 )
 
 
