@@ -93,22 +93,15 @@ def store_box_bytes(dtype: torch.dtype, tma_store: bool) -> int:
     return 2 * STORE_BOXES * STORE_BOX * STORE_BOX * dtype.itemsize if tma_store else 0
 
 
-def handoff_bytes(bn: int, k_pairs: bool) -> int:
-    """K_PAIRS (SPLIT = 3): one m64 row block of consumer 1's float32 sums, 64 x BN."""
-    return 64 * bn * 4 if k_pairs else 0
+def pp_stages(dtype: torch.dtype, bm: int, bn: int, tma_store: bool = False) -> int:
+    return (PP_SMEM_BUDGET - 16 - store_box_bytes(dtype, tma_store)) // (tma_stage_bytes(dtype, bm, bn) + 16)
 
 
-def pp_stages(dtype: torch.dtype, bm: int, bn: int, tma_store: bool = False, k_pairs: bool = False) -> int:
-    extra = store_box_bytes(dtype, tma_store) + handoff_bytes(bn, k_pairs)
-    return (PP_SMEM_BUDGET - 16 - extra) // (tma_stage_bytes(dtype, bm, bn) + 16)
-
-
-def pp_smem_bytes(dtype: torch.dtype, bm: int, bn: int, tma_store: bool = False, k_pairs: bool = False) -> int:
-    """The stage buffers, the epilogue's boxes (TMA_STORE), the pairs' hand-off (K_PAIRS),
-    a `full` and an `empty` mbarrier per stage, two `turn` mbarriers."""
-    stages = pp_stages(dtype, bm, bn, tma_store, k_pairs)
-    extra = store_box_bytes(dtype, tma_store) + handoff_bytes(bn, k_pairs)
-    return stages * (tma_stage_bytes(dtype, bm, bn) + 16) + extra + 16
+def pp_smem_bytes(dtype: torch.dtype, bm: int, bn: int, tma_store: bool = False) -> int:
+    """The stage buffers, the epilogue's boxes (TMA_STORE), a `full` and an `empty`
+    mbarrier per stage, two `turn` mbarriers."""
+    stages = pp_stages(dtype, bm, bn, tma_store)
+    return stages * (tma_stage_bytes(dtype, bm, bn) + 16) + store_box_bytes(dtype, tma_store) + 16
 
 
 def tma_smem_bytes(dtype: torch.dtype, bm: int, bn: int) -> int:
@@ -199,8 +192,7 @@ TF32_SPLIT_KERNEL = KernelFamily(
 # tile, whether both consumers split each tile (COOP) or take turns with whole tiles
 # (ping-pong), and how tiles split along K: 0 not, 1 stream-K (the k-steps of all tiles
 # shared evenly, the last piece of a tile sums it), 2 split-K (S aligned pieces per tile,
-# summed by SPLIT_K_SUM_KERNEL), 3 pairs of k-steps (K_PAIRS, part 18: both consumers on
-# every whole tile, each every other k-step, summed in shared memory)
+# summed by SPLIT_K_SUM_KERNEL)
 PP_CONFIGS = (
     (64, 256, 1, False, 0),
     (128, 128, 1, False, 0),
@@ -214,8 +206,6 @@ PP_CONFIGS = (
     (128, 64, 1, False, 0),
     (256, 128, 1, True, 1),
     (256, 128, 1, True, 2),
-    (128, 128, 1, False, 3),
-    (128, 64, 1, False, 3),
 )
 # (BIAS, GELU, GELU_GRAD) of the fused linear layer: x @ W^T, W stored like nn.Linear's
 PP_LINEAR_EPILOGUES = ((True, False, False), (True, True, False), (False, True, False))
@@ -234,8 +224,6 @@ PP_TMA_STORE_CONFIGS = (
     (128, 256, 1, True, 0),
     (128, 128, 1, False, 0),
     (128, 64, 1, False, 0),
-    (128, 128, 1, False, 3),
-    (128, 64, 1, False, 3),
 )
 STORE_BOXES, STORE_BOX = 2, 64  # days/day019/tma_store.mojo
 PP_CLUSTER, PP_SPLIT, PP_TMA_STORE, PP_C_BLOCKS = 10, 12, 14, 15  # where these flags sit in a variant (below)
@@ -252,12 +240,11 @@ def _pp_variants(dtype: torch.dtype, config: tuple, tma_store: bool = False):
     bm, bn, cluster, coop, split = config
 
     def variant(pair, epilogue, f32_out=False, c_blocks=False):
-        shape = (dtype, bm, bn, tma_store, split == 3)
-        stages, smem = pp_stages(*shape), pp_smem_bytes(*shape)
+        stages, smem = pp_stages(dtype, bm, bn, tma_store), pp_smem_bytes(dtype, bm, bn, tma_store)
         return (dtype, *pair, bm, bn, stages, smem, *epilogue, cluster, coop, split, f32_out, tma_store, c_blocks)
 
     yield from (variant(pair, PLAIN_EPILOGUE) for pair in PAIRS)
-    if not split:  # the fused epilogues: split tiles (and pairs) serve the long-K backward's plain products only
+    if not split:  # the fused epilogues: split tiles serve the long-K backward's plain products only
         yield from (variant((False, True), epilogue) for epilogue in PP_LINEAR_EPILOGUES)
         yield variant((False, False), PP_GELU_GRAD)
         yield from (variant((False, True), epilogue, c_blocks=True) for epilogue in PP_C_BLOCKS_EPILOGUES)
@@ -309,9 +296,6 @@ VERSIONS = {  # name: (kind, BM, BN)
     "COOP_128x192": ("coop", 128, 192),  # each consumer 64 x 192: a 3072 x 768 dW is 96 tiles, not 72
     "COOP_256x64": ("coop", 256, 64),  # outputs 64 wide (attention's P V): no half-empty tile
     "PINGPONG_128x64": ("pingpong", 128, 64),
-    "KPAIR_128x128": ("kpair", 128, 128),  # both consumers on each whole tile, every other k-step each
-    "KPAIR_TMA_128x128": ("kpair_tma", 128, 128),
-    "KPAIR_TMA_128x64": ("kpair_tma", 128, 64),
     "STREAMK_256x128": ("coop_streamk", 256, 128),  # COOP_256x128 with the k-steps shared evenly (stream-K)
     "SPLITK_256x128": ("coop_splitk", 256, 128),  # ... cut into equal pieces per tile, one wave (split-K)
     # float32 only (other names leave float32 to AUTO: 3xTF32 where it fits and pays, float_kernel)
@@ -328,8 +312,6 @@ V4_KINDS = (
     "coop_splitk",
     "coop_tma",
     "pingpong_tma",
-    "kpair",
-    "kpair_tma",
 )
 _version = direct.PlanSetting("AUTO")
 _c_blocks = direct.PlanSetting(True)  # C_BLOCKS where its promise holds (pingpong_launch)
@@ -693,8 +675,7 @@ def pingpong_launch(
     `kind` is one of V4_KINDS: "multicast" and "coop_multicast" ask for clusters of 2 CTAs
     sharing A's tile, where the tiles along n pair up (an even count; else one CTA per
     cluster); "coop" and "coop_multicast" have both consumers split every tile;
-    "kpair" and "kpair_tma" have both consumers on each whole tile, every other k-step
-    each; "coop_streamk" shares the k-steps of all tiles evenly among one block per SM
+    "coop_streamk" shares the k-steps of all tiles evenly among one block per SM
     (stream-K: a float32 workspace for the pieces of split tiles, a zeroed counter per
     tile and warp), "coop_splitk" cuts each tile's into `split_k`'s S pieces on a grid
     of tiles x S and adds the launch that sums them. A float32 `out` (16-bit operands)
@@ -706,7 +687,7 @@ def pingpong_launch(
     m, n, k, batch = sizes[:4]
     dtype = a.dtype
     coop = kind.startswith("coop")
-    split = {"coop_streamk": 1, "coop_splitk": 2, "kpair": 3, "kpair_tma": 3}.get(kind, 0)
+    split = {"coop_streamk": 1, "coop_splitk": 2}.get(kind, 0)
     cluster = 2 if kind.endswith("multicast") and _cdiv(n, bn) % 2 == 0 else 1
     # a cluster's CTAs load half of A's tile each, in 64-row boxes
     a_map = operand_tma_map(a, not ta, 64 if cluster > 1 else bm, batch, m, k)
@@ -723,8 +704,8 @@ def pingpong_launch(
         out_map = aux_map = output_tma_map(out, batch, m, n)
         if aux is not None:
             aux_map = output_tma_map(aux, batch, m, n)
-    smem = pp_smem_bytes(dtype, bm, bn, tma_store, split == 3)
-    stages = pp_stages(dtype, bm, bn, tma_store, split == 3)
+    smem = pp_smem_bytes(dtype, bm, bn, tma_store)
+    stages = pp_stages(dtype, bm, bn, tma_store)
     flags = (*epilogue, cluster, coop, split, f32_out, tma_store)
     # c in 16-byte blocks where it fits and the variant exists (PP_C_BLOCKS_EPILOGUES)
     c_blocks = c_fits_blocks(c, *sizes[4:7], n)

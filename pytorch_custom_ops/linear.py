@@ -88,8 +88,6 @@ def linear_tile(
     kind, bm, bn = VERSIONS[current_version()]
     if kind in ("coop_streamk", "coop_splitk"):  # no fused epilogue with split tiles: the tile, whole
         return "coop", bm, bn
-    if kind in ("kpair", "kpair_tma"):  # ... nor with pairs of k-steps: the ping-pong tile
-        return kind.replace("kpair", "pingpong"), bm, bn
     if kind in V4_KINDS:
         return kind, bm, bn
     if block_residual and not gelu and k <= RESIDUAL_SHORT_K:

@@ -376,15 +376,6 @@ BRANCHES = [
     ("COOP_256x64", FP16, 5, 296, 64, 1032, "coop 256x64"),  # attention's P V: 64 wide, a long K
     ("PINGPONG_128x64", BF16, 3, 200, 136, 72, "pingpong 128x64"),
     ("PINGPONG_128x64", FP16, None, 1000, 64, 520, "pingpong 128x64"),
-    # day 019, part 18: both consumers on each tile, every other k-step each (an odd and an
-    # even count of k-steps, one k-step: consumer 1 adds nothing), tails in m, n, k
-    ("KPAIR_128x128", BF16, None, 1000, 1032, 200, "kpair 128x128"),  # 8 x 9 tiles, 4 k-steps
-    ("KPAIR_128x128", FP16, 3, 520, 264, 4104, "kpair 128x128"),  # 65 k-steps, batched
-    ("KPAIR_TMA_128x128", BF16, None, 296, 264, 72, "kpair 128x128 tma"),  # 2 k-steps
-    ("KPAIR_128x128", BF16, None, 2000, 2056, 136, "kpair 128x128"),  # 272 tiles of 3 k-steps: two rounds
-    ("KPAIR_TMA_128x128", FP16, 2, 1000, 1032, 40, "kpair 128x128 tma"),  # one k-step, more tiles than SMs
-    ("KPAIR_TMA_128x64", BF16, None, 1000, 200, 1032, "kpair 128x64 tma"),  # 17 k-steps
-    ("KPAIR_TMA_128x64", FP16, 5, 296, 64, 136, "kpair 128x64 tma"),
     # day 019, part 3: stream-K; tiles split among blocks in 1 to 22 pieces, tails in m, n, k
     ("STREAMK_256x128", BF16, None, 1000, 1032, 200, "streamk 256x128"),  # 36 tiles x 4 k-steps
     ("STREAMK_256x128", FP16, 3, 520, 264, 136, "streamk 256x128"),  # 27 tiles x 3: a block each

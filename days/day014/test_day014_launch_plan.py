@@ -133,7 +133,7 @@ def choice(launch) -> str:
         return f"wgmma {p[3]}x{p[4]}"
     if family is gemm_gpu.PINGPONG_KERNEL:  # ... CLUSTER, COOP, SPLIT, F32_OUT, TMA_STORE, C_BLOCKS
         cluster, coop, split, f32, tma_store, c_blocks = p[PP_CLUSTER:]
-        kind = {1: "streamk", 2: "splitk", 3: "kpair"}.get(split) or ("coop" if coop else "pingpong")
+        kind = {1: "streamk", 2: "splitk"}.get(split) or ("coop" if coop else "pingpong")
         extra = (f" cluster {cluster}" if cluster > 1 else "") + (" f32" if f32 else "") + (" tma" if tma_store else "")
         extra += " c_blocks" if c_blocks else ""
         return f"{kind} {p[3]}x{p[4]}" + extra
@@ -414,9 +414,6 @@ def test_forced_versions_apply_where_their_conditions_hold():
         "COOP_128x192": "coop 128x192",
         "COOP_256x64": "coop 256x64",
         "PINGPONG_128x64": "pingpong 128x64",
-        "KPAIR_128x128": "kpair 128x128",
-        "KPAIR_TMA_128x128": "kpair 128x128 tma",
-        "KPAIR_TMA_128x64": "kpair 128x64 tma",
         "STREAMK_256x128": "streamk 256x128",
         "SPLITK_256x128": "splitk 256x128",
         "SIMT": "mma 64 vec",  # float32's names: 16-bit operands take mma.sync
@@ -431,8 +428,7 @@ def test_forced_versions_apply_where_their_conditions_hold():
                 assert choice(plan(200, 260, 136, dtype, ta, tb)) == "mma 64 novec"  # no 16-byte rows
                 # float32: its own names, else AUTO (6 tiles: the SIMT kernel)
                 assert choice(plan(200, 264, 136, FP32, ta, tb)) == fp32.get(version, "simt 64 vec")
-            # K = 0: wgmma may run, TMA may not
-            if version.startswith(("TMA", "PINGPONG", "MULTICAST", "COOP", "KPAIR")):
+            if version.startswith(("TMA", "PINGPONG", "MULTICAST", "COOP")):  # K = 0: wgmma may run, TMA may not
                 assert choice(plan(200, 264, 0, BF16)) == "mma 64 vec"
     assert gemm_gpu.current_version() == "AUTO"
 

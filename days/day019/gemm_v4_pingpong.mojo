@@ -29,7 +29,6 @@ from max.gpu.sync import (
 from max.gpu.primitives.cluster import block_rank_in_cluster, cluster_sync
 from std.math import ceildiv
 from std.sys import size_of
-from std.sys._assembly import inlined_assembly
 from std.utils import StaticTuple
 
 from days.day014.gemm_common import (
@@ -92,10 +91,6 @@ from days.day014.gemm_v3_tma import (
 # iterations they consumed. Producer and consumers agree without talking.
 
 comptime PP_GROUP_ROWS = 1024  # output rows walked together (tile_coords), as version 3's 8 x 128
-# K_PAIRS' hand-off (named barriers: 0 is the block's, 1 and 2 the consumers' own in
-# tma_store.mojo): consumer 1 has written a row block, consumer 0 has read it
-comptime PAIR_BAR_WRITTEN = 3
-comptime PAIR_BAR_READ = 4
 
 
 # --8<-- [start:pingpong_kernel]
@@ -173,11 +168,7 @@ def gemm_pingpong_kernel[
     `counters`: tiles x 8 int32 zeros). 2, split-K: launched on tiles x S blocks, each
     stores its piece as float32 in slice s of `partials`, (S, batch, M, N), for
     split_k_sum_kernel; `counters` unused. 0: neither is touched (but GELU_GRAD's
-    column sums, above, write `partials`). 3 (without COOP, CLUSTER = 1; part 18): pairs
-    of k-steps, both consumers on every tile, each with the whole BM x BN accumulator and
-    every other k-step of it; consumer 1 hands its sums to consumer 0 through shared
-    memory (64 x BN float32 after the epilogue's boxes, a row block at a time), and
-    consumer 0 runs the epilogue. A block with one tile then keeps both consumers busy.
+    column sums, above, write `partials`).
 
     F32_OUT: dst holds float32 (passed as a pointer like the others), the plain
     epilogue only: a weight gradient written in its float32 master weight's dtype, so
@@ -213,9 +204,6 @@ def gemm_pingpong_kernel[
     comptime STAGE_BYTES = (A_ELEMS + B_ELEMS) * size_of[dtype]()
     # the epilogue's boxes (TMA_STORE): STORE_BOXES per consumer
     comptime EPI_ELEMS = 2 * STORE_BOXES * STORE_BOX_ELEMS if TMA_STORE else 0
-    comptime K_PAIRS = SPLIT == 3  # the consumers take turns with k-steps of one tile
-    # K_PAIRS: consumer 1's sums of one m64 row block, float32, on their way to consumer 0
-    comptime HANDOFF_BYTES = 64 * BN * 4 if K_PAIRS else 0
     comptime assert (
         WG_ROWS % 64 == 0 and BN % 64 == 0 and BN <= 256
     ), "tile shape"
@@ -225,14 +213,10 @@ def gemm_pingpong_kernel[
     ), "a consumer holds at most 192 fp32 accumulators a thread"
     comptime assert STAGES >= 2, "at least two stages"
     comptime assert (
-        SMEM
-        == STAGES * (STAGE_BYTES + 16)
-        + EPI_ELEMS * size_of[dtype]()
-        + HANDOFF_BYTES
-        + 16
-    ), "stages + the epilogue's boxes + the hand-off + mbarriers"
+        SMEM == STAGES * (STAGE_BYTES + 16) + EPI_ELEMS * size_of[dtype]() + 16
+    ), "stages + the epilogue's boxes + mbarriers"
     comptime assert not TMA_STORE or (
-        (SPLIT == 0 or K_PAIRS) and BN1 == 0 and not F32_OUT
+        SPLIT == 0 and BN1 == 0 and not F32_OUT
     ), "TMA stores: whole tiles, one column part, 16-bit outputs"
     comptime assert (
         TMA_BK * size_of[dtype]() == 128
@@ -241,11 +225,8 @@ def gemm_pingpong_kernel[
     comptime assert CLUSTER == 1 or (
         CLUSTER == 2 and A_PART % 64 == 0
     ), "clusters of 2 split A's tile into halves of whole 64-row boxes"
-    comptime STREAM_K = SPLIT == 1 or SPLIT == 2  # the Units walk k-step ranges
-    comptime assert not K_PAIRS or (
-        not COOP and CLUSTER == 1
-    ), "pairs of k-steps: each consumer holds the whole tile, no cluster"
-    comptime assert not STREAM_K or (
+    comptime STREAM_K = SPLIT != 0  # the Units walk k-step ranges
+    comptime assert SPLIT == 0 or (
         COOP
         and CLUSTER == 1
         and BN1 == 0
@@ -291,22 +272,15 @@ def gemm_pingpong_kernel[
     var sa = smem
     var sb = smem.unsafe_offset(STAGES * A_ELEMS)
     var boxes = smem.unsafe_offset(STAGES * (A_ELEMS + B_ELEMS))
-    var handoff = boxes.unsafe_offset(EPI_ELEMS).unsafe_bitcast[Float32]()
-    var full = boxes.unsafe_offset(
-        EPI_ELEMS + HANDOFF_BYTES // size_of[dtype]()
-    ).unsafe_bitcast[Int64]()
+    var full = boxes.unsafe_offset(EPI_ELEMS).unsafe_bitcast[Int64]()
     var empty = full.unsafe_offset(STAGES)
     var turn = empty.unsafe_offset(STAGES)  # turn[w]: consumer w may start
     if thread_idx.x == 0:
         comptime for s in range(STAGES):
             mbarrier_init(full.unsafe_offset(s), 1)
-            # the 4 warps of one consumer (both with COOP and K_PAIRS), in every CTA
-            # of the cluster: a stage's A half is written into both CTAs, so both
-            # must have released it
-            mbarrier_init(
-                empty.unsafe_offset(s),
-                Int32(4 * (2 if K_PAIRS else SHARERS) * CLUSTER),
-            )
+            # the 4 warps of one consumer, in every CTA of the cluster: a stage's A
+            # half is written into both CTAs, so both must have released it
+            mbarrier_init(empty.unsafe_offset(s), Int32(4 * SHARERS * CLUSTER))
         mbarrier_init(turn, 4)
         mbarrier_init(turn.unsafe_offset(1), 4)
         fence_mbarrier_init()
@@ -389,11 +363,10 @@ def gemm_pingpong_kernel[
         # this consumer's first row in a tile
         var row_off = me * WG_ROWS if COOP else 0
         # ping-pong: every other tile of the block's
-        comptime SHARED_TILES = COOP or K_PAIRS  # both consumers on every tile
         var units = Units[STREAM_K](
-            begin if SHARED_TILES else begin + me * stride,
+            begin if COOP else begin + me * stride,
             end,
-            stride if SHARED_TILES else 2 * stride,
+            stride if COOP else 2 * stride,
             num_k,
         )
         while units.next():
@@ -406,13 +379,13 @@ def gemm_pingpong_kernel[
             # --8<-- [start:turn]
             # wait for the turn: consumer 1's round r follows consumer 0's round r,
             # consumer 0's round r follows consumer 1's round r - 1
-            comptime if not SHARED_TILES:
+            comptime if not COOP:
                 if me == 1:
                     mbar_wait(turn.unsafe_offset(1), round % 2)
                 elif round > 0:
                     mbar_wait(turn, (round - 1) % 2)
             # --8<-- [end:turn]
-            var it0 = (round if SHARED_TILES else 2 * round + me) * num_k
+            var it0 = (round if COOP else 2 * round + me) * num_k
             comptime if STREAM_K:
                 it0 = done
             # Mojo's SIMD widths are powers of two, so a BN of 192 is two column parts
@@ -430,22 +403,11 @@ def gemm_pingpong_kernel[
                 )
             var acc0 = SIMD[DType.float32, ROW_BLOCKS * FRAG0](0)
             var acc1 = SIMD[DType.float32, ROW_BLOCKS * FRAG1](0)
-            # K_PAIRS: this consumer's k-steps are every other one, from kb + me. It
-            # still waits for each of the other's stages and gives it back at once, so
-            # that, as in COOP, no stage is refilled before both consumers passed it and
-            # every wait is at most one phase ahead (the turn's reason, above).
-            comptime STEP = 2 if K_PAIRS else 1
-            var first_k = kb + me if K_PAIRS else kb
             for kt in range(kb, ke):
                 var it = it0 + kt - kb
                 var slot = ring_slot[STAGES](it)
                 var s = slot[0]
                 mbar_wait(full.unsafe_offset(s), slot[1])
-                comptime if K_PAIRS:
-                    if (kt - kb) % 2 != me:
-                        if lane_id() == 0:
-                            release[CLUSTER](empty.unsafe_offset(s))
-                        continue
                 var sa_k = sa.unsafe_offset(s * A_ELEMS)
                 var sb_k = sb.unsafe_offset(s * B_ELEMS)
                 # one descriptor per operand and k-step; each wgmma adds a constant
@@ -462,28 +424,20 @@ def gemm_pingpong_kernel[
                         )
                 wgmma_commit_group_sync()
                 wgmma_wait_group_sync[1]()
-                if kt > first_k and lane_id() == 0:
+                if kt > kb and lane_id() == 0:
                     release[CLUSTER](
-                        empty.unsafe_offset(ring_slot[STAGES](it - STEP)[0])
+                        empty.unsafe_offset(ring_slot[STAGES](it - 1)[0])
                     )
             # every wgmma of this tile is issued: the other consumer may start
-            comptime if not SHARED_TILES:
+            comptime if not COOP:
                 if lane_id() == 0:
                     _ = mbarrier_arrive(turn.unsafe_offset(1 - me))
             wgmma_wait_group_sync[0]()
-            # the last k-step this consumer took (none: K_PAIRS' consumer 1 at one k-step)
-            if lane_id() == 0 and first_k < ke:
-                var last_k = first_k + (ke - 1 - first_k) // STEP * STEP
+            if lane_id() == 0:
                 release[CLUSTER](
-                    empty.unsafe_offset(ring_slot[STAGES](it0 + last_k - kb)[0])
+                    empty.unsafe_offset(ring_slot[STAGES](it0 + ke - kb - 1)[0])
                 )
             round += 1
-            comptime if K_PAIRS:
-                acc0 = pair_sums[ROW_BLOCKS, FRAG0, BN](acc0, handoff, me)
-                comptime if BN1 > 0:
-                    acc1 = pair_sums[ROW_BLOCKS, FRAG1, BN](acc1, handoff, me)
-                if me == 1:
-                    continue  # consumer 0 stores the tile
             comptime if STREAM_K:
                 done += ke - kb
             comptime if SPLIT == 2:  # block t S + s holds piece s of tile t
@@ -662,54 +616,6 @@ def release[
     else:
         comptime for cta in range(CLUSTER):
             mbar_arrive_cta(bar, cta)
-
-
-@always_inline
-def consumers_sync(bar_id: Int):
-    """A named barrier over the 256 threads of both consumer warpgroups."""
-    inlined_assembly["bar.sync $0, 256;", NoneType, constraints="r"](
-        Int32(bar_id)
-    )
-
-
-@always_inline
-def pair_sums[
-    ROW_BLOCKS: Int, FRAG: Int, BN: Int, N: Int
-](
-    acc: SIMD[DType.float32, N],
-    handoff: Pointer[
-        Float32, MutUntrackedOrigin, address_space=AddressSpace.SHARED
-    ],
-    me: Int,
-) -> type_of(acc):
-    """K_PAIRS: consumer 0's accumulator plus consumer 1's (the same fragment layout in
-    both warpgroups), a row block at a time through `handoff` (64 x BN float32): each
-    thread writes and reads its own FRAG values as 16-byte vectors, thread-interleaved
-    so that a warp's accesses are consecutive. Both consumers call it; consumer 1's
-    result is its own accumulator, unchanged. A second column part of BN (192 = 128 +
-    64) takes its own call."""
-    comptime assert FRAG % 4 == 0, "16-byte pieces"
-    comptime assert FRAG * 2 <= BN, "a row block fits the hand-off"
-    var tid = thread_idx.x % WG_THREADS
-    var out = acc
-    comptime for r in range(ROW_BLOCKS):
-        if me == 1:
-            comptime for j in range(FRAG // 4):
-                handoff.unsafe_store[alignment=16](
-                    (j * WG_THREADS + tid) * 4,
-                    acc.slice[4, offset=r * FRAG + 4 * j](),
-                )
-        consumers_sync(PAIR_BAR_WRITTEN)
-        if me == 0:
-            comptime for j in range(FRAG // 4):
-                var theirs = handoff.unsafe_load[width=4, alignment=16](
-                    (j * WG_THREADS + tid) * 4
-                )
-                out = out.insert[offset=r * FRAG + 4 * j](
-                    out.slice[4, offset=r * FRAG + 4 * j]() + theirs
-                )
-        consumers_sync(PAIR_BAR_READ)
-    return out
 
 
 # --8<-- [end:pingpong_kernel]

@@ -4,7 +4,7 @@
     PYTHONPATH=$PWD python days/day019/time_versions.py --tokens 16384 --versions AUTO COOP_256x128
     PYTHONPATH=$PWD python days/day019/time_versions.py --tokens 4096 --width 1024
     PYTHONPATH=$PWD python days/day019/time_versions.py --small --versions AUTO TMA_128x128
-    PYTHONPATH=$PWD python days/day019/time_versions.py --one-round --versions AUTO KPAIR_TMA_128x128
+    PYTHONPATH=$PWD python days/day019/time_versions.py --one-round --versions AUTO PINGPONG_TMA_128x128
 
 The issue's squares and GPT-2 small's linear layers at 8192 tokens (forward, dX, dW);
 `--tokens` times instead every linear layer of a GPT-2 124M step at that many tokens (the
@@ -44,9 +44,6 @@ VERSIONS = (
     "PINGPONG_TMA_128x64",
     "TMA_192x128",
     "COOP_256x64",
-    "KPAIR_128x128",
-    "KPAIR_TMA_128x128",
-    "KPAIR_TMA_128x64",
     "STREAMK_256x128",
     "SPLITK_256x128",
     "AUTO",
