@@ -204,6 +204,7 @@ PP_CONFIGS = (
     (128, 192, 1, True, 0),
     (256, 64, 1, True, 0),
     (128, 64, 1, False, 0),
+    (64, 64, 1, False, 0),
     (256, 128, 1, True, 1),
     (256, 128, 1, True, 2),
 )
@@ -224,6 +225,7 @@ PP_TMA_STORE_CONFIGS = (
     (128, 256, 1, True, 0),
     (128, 128, 1, False, 0),
     (128, 64, 1, False, 0),
+    (64, 64, 1, False, 0),
 )
 STORE_BOXES, STORE_BOX = 2, 64  # days/day019/tma_store.mojo
 PP_CLUSTER, PP_SPLIT, PP_TMA_STORE, PP_C_BLOCKS = 10, 12, 14, 15  # where these flags sit in a variant (below)
@@ -291,6 +293,8 @@ VERSIONS = {  # name: (kind, BM, BN)
     "COOP_TMA_128x256": ("coop_tma", 128, 256),
     "PINGPONG_TMA_128x128": ("pingpong_tma", 128, 128),  # ping-pong, whose epilogues the other consumer's k-loop hides
     "PINGPONG_TMA_128x64": ("pingpong_tma", 128, 64),
+    "PINGPONG_64x64": ("pingpong", 64, 64),  # a few tokens: no half-empty 128-row tile
+    "PINGPONG_TMA_64x64": ("pingpong_tma", 64, 64),
     "COOP_MULTICAST_256x128": ("coop_multicast", 256, 128),  # ... in clusters of 2 sharing A
     "COOP_256x192": ("coop", 256, 192),  # each consumer 128 x 192: 8192 x 768 is 128 tiles, one wave
     "COOP_128x192": ("coop", 128, 192),  # each consumer 64 x 192: a 3072 x 768 dW is 96 tiles, not 72
@@ -526,7 +530,21 @@ SHORT_K_TILE = ("pingpong_tma", 128, 128)
 # 54 -> 69%, 1024 x 1024 x 1024 58 -> 70%, 768 x 768 x 1024 48 -> 59%. With more tiles
 # (768 x 2304 x 8192: 108) it lost (78 -> 51%), and where AUTO splits K it keeps splitting.
 FEW_TILES = 0.5  # of a round
-FEW_TILES_TILE = ("pingpong", 128, 64)  # mostly k-loop: their epilogues stay in registers
+# Day 019, part 19: there, the 128 x 64 tile with TMA stores beat the register epilogue at
+# every measured problem (+1 to +10 points of cuBLAS, results/.../day019_few_rows.txt), and
+# where 64 x 64 tiles still make one round (a few tokens: 64 x 2304 is 36 of them, 512 x 768
+# 96) they beat both: a 128-row tile of 64 tokens multiplies half rows of zeros. 64 tokens:
+# 56-62 -> 68-73%; 256 and 512 tokens x 768: 59-71 -> 71-75%. More than a round of them
+# lost (256 x 3072: 57 against 77%).
+FEW_TILES_TILE = ("pingpong_tma", 128, 64)
+FEW_ROWS_TILE = ("pingpong_tma", 64, 64)
+
+
+def few_tiles_tile(m: int, n: int, batch: int, sms: int) -> tuple[str, int, int]:
+    """The FEW_TILES rule's tile: 64 x 64 where those make at most one round, else 128 x 64."""
+    return FEW_ROWS_TILE if _cdiv(m, 64) * _cdiv(n, 64) * batch <= sms else FEW_TILES_TILE
+
+
 # Where AUTO picks version 3's 128 x 128 for one round (more than FEW_TILES of it) with a
 # long K, version 4's ping-pong 128 x 128 with TMA stores is faster, though each block has
 # one tile and so one busy consumer. Measured on the H100 (bf16, % of cuBLAS, two runs;
@@ -599,7 +617,7 @@ def auto_tile(
     kind, bm, bn, _ = tiles[next(i for i, c in enumerate(cost) if c <= 1.02 * best)]
     tiles128 = _cdiv(m, 128) * _cdiv(n, 128) * batch
     if kind == "tma" and bm == 128 and tiles128 <= FEW_TILES * sms:
-        return FEW_TILES_TILE  # under half a round: twice the tiles, every SM busy
+        return few_tiles_tile(m, n, batch, sms)  # under half a round: more tiles, every SM busy
     if kind == "tma" and bm == 128 and tiles128 <= sms and k >= ONE_ROUND_LONG_K:
         return ONE_ROUND_LONG_K_TILE  # one round, long k-loops
     if kind == "tma" and k <= SHORT_K and tiles128 > sms:

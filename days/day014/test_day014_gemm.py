@@ -322,7 +322,7 @@ BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.flo
 # (version, dtype, batch, m, n, k) -> the kernel the plan must pick. Sizes are tile tails
 # in every dim (k too) unless a grid size is the point.
 BRANCHES = [
-    ("AUTO", BF16, None, 200, 264, 136, "pingpong 128x64"),  # 6 square tiles: FEW_TILES
+    ("AUTO", BF16, None, 200, 264, 136, "pingpong 64x64 tma"),  # 6 square tiles: FEW_TILES, 20 of 64 x 64
     ("AUTO", BF16, None, 1160, 1160, 136, "tma 128x128"),  # 81 square tiles: more than half a round
     ("AUTO", FP16, None, 1160, 1160, 4104, "pingpong 128x128 tma"),  # the same, K >= 4096: ONE_ROUND_LONG_K
     ("AUTO", FP16, None, 1536, 2816, 72, "coop 256x128 tma"),  # 6 x 22 = 132 wide tiles: version 4
@@ -376,6 +376,10 @@ BRANCHES = [
     ("COOP_256x64", FP16, 5, 296, 64, 1032, "coop 256x64"),  # attention's P V: 64 wide, a long K
     ("PINGPONG_128x64", BF16, 3, 200, 136, 72, "pingpong 128x64"),
     ("PINGPONG_128x64", FP16, None, 1000, 64, 520, "pingpong 128x64"),
+    ("PINGPONG_64x64", BF16, None, 64, 776, 1032, "pingpong 64x64"),  # a few tokens, 13 tiles, tail in n
+    ("PINGPONG_64x64", FP16, 3, 200, 136, 72, "pingpong 64x64"),  # 4 x 3 x 3 tiles, tails in m, n, k
+    ("PINGPONG_TMA_64x64", BF16, None, 40, 2312, 776, "pingpong 64x64 tma"),  # 37 tiles, tails everywhere
+    ("PINGPONG_TMA_64x64", FP16, 2, 1000, 520, 200, "pingpong 64x64 tma"),  # 16 x 9 x 2 = 288 tiles, both consumers
     # day 019, part 3: stream-K; tiles split among blocks in 1 to 22 pieces, tails in m, n, k
     ("STREAMK_256x128", BF16, None, 1000, 1032, 200, "streamk 256x128"),  # 36 tiles x 4 k-steps
     ("STREAMK_256x128", FP16, 3, 520, 264, 136, "streamk 256x128"),  # 27 tiles x 3: a block each

@@ -145,7 +145,10 @@ def choice(launch) -> str:
 AUTO = [
     # day 019, part 2: version 4's cooperative 256 x 128 tile wherever it fills the SMs
     ((4096, 4096, 4096, BF16, None), "coop 256x128 tma"),  # 16 x 32 wide tiles: 4 waves (8 of 128x128)
-    ((1024, 1024, 1024, BF16, None), "pingpong 128x64"),  # 64 square tiles, half a round: 128 of 128 x 64 (FEW_TILES)
+    (
+        (1024, 1024, 1024, BF16, None),
+        "pingpong 128x64 tma",
+    ),  # 64 square tiles, half a round: 128 of 128 x 64 (FEW_TILES)
     ((1536, 2816, 64, FP16, None), "coop 256x128 tma"),  # 132 wide tiles: one wave; 264 square: two
     ((8192, 2304, 768, BF16, None), "coop 256x128 tma"),  # GPT-2's QKV: 576 wide tiles (5 rounds); 384 of 256x192 (3)
     ((8192, 768, 768, BF16, None), "coop 256x192"),  # 128 tiles: one round; 192 wide: 2, 384 square: 3
@@ -167,8 +170,10 @@ AUTO = [
     ((384, 1024, 4096, BF16, 9), "tma 128x128"),  # 144 of them: more than a round
     ((3072, 1024, 1024, BF16, None), "coop 256x128 tma"),  # K = 1024: not long enough
     ((3072, 768, 1024, BF16, None), "coop 128x192"),  # ... 96 of 128 x 192 then
-    ((64, 2304, 768, BF16, None), "pingpong 128x64"),  # 64 tokens: 18 square tiles, 36 of 128 x 64 (FEW_TILES)
-    ((1000, 1000, 1000, BF16, None), "pingpong 128x64"),  # 64 square tiles (FEW_TILES)
+    ((64, 2304, 768, BF16, None), "pingpong 64x64 tma"),  # 64 tokens: 18 square tiles, 36 of 64 x 64 (FEW_TILES)
+    ((512, 768, 768, BF16, None), "pingpong 64x64 tma"),  # 24 square tiles, 96 of 64 x 64: one round
+    ((256, 3072, 768, BF16, None), "pingpong 128x64 tma"),  # 48 square tiles, 192 of 64 x 64: two rounds
+    ((1000, 1000, 1000, BF16, None), "pingpong 128x64 tma"),  # 64 square tiles (FEW_TILES)
     ((1152, 1152, 1024, BF16, None), "tma 128x128"),  # 81 square tiles: more than half a round
     ((1, 8, 8, BF16, None), "pingpong 128x64 tma"),  # at most 64 wide: no half-empty tiles
     ((4097, 8, 8, BF16, None), "pingpong 128x64 tma"),
@@ -392,7 +397,7 @@ def test_huge_and_batched_shapes():
 
 def test_forced_versions_apply_where_their_conditions_hold():
     want = {
-        "AUTO": "pingpong 128x64",  # 2 x 3 square tiles: FEW_TILES
+        "AUTO": "pingpong 64x64 tma",  # 2 x 3 square tiles: FEW_TILES, 4 x 5 of 64 x 64
         "MMA_SYNC": "mma 64 vec",
         "WG_64x128": "wgmma 64x128",
         "WG_128x128": "wgmma 128x128",
@@ -409,6 +414,8 @@ def test_forced_versions_apply_where_their_conditions_hold():
         "COOP_TMA_128x256": "coop 128x256 tma",
         "PINGPONG_TMA_128x128": "pingpong 128x128 tma",
         "PINGPONG_TMA_128x64": "pingpong 128x64 tma",
+        "PINGPONG_64x64": "pingpong 64x64",
+        "PINGPONG_TMA_64x64": "pingpong 64x64 tma",
         "COOP_MULTICAST_256x128": "coop 256x128",  # 3 tiles of 128 in n: no pairs
         "COOP_256x192": "coop 256x192",
         "COOP_128x192": "coop 128x192",
@@ -470,7 +477,9 @@ def test_gpt2_linear_layers_take_tensor_cores():
             (d_out, d_in, tokens, True, False),
         ):
             kind, where = choice(plan(m, n, k, BF16, ta, tb)), (tokens, d_in, d_out, ta, tb)
-            assert kind.startswith(("tma", "coop", "splitk", "pingpong 128x64", "pingpong 128x128 tma")), where
+            assert kind.startswith(
+                ("tma", "coop", "splitk", "pingpong 128x64 tma", "pingpong 64x64 tma", "pingpong 128x128 tma")
+            ), where
             if tokens >= 8192 and k <= 1024:  # short K, many tiles: day 019's version 4
                 assert kind.startswith("coop 256x"), where
             if tokens >= 4096 and k < tokens:  # float32: 3xTF32 for every forward and dX product

@@ -170,15 +170,19 @@ def test_bad_inputs_raise_clear_errors():
 
 
 def test_fused_tile_follows_auto_and_forced_versions():
-    """The fused launch takes AUTO's wide cooperative tile where it fills the SMs, version
-    4's ping-pong 128 x 128 where AUTO would pick version 3's square tile (the fused
+    """The fused launch takes AUTO's wide cooperative tile where it fills the SMs, AUTO's
+    few-tile ping-pong tiles (64 x 64 for a few tokens, part 19), version 4's ping-pong
+    128 x 128 with TMA stores where AUTO would pick version 3's square tile (the fused
     epilogue is version 4's), and a forced version 4 kind as it is (H100: 132 SMs)."""
     from pytorch_custom_ops.linear import linear_tile
 
     assert linear_tile(8192, 3072, 768, None) == ("coop_tma", 256, 128)  # 768 wide tiles, TMA stores
     assert linear_tile(1024, 3072, 768, None) == ("coop", 128, 192)  # 128 of these, 96 wide: both one round
     assert linear_tile(1024, 3072, 768, None, gelu=True) == ("coop_tma", 256, 128)  # GELU keeps 128 columns
-    assert linear_tile(64, 2304, 768, None) == ("pingpong", 128, 128)  # a 256-row tile: 3/4 empty
+    assert linear_tile(64, 2304, 768, None) == ("pingpong_tma", 64, 64)  # 64 tokens: 36 tiles, one round
+    assert linear_tile(64, 768, 3072, None, gelu=True) == ("pingpong_tma", 64, 64)
+    assert linear_tile(256, 3072, 768, None) == ("pingpong_tma", 128, 64)  # 192 of 64 x 64: two rounds
+    assert linear_tile(2048, 768, 768, None) == ("pingpong_tma", 128, 128)  # version 3's square tile
     assert linear_tile(8192, 768, 3072, None) == ("coop", 256, 192)  # 128 tiles: one round
     assert linear_tile(3072, 1024, 4096, None) == ("coop_tma", 256, 128)  # AUTO's 192 x 128 is version 3's
     assert linear_tile(8192, 768, 3072, None, gelu=True) == ("coop_tma", 256, 128)  # GELU spills at 192
@@ -203,6 +207,7 @@ def test_a_block_residual_with_a_short_k_takes_the_ping_pong():
     assert linear_tile(8192, 768, 3072, None, block_residual=True) == ("coop", 256, 192)  # K = 3072
     assert linear_tile(8192, 1024, 1024, None, block_residual=True) != short  # K = 1024 lost
     assert linear_tile(8192, 768, 768, None, gelu=True, block_residual=True) != short
+    assert linear_tile(64, 768, 768, None, block_residual=True) == ("pingpong_tma", 64, 64)  # few tiles first
     with pco.gemm_version("COOP_256x192"):
         assert linear_tile(8192, 768, 768, None, block_residual=True) == ("coop", 256, 192)
 

@@ -25,6 +25,7 @@ import torch
 
 from benchmark.gpu_script import need_cuda
 from days.day014.time_versions import GPT2, SQUARES, print_row, time_shape
+from pytorch_custom_ops import gemm_gpu
 
 VERSIONS = (
     "TMA_128x128",
@@ -42,6 +43,8 @@ VERSIONS = (
     "PINGPONG_128x64",
     "PINGPONG_TMA_128x128",
     "PINGPONG_TMA_128x64",
+    "PINGPONG_64x64",
+    "PINGPONG_TMA_64x64",
     "TMA_192x128",
     "COOP_256x64",
     "STREAMK_256x128",
@@ -57,7 +60,7 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="few output tiles (FEW_TILES)")
     parser.add_argument("--one-round", action="store_true", help="about one round of tiles, a long K")
     parser.add_argument("--width", type=int, default=None, help="with --tokens: one day 016 block of this width")
-    parser.add_argument("--versions", nargs="+", default=list(VERSIONS), choices=VERSIONS)
+    parser.add_argument("--versions", nargs="+", default=list(VERSIONS), choices=list(gemm_gpu.VERSIONS))
     args = parser.parse_args()
     need_cuda(None, __file__)
     if args.tokens:
