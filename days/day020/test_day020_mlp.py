@@ -206,16 +206,22 @@ def test_cuda_forward_saves_gelus_derivative_for_the_backward():
 
 
 @needs_cuda
-@pytest.mark.parametrize("version", ["AUTO", "COOP_TMA_256x128"])
+@pytest.mark.parametrize("version", ["AUTO", "COOP_TMA_256x128", "COOP_256x128"])
 def test_cuda_gpt2_shapes_under_autocast(version, launched):
     """The 124M model's MLP: 768 -> 3072 -> 768, float32 parameters, bfloat16 autocast.
     Through TMA stores fc's bias gradient comes from the product's epilogue in float32,
-    the master's dtype (no bfloat16 sum in between)."""
+    the master's dtype (no bfloat16 sum in between); a register epilogue leaves it to
+    bias_grad. AUTO's tile at 600 tokens stores by TMA (the ping-pong 128 x 128, day 019
+    part 19)."""
+    from pytorch_custom_ops.mlp import sums_fuse
+
     x, w1, b1, w2, b2 = make((2, 300), 768, 3072, 768, torch.float32, "cuda", seed=2)
     with torch.autocast("cuda", dtype=BF16), pco.gemm_version(version):
         check([x, w1, b1, w2, b2], BF16, launch=lambda *t: pco.mlp(*t))
+        fused = sums_fuse(torch.empty(600, 768, device="cuda", dtype=BF16), w2.to(BF16))
+    assert fused == (version != "COOP_256x128")
     sums = [k for k in launched if "sum_partials_kernel" in k]
-    assert sums == (["day013.sum_partials_kernel.float32.float32.32.16"] if version != "AUTO" else []), launched
+    assert sums == (["day013.sum_partials_kernel.float32.float32.32.16"] if fused else []), launched
 
 
 @needs_cuda
