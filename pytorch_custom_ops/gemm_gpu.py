@@ -534,7 +534,7 @@ FEW_TILES = 0.5  # of a round
 # every measured problem (+1 to +10 points of cuBLAS, results/.../day019_few_rows.txt), and
 # where 64 x 64 tiles still make one round (a few tokens: 64 x 2304 is 36 of them, 512 x 768
 # 96) they beat both: a 128-row tile of 64 tokens multiplies half rows of zeros. 64 tokens:
-# 56-62 -> 68-73%; 256 and 512 tokens x 768: 59-71 -> 71-75%. More than a round of them
+# 55-62 -> 66-73%; 256 and 512 tokens x 768: 59-71 -> 71-75%. More than a round of them
 # lost (256 x 3072: 57 against 77%).
 FEW_TILES_TILE = ("pingpong_tma", 128, 64)
 FEW_ROWS_TILE = ("pingpong_tma", 64, 64)
