@@ -31,18 +31,22 @@ from .gemm_gpu import (
     FEW_ROWS_TILE,
     FEW_TILES_TILE,
     PINGPONG_KERNEL,
+    SPLIT_K_SUM_KERNEL,
     TC_DTYPES,
+    TMA_KERNEL,
     V4_KINDS,
     VERSIONS,
     auto_tile,
     broadcast_stride,
     c_fits_blocks,
     current_version,
+    few_token_pieces,
     pingpong_launch,
     sm_count,
+    tma_split_launches,
 )
 from .master_weights import bias_grad, cast_parameters, grad_destination, weight_grad
-from .mojo_op import MojoOp
+from .mojo_op import MojoOp, device_constant
 
 ACTIVATIONS = (None, "gelu_tanh")
 
@@ -104,13 +108,39 @@ def linear_tile(
     return ("coop_tma", 256, 128) if gelu and bn == 192 else (kind, bm, bn)
 
 
-@direct.plan(PINGPONG_KERNEL)
+def split_linear(out, x, weight, bias, residual, alpha_beta, c_rs, c_cs, params) -> list[direct.Launch] | None:
+    """A few tokens with a long K (day 019, part 19): the plain layer as gemm's split into
+    pieces of K (part 17), whose sum kernel adds beta c, the bias as a row or the residual:
+    at 64 x 3072 -> 768 ~8 us against the fused tile's 12. None where the fused launch
+    stays: GELU (no split form), both a bias and a residual (the sum adds one c), a forced
+    version, or K and the tiles that do not split (`few_token_pieces`)."""
+    (m, k), n = x.shape, weight.shape[0]
+    has_residual = residual.shape[-1] == n  # else the (1, 1) placeholder, never read (beta 0)
+    if params["GELU"] or (params["BIAS"] and has_residual) or current_version() != "AUTO":
+        return None
+    pieces = few_token_pieces(m, n, k, sm_count(out.get_device()))
+    if pieces == 1:
+        return None
+    if params["BIAS"]:  # c = the bias, one row for every output row; alpha = beta = 1
+        c, c_rs, c_cs = bias, 0, 1
+        alpha_beta = device_constant((1.0, 1.0), torch.float32, out.device)
+    else:  # c = the residual (beta 1) or the unread placeholder (beta 0)
+        c = residual
+    sizes = (m, n, k, 0, c_rs, c_cs)
+    return tma_split_launches(out, x, weight, c, alpha_beta, sizes, False, True, pieces)
+
+
+@direct.plan(PINGPONG_KERNEL, TMA_KERNEL, SPLIT_K_SUM_KERNEL)
 def linear_gpu(outputs, inputs, params) -> list[direct.Launch]:
     out, pre = outputs[0], (outputs[1] if len(outputs) > 1 else None)
     x, weight, bias, residual, alpha_beta = inputs
     (m, k), n = x.shape, weight.shape[0]
     c_rs = broadcast_stride("linear", residual.shape[0], m, residual.shape[1])
     c_cs = broadcast_stride("linear", residual.shape[1], n, 1)
+    if pre is None:
+        split = split_linear(out, x, weight, bias, residual, alpha_beta, c_rs, c_cs, params)
+        if split is not None:
+            return split
     gelu = params["GELU"]
     kind, bm, bn = linear_tile(m, n, k, out.get_device(), gelu, c_fits_blocks(residual, 0, c_rs, c_cs, n))
     # x (M, K) and weight (N, K) are both k-contiguous: op(B) = weight^T, TRANSPOSE_B

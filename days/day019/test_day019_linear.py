@@ -228,6 +228,40 @@ def test_a_block_residual_with_a_short_k_takes_the_ping_pong():
         assert plan(full) == (256, 192, False, False)
 
 
+def test_a_few_tokens_with_a_long_k_split_the_plain_layer():
+    """Day 019, part 19: at 64 tokens and K = 3072 the plain layer runs as gemm's split
+    (version 3's float32 pieces, then the sum kernel adding the bias as a row or the
+    residual); GELU, a bias with a residual, a forced version or a short K keep the fused
+    launch. CPU tensors: the plan only (H100's SMs)."""
+    from pytorch_custom_ops.gemm_gpu import PINGPONG_KERNEL, SPLIT_K_SUM_KERNEL, TMA_KERNEL
+    from pytorch_custom_ops.linear import linear_gpu
+
+    def plan(k, bias=True, residual=None, gelu=False):
+        x, w, b = torch.empty(64, k, dtype=BF16), torch.empty(768, k, dtype=BF16), torch.empty(768, dtype=BF16)
+        out = torch.empty(64, 768, dtype=BF16)
+        c = torch.empty(1, 1, dtype=BF16) if residual is None else residual
+        params = {"GELU": gelu, "BIAS": bias, "GELU_DERIVATIVE": False}
+        return linear_gpu([out], [x, w, b, c, torch.empty(2)], params), b, c
+
+    launches, b, _ = plan(3072)
+    assert [launch.kernel.family for launch in launches] == [TMA_KERNEL, SPLIT_K_SUM_KERNEL]
+    _, _, c, _, m, n, batch, pieces, _, c_rs, c_cs = launches[1].args  # dst, ws, c, alpha_beta, ...
+    assert (c, m, n, batch, c_rs, c_cs) == (b.data_ptr(), 64, 768, 1, 0, 1) and pieces > 1
+    assert launches[0].grid[2] == pieces  # a batch entry per piece of K
+    launches, _, r = plan(3072, bias=False, residual=torch.empty(64, 768, dtype=BF16))
+    assert launches[1].kernel.family is SPLIT_K_SUM_KERNEL and launches[1].args[2] == r.data_ptr()
+    assert launches[1].args[9:] == (768, 1)  # the residual's row and column strides
+    assert plan(3072, bias=False)[0][1].kernel.family is SPLIT_K_SUM_KERNEL  # beta 0: c unread
+    for unsplit in (
+        plan(3072, gelu=True)[0],
+        plan(3072, residual=torch.empty(64, 768, dtype=BF16))[0],
+        plan(768)[0],
+    ):
+        assert [launch.kernel.family for launch in unsplit] == [PINGPONG_KERNEL]
+    with pco.gemm_version("PINGPONG_TMA_64x64"):
+        assert [launch.kernel.family for launch in plan(3072)[0]] == [PINGPONG_KERNEL]
+
+
 # -- CUDA: the fused launch -------------------------------------------------------------
 @needs_cuda
 @pytest.mark.parametrize("dtype", [BF16, FP16])
@@ -343,6 +377,24 @@ def test_cuda_projection_shape_takes_the_256x192_tile(activation, residual, laun
     assert ".256.192." in launched[0], launched
     close(y, reference(x, w, b, activation, r), BF16)
     check_grads(y, leaves, True, activation, residual, BF16)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+@pytest.mark.parametrize("bias,residual", [(True, False), (False, True), (False, False), (True, True)])
+def test_cuda_a_few_tokens_with_a_long_k(bias, residual, dtype, launched):
+    """Day 019, part 19: 2 x 29 tokens, 3072 -> 776 (a tail in n): the plain layer in
+    pieces of K (its sum adding the bias or the residual), or fused with both; grads too."""
+    x, w, b, r = inputs((2, 29), 3072, 776, dtype, "cuda", seed=5)
+    b, r = (b if bias else None), (r if residual else None)
+    with torch.no_grad():
+        y = pco.linear(x, w, b, None, r)
+    close(y, reference(x, w, b, None, r), dtype)
+    split = any("split_k_sum_kernel" in key for key in launched)
+    assert split == (not (bias and residual)), launched
+    leaves = [t.detach().requires_grad_() for t in (x, w, b, r) if t is not None]
+    xs, ws, bs, rs = _rebuild(leaves, bias, residual)
+    check_grads(pco.linear(xs, ws, bs, None, rs), leaves, bias, None, residual, dtype)
 
 
 @needs_cuda
