@@ -84,15 +84,17 @@ def linear_tile(
     m: int, n: int, k: int, device_index: int | None, gelu: bool = False, block_residual: bool = False
 ) -> tuple[str, int, int]:
     """(kind, BM, BN) of the fused launch: a forced PINGPONG_*/MULTICAST_*/COOP_* version's;
-    else AUTO's cooperative tile (256 x 128 or 256 x 192) or its ping-pong tiles with TMA
-    stores where it has few tiles (e.g. a few tokens' 64 x 64: day 019, part 19), else
-    where AUTO picks version 3's tiles or the ping-pong, version 4's ping-pong 128 x 128
-    with TMA stores (the fused epilogue is version 4's; 1-2 us ahead of the register
-    epilogue at 512-2048 tokens, part 19). With GELU, 256 x 128 instead of 256 x 192: the GELU epilogue
-    over 192 accumulators a thread spills ~1 KB (8192 x 768 x 768 took 0.063 ms against
-    0.040 with 256 x 128). GELU at 64 x 256 spills ~400 bytes. `block_residual`: a
-    residual the epilogue reads in 16-byte blocks (gemm_gpu's c_fits_blocks); with K <=
-    RESIDUAL_SHORT_K, no GELU and more than few tiles, RESIDUAL_SHORT_K_TILE."""
+    else AUTO's cooperative tile (256 x 128 or 256 x 192) or, where it has few tiles, its
+    ping-pong tiles with TMA stores (a few tokens' 64 x 64: day 019, part 19). Where AUTO
+    picks version 3's tiles or another ping-pong: version 4's ping-pong 128 x 128 with TMA
+    stores (the fused epilogue is version 4's; 1-2 us ahead of the register epilogue at
+    512-2048 tokens, part 19).
+
+    With GELU, 256 x 128 instead of 256 x 192: the GELU epilogue over 192 accumulators a
+    thread spills ~1 KB (8192 x 768 x 768 took 0.063 ms against 0.040 with 256 x 128).
+    GELU at 64 x 256 spills ~400 bytes. `block_residual`: a residual the epilogue reads in
+    16-byte blocks (gemm_gpu's c_fits_blocks); with K <= RESIDUAL_SHORT_K, no GELU and more
+    than few tiles, RESIDUAL_SHORT_K_TILE."""
     kind, bm, bn = VERSIONS[current_version()]
     if kind in ("coop_streamk", "coop_splitk"):  # no fused epilogue with split tiles: the tile, whole
         return "coop", bm, bn
