@@ -145,10 +145,7 @@ def choice(launch) -> str:
 AUTO = [
     # day 019, part 2: version 4's cooperative 256 x 128 tile wherever it fills the SMs
     ((4096, 4096, 4096, BF16, None), "coop 256x128 tma"),  # 16 x 32 wide tiles: 4 waves (8 of 128x128)
-    (
-        (1024, 1024, 1024, BF16, None),
-        "pingpong 128x64 tma",
-    ),  # 64 square tiles, half a round: 128 of 128 x 64 (FEW_TILES)
+    ((1024, 1024, 1024, BF16, None), "pingpong 128x64 tma"),  # FEW_TILES; 256 of 64 x 64: two rounds
     ((1536, 2816, 64, FP16, None), "coop 256x128 tma"),  # 132 wide tiles: one wave; 264 square: two
     ((8192, 2304, 768, BF16, None), "coop 256x128 tma"),  # GPT-2's QKV: 576 wide tiles (5 rounds); 384 of 256x192 (3)
     ((8192, 768, 768, BF16, None), "coop 256x192"),  # 128 tiles: one round; 192 wide: 2, 384 square: 3
