@@ -46,6 +46,9 @@ LAYER_NORM = OpSpec(
         TensorArg("eps", (1,), dtype=torch.float32),  # a runtime value: no recompile per eps
     ),
 )
+# The same kernels without the statistics, for CUDA calls without autograd (a GPU-only
+# op: MAX's CPU library has only LAYER_NORM, which the CPU calls use)
+LAYER_NORM_Y = OpSpec(name="layer_norm", outputs=LAYER_NORM.outputs[:1], inputs=LAYER_NORM.inputs)
 LAYER_NORM_BACKWARD = OpSpec(
     name="layer_norm_backward",
     outputs=(
@@ -114,8 +117,9 @@ DTYPE_PAIRS = tuple((d, d) for d in FLOAT_DTYPES) + ((torch.float32, torch.bfloa
 _FWD_ARGS = ("ptr",) * 9 + ("i64",) * 3
 # grad_x, partials, grad_out, x, weight, mean, rstd, grad_resid, grad_low | rows, cols, flags
 _BWD_ARGS = ("ptr",) * 9 + ("i64",) * 3
-# flags (the kernels' ADD_DELTA, ADD_GRAD, WRITE_LOW)
+# flags (the kernels' ADD_DELTA, NO_STATS, ADD_GRAD, WRITE_LOW)
 ADD_DELTA = 1  # forward: normalise x + delta and write that sum
+NO_STATS = 2  # forward: no mean and rstd (a call without autograd)
 ADD_GRAD, WRITE_LOW = 1, 2  # backward: add grad_resid into grad_x; write grad_x in ldtype too
 LN_FWD = KernelFamily(
     _MODULE,
@@ -192,13 +196,16 @@ def _ceildiv(a: int, b: int) -> int:
 # --8<-- [start:gpu_plan]
 def forward_launches(y, mean, rstd, x, weight, bias, eps, delta=None, x_sum=None) -> list[direct.Launch]:
     """The forward's launch: y (in its own dtype, x's or a lower one) = LayerNorm of x, or
-    of x + delta with that sum written to x_sum (day 020's fused residual add)."""
+    of x + delta with that sum written to x_sum (day 020's fused residual add). mean and
+    rstd None: the kernel writes neither (NO_STATS)."""
     rows, cols = x.shape
     fused = delta is not None
+    stats = mean is not None
     vec = _vector_width(cols, x, y, weight, bias, *((delta, x_sum) if fused else ()))  # VEC counts x's elements
-    args = (y.data_ptr(), mean.data_ptr(), rstd.data_ptr(), x.data_ptr(), weight.data_ptr(), bias.data_ptr())
+    args = (y.data_ptr(), mean.data_ptr() if stats else 0, rstd.data_ptr() if stats else 0)
+    args += (x.data_ptr(), weight.data_ptr(), bias.data_ptr())
     args += (eps.data_ptr(), delta.data_ptr() if fused else 0, x_sum.data_ptr() if fused else 0)
-    args += (rows, cols, ADD_DELTA if fused else 0)
+    args += (rows, cols, (ADD_DELTA if fused else 0) | (0 if stats else NO_STATS))
     nvec = cols // vec
     for tpr, items, per_block in FWD_TIERS:
         if nvec <= tpr * items:
@@ -273,6 +280,12 @@ def backward_launches(
     return launches
 
 
+@direct.plan(LN_FWD, LN_FWD_STREAM)
+def _layer_norm_y_gpu(outputs, inputs, params) -> list[direct.Launch]:
+    (y,), (x, weight, bias, eps) = outputs, inputs
+    return forward_launches(y, None, None, x, weight, bias, eps)
+
+
 @direct.plan(LN_BWD, LN_BWD_STREAM, LN_SUM_PARTIALS)
 def _layer_norm_backward_gpu(outputs, inputs, params) -> list[direct.Launch]:
     (grad_x, grad_weight, grad_bias), (grad_out, x, weight, mean, rstd) = outputs, inputs
@@ -281,6 +294,7 @@ def _layer_norm_backward_gpu(outputs, inputs, params) -> list[direct.Launch]:
 
 # --8<-- [end:gpu_plan]
 layer_norm_kernel = MojoOp(LAYER_NORM, gpu=_layer_norm_gpu)
+layer_norm_y_kernel = MojoOp(LAYER_NORM_Y, gpu=_layer_norm_y_gpu)
 layer_norm_backward_kernel = MojoOp(LAYER_NORM_BACKWARD, gpu=_layer_norm_backward_gpu)
 
 
@@ -416,6 +430,19 @@ def _torch_forward(x2, w, b, eps):
     return [y.to(x2.dtype), mu.float(), r.float()]
 
 
+def _as_rows(x: torch.Tensor, shape: tuple[int, ...]) -> tuple[torch.Size, int, int, bool, torch.Tensor]:
+    """(lead, rows, cols, as_is, x2): x2 is x as a contiguous (rows, cols) tensor, x itself
+    where it already is one (as_is)."""
+    lead, rows, cols = _split(x, shape)
+    as_is = x.dim() == 2 and len(shape) == 1 and x.is_contiguous()
+    return lead, rows, cols, as_is, (x if as_is else programs.contiguous(x).view(rows, cols))
+
+
+def _kernel_inputs(x2, weight, bias, cols: int, eps) -> list[torch.Tensor]:
+    w, b = _param(weight, x2, cols, 1.0), _param(bias, x2, cols, 0.0)
+    return [x2, w, b, device_constant((float(eps),), torch.float32, x2.device)]
+
+
 def _layer_norm_eager(
     x: torch.Tensor,
     normalized_shape: Sequence[int],
@@ -424,21 +451,38 @@ def _layer_norm_eager(
     eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     shape = check_layer_norm_args("layer_norm", x, normalized_shape, weight, bias, eps)
-    lead, rows, cols = _split(x, shape)
-    as_is = x.dim() == 2 and len(shape) == 1 and x.is_contiguous()  # already (rows, cols)
-    x2 = x if as_is else programs.contiguous(x).view(rows, cols)
+    lead, rows, cols, as_is, x2 = _as_rows(x, shape)
     if rows == 0 or cols == 0:
         y = torch.empty_like(x2)
         # what torch.native_layer_norm gives for an empty normalized shape
         mean = torch.zeros(rows, dtype=torch.float32, device=x.device)
         rstd = torch.full((rows,), math.nan, dtype=torch.float32, device=x.device)
     else:
-        w, b = _param(weight, x, cols, 1.0), _param(bias, x, cols, 0.0)
-        eps_t = device_constant((float(eps),), torch.float32, x.device)
-        y, mean, rstd = layer_norm_kernel([x2, w, b, eps_t], torch_impl=lambda: _torch_forward(x2, w, b, float(eps)))
+        inputs = _kernel_inputs(x2, weight, bias, cols, eps)
+        y, mean, rstd = layer_norm_kernel(inputs, torch_impl=lambda: _torch_forward(*inputs[:3], float(eps)))
         if as_is:
             return y, mean, rstd
     return y.view(x.shape), mean.view(lead), rstd.view(lead)
+
+
+def _layer_norm_y_eager(
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> torch.Tensor:
+    """y alone, for calls that autograd will not differentiate: on CUDA the kernels skip
+    mean and rstd, which saves their two allocations."""
+    if not isinstance(x, torch.Tensor) or not x.is_cuda:  # the CPU (and bad x: the checks name it)
+        return _layer_norm_eager(x, normalized_shape, weight, bias, eps)[0]
+    shape = check_layer_norm_args("layer_norm", x, normalized_shape, weight, bias, eps)
+    _lead, rows, cols, as_is, x2 = _as_rows(x, shape)
+    if rows == 0 or cols == 0:
+        return _layer_norm_eager(x, shape, weight, bias, eps)[0]
+    inputs = _kernel_inputs(x2, weight, bias, cols, eps)
+    (y,) = layer_norm_y_kernel(inputs, torch_impl=lambda: _torch_forward(*inputs[:3], float(eps))[:1])
+    return y if as_is else y.view(x.shape)
 
 
 _layer_norm_op = torch.library.custom_op("gpu_days::layer_norm", _layer_norm_eager, mutates_args=())
@@ -546,6 +590,7 @@ def _split_call(x, normalized_shape, weight, bias, eps):
 
 
 _layer_norm_replayed = programs.replayed_forward("layer_norm", _layer_norm_eager, _split_call, single=False)
+_layer_norm_y_replayed = programs.replayed_forward("layer_norm_y", _layer_norm_y_eager, _split_call)
 
 
 def _split_backward_call(grad_out, x, normalized_shape, weight, mean, rstd):
@@ -573,8 +618,8 @@ def layer_norm(
     if eager.autocast_dtype(x) is not None:
         x, weight, bias = eager.cast_floats(torch.float32, x, weight, bias)
     way = eager.route(x, weight, bias)
-    if way is eager.EAGER:
-        return _layer_norm_replayed(x, normalized_shape, weight, bias, eps)[0]
+    if way is eager.EAGER:  # no autograd: y alone (mean and rstd are never written)
+        return _layer_norm_y_replayed(x, normalized_shape, weight, bias, eps)
     if way is eager.AUTOGRAD:
         return _layer_norm_autograd(x, normalized_shape, weight, bias, eps)[0]
     shape = check_layer_norm_args("layer_norm", x, normalized_shape, weight, bias, eps)

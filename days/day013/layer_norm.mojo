@@ -47,6 +47,9 @@ from days.day009.online_softmax import accum_dtype
 # Flags of the fused forms (day 020), runtime values: one kernel serves the
 # plain and the fused calls, and a uniform branch per row costs nothing.
 comptime ADD_DELTA = Int64(1)  # forward: normalise x + delta, write that sum
+# forward: no mean and rstd (their pointers may be null): a call without autograd
+# needs only y, and two fewer allocations save the host ~2 us a call (day 016)
+comptime NO_STATS = Int64(2)
 comptime ADD_GRAD = Int64(1)  # backward: add grad_resid into grad_x
 comptime WRITE_LOW = Int64(2)  # backward: write grad_x once more, in ldtype
 
@@ -228,7 +231,7 @@ def layer_norm_fwd_kernel[
     the dtype the next matrix product wants under autocast). With ADD_DELTA in
     `flags` the row normalised is x + delta, rounded to dtype as torch's add
     would, and that sum is written to x_sum (a pre-LN residual stream's add,
-    fused: day 020)."""
+    fused: day 020). With NO_STATS mean and rstd are not written."""
     comptime acc = accum_dtype[dtype]()
     comptime assert acc.is_floating_point()
     comptime ALIGN = VEC * size_of[dtype]()
@@ -238,6 +241,7 @@ def layer_norm_fwd_kernel[
     var t = thread_idx.x % TPR
     var e = eps[unsafe_offset=0].cast[acc]()
     var add = (flags & ADD_DELTA) != 0
+    var stats = (flags & NO_STATS) == 0
     for row in range(
         block_idx.x * ROWS + thread_idx.x // TPR, Int(rows), grid_dim.x * ROWS
     ):
@@ -282,7 +286,7 @@ def layer_norm_fwd_kernel[
         c = row_sums[acc, TPR, 2](c)
         var corr = c[0] / Scalar[acc](n)
         var rstd = rsqrt(max(c[1] / Scalar[acc](n) - corr * corr, 0) + e)
-        if t == 0:
+        if t == 0 and stats:
             mean_out[unsafe_offset=row] = (m0 + corr).cast[DType.float32]()
             rstd_out[unsafe_offset=row] = rstd.cast[DType.float32]()
         # 3. normalise from registers
@@ -332,6 +336,7 @@ def layer_norm_fwd_stream_kernel[
     var t = thread_idx.x
     var e = eps[unsafe_offset=0].cast[acc]()
     var add = (flags & ADD_DELTA) != 0
+    var stats = (flags & NO_STATS) == 0
     var src = x_sum if add else x  # what the second pass normalises
     for row in range(block_idx.x, Int(rows), grid_dim.x):
         var base = row * n
@@ -356,7 +361,7 @@ def layer_norm_fwd_stream_kernel[
         var st = row_stats[acc, TPR](cnt, mean, m2)
         mean = st[1]
         var rstd = rsqrt(st[2] / st[0] + e)
-        if t == 0:
+        if t == 0 and stats:
             mean_out[unsafe_offset=row] = mean.cast[DType.float32]()
             rstd_out[unsafe_offset=row] = rstd.cast[DType.float32]()
         for j in range(t, nvec, TPR):

@@ -142,6 +142,28 @@ def test_layouts_and_multi_dim_normalized_shape(device):
     assert pco.layer_norm(torch.randn(3, 0, device=device), (0,)).shape == (3, 0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_call_without_autograd_makes_y_alone(dtype, device):
+    """Without autograd the public function wants y only: on CUDA the kernels skip mean
+    and rstd (NO_STATS), so a call allocates y and nothing else. y is the same as the
+    grad-mode call's, on each forward kernel (warp, block and streaming tiers)."""
+    for rows, cols in [(3, 17), (9, 768), (5, 4097), (2, 70000)]:
+        x, w, b = make(rows, cols, dtype, device, seed=cols)
+        y = pco.layer_norm(x, (cols,), w, b)
+        scaled_close(y, reference(x, (cols,), w, b)[0], FWD_TOL[dtype], f"no grad {rows}x{cols}")
+        with torch.enable_grad():
+            y_grad = pco.layer_norm(x.clone().requires_grad_(True), (cols,), w, b)
+        assert torch.equal(y, y_grad.detach()), (rows, cols)
+    if device == "cuda":
+        x, w, b = make(8, 768, dtype, device)
+        for _ in range(3):  # recorded, then replayed
+            pco.layer_norm(x, (768,), w, b)
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_stats()["allocation.all.allocated"]
+        ys = [pco.layer_norm(x, (768,), w, b) for _ in range(10)]
+        assert torch.cuda.memory_stats()["allocation.all.allocated"] - before == len(ys)
+
+
 # -- backward ---------------------------------------------------------------------------
 def _grads(fn, x, w, b, dy):
     x, w, b = (t.detach().clone().requires_grad_(True) for t in (x, w, b))
@@ -451,6 +473,21 @@ def test_plan_picks_the_tier_for_the_row_length(dtype, cols, fwd_tier, bwd_tier)
             else LN.LN_BWD_STREAM[dtype, dtype, acc, VEC[dtype], tpr]
         )
         assert stage1.kernel is want
+
+
+def test_plan_without_statistics():
+    """The op without autograd (LAYER_NORM_Y): the same kernel and grid as the full
+    forward's, null mean and rstd pointers and the NO_STATS flag."""
+    for dtype, cols in [(torch.float32, 768), (torch.bfloat16, 4096), (torch.float32, 70000)]:
+        y, x, w, b = (fake(s, dtype) for s in ((9, cols), (9, cols), (cols,), (cols,)))
+        mean, rstd, eps = (fake(s, torch.float32) for s in ((9,), (9,), (1,)))
+        (full,) = LN._layer_norm_gpu([y, mean, rstd], [x, w, b, eps], {})
+        (alone,) = LN._layer_norm_y_gpu([y], [x, w, b, eps], {})
+        check_launches([alone], LN._layer_norm_y_gpu, cols)
+        assert (alone.kernel, alone.grid, alone.block) == (full.kernel, full.grid, full.block)
+        assert alone.args[1] == alone.args[2] == 0 and full.args[1] != 0
+        assert alone.args[-1] == LN.NO_STATS and full.args[-1] == 0
+        assert alone.args[0] == full.args[0] and alone.args[3:-1] == full.args[3:-1]
 
 
 def test_plan_falls_back_to_element_loads():

@@ -3,7 +3,7 @@
     python -m days.day016.replay_parts                        # the C++ replay
     GPU_DAYS_REPLAY=python python -m days.day016.replay_parts # the Python replay, for comparison
 
-For softmax, layer_norm and gemm on tiny inputs (the GPU idles: this is host time), in
+For softmax, layer_norm (y alone, and with mean and rstd) and gemm on tiny inputs (the GPU idles: this is host time), in
 microseconds per call: the public function; the op's call (`MojoOp`, after the public
 function's checks); and the pieces of a Python replay: the recipe key, the outputs'
 allocation, the launch loop, the C launch alone. With the C++ replay on, also the C++
@@ -23,7 +23,7 @@ import torch
 import pytorch_custom_ops as pco
 from pytorch_custom_ops import mojo_op, replay
 from pytorch_custom_ops.launcher import launcher
-from pytorch_custom_ops.layer_norm import layer_norm_kernel
+from pytorch_custom_ops.layer_norm import layer_norm_kernel, layer_norm_y_kernel
 from pytorch_custom_ops.mojo_op import device_constant
 from pytorch_custom_ops.softmax_family import softmax_kernel
 
@@ -46,6 +46,7 @@ def per_call_us(fn, n: int = 300) -> float:
 def cases():
     """name -> (public call, the op, its inputs)."""
     gemm_module = sys.modules["pytorch_custom_ops.gemm"]  # `pco.gemm` is the function
+    ln_with_stats = sys.modules["pytorch_custom_ops.layer_norm"]._layer_norm_replayed
     x = torch.randn(8, 128, device="cuda")
     w, b = torch.randn(128, device="cuda"), torch.randn(128, device="cuda")
     eps = device_constant((1e-5,), torch.float32, x.device)
@@ -54,7 +55,9 @@ def cases():
     gemm_inputs = [a, bm, gemm_module._no_c(a.dtype, a.device, 2), gemm_module._alpha_beta(1.0, 0.0, a.device)]
     return {
         "softmax 8x128": (lambda: pco.softmax(x, -1), softmax_kernel, [x]),
-        "layer_norm 8x128": (lambda: pco.layer_norm(x, (128,), w, b), layer_norm_kernel, [x, w, b, eps]),
+        "layer_norm 8x128": (lambda: pco.layer_norm(x, (128,), w, b), layer_norm_y_kernel, [x, w, b, eps]),
+        # the same call as before part sixteen: mean and rstd made too (what grad mode replays)
+        "ln with stats": (lambda: ln_with_stats(x, (128,), w, b, 1e-5)[0], layer_norm_kernel, [x, w, b, eps]),
         "gemm 64^3": (lambda: pco.gemm(a, bm), gemm_op, gemm_inputs),
     }
 
@@ -106,6 +109,7 @@ def grad_mode_parts() -> dict[str, float]:
     found["c++ node_call"] = per_call_us(lambda: nodes._call(nodes._book, tensors, params))
     with torch.no_grad():
         found["forward, no grad"] = per_call_us(lambda: layer_norm_module._layer_norm_replayed(*args))
+        found["y alone, no grad"] = per_call_us(lambda: layer_norm_module._layer_norm_y_replayed(*args))
     found["torch module"] = per_call_us(lambda: ref(x))
     found["torch F.layer_norm"] = per_call_us(lambda: torch.nn.functional.layer_norm(x, (128,), ref.weight, ref.bias))
     with torch.no_grad():

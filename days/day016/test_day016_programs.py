@@ -128,6 +128,9 @@ FUNCTIONS = {
     "log_softmax_backward": (pco.log_softmax_backward, lambda: (_cuda(7, 300), _cuda(7, 300), -1), True),
     "layer_norm_backward": (pco.layer_norm_backward, _ln_backward_args, True),
     "online_softmax": (pco.online_softmax, lambda: (_cuda(5, 3, 77), -1), True),
+    # no autograd: y alone (layer_norm_y_kernel), from a 2-D x and from a view of a 3-D one
+    "layer_norm, y alone": (pco.layer_norm, lambda: (_cuda(6, 130), (130,), _cuda(130), _cuda(130)), True),
+    "layer_norm, y alone, 3-D": (pco.layer_norm, lambda: (_cuda(2, 3, 130), (130,), _cuda(130), _cuda(130)), True),
     "long_softmax": (pco.long_softmax, lambda: (_cuda(2, 5000),), True),
     "gemm, transposed b, alpha": (pco.gemm, lambda: (_cuda(33, 40), _cuda(50, 40), None, 0.5, 0.0, False, True), True),
     # the rows of a dim other than the last are a copy: a `contiguous` step of the program
