@@ -1,6 +1,6 @@
 """Host cost of every op and module call, gpu-days next to torch (day 016).
 
-    python -m benchmark.overhead [--no-store] [--reps N]
+    python -m benchmark.overhead [--no-store] [--reps N] [--results-dir DIR]
 
 Each op is called back to back on a tiny input with one synchronisation at the end: the GPU
 idles, so the wall time per call is what the host spends (Python, checks, allocation, the
@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +30,7 @@ import pytorch_custom_ops as pco
 from pytorch_custom_ops import launcher, mojo_op, replay
 
 from . import timing
-from .store import append_rows, new_run_id
+from .store import RESULTS_DIR, append_rows, new_run_id
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 LIMIT_US = {"host_call": 15.0, "host_fwd_grad": 30.0, "host_bwd": 30.0}  # issue 16's targets on the H100
@@ -142,6 +143,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--no-store", action="store_true")
     p.add_argument("--reps", type=int, default=300)
+    p.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where the rows go (default: results/)")
     args = p.parse_args(argv)
     rows: list[dict] = []
     if DEVICE == "cuda":
@@ -209,7 +211,7 @@ def main(argv=None) -> int:
         them = f"{theirs:10.1f}" if theirs is not None else f"{'':10s}"
         print(f"{metric:26s} {r['op'].split(':')[1]:22s} {r['shape']:11s} {ours:10.1f} {them} {unit} {verdict}")
     if not args.no_store:
-        print("appended to", append_rows(rows, day="day016", run_id=new_run_id()))
+        print("appended to", append_rows(rows, day="day016", run_id=new_run_id(), results_dir=args.results_dir))
     return 0
 
 
