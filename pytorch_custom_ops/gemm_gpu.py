@@ -268,7 +268,8 @@ SPLIT_K_SUM_THREADS = 256
 SPLIT_K_SUM_KERNEL = KernelFamily(
     "days.day019.stream_k",
     "split_k_sum_kernel",
-    args=("ptr",) * 4 + ("i64",) * 7,  # dst, ws, c, alpha_beta, m, n, batch, splits, c_bs, c_rs, c_cs
+    # dst, ws, c, alpha_beta, bias, m, n, batch, splits, c_bs, c_rs, c_cs, with_bias
+    args=("ptr",) * 5 + ("i64",) * 8,
     # (dtype, odtype); float32 -> float32 sums the SIMT kernel's split-K pieces
     variants=tuple((dtype, out) for dtype in TC_DTYPES for out in (dtype, torch.float32))
     + ((torch.float32, torch.float32),),
@@ -642,12 +643,14 @@ def sm_count(device_index: int | None) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def split_k_sum_launch(kernel, args: tuple, out) -> direct.Launch:
+def split_k_sum_launch(kernel, args: tuple, out, bias: torch.Tensor | None = None) -> direct.Launch:
     """The launch of a split_k_sum_kernel variant: 4 outputs a thread, a few blocks per SM.
-    `args` as the kernel takes them (dst, ws, c, alpha_beta, m, n, batch, splits, c_bs,
-    c_rs, c_cs)."""
+    `args` is (dst, ws, c, alpha_beta, m, n, batch, splits, c_bs, c_rs, c_cs); `bias`, a
+    row added to every output row (with c: a linear layer's bias and residual)."""
     outputs = args[4] * args[5] * args[6]
     grid = max(1, min(_cdiv(outputs // 4, SPLIT_K_SUM_THREADS), 8 * sm_count(out.get_device())))
+    bias_args = (0,) if bias is None else (bias.data_ptr(),)
+    args = (*args[:4], *bias_args, *args[4:], int(bias is not None))
     return direct.Launch(kernel, grid, SPLIT_K_SUM_THREADS, args)
 
 
@@ -909,10 +912,13 @@ def few_token_pieces(m: int, n: int, k: int, sms: int) -> int:
     return max(options, default=1)
 
 
-def tma_split_launches(out, a, b, c, alpha_beta, sizes, ta: bool, tb: bool, pieces: int) -> list[direct.Launch]:
+def tma_split_launches(
+    out, a, b, c, alpha_beta, sizes, ta: bool, tb: bool, pieces: int, bias: torch.Tensor | None = None
+) -> list[direct.Launch]:
     """A 16-bit GEMM of few output tiles in `pieces` pieces of K: version 3 on 128 x 64
     tiles, batch entry s reading K/S of K from s K/S on (strided tensor maps) into a
-    float32 workspace (S, M, N), then day 019's sum kernel (alpha, beta, c) into out."""
+    float32 workspace (S, M, N), then day 019's sum kernel (alpha, beta, c, and a `bias`
+    row where given) into out."""
     m, n, k, c_bs, c_rs, c_cs = sizes
     ks = k // pieces
     bm, bn = TMA_SPLIT_TILE
@@ -927,7 +933,7 @@ def tma_split_launches(out, a, b, c, alpha_beta, sizes, ta: bool, tb: bool, piec
     sum_args = (out.data_ptr(), ws.data_ptr(), c.data_ptr(), alpha_beta.data_ptr(), m, n, 1, pieces, c_bs, c_rs, c_cs)
     return [
         direct.Launch(kernel, grid, (1 + bm // 64) * WG_THREADS, args, smem_of(kernel)),
-        split_k_sum_launch(SPLIT_K_SUM_KERNEL[a.dtype, out.dtype], sum_args, out),
+        split_k_sum_launch(SPLIT_K_SUM_KERNEL[a.dtype, out.dtype], sum_args, out, bias),
     ]
 
 

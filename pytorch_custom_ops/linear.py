@@ -46,7 +46,7 @@ from .gemm_gpu import (
     tma_split_launches,
 )
 from .master_weights import bias_grad, cast_parameters, grad_destination, weight_grad
-from .mojo_op import MojoOp, device_constant
+from .mojo_op import MojoOp
 
 ACTIVATIONS = (None, "gelu_tanh")
 
@@ -111,25 +111,20 @@ def linear_tile(
 
 
 def split_linear(out, x, weight, bias, residual, alpha_beta, c_rs, c_cs, params) -> list[direct.Launch] | None:
-    """A few tokens with a long K (day 019, part 19): the plain layer as gemm's split into
-    pieces of K (part 17), whose sum kernel adds beta c, the bias as a row or the residual:
-    at 64 x 3072 -> 768 ~8 us against the fused tile's 12. None where the fused launch
-    stays: GELU (no split form), both a bias and a residual (the sum adds one c), a forced
-    version, or K and the tiles that do not split (`few_token_pieces`)."""
+    """A few tokens with a long K (day 019, parts 19 and 20): the layer without GELU as
+    gemm's split into pieces of K (part 17), whose sum kernel adds the bias (a row) and
+    beta c (the residual, or the unread placeholder with beta 0): at 64 x 3072 -> 768 ~8
+    us against the fused tile's 12. None where the fused launch stays: GELU (no split
+    form), a forced version, or K and the tiles that do not split (`few_token_pieces`)."""
     (m, k), n = x.shape, weight.shape[0]
-    has_residual = residual.shape[-1] == n  # else the (1, 1) placeholder, never read (beta 0)
-    if params["GELU"] or (params["BIAS"] and has_residual) or current_version() != "AUTO":
+    if params["GELU"] or current_version() != "AUTO":
         return None
     pieces = few_token_pieces(m, n, k, sm_count(out.get_device()))
     if pieces == 1:
         return None
-    if params["BIAS"]:  # c = the bias, one row for every output row; alpha = beta = 1
-        c, c_rs, c_cs = bias, 0, 1
-        alpha_beta = device_constant((1.0, 1.0), torch.float32, out.device)
-    else:  # c = the residual (beta 1) or the unread placeholder (beta 0)
-        c = residual
     sizes = (m, n, k, 0, c_rs, c_cs)
-    return tma_split_launches(out, x, weight, c, alpha_beta, sizes, False, True, pieces)
+    row = bias if params["BIAS"] else None
+    return tma_split_launches(out, x, weight, residual, alpha_beta, sizes, False, True, pieces, row)
 
 
 @direct.plan(PINGPONG_KERNEL, TMA_KERNEL, SPLIT_K_SUM_KERNEL)

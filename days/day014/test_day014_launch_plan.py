@@ -43,20 +43,20 @@ def plan(m, n, k, dtype, ta=False, tb=False, batch=None, c_shape=None, a_offset=
     if len(launches) == 2 and launches[0].kernel.family is gemm_gpu.SIMT_KERNEL:  # fp32 split-K
         pieces, total = launches
         assert total.kernel.family is gemm_gpu.SPLIT_K_SUM_KERNEL and total.args[0] == out.data_ptr()
-        assert total.args[1] == pieces.args[0] and total.args[7] == direct.dim3(pieces.grid)[2]  # workspace, S
+        assert total.args[1] == pieces.args[0] and total.args[8] == direct.dim3(pieces.grid)[2]  # workspace, S
         check_launch(pieces, m, n, direct.dim3(pieces.grid)[2])
         return pieces
     if len(launches) == 2 and launches[0].kernel.family is gemm_gpu.TMA_KERNEL:  # 16-bit few-token split-K
         pieces, total = launches
         assert total.kernel.family is gemm_gpu.SPLIT_K_SUM_KERNEL and total.args[0] == out.data_ptr()
-        assert total.args[1] == pieces.args[2] and total.args[7] == direct.dim3(pieces.grid)[2]  # workspace, S
+        assert total.args[1] == pieces.args[2] and total.args[8] == direct.dim3(pieces.grid)[2]  # workspace, S
         check_launch(pieces, m, n, direct.dim3(pieces.grid)[2])
         return pieces
     if len(launches) == 2:  # split-K: the GEMM, then the kernel that sums its pieces
         gemm, total = launches
         assert gemm.kernel.params[PP_SPLIT] == 2 and total.kernel.family is gemm_gpu.SPLIT_K_SUM_KERNEL
         assert total.args[0] == out.data_ptr() and total.args[1] == gemm.args[9]  # out, the workspace
-        assert total.args[7] == gemm.grid // (-(-m // 256) * -(-n // 128) * (batch or 1))  # S
+        assert total.args[8] == gemm.grid // (-(-m // 256) * -(-n // 128) * (batch or 1))  # S
     else:
         assert len(launches) == 1
     check_launch(launches[0], m, n, batch or 1)
@@ -333,7 +333,8 @@ def test_16_bit_few_token_split_maps_read_the_pieces_of_k(m, n, k, pieces, ta, t
     assert gemm.kernel.family is gemm_gpu.TMA_KERNEL and gemm.kernel.params[:6] == (BF16, ta, tb, 128, 64, True)
     assert direct.dim3(gemm.grid) == (-(-m // 128) * -(-n // 64), 1, pieces) and gemm.smem == gemm.kernel.params[-1]
     assert total.kernel.family is gemm_gpu.SPLIT_K_SUM_KERNEL and total.args[1] == gemm.args[2]  # the workspace
-    assert total.args[0] == out.data_ptr() and total.args[4:8] == (m, n, 1, pieces)
+    assert total.args[0] == out.data_ptr() and total.args[5:9] == (m, n, 1, pieces)
+    assert total.args[4] == 0 == total.args[-1]  # no bias row
     ks = k // pieces
     assert gemm.args[5:8] == (m, n, ks)
     a_map, b_map = gemm.args[:2]

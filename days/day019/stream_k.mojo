@@ -241,6 +241,7 @@ def split_k_sum_kernel[
     ws: Pointer[Float32, MutAnyOrigin],
     c: Pointer[Scalar[dtype], MutAnyOrigin],
     alpha_beta: Pointer[Float32, MutAnyOrigin],
+    bias: Pointer[Scalar[dtype], MutAnyOrigin],
     m: Int64,
     n: Int64,
     batch: Int64,
@@ -248,11 +249,14 @@ def split_k_sum_kernel[
     c_bs: Int64,
     c_rs: Int64,
     c_cs: Int64,
+    with_bias: Int64,
 ):
-    """dst = alpha * (sum of the S slices of ws) + beta * c, 4 outputs a thread in a
-    grid-stride loop (n % 8 == 0: 4 never straddle a row). The slices are added in
-    order s = 0, 1, ..., so equal inputs give equal bits. dst is odtype: the
-    operands' dtype, or float32 for a float32 master weight's gradient (day 020).
+    """dst = alpha * (sum of the S slices of ws) [+ bias] + beta * c, 4 outputs a
+    thread in a grid-stride loop (n % 8 == 0: 4 never straddle a row). The slices
+    are added in order s = 0, 1, ..., so equal inputs give equal bits. dst is
+    odtype: the operands' dtype, or float32 for a float32 master weight's
+    gradient (day 020). With `with_bias` the row `bias` (n values) is added too:
+    a linear layer's bias next to its residual in c (day 019, part 20).
     """
     var M = Int(m)
     var N = Int(n)
@@ -266,10 +270,13 @@ def split_k_sum_kernel[
         for s in range(1, Int(splits)):
             acc += ws.unsafe_load[width=4, alignment=16](s * total + i)
         acc *= alpha
+        var bt = i // (M * N)
+        var row = (i - bt * M * N) // N
+        var col = i - bt * M * N - row * N
+        if with_bias != 0:
+            comptime for e in range(4):
+                acc[e] += bias[unsafe_offset=col + e].cast[DType.float32]()
         if beta != 0:
-            var bt = i // (M * N)
-            var row = (i - bt * M * N) // N
-            var col = i - bt * M * N - row * N
             var base = bt * Int(c_bs) + row * Int(c_rs)
             comptime for e in range(4):
                 acc[e] += (

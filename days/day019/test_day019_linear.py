@@ -228,11 +228,11 @@ def test_a_block_residual_with_a_short_k_takes_the_ping_pong():
         assert plan(full) == (256, 192, False, False)
 
 
-def test_a_few_tokens_with_a_long_k_split_the_plain_layer():
-    """Day 019, part 19: at 64 tokens and K = 3072 the plain layer runs as gemm's split
-    (version 3's float32 pieces, then the sum kernel adding the bias as a row or the
-    residual); GELU, a bias with a residual, a forced version or a short K keep the fused
-    launch. CPU tensors: the plan only (H100's SMs)."""
+def test_a_few_tokens_with_a_long_k_split_the_layer_without_gelu():
+    """Day 019, parts 19 and 20: at 64 tokens and K = 3072 a layer without GELU runs as
+    gemm's split (version 3's float32 pieces, then the sum kernel adding the bias as a row
+    and the residual as c); GELU, a forced version or a short K keep the fused launch.
+    CPU tensors: the plan only (H100's SMs)."""
     from pytorch_custom_ops.gemm_gpu import PINGPONG_KERNEL, SPLIT_K_SUM_KERNEL, TMA_KERNEL
     from pytorch_custom_ops.linear import linear_gpu
 
@@ -240,23 +240,22 @@ def test_a_few_tokens_with_a_long_k_split_the_plain_layer():
         x, w, b = torch.empty(64, k, dtype=BF16), torch.empty(768, k, dtype=BF16), torch.empty(768, dtype=BF16)
         out = torch.empty(64, 768, dtype=BF16)
         c = torch.empty(1, 1, dtype=BF16) if residual is None else residual
+        alpha_beta = torch.empty(2)
         params = {"GELU": gelu, "BIAS": bias, "GELU_DERIVATIVE": False}
-        return linear_gpu([out], [x, w, b, c, torch.empty(2)], params), b, c
+        return linear_gpu([out], [x, w, b, c, alpha_beta], params), b, c, alpha_beta
 
-    launches, b, _ = plan(3072)
-    assert [launch.kernel.family for launch in launches] == [TMA_KERNEL, SPLIT_K_SUM_KERNEL]
-    _, _, c, _, m, n, batch, pieces, _, c_rs, c_cs = launches[1].args  # dst, ws, c, alpha_beta, ...
-    assert (c, m, n, batch, c_rs, c_cs) == (b.data_ptr(), 64, 768, 1, 0, 1) and pieces > 1
-    assert launches[0].grid[2] == pieces  # a batch entry per piece of K
-    launches, _, r = plan(3072, bias=False, residual=torch.empty(64, 768, dtype=BF16))
-    assert launches[1].kernel.family is SPLIT_K_SUM_KERNEL and launches[1].args[2] == r.data_ptr()
-    assert launches[1].args[9:] == (768, 1)  # the residual's row and column strides
-    assert plan(3072, bias=False)[0][1].kernel.family is SPLIT_K_SUM_KERNEL  # beta 0: c unread
-    for unsplit in (
-        plan(3072, gelu=True)[0],
-        plan(3072, residual=torch.empty(64, 768, dtype=BF16))[0],
-        plan(768)[0],
-    ):
+    r = torch.empty(64, 768, dtype=BF16)
+    for bias, residual in ((True, None), (False, r), (True, r), (False, None)):
+        launches, b, c, alpha_beta = plan(3072, bias, residual)
+        assert [launch.kernel.family for launch in launches] == [TMA_KERNEL, SPLIT_K_SUM_KERNEL]
+        # dst, ws, c, alpha_beta, bias, m, n, batch, splits, c_bs, c_rs, c_cs, with_bias
+        _, _, c_ptr, ab, b_ptr, m, n, batch, pieces, _, c_rs, c_cs, with_bias = launches[1].args
+        assert (c_ptr, ab, m, n, batch) == (c.data_ptr(), alpha_beta.data_ptr(), 64, 768, 1) and pieces > 1
+        assert (b_ptr, with_bias) == ((b.data_ptr(), 1) if bias else (0, 0))
+        # the residual's row and column strides; the placeholder's (beta 0: never read)
+        assert (c_rs, c_cs) == ((768, 1) if residual is not None else (0, 0))
+        assert launches[0].grid[2] == pieces  # a batch entry per piece of K
+    for unsplit in (plan(3072, gelu=True)[0], plan(3072, residual=r, gelu=True)[0], plan(768)[0]):
         assert [launch.kernel.family for launch in unsplit] == [PINGPONG_KERNEL]
     with pco.gemm_version("PINGPONG_TMA_64x64"):
         assert [launch.kernel.family for launch in plan(3072)[0]] == [PINGPONG_KERNEL]
@@ -383,15 +382,14 @@ def test_cuda_projection_shape_takes_the_256x192_tile(activation, residual, laun
 @pytest.mark.parametrize("dtype", [BF16, FP16])
 @pytest.mark.parametrize("bias,residual", [(True, False), (False, True), (False, False), (True, True)])
 def test_cuda_a_few_tokens_with_a_long_k(bias, residual, dtype, launched):
-    """Day 019, part 19: 2 x 29 tokens, 3072 -> 776 (a tail in n): the plain layer in
-    pieces of K (its sum adding the bias or the residual), or fused with both; grads too."""
+    """Day 019, parts 19 and 20: 2 x 29 tokens, 3072 -> 776 (a tail in n): the layer in
+    pieces of K, its sum adding the bias, the residual or both; grads too."""
     x, w, b, r = inputs((2, 29), 3072, 776, dtype, "cuda", seed=5)
     b, r = (b if bias else None), (r if residual else None)
     with torch.no_grad():
         y = pco.linear(x, w, b, None, r)
     close(y, reference(x, w, b, None, r), dtype)
-    split = any("split_k_sum_kernel" in key for key in launched)
-    assert split == (not (bias and residual)), launched
+    assert any("split_k_sum_kernel" in key for key in launched), launched
     leaves = [t.detach().requires_grad_() for t in (x, w, b, r) if t is not None]
     xs, ws, bs, rs = _rebuild(leaves, bias, residual)
     check_grads(pco.linear(xs, ws, bs, None, rs), leaves, bias, None, residual, dtype)
