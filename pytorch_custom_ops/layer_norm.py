@@ -17,7 +17,9 @@ part of a row's variance, float64 outputs are good to ~1e-9 relative (rows of sc
 with eps = 1e-5: 5e-9).
 
 The Mojo kernels see a contiguous (rows, cols) tensor: the normalized dims are flattened
-into cols, the others into rows. A missing weight or bias becomes ones or zeros.
+into cols, the others into rows. A missing weight or bias becomes ones or zeros. On CUDA,
+`layer_norm` without autograd makes y alone: the same kernels skip mean and rstd (day 016,
+part sixteen).
 """
 
 from __future__ import annotations
