@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 import torch
 
-from . import direct, eager
+from . import direct, eager, programs
 from .contract import OpSpec, TensorArg, check_float_tensor
 from .layer_norm import (
     DTYPE_PAIRS,
@@ -63,11 +63,12 @@ def _rc(name, dtype):
     return TensorArg(name, ("rows", "cols"), dtype)
 
 
-def _forward_spec(dtype, ldtype, add: bool) -> OpSpec:
-    stats = (TensorArg("mean", ("rows",), torch.float32), TensorArg("rstd", ("rows",), torch.float32))
+def _forward_spec(dtype, ldtype, add: bool, stats: bool) -> OpSpec:
+    """`stats` False: no mean and rstd (a call without autograd, the kernels' NO_STATS)."""
+    stat_args = (TensorArg("mean", ("rows",), torch.float32), TensorArg("rstd", ("rows",), torch.float32))
     return OpSpec(
         name="add_layer_norm",
-        outputs=(_rc("y", ldtype), *stats) + ((_rc("x_sum", dtype),) if add else ()),
+        outputs=(_rc("y", ldtype), *(stat_args if stats else ())) + ((_rc("x_sum", dtype),) if add else ()),
         inputs=(
             _rc("x", dtype),
             TensorArg("weight", ("cols",), dtype),
@@ -107,6 +108,13 @@ def _forward_gpu(outputs, inputs, params):
     return forward_launches(y, mean, rstd, x, weight, bias, eps, *delta, *x_sum)
 
 
+@direct.plan(LN_FWD, LN_FWD_STREAM)
+def _forward_y_gpu(outputs, inputs, params):
+    y, *x_sum = outputs
+    x, weight, bias, eps, *delta = inputs
+    return forward_launches(y, None, None, x, weight, bias, eps, *delta, *x_sum)
+
+
 @direct.plan(LN_BWD, LN_BWD_STREAM, LN_SUM_PARTIALS)
 def _backward_gpu(outputs, inputs, params):
     grad_x, grad_weight, grad_bias, *grad_low = outputs
@@ -116,8 +124,11 @@ def _backward_gpu(outputs, inputs, params):
     )
 
 
-FORWARD_OPS = {
-    (d, ld, add): MojoOp(_forward_spec(d, ld, add), gpu=_forward_gpu) for d, ld in DTYPE_PAIRS for add in (False, True)
+FORWARD_OPS = {  # (dtype, ldtype, add, stats)
+    (d, ld, add, stats): MojoOp(_forward_spec(d, ld, add, stats), gpu=_forward_gpu if stats else _forward_y_gpu)
+    for d, ld in DTYPE_PAIRS
+    for add in (False, True)
+    for stats in (False, True)
 }
 BACKWARD_OPS = {
     (d, ld, add, low): MojoOp(_backward_spec(d, ld, add, low), gpu=_backward_gpu)
@@ -162,6 +173,56 @@ def check_delta(x: torch.Tensor, delta: torch.Tensor | None) -> None:
 
 
 # -- forward ------------------------------------------------------------------------------
+def _shaped(t: torch.Tensor, shape) -> torch.Tensor:
+    """t viewed as `shape`, t itself where it has it (a replayed view costs the host ~0.5 us)."""
+    return t if t.shape == shape else t.view(shape)
+
+
+def _forward(
+    x: torch.Tensor,
+    delta: torch.Tensor | None,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    out_dtype: torch.dtype,
+    stats: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """(y, x_sum, mean, rstd); x_sum is None when delta is None (the sum is x), and on
+    CUDA mean and rstd are None without `stats` (the kernels skip them). No tensor is made
+    outside the op calls, so that the calls replay as a program (programs.py)."""
+    shape = check_layer_norm_args("add_layer_norm", x, normalized_shape, weight, bias, eps)
+    check_delta(x, delta)
+    out_dtype = resolve_out_dtype(x, out_dtype)
+    if not x.is_cuda:  # the CPU: torch's add and cast around day 013's CPU ops
+        s = x if delta is None else x + delta
+        y, mean, rstd = _layer_norm_eager(s, shape, weight, bias, eps)
+        return y.to(out_dtype), (None if delta is None else s), mean, rstd
+    lead, rows, cols = _split(x, shape)
+    if rows == 0 or cols == 0:
+        y, mean, rstd = _layer_norm_eager(x, shape, weight, bias, eps)
+        return y.to(out_dtype), (None if delta is None else x + delta), mean, rstd
+    if delta is not None and delta.dtype != out_dtype:  # the kernels read delta in y's dtype: add first
+        s = x + delta
+        y, _, mean, rstd = _forward(s, None, shape, weight, bias, eps, out_dtype, stats)
+        return y, s, mean, rstd
+    x2 = programs.contiguous(x).view(rows, cols)
+    d2 = None if delta is None else programs.contiguous(delta).view(rows, cols)
+    w, b = _param(weight, x, cols, 1.0), _param(bias, x, cols, 0.0)
+    eps_t = device_constant((float(eps),), torch.float32, x.device)
+    op = FORWARD_OPS[(x.dtype, out_dtype, d2 is not None, stats)]
+
+    def torch_impl():
+        s = x2 if d2 is None else (x2 + d2)
+        y, mean, rstd = _torch_forward(s, w, b, float(eps))
+        return [y.to(out_dtype)] + ([mean, rstd] if stats else []) + ([] if d2 is None else [s])
+
+    outs = op([x2, w, b, eps_t] + ([] if d2 is None else [d2]), torch_impl=torch_impl)
+    mean, rstd = (_shaped(outs[1], lead), _shaped(outs[2], lead)) if stats else (None, None)
+    x_sum = None if d2 is None else _shaped(outs[-1], x.shape)
+    return _shaped(outs[0], x.shape), x_sum, mean, rstd
+
+
 def _forward_eager(
     x: torch.Tensor,
     delta: torch.Tensor | None,
@@ -171,37 +232,30 @@ def _forward_eager(
     eps: float,
     out_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(y, x_sum, mean, rstd); x_sum is empty when delta is None (the sum is x)."""
-    shape = check_layer_norm_args("add_layer_norm", x, normalized_shape, weight, bias, eps)
-    check_delta(x, delta)
-    out_dtype = resolve_out_dtype(x, out_dtype)
-    no_sum = x.new_empty(0)
-    if not x.is_cuda:  # the CPU: torch's add and cast around day 013's CPU ops
-        s = x if delta is None else x + delta
-        y, mean, rstd = _layer_norm_eager(s, shape, weight, bias, eps)
-        return y.to(out_dtype), (no_sum if delta is None else s), mean, rstd
-    lead, rows, cols = _split(x, shape)
-    if rows == 0 or cols == 0:
-        y, mean, rstd = _layer_norm_eager(x, shape, weight, bias, eps)
-        return y.to(out_dtype), (no_sum if delta is None else x + delta), mean, rstd
-    if delta is not None and delta.dtype != out_dtype:  # the kernels read delta in y's dtype: add first
-        s = x + delta
-        y, _, mean, rstd = _forward_eager(s, None, shape, weight, bias, eps, out_dtype)
-        return y, s, mean, rstd
-    x2 = x.contiguous().view(rows, cols)
-    d2 = None if delta is None else delta.contiguous().view(rows, cols)
-    w, b = _param(weight, x, cols, 1.0), _param(bias, x, cols, 0.0)
-    eps_t = device_constant((float(eps),), torch.float32, x.device)
-    op = FORWARD_OPS[(x.dtype, out_dtype, d2 is not None)]
+    """The registered op: (y, x_sum, mean, rstd), x_sum empty when delta is None."""
+    y, x_sum, mean, rstd = _forward(x, delta, normalized_shape, weight, bias, eps, out_dtype, True)
+    return y, (x.new_empty(0) if x_sum is None else x_sum), mean, rstd
 
-    def torch_impl():
-        s = x2 if d2 is None else (x2 + d2)
-        y, mean, rstd = _torch_forward(s, w, b, float(eps))
-        return [y.to(out_dtype), mean, rstd] + ([] if d2 is None else [s])
 
-    outs = op([x2, w, b, eps_t] + ([] if d2 is None else [d2]), torch_impl=torch_impl)
-    y, mean, rstd = outs[0].view(x.shape), outs[1].view(lead), outs[2].view(lead)
-    return y, (no_sum if d2 is None else outs[3].view(x.shape)), mean, rstd
+def _forward_graded(x, delta, normalized_shape, weight, bias, eps, out_dtype):
+    """The autograd.Function's forward: (y, x_sum or None, mean, rstd)."""
+    return _forward(x, delta, normalized_shape, weight, bias, eps, out_dtype, True)
+
+
+def _forward_y(x, delta, normalized_shape, weight, bias, eps, out_dtype):
+    """Without autograd: (s, y), no statistics."""
+    y, x_sum, _, _ = _forward(x, delta, normalized_shape, weight, bias, eps, out_dtype, False)
+    return (x if x_sum is None else x_sum), y
+
+
+def _split_call(x, delta, normalized_shape, weight, bias, eps, out_dtype):
+    """A call's tensors and other arguments, as a program's key (programs.py)."""
+    tensors = [t for t in (x, delta, weight, bias) if t is not None]
+    return tensors, (normalized_shape, eps, eps.__class__, out_dtype, delta is None, weight is None, bias is None)
+
+
+_y_replayed = programs.replayed_forward("add_layer_norm_y", _forward_y, _split_call, single=False)
+_graded_replayed = programs.replayed_forward("add_layer_norm", _forward_graded, _split_call, single=False)
 
 
 _forward_op = torch.library.custom_op("gpu_days::add_layer_norm", _forward_eager, mutates_args=())
@@ -219,7 +273,7 @@ def _(x, delta, normalized_shape, weight, bias, eps, out_dtype):
 
 
 # -- backward -----------------------------------------------------------------------------
-def _backward_eager(
+def _backward_grads(
     grad_y: torch.Tensor,
     grad_sum: torch.Tensor | None,
     x: torch.Tensor,
@@ -231,7 +285,8 @@ def _backward_eager(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(grad_x, grad_low, grad_weight, grad_bias) for the LayerNorm of x (the sum s):
     grad_x = grad_sum + LayerNorm's input gradient, in x's dtype; grad_low is grad_x in
-    grad_y's dtype when `write_low` (delta's gradient), else empty."""
+    grad_y's dtype when `write_low` (delta's gradient), else None. No tensor is made
+    outside the op calls: a backward replays them as a program."""
     shape = check_layer_norm_args("add_layer_norm_backward", x, normalized_shape, weight, None, 0.0)
     if grad_y.shape != x.shape or (grad_sum is not None and grad_sum.shape != x.shape):
         raise ValueError(f"add_layer_norm_backward: gradients must have x's shape {tuple(x.shape)}")
@@ -245,15 +300,14 @@ def _backward_eager(
     if write_low and grad_y.dtype == x.dtype:
         raise ValueError("add_layer_norm_backward: write_low needs grad_y narrower than x")
     lead, rows, cols = _split(x, shape)
-    no_low = x.new_empty(0, dtype=grad_y.dtype)
     if not x.is_cuda or rows == 0 or cols == 0:  # day 013's ops, torch's add and cast
         gx, gw, gb = _layer_norm_backward_eager(grad_y.to(x.dtype), x, shape, weight, mean, rstd)
         if grad_sum is not None:
             gx = gx + grad_sum
-        return gx, (gx.to(grad_y.dtype) if write_low else no_low), gw, gb
-    x2 = x.contiguous().view(rows, cols)
-    gy2 = grad_y.contiguous().view(rows, cols)
-    gs2 = None if grad_sum is None else grad_sum.contiguous().view(rows, cols)
+        return gx, (gx.to(grad_y.dtype) if write_low else None), gw, gb
+    x2 = programs.contiguous(x).view(rows, cols)
+    gy2 = programs.contiguous(grad_y).view(rows, cols)
+    gs2 = None if grad_sum is None else programs.contiguous(grad_sum).view(rows, cols)
     w = _param(weight, x, cols, 1.0)
     m, r = mean.to(torch.float32).contiguous().view(rows), rstd.to(torch.float32).contiguous().view(rows)
     op = BACKWARD_OPS[(x.dtype, grad_y.dtype, gs2 is not None, bool(write_low))]
@@ -265,8 +319,23 @@ def _backward_eager(
         return [gx, gw, gb] + ([gx.to(grad_y.dtype)] if write_low else [])
 
     outs = op([gy2, x2, w, m, r] + ([] if gs2 is None else [gs2]), torch_impl=torch_impl)
-    gx, gw, gb = outs[0].view(x.shape), outs[1].view(shape), outs[2].view(shape)
-    return gx, (outs[3].view(x.shape) if write_low else no_low), gw, gb
+    gx, gw, gb = _shaped(outs[0], x.shape), _shaped(outs[1], shape), _shaped(outs[2], shape)
+    return gx, (_shaped(outs[3], x.shape) if write_low else None), gw, gb
+
+
+def _backward_eager(
+    grad_y: torch.Tensor,
+    grad_sum: torch.Tensor | None,
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    write_low: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The registered op: grad_low is empty where `write_low` is False."""
+    gx, low, gw, gb = _backward_grads(grad_y, grad_sum, x, normalized_shape, weight, mean, rstd, write_low)
+    return gx, (x.new_empty(0, dtype=grad_y.dtype) if low is None else low), gw, gb
 
 
 _backward_op = torch.library.custom_op("gpu_days::add_layer_norm_backward", _backward_eager, mutates_args=())
@@ -301,13 +370,15 @@ def _backward(ctx, grad_y, grad_sum, _grad_mean, _grad_rstd):
         return gx, gd, None, None, None, None, None
     eager.refuse_double_backward("add_layer_norm")  # (the pass-through above stays differentiable)
     write_low = ctx.delta_dtype is not None and ctx.delta_dtype == grad_y.dtype != s.dtype
-    gx, low, gw, gb = add_layer_norm_backward(grad_y, grad_sum, s, ctx.normalized_shape, weight, mean, rstd, write_low)
+    args = (grad_y, grad_sum, s, ctx.normalized_shape, weight, mean, rstd, write_low)
+    eager_call = eager.route(grad_y, grad_sum, s, weight, mean, rstd) is eager.EAGER  # no empty grad_low made
+    gx, low, gw, gb = (_backward_grads if eager_call else add_layer_norm_backward)(*args)
     gd = None if ctx.delta_dtype is None else (low if write_low else gx.to(ctx.delta_dtype))
     return gx, gd, None, gw if ctx.has_weight else None, gb if ctx.has_bias else None, None, None
 
 
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
-_autograd = eager.function("AddLayerNorm", _forward_eager, _setup_context, _backward)
+_autograd = eager.function("AddLayerNorm", _graded_replayed, _setup_context, _backward, programs=True)
 
 
 # -- public API ---------------------------------------------------------------------------
@@ -330,13 +401,13 @@ def add_layer_norm(
         weight, bias = eager.cast_floats(x.dtype, weight, bias)
     way = eager.route(x, delta, weight, bias)
     args = (x, delta, normalized_shape, weight, bias, eps, out_dtype)
-    if way is eager.EAGER:
-        y, s = _forward_eager(*args)[:2]
-    elif way is eager.AUTOGRAD:
+    if way is eager.EAGER:  # no autograd: no statistics, and a program replays the call
+        return _y_replayed(*args)
+    if way is eager.AUTOGRAD:
         y, s = _autograd(*args)[:2]
     else:
         shape = check_layer_norm_args("add_layer_norm", x, normalized_shape, weight, bias, eps)
-        check_delta(x, delta)
+        check_delta(x, delta)  # (torch.compile's path: the op, whose x_sum is a tensor)
         op = torch.ops.gpu_days.add_layer_norm
         y, s = eager.run_op("add_layer_norm", op, x, delta, list(shape), weight, bias, float(eps), out_dtype)[:2]
     return (x if delta is None else s), y

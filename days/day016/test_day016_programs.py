@@ -112,6 +112,49 @@ def test_cuda_a_repeated_forward_runs_from_its_program_and_matches_python(case, 
     torch.testing.assert_close(replayed, python, rtol=0, atol=0)
 
 
+# day 020's fused add + LayerNorm: (x's dtype, delta's dtype or None, out_dtype)
+ADD_LN_CASES = {
+    "bf16, delta": (torch.bfloat16, torch.bfloat16, torch.bfloat16),
+    "bf16, no delta": (torch.bfloat16, None, torch.bfloat16),
+    "fp32 stream, bf16 delta and y": (torch.float32, torch.bfloat16, torch.bfloat16),
+    "fp32 stream, no delta, bf16 y": (torch.float32, None, torch.bfloat16),
+}
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("case", ADD_LN_CASES)
+def test_cuda_add_layer_norm_replays_forward_and_backward(case, grad, monkeypatch):
+    """`add_layer_norm` (day 020) as a program: a repeated call runs no op call from
+    Python, without autograd (no statistics) and with it (the C++ node), and so does a
+    repeated backward; both give exactly what the Python path gives."""
+    dtype, delta_dtype, out_dtype = ADD_LN_CASES[case]
+    torch.manual_seed(3)
+    ln = pco.MojoAddLayerNorm(130).to(device="cuda", dtype=dtype)
+    x = torch.randn(3, 5, 130, device="cuda", dtype=dtype, requires_grad=grad)
+    delta = None if delta_dtype is None else torch.randn(3, 5, 130, device="cuda", dtype=delta_dtype)
+    leaves = [x, *ln.parameters()] + ([] if delta is None else [delta.requires_grad_(grad)])
+    gs, gy = torch.randn_like(x), torch.randn(3, 5, 130, device="cuda", dtype=out_dtype)
+
+    def step():
+        s, y = ln(x, delta, out_dtype)
+        if not grad:
+            return s, y
+        return (s, y, *torch.autograd.grad((s, y), leaves, (gs, gy)))
+
+    with torch.set_grad_enabled(grad):
+        monkeypatch.setattr(programs, "ENABLED", False)
+        python = step()
+        monkeypatch.setattr(programs, "ENABLED", True)
+        step()  # records
+        calls = _count_op_calls(monkeypatch)
+        replayed = step()
+    assert calls == [], f"op calls from Python in a replayed call: {calls}"
+    if delta is None:
+        assert replayed[0] is x  # s is x itself
+    for got, want in zip(replayed, python, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def _ln_backward_args():
     x = torch.randn(4, 9, 130, device="cuda")
     _, mean, rstd = torch.ops.gpu_days.layer_norm(x, [130], torch.randn(130, device="cuda"), None, 1e-5)
