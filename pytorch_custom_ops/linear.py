@@ -24,9 +24,9 @@ import math
 
 import torch
 
-from . import direct, eager
+from . import direct, eager, programs
 from .contract import FLOAT_DTYPES, OpSpec, TensorArg, same_device
-from .gemm import MojoGEMM, _alpha_beta, column_sum, gemm
+from .gemm import MojoGEMM, _alpha_beta, _no_c, column_sum, gemm
 from .gemm_gpu import (
     FEW_ROWS_TILE,
     FEW_TILES_TILE,
@@ -243,10 +243,11 @@ def _fused_forward(x2, weight, bias, activation, residual2, save_pre: bool, deri
     With `derivative`, the second output is GELU's derivative at pre instead of pre."""
     gelu = activation == "gelu_tanh"
     params = {"BIAS": bias is not None, "GELU": gelu, "GELU_DERIVATIVE": derivative}
-    b = bias if bias is not None else x2.new_empty(1)
-    c = residual2 if residual2 is not None else x2.new_empty(1, 1)
+    # placeholders never read (kept constants: a program passes them again)
+    b = bias if bias is not None else _no_c(x2.dtype, x2.device, 1)
+    c = programs.contiguous(residual2) if residual2 is not None else _no_c(x2.dtype, x2.device, 2)
     ab = _alpha_beta(1.0, 0.0 if residual2 is None else 1.0, x2.device)
-    inputs = [x2, weight, b, c.contiguous(), ab]
+    inputs = [x2, weight, b, c, ab]
     if save_pre and gelu:
         y, pre = _fused_saving(inputs, params=params)
         return y, pre
@@ -258,6 +259,21 @@ def _forward_saving(x2, weight, bias, residual2, activation, _weight_master=None
     """The masters (master_weights.py) are inputs for autograd only: the layer computes
     with their casts, `weight` and `bias`."""
     return _fused_forward(x2, weight, bias, activation, residual2, save_pre=True)
+
+
+def _forward_plain(x2, weight, bias, residual2, activation):
+    """Without autograd: y alone."""
+    return _fused_forward(x2, weight, bias, activation, residual2, save_pre=False)[0]
+
+
+def _split_call(x2, weight, bias, residual2, activation, *masters):
+    """A call's tensors and other arguments, as a program's key (programs.py)."""
+    tensors = [t for t in (x2, weight, bias, residual2, *masters) if t is not None]
+    return tensors, (activation, bias is None, residual2 is None, *(m is None for m in masters))
+
+
+_saving_replayed = programs.replayed_forward("linear", _forward_saving, _split_call, single=False)
+_plain_replayed = programs.replayed_forward("linear_y", _forward_plain, _split_call)
 
 
 def _setup_context(ctx, inputs, output):
@@ -295,7 +311,7 @@ def _backward(ctx, g, _grad_pre):
 
 
 # the project's autograd Function helper: the C++ apply, as every other op's grad path
-_fused_autograd = eager.function("FusedLinear", _forward_saving, _setup_context, _backward)
+_fused_autograd = eager.function("FusedLinear", _saving_replayed, _setup_context, _backward, programs=True)
 
 
 # -- public API -------------------------------------------------------------------------
@@ -330,7 +346,7 @@ def linear(
     if way is eager.AUTOGRAD:
         y, _pre = _fused_autograd(x2, weight, bias, res2, activation, *masters)
     else:
-        y, _ = _fused_forward(x2, weight, bias, activation, res2, save_pre=False)
+        y = _plain_replayed(x2, weight, bias, res2, activation)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], n)
 
 

@@ -31,7 +31,7 @@ from dataclasses import replace
 
 import torch
 
-from . import direct, eager
+from . import direct, eager, programs
 from .contract import OpSpec, TensorArg
 from .gemm import MojoGEMM, _alpha_beta, column_sum, gemm
 from .gemm_gpu import PINGPONG_KERNEL, TC_DTYPES, pingpong_launch
@@ -182,7 +182,15 @@ def _torch_product(g, proj_weight, d, float32_sums: bool) -> list[torch.Tensor]:
     return [dpre, sums if float32_sums else sums.to(dpre.dtype)]
 
 
-_fused_autograd = eager.function("FusedMLP", _forward, _setup_context, _backward)
+def _split_call(x2, fc_weight, fc_bias, proj_weight, proj_bias, *masters):
+    """A call's tensors and other arguments, as a program's key (programs.py)."""
+    tensors = [t for t in (x2, fc_weight, fc_bias, proj_weight, proj_bias, *masters) if t is not None]
+    return tensors, tuple(t is None for t in (fc_bias, proj_bias, *masters))
+
+
+_graded_replayed = programs.replayed_forward("mlp", _forward, _split_call, single=False)
+_no_grad_replayed = programs.replayed_forward("mlp_y", _forward_no_grad, _split_call)
+_fused_autograd = eager.function("FusedMLP", _graded_replayed, _setup_context, _backward, programs=True)
 
 
 # -- public API -------------------------------------------------------------------------
@@ -247,7 +255,7 @@ def mlp(
     if way is eager.AUTOGRAD:
         y = _fused_autograd(x2, fc_weight, fc_bias, proj_weight, proj_bias, *masters)[0]
     else:
-        y = _forward_no_grad(x2, fc_weight, fc_bias, proj_weight, proj_bias)
+        y = _no_grad_replayed(x2, fc_weight, fc_bias, proj_weight, proj_bias)
     return y.view(*x.shape[:-1], proj_weight.shape[0])
 
 

@@ -73,7 +73,13 @@ def _backward(ctx, *grads):
     return dx.view(ctx.x_shape), None
 
 
-_autograd = eager.function("PermuteUnbind", _forward, _setup_context, _backward)
+def _split_call(x, dims):
+    """A call's tensors and other arguments, as a program's key (programs.py)."""
+    return [x], tuple(dims)
+
+
+_forward_replayed = programs.replayed_forward("permute_unbind", _forward, _split_call, single=False)
+_autograd = eager.function("PermuteUnbind", _forward_replayed, _setup_context, _backward, programs=True)
 
 
 def _op(x, dims):
@@ -86,7 +92,7 @@ def permute_unbind(x: torch.Tensor, dims) -> tuple[torch.Tensor, ...]:
     the gradient gathered from the pieces' in one pass (see the top of the file)."""
     dims = as_int_list(dims)  # a list of Python ints where it is one (range, numpy ints)
     check_permute_args("permute_unbind", x, dims)  # the eager paths' own checks say permute_copy
-    return eager.call((x,), (x, dims), eager=_forward, autograd=_autograd, op=_op, check=_check_args)
+    return eager.call((x,), (x, dims), eager=_forward_replayed, autograd=_autograd, op=_op, check=_check_args)
 
 
 def _check_args(x, dims) -> None:

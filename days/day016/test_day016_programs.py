@@ -29,6 +29,10 @@ CASES = {
     "MojoGEMM many rows (gemv bias grad), bf16": (lambda: pco.MojoGEMM(64, 32), (4100, 64), torch.bfloat16),
     "MojoLayerNorm, bf16": (lambda: pco.MojoLayerNorm(129), (5, 7, 129), torch.bfloat16),
     "MojoSoftmax, fp32": (lambda: pco.MojoSoftmax(dim=-1), (6, 333), torch.float32),
+    # day 019's fused linear and day 020's fused MLP (their forward, node and backward)
+    "MojoLinear 3-D input, bias, bf16": (lambda: pco.MojoLinear(96, 80), (3, 17, 96), torch.bfloat16),
+    "MojoLinear no bias, fp16": (lambda: pco.MojoLinear(64, 48, bias=False), (37, 64), torch.float16),
+    "MojoMLP, bf16": (lambda: pco.MojoMLP(64, 256), (5, 7, 64), torch.bfloat16),
 }
 
 
@@ -151,6 +155,30 @@ def test_cuda_add_layer_norm_replays_forward_and_backward(case, grad, monkeypatc
     assert calls == [], f"op calls from Python in a replayed call: {calls}"
     if delta is None:
         assert replayed[0] is x  # s is x itself
+    for got, want in zip(replayed, python, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_cuda_permute_unbind_replays_forward_and_backward(grad, monkeypatch):
+    """The attention's head split (day 016, part ten) as a program: the forward's copy and
+    the backward's gather run no op call from Python when repeated."""
+    torch.manual_seed(4)
+    x = torch.randn(2, 9, 3, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=grad)
+    gs = [torch.randn(2, 4, 9, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+
+    def step():
+        q, k, v = pco.permute_unbind(x, (2, 0, 3, 1, 4))
+        return (q, k, v, *torch.autograd.grad((q, k, v), [x], gs)) if grad else (q, k, v)
+
+    with torch.set_grad_enabled(grad):
+        monkeypatch.setattr(programs, "ENABLED", False)
+        python = step()
+        monkeypatch.setattr(programs, "ENABLED", True)
+        step()  # records
+        calls = _count_op_calls(monkeypatch)
+        replayed = step()
+    assert calls == [], f"op calls from Python in a replayed call: {calls}"
     for got, want in zip(replayed, python, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
