@@ -183,6 +183,37 @@ def test_cuda_permute_unbind_replays_forward_and_backward(grad, monkeypatch):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+FUSED_MODULES = {  # a module, its input shape and its other arguments
+    "MojoLinear, bias": (lambda: pco.MojoLinear(96, 80), (3, 17, 96), ()),
+    "MojoAddLayerNorm, no delta": (lambda: pco.MojoAddLayerNorm(96), (3, 17, 96), (None,)),
+    "MojoMLP": (lambda: pco.MojoMLP(96, 256), (3, 17, 96), ()),
+}
+
+
+@pytest.mark.parametrize("case", FUSED_MODULES)
+def test_cuda_a_grad_mode_call_launches_its_kernels_once(case, monkeypatch):
+    """A repeated call in grad mode launches what the Python path launches, no more: a C++
+    node that ran the forward's program and then fell back to Python ran it twice (day 016,
+    part sixteen)."""
+    make, shape, extra = FUSED_MODULES[case]
+    module = make().to(device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def kernels() -> int:
+        for _ in range(3):  # recorded, then replayed
+            module(x, *extra)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            module(x, *extra)
+            torch.cuda.synchronize()
+        return sum(e.count for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+    monkeypatch.setattr(programs, "ENABLED", False)
+    python = kernels()
+    monkeypatch.setattr(programs, "ENABLED", True)
+    assert kernels() == python > 0
+
+
 def _ln_backward_args():
     x = torch.randn(4, 9, 130, device="cuda")
     _, mean, rstd = torch.ops.gpu_days.layer_norm(x, [130], torch.randn(130, device="cuda"), None, 1e-5)
