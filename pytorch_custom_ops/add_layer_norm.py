@@ -223,18 +223,11 @@ def _forward(
     return _shaped(outs[0], x.shape), x_sum, mean, rstd
 
 
-def _forward_eager(
-    x: torch.Tensor,
-    delta: torch.Tensor | None,
-    normalized_shape: Sequence[int],
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    eps: float,
-    out_dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The registered op: (y, x_sum, mean, rstd), x_sum empty when delta is None."""
-    y, x_sum, mean, rstd = _forward(x, delta, normalized_shape, weight, bias, eps, out_dtype, True)
-    return y, (x.new_empty(0) if x_sum is None else x_sum), mean, rstd
+def _forward_eager(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The registered op (its schema below): (y, x_sum, mean, rstd), x_sum empty when delta
+    is None."""
+    y, x_sum, mean, rstd = _forward(*args, True)
+    return y, (args[0].new_empty(0) if x_sum is None else x_sum), mean, rstd
 
 
 def _forward_graded(x, delta, normalized_shape, weight, bias, eps, out_dtype):
@@ -258,7 +251,13 @@ _y_replayed = programs.replayed_forward("add_layer_norm_y", _forward_y, _split_c
 _graded_replayed = programs.replayed_forward("add_layer_norm", _forward_graded, _split_call, single=False)
 
 
-_forward_op = torch.library.custom_op("gpu_days::add_layer_norm", _forward_eager, mutates_args=())
+_forward_op = torch.library.custom_op(
+    "gpu_days::add_layer_norm",
+    _forward_eager,
+    mutates_args=(),
+    schema="(Tensor x, Tensor? delta, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps, "
+    "ScalarType out_dtype) -> (Tensor, Tensor, Tensor, Tensor)",
+)
 
 
 @_forward_op.register_fake
@@ -282,7 +281,7 @@ def _backward_grads(
     mean: torch.Tensor,
     rstd: torch.Tensor,
     write_low: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """(grad_x, grad_low, grad_weight, grad_bias) for the LayerNorm of x (the sum s):
     grad_x = grad_sum + LayerNorm's input gradient, in x's dtype; grad_low is grad_x in
     grad_y's dtype when `write_low` (delta's gradient), else None. No tensor is made
@@ -323,22 +322,20 @@ def _backward_grads(
     return gx, (_shaped(outs[3], x.shape) if write_low else None), gw, gb
 
 
-def _backward_eager(
-    grad_y: torch.Tensor,
-    grad_sum: torch.Tensor | None,
-    x: torch.Tensor,
-    normalized_shape: Sequence[int],
-    weight: torch.Tensor | None,
-    mean: torch.Tensor,
-    rstd: torch.Tensor,
-    write_low: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The registered op: grad_low is empty where `write_low` is False."""
-    gx, low, gw, gb = _backward_grads(grad_y, grad_sum, x, normalized_shape, weight, mean, rstd, write_low)
-    return gx, (x.new_empty(0, dtype=grad_y.dtype) if low is None else low), gw, gb
+def _backward_eager(*args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The registered op (its schema below): `_backward_grads` with an empty grad_low where
+    `write_low` is False."""
+    gx, low, gw, gb = _backward_grads(*args)
+    return gx, (args[2].new_empty(0, dtype=args[0].dtype) if low is None else low), gw, gb
 
 
-_backward_op = torch.library.custom_op("gpu_days::add_layer_norm_backward", _backward_eager, mutates_args=())
+_backward_op = torch.library.custom_op(
+    "gpu_days::add_layer_norm_backward",
+    _backward_eager,
+    mutates_args=(),
+    schema="(Tensor grad_y, Tensor? grad_sum, Tensor x, SymInt[] normalized_shape, Tensor? weight, Tensor mean, "
+    "Tensor rstd, bool write_low) -> (Tensor, Tensor, Tensor, Tensor)",
+)
 
 
 @_backward_op.register_fake

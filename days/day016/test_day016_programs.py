@@ -116,6 +116,22 @@ def test_cuda_a_repeated_forward_runs_from_its_program_and_matches_python(case, 
     torch.testing.assert_close(replayed, python, rtol=0, atol=0)
 
 
+def _python_then_replayed(step, grad: bool, monkeypatch):
+    """(step() with programs off, step() a third time with them on), checking that the
+    third call ran no op call from Python and equals the first exactly."""
+    with torch.set_grad_enabled(grad):
+        monkeypatch.setattr(programs, "ENABLED", False)
+        python = step()
+        monkeypatch.setattr(programs, "ENABLED", True)
+        step()  # records
+        calls = _count_op_calls(monkeypatch)
+        replayed = step()
+    assert calls == [], f"op calls from Python in a replayed call: {calls}"
+    for got, want in zip(replayed, python, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    return python, replayed
+
+
 # day 020's fused add + LayerNorm: (x's dtype, delta's dtype or None, out_dtype)
 ADD_LN_CASES = {
     "bf16, delta": (torch.bfloat16, torch.bfloat16, torch.bfloat16),
@@ -145,18 +161,9 @@ def test_cuda_add_layer_norm_replays_forward_and_backward(case, grad, monkeypatc
             return s, y
         return (s, y, *torch.autograd.grad((s, y), leaves, (gs, gy)))
 
-    with torch.set_grad_enabled(grad):
-        monkeypatch.setattr(programs, "ENABLED", False)
-        python = step()
-        monkeypatch.setattr(programs, "ENABLED", True)
-        step()  # records
-        calls = _count_op_calls(monkeypatch)
-        replayed = step()
-    assert calls == [], f"op calls from Python in a replayed call: {calls}"
+    _, replayed = _python_then_replayed(step, grad, monkeypatch)
     if delta is None:
         assert replayed[0] is x  # s is x itself
-    for got, want in zip(replayed, python, strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("grad", [False, True])
@@ -171,16 +178,7 @@ def test_cuda_permute_unbind_replays_forward_and_backward(grad, monkeypatch):
         q, k, v = pco.permute_unbind(x, (2, 0, 3, 1, 4))
         return (q, k, v, *torch.autograd.grad((q, k, v), [x], gs)) if grad else (q, k, v)
 
-    with torch.set_grad_enabled(grad):
-        monkeypatch.setattr(programs, "ENABLED", False)
-        python = step()
-        monkeypatch.setattr(programs, "ENABLED", True)
-        step()  # records
-        calls = _count_op_calls(monkeypatch)
-        replayed = step()
-    assert calls == [], f"op calls from Python in a replayed call: {calls}"
-    for got, want in zip(replayed, python, strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    _python_then_replayed(step, grad, monkeypatch)
 
 
 FUSED_MODULES = {  # a module, its input shape and its other arguments
