@@ -22,7 +22,7 @@ import torch
 from . import eager, programs
 from .contract import OpSpec, TensorArg, as_int_list
 from .mojo_op import MojoOp
-from .permute_copy import RANK, _gather_gpu, _inverse, _padded, _replayed, check_permute_args, permute_copy
+from .permute_copy import RANK, _gather_gpu, _inverse, _padded, _replayed, _split, check_permute_args, permute_copy
 
 MAX_PIECES = 3  # the kernel's sources
 
@@ -73,12 +73,8 @@ def _backward(ctx, *grads):
     return dx.view(ctx.x_shape), None
 
 
-def _split_call(x, dims):
-    """A call's tensors and other arguments, as a program's key (programs.py)."""
-    return [x], tuple(dims)
-
-
-_forward_replayed = programs.replayed_forward("permute_unbind", _forward, _split_call, single=False)
+# permute_copy's key: the same arguments
+_forward_replayed = programs.replayed_forward("permute_unbind", _forward, _split, single=False)
 _autograd = eager.function("PermuteUnbind", _forward_replayed, _setup_context, _backward, programs=True)
 
 
