@@ -243,8 +243,8 @@ def _forward_y(x, delta, normalized_shape, weight, bias, eps, out_dtype):
 
 def _split_call(x, delta, normalized_shape, weight, bias, eps, out_dtype):
     """A call's tensors and other arguments, as a program's key (programs.py)."""
-    tensors = [t for t in (x, delta, weight, bias) if t is not None]
-    return tensors, (normalized_shape, eps, eps.__class__, out_dtype, delta is None, weight is None, bias is None)
+    tensors, absent = programs.present(x, delta, weight, bias)
+    return tensors, (normalized_shape, eps, eps.__class__, out_dtype, absent)
 
 
 _y_replayed = programs.replayed_forward("add_layer_norm_y", _forward_y, _split_call, single=False)

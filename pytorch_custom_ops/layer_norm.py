@@ -585,10 +585,8 @@ _layer_norm_op.register_autograd(_backward, setup_context=_setup_context)
 
 def _split_call(x, normalized_shape, weight, bias, eps):
     """A call's tensors and other arguments, as a program's key (programs.py)."""
-    tensors = [x] if weight is None else [x, weight]
-    if bias is not None:
-        tensors.append(bias)
-    return tensors, (normalized_shape, eps, eps.__class__, weight is None, bias is None)
+    tensors, absent = programs.present(x, weight, bias)
+    return tensors, (normalized_shape, eps, eps.__class__, absent)
 
 
 _layer_norm_replayed = programs.replayed_forward("layer_norm", _layer_norm_eager, _split_call, single=False)
@@ -596,8 +594,8 @@ _layer_norm_y_replayed = programs.replayed_forward("layer_norm_y", _layer_norm_y
 
 
 def _split_backward_call(grad_out, x, normalized_shape, weight, mean, rstd):
-    tensors = [grad_out, x, mean, rstd] if weight is None else [grad_out, x, weight, mean, rstd]  # argument order
-    return tensors, (normalized_shape, weight is None)
+    tensors, absent = programs.present(grad_out, x, weight, mean, rstd)  # argument order
+    return tensors, (normalized_shape, absent)
 
 
 _layer_norm_backward_replayed = programs.replayed_forward(

@@ -268,8 +268,8 @@ def _forward_plain(x2, weight, bias, residual2, activation):
 
 def _split_call(x2, weight, bias, residual2, activation, *masters):
     """A call's tensors and other arguments, as a program's key (programs.py)."""
-    tensors = [t for t in (x2, weight, bias, residual2, *masters) if t is not None]
-    return tensors, (activation, bias is None, residual2 is None, *(m is None for m in masters))
+    tensors, absent = programs.present(x2, weight, bias, residual2, *masters)
+    return tensors, (activation, absent)
 
 
 _saving_replayed = programs.replayed_forward("linear", _forward_saving, _split_call, single=False)

@@ -182,14 +182,9 @@ def _torch_product(g, proj_weight, d, float32_sums: bool) -> list[torch.Tensor]:
     return [dpre, sums if float32_sums else sums.to(dpre.dtype)]
 
 
-def _split_call(x2, fc_weight, fc_bias, proj_weight, proj_bias, *masters):
-    """A call's tensors and other arguments, as a program's key (programs.py)."""
-    tensors = [t for t in (x2, fc_weight, fc_bias, proj_weight, proj_bias, *masters) if t is not None]
-    return tensors, tuple(t is None for t in (fc_bias, proj_bias, *masters))
-
-
-_graded_replayed = programs.replayed_forward("mlp", _forward, _split_call, single=False)
-_no_grad_replayed = programs.replayed_forward("mlp_y", _forward_no_grad, _split_call)
+# the key: the tensors given, and which are None (every other argument is a tensor)
+_graded_replayed = programs.replayed_forward("mlp", _forward, programs.present, single=False)
+_no_grad_replayed = programs.replayed_forward("mlp_y", _forward_no_grad, programs.present)
 _fused_autograd = eager.function("FusedMLP", _graded_replayed, _setup_context, _backward, programs=True)
 
 

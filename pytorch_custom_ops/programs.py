@@ -310,6 +310,12 @@ def replayed_backward(name: str, backward):
     return run
 
 
+def present(*tensors) -> tuple[list, tuple[bool, ...]]:
+    """(the arguments that are not None, which ones are None): a key's tensors and the part
+    of its params that tells calls with different arguments left out apart."""
+    return [t for t in tensors if t is not None], tuple(t is None for t in tensors)
+
+
 def split_one(x, dim):
     """The key of a call (x, dim): dim with its type (True == 1, and a check tells them apart)."""
     return [x], (dim, dim.__class__)
