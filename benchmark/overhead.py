@@ -8,6 +8,10 @@ launch). Measured, per op and per module, each beside its torch twin:
   host_call      the public op with no autograd (inputs without requires_grad)
   host_fwd_grad  the module's forward in grad mode (parameters and input require grad)
   host_fwd_bwd   forward + backward(grad) through the module; host_bwd = the difference
+                 (it includes autograd's engine: its hand-off to the device's thread and
+                 the .grad accumulations cost ~70 us per backward() whatever the op)
+  host_bwd_node  the module output's backward node alone, called directly in no-grad
+                 mode (the engine's mode): the op's own backward, without the engine
   graph_replay   one torch.cuda.graph replay of the op (CUDA only)
 plus the first call of a fresh process (imports, kernel load) and the first call for a new
 shape (no compile on either path). Rows go to results/<device>/day016.csv. Day 010's study
@@ -33,7 +37,8 @@ from . import timing
 from .store import RESULTS_DIR, append_rows, new_run_id
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-LIMIT_US = {"host_call": 15.0, "host_fwd_grad": 30.0, "host_bwd": 30.0}  # issue 16's targets on the H100
+# issue 16's targets on the H100
+LIMIT_US = {"host_call": 15.0, "host_fwd_grad": 30.0, "host_bwd": 30.0, "host_bwd_node": 30.0}
 
 
 def _sync():
@@ -126,6 +131,23 @@ def fresh_process_ms(call: str) -> float:
     return 1e3 * float(proc.stdout.strip().splitlines()[-1])
 
 
+def node_call(y: torch.Tensor, grad: torch.Tensor) -> tuple[str, Callable[[], object]]:
+    """(the name of y's backward node, a call of that node alone with `grad` for y): torch's C++
+    nodes (and gpu-days' C++ nodes) are callable; a Python autograd.Function's node has
+    `apply`. No grad mode, as the engine runs a backward. Saved tensors stay (only the
+    engine frees them), so the node can be called again and again."""
+    node = y.grad_fn
+    run = node if callable(node) else node.apply
+    grads = [None] * len(node._input_metadata)  # one per output of the forward (None: unused)
+    grads[y.output_nr] = grad
+
+    def call():
+        with torch.no_grad():
+            return run(*grads)
+
+    return node.name(), call
+
+
 def graph_replay_us(fn: Callable[[], object], reps: int) -> float:
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -194,6 +216,8 @@ def main(argv=None) -> int:
             add("host_fwd_grad", name, impl, shape, us=fwd)
             add("host_fwd_bwd", name, impl, shape, us=both)
             add("host_bwd", name, impl, shape, us=both - fwd, note="host_fwd_bwd - host_fwd_grad")
+            node, call = node_call(module(x), grad)
+            add("host_bwd_node", name, impl, shape, us=per_call_us(call, args.reps), note=f"{node} called directly")
 
     print(f"launcher: {launcher.launcher_kind()}; recipes: {mojo_op.RECIPES}; replay: {replay.replay_kind()}")
     print(f"{'metric':26s} {'op':22s} {'shape':11s} {'gpu-days':>10s} {'torch':>10s}  target")

@@ -463,12 +463,6 @@ class Nodes:
         )
         if spy.dirty or not _plain_value(attrs) or not in_order:
             return None
-        if any(t is None for t in outputs):
-            # node_call hands torch tensors only: it would run the forward's program, find
-            # the None (linear's absent `pre`, add_layer_norm's absent sum) and fall back to
-            # Python, which runs the forward a second time. No node: the Function's path,
-            # its forward and backward still programs.
-            return None
         saved = []
         for t in spy.to_save:
             i, o = (None, None) if t is None else (_position(t, tensors), _position(t, outputs))

@@ -14,7 +14,8 @@
  *                                              single, arg_of_tensor, n_args, make_ctx,
  *                                              backward) or None (this key has no node)
  *   node_call(nbook, inputs, params) -> outputs | None (the Python path: no node, or the
- *                                              forward's program did not replay)
+ *                                              forward's program did not replay); an output
+ *                                              the forward returned as None stays None
  *   node_known(nbook, inputs, params) -> bool
  *
  * In the backward, anything but the program's own replay (a miss, grad mode on for a
@@ -89,18 +90,28 @@ namespace gpu_days {
 struct ReplayedBackward : public torch::autograd::Function<ReplayedBackward> {
     // the outputs were computed by the forward's program before `apply` (it runs this in
     // no-grad mode, as autograd.Function forwards do): here only what setup_context did
+    // `outputs` holds every output, undefined where the forward returned None (linear's
+    // absent `pre`): torch's Function<T> cannot wrap an undefined output, so the node's
+    // outputs are the defined ones, and `nones` (kept in the context) says where the others
+    // were; the backward puts undefined gradients back in those places.
     static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx,
                                                   const std::shared_ptr<NodeSpec> &spec, at::TensorList inputs,
-                                                  torch::autograd::variable_list *outputs) {
-        torch::autograd::variable_list to_save, non_differentiable;
+                                                  const torch::autograd::variable_list *outputs,
+                                                  const std::vector<int64_t> *nones) {
+        torch::autograd::variable_list to_save, non_differentiable, defined;
         for (auto [kind, k] : spec->saved)
             to_save.push_back(kind == 'i' ? inputs[k] : kind == 'o' ? (*outputs)[k] : at::Tensor());
         ctx->save_for_backward(std::move(to_save));
-        for (int k : spec->non_differentiable) non_differentiable.push_back((*outputs)[k]);
+        for (int k : spec->non_differentiable)
+            if ((*outputs)[k].defined()) non_differentiable.push_back((*outputs)[k]);
         if (!non_differentiable.empty()) ctx->mark_non_differentiable(non_differentiable);
         ctx->set_materialize_grads(spec->materialize);
         ctx->saved_data["spec"] = at::IValue::make_capsule(c10::make_intrusive<SpecHolder>(spec));
-        return *outputs;
+        if (nones->empty()) return *outputs;
+        ctx->saved_data["nones"] = *nones;
+        for (const at::Tensor &t : *outputs)
+            if (t.defined()) defined.push_back(t);
+        return defined;
     }
 
     static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
@@ -122,8 +133,21 @@ torch::autograd::variable_list ReplayedBackward::backward(torch::autograd::Autog
     auto holder = ctx->saved_data["spec"].toCapsule();
     std::shared_ptr<NodeSpec> spec = static_cast<SpecHolder *>(holder.get())->spec;
     torch::autograd::variable_list saved = ctx->get_saved_variables();
+    if (auto found_nones = ctx->saved_data.find("nones"); found_nones != ctx->saved_data.end()) {
+        // a gradient per output, as the Python backward takes them: undefined for the Nones
+        std::vector<int64_t> nones = found_nones->second.toIntVector();
+        torch::autograd::variable_list all(grads.size() + nones.size());
+        size_t next = 0, j = 0;
+        for (size_t i = 0; i < all.size(); i++) {
+            if (next < nones.size() && nones[next] == static_cast<int64_t>(i))
+                next++;
+            else
+                all[i] = std::move(grads[j++]);
+        }
+        grads = std::move(all);
+    }
     const size_t n_tensors = spec->arg_of_tensor.size();
-    torch::autograd::variable_list result(n_tensors + 2);  // the spec and outputs arguments get none
+    torch::autograd::variable_list result(n_tensors + 3);  // the spec, outputs and nones arguments get none
     PyGILState_STATE gil = PyGILState_Ensure();
     // the key of the backward's program, as programs.replayed_backward makes it
     std::vector<bool> needed(spec->n_args, false);
@@ -300,8 +324,14 @@ PyObject *node_call(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
         Py_RETURN_NONE;
     }
     torch::autograd::variable_list outputs;
+    std::vector<int64_t> nones;  // outputs the forward returned as None (a program's only non-tensor)
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(outputs_list); i++) {
         PyObject *o = PyList_GET_ITEM(outputs_list, i);
+        if (o == Py_None) {
+            nones.push_back(i);
+            outputs.emplace_back();
+            continue;
+        }
         if (!THPVariable_Check(o)) {
             Py_DECREF(outputs_list);
             Py_RETURN_NONE;
@@ -314,10 +344,12 @@ PyObject *node_call(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
             Py_RETURN_NONE;
     for (int k : spec->non_differentiable)
         if (k < 0 || k >= static_cast<int>(outputs.size())) Py_RETURN_NONE;
-    torch::autograd::variable_list wrapped = gpu_days::ReplayedBackward::apply(spec, at::TensorList(inputs), &outputs);
-    if (spec->single) return THPVariable_Wrap(wrapped[0]);
-    PyObject *tuple = PyTuple_New(static_cast<Py_ssize_t>(wrapped.size()));
-    for (size_t i = 0; i < wrapped.size(); i++) PyTuple_SET_ITEM(tuple, i, THPVariable_Wrap(wrapped[i]));
+    torch::autograd::variable_list wrapped =
+        gpu_days::ReplayedBackward::apply(spec, at::TensorList(inputs), &outputs, &nones);
+    if (spec->single) return nones.empty() ? THPVariable_Wrap(wrapped[0]) : Py_NewRef(Py_None);
+    PyObject *tuple = PyTuple_New(static_cast<Py_ssize_t>(outputs.size()));
+    for (size_t i = 0, j = 0; i < outputs.size(); i++)  // the Nones back in their places
+        PyTuple_SET_ITEM(tuple, i, outputs[i].defined() ? THPVariable_Wrap(wrapped[j++]) : Py_NewRef(Py_None));
     return tuple;
     END_HANDLE_TH_ERRORS
 }

@@ -762,6 +762,62 @@ def test_a_cpp_node_keeps_autograd_semantics(node_parts):
     assert module.node_call(nbook, [xg], ("fwd",)) is None and module.node_known(nbook, [x], ("fwd",))
 
 
+def _node_with_a_none_output(module, op, backward):
+    """A node whose forward returns (softmax(x), None), as linear without GELU returns no
+    `pre`: it saves that None output and the softmax, and marks the None non-differentiable."""
+    forward = module.new_program_book()
+    steps = ((op._book, None, (0,), 1),)
+    assert module.program_add(forward, [torch.randn(8, 128)], ("fwd",), ((), steps, (1, None)))
+    saved, non_differentiable = (("o", 0), ("o", 1)), (1,)
+    attrs = (("dim", -1),)
+    return (forward, module.new_program_book(), attrs, saved, non_differentiable, True, False, (0,), 2) + (
+        programs._make_context,
+        backward,
+    )
+
+
+@needs_cxx
+def test_a_cpp_node_keeps_a_none_output_and_runs_the_forward_once(node_parts):
+    """The None stays None, the forward's program launches once (no second, Python forward),
+    and the Python backward gets a gradient per output: None for the None, and the saved None."""
+    module, driver, op, _spec, _calls = node_parts
+    calls = []
+
+    def backward(ctx, g, g_none):
+        calls.append((ctx.saved_tensors, g_none))
+        return g * 3, None
+
+    nbook, x = module.new_node_book(), torch.randn(8, 128, requires_grad=True)
+    module.node_add(nbook, [x], ("fwd",), _node_with_a_none_output(module, op, backward))
+    n = len(driver.seen)
+    y, nothing = module.node_call(nbook, [x], ("fwd",))
+    assert nothing is None and len(driver.seen) == n + 1
+    assert y.requires_grad and "ReplayedBackward" in y.grad_fn.name()
+    g = torch.randn(8, 128)
+    y.backward(g)
+    (((saved_y, saved_none), g_none),) = calls
+    assert saved_y.data_ptr() == y.data_ptr() and saved_none is None and g_none is None
+    torch.testing.assert_close(x.grad, g * 3)
+
+
+@needs_cxx
+def test_a_cpp_node_with_a_none_output_replays_its_backward_program(node_parts):
+    """The backward program's key counts the None output's gradient, as the Python path's does."""
+    module, driver, op, _spec, calls = node_parts
+    spec = _node_with_a_none_output(module, op, lambda ctx, g, g_none: calls.append(g) or (g, None))
+    nbook, x = module.new_node_book(), torch.randn(8, 128, requires_grad=True)
+    module.node_add(nbook, [x], ("fwd",), spec)
+    y, _ = module.node_call(nbook, [x], ("fwd",))
+    g = torch.randn(8, 128)
+    # (attrs, needs_input_grad, None mask over saved y, saved None, grad of y, grad of None)
+    key = ((("dim", -1),), (True, False), (False, True, False, True))
+    assert module.program_add(spec[1], [y.detach(), g], key, ((), ((op._book, None, (1,), 1),), (2, None)))
+    n = len(driver.seen)
+    y.backward(g)
+    assert calls == [] and len(driver.seen) == n + 1
+    assert x.grad.data_ptr() in _pointers(driver.seen[-1]) and g.data_ptr() in _pointers(driver.seen[-1])
+
+
 @needs_cxx
 def test_a_bad_node_spec_is_refused_or_never_used(node_parts):
     module, driver, op, spec, calls = node_parts

@@ -3,7 +3,8 @@
     python -m days.day016.replay_parts                        # the C++ replay
     GPU_DAYS_REPLAY=python python -m days.day016.replay_parts # the Python replay, for comparison
 
-For softmax, layer_norm (y alone, and with mean and rstd) and gemm on tiny inputs (the GPU idles: this is host time), in
+For softmax, layer_norm (y alone, and with mean and rstd), gemm and layer_norm_backward
+on tiny inputs (the GPU idles: this is host time), in
 microseconds per call: the public function; the op's call (`MojoOp`, after the public
 function's checks); and the pieces of a Python replay: the recipe key, the outputs'
 allocation, the launch loop, the C launch alone. With the C++ replay on, also the C++
@@ -23,6 +24,7 @@ import torch
 import pytorch_custom_ops as pco
 from pytorch_custom_ops import mojo_op, replay
 from pytorch_custom_ops.launcher import launcher
+from pytorch_custom_ops.layer_norm import layer_norm_backward_kernel as ln_backward
 from pytorch_custom_ops.layer_norm import layer_norm_kernel, layer_norm_y_kernel
 from pytorch_custom_ops.mojo_op import device_constant
 from pytorch_custom_ops.softmax_family import softmax_kernel
@@ -53,12 +55,18 @@ def cases():
     a, bm = torch.randn(64, 64, device="cuda"), torch.randn(64, 64, device="cuda")
     gemm_op = gemm_module._KERNELS[(False, False, False)]
     gemm_inputs = [a, bm, gemm_module._no_c(a.dtype, a.device, 2), gemm_module._alpha_beta(1.0, 0.0, a.device)]
+    _, mean, rstd = torch.ops.gpu_days.layer_norm(x, [128], w, b, 1e-5)
+    g = torch.randn_like(x)
+    ln_bwd_inputs = [g, x, w, mean, rstd]
     return {
         "softmax 8x128": (lambda: pco.softmax(x, -1), softmax_kernel, [x]),
         "layer_norm 8x128": (lambda: pco.layer_norm(x, (128,), w, b), layer_norm_y_kernel, [x, w, b, eps]),
         # the same call as before part sixteen: mean and rstd made too (what grad mode replays)
         "ln with stats": (lambda: ln_with_stats(x, (128,), w, b, 1e-5)[0], layer_norm_kernel, [x, w, b, eps]),
         "gemm 64^3": (lambda: pco.gemm(a, bm), gemm_op, gemm_inputs),
+        # two kernels (the launch column times the first) and four tensors: three outputs
+        # and the partial sums' workspace
+        "ln backward": (lambda: pco.layer_norm_backward(g, x, (128,), w, mean, rstd), ln_backward, ln_bwd_inputs),
     }
 
 

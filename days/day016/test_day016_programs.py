@@ -210,6 +210,20 @@ def test_cuda_a_grad_mode_call_launches_its_kernels_once(case, monkeypatch):
     python = kernels()
     monkeypatch.setattr(programs, "ENABLED", True)
     assert kernels() == python > 0
+    # and the call is a C++ node, though its forward returns a None (linear's `pre`
+    # without GELU, add_layer_norm's sum without delta): node_call keeps the None
+    names = _node_names(module(x, *extra))
+    assert any("ReplayedBackward" in n for n in names), names
+
+
+def _node_names(y: torch.Tensor, depth: int = 3) -> list[str]:
+    """The names of y's autograd nodes, `depth` edges deep (past a view of the output)."""
+    names, level = [], [y.grad_fn]
+    for _ in range(depth):
+        level = [f for f in level if f is not None]
+        names += [f.name() for f in level]
+        level = [g for f in level for g, _ in f.next_functions]
+    return names
 
 
 def _ln_backward_args():
