@@ -216,8 +216,10 @@ def test_cuda_a_grad_mode_call_launches_its_kernels_once(case, monkeypatch):
     assert any("ReplayedBackward" in n for n in names), names
 
 
-def _node_names(y: torch.Tensor, depth: int = 3) -> list[str]:
-    """The names of y's autograd nodes, `depth` edges deep (past a view of the output)."""
+def _node_names(y, depth: int = 3) -> list[str]:
+    """The names of the autograd nodes of y (or of its first tensor), `depth` edges deep
+    (past a view of the output)."""
+    y = y[0] if isinstance(y, tuple) else y
     names, level = [], [y.grad_fn]
     for _ in range(depth):
         level = [f for f in level if f is not None]
