@@ -217,10 +217,9 @@ def test_cuda_a_grad_mode_call_launches_its_kernels_once(case, monkeypatch):
 
 
 def _node_names(y, depth: int = 3) -> list[str]:
-    """The names of the autograd nodes of y (or of its first tensor), `depth` edges deep
-    (past a view of the output)."""
-    y = y[0] if isinstance(y, tuple) else y
-    names, level = [], [y.grad_fn]
+    """The names of the autograd nodes of y (or of each tensor of a tuple: add_layer_norm
+    gives (x, y) without delta), `depth` edges deep (past a view of the output)."""
+    names, level = [], [t.grad_fn for t in (y if isinstance(y, tuple) else (y,))]
     for _ in range(depth):
         level = [f for f in level if f is not None]
         names += [f.name() for f in level]

@@ -6,7 +6,8 @@ For each impl: the step's wall time (synchronised), and the host time of its thr
 (forward with the loss, backward, AdamW) each measured until Python returns, with the GPU
 running behind; the autograd nodes of one step's graph by name (a Python node is an
 `autograd.Function`'s, `CppNode<gpu_days::ReplayedBackward>` is a C++ node replaying its
-backward's program); and cProfile's top functions over a few steps (by own time). The
+backward's program); and cProfile's top functions over a few forwards (by cumulative
+time) and steps (by own time). The
 model is day 020's GPT under bf16 autocast with float32 master weights, as `train_step`.
 """
 
@@ -87,14 +88,15 @@ def main(argv=None) -> int:
         print("  autograd nodes in one step:")
         for name, n in node_census(trainer).most_common():
             print(f"    {n:5d}  {name}")
-        profiler = cProfile.Profile()
-        profiler.enable()
-        for _ in range(3):
-            trainer.step()
-        _sync(args.device)
-        profiler.disable()
-        print(f"  cProfile, 3 steps, top {args.top} by own time:")
-        pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(args.top)
+        for part, order in (("forward", "cumulative"), ("step", "tottime")):
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(3):
+                trainer.loss() if part == "forward" else trainer.step()
+            _sync(args.device)
+            profiler.disable()
+            print(f"  cProfile, 3 {part}s, top {args.top} by {order} time:")
+            pstats.Stats(profiler, stream=sys.stdout).sort_stats(order).print_stats(args.top)
         del trainer
     return 0
 
