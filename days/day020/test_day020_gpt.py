@@ -551,3 +551,15 @@ def test_train_step_benchmark_validates_and_times_both_builds():
         assert r["status"] == "ok", r
         assert r["tokens_per_s"] > 0 and r["ms_median"] > 0 and "first loss" in r["note"]
     assert rows[0]["speedup_vs_torch"] == 1
+
+
+def test_host_census_counts_the_nodes_of_a_step(capsys):
+    """host_census on the tiny config (CPU here): every part timed, and the node census
+    names the ops' own nodes (gpu-days) and torch's (the twin)."""
+    from days.day020 import host_census
+
+    assert host_census.main(["--config", "tiny", "--batch", "2", "--seq", "16", "--steps", "1", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    for part in ("forward host", "backward host", "adamw host", "step wall", "by cumulative time"):
+        assert out.count(part) == 2, part
+    assert "AddLayerNormBackward" in out and "NativeLayerNormBackward0" in out
