@@ -388,6 +388,28 @@ def test_cuda_autotuned_long_sequence():
     assert all(c is not None for c in fa.last_configs().values())
 
 
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_cuda_a_repeated_autotuned_call_skips_the_autotuner(monkeypatch):
+    """The second call of a key launches the autotuner's pick itself, forward and both
+    backward kernels, with the same results; REUSE_PICKS off goes through the autotuner."""
+    q, k, v, do = qkvo(2, 4, 4, 700, 700, 64, dtype=torch.bfloat16, seed=13)
+    assert 2 * 4 * 700 * 700 * 64 >= fa.SMALL_WORK
+    first = ours(q, k, v, do, True)  # tunes (or finds) each kernel's pick for this key
+    autotuner = type(fa._AUTOTUNED["fwd"])
+    calls = []
+    real_run = autotuner.run
+    monkeypatch.setattr(autotuner, "run", lambda self, *a, **kw: calls.append(self) or real_run(self, *a, **kw))
+    again = ours(q, k, v, do, True)
+    assert calls == []
+    for a, b in zip(first, again, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    monkeypatch.setattr(fa, "REUSE_PICKS", False)
+    through = ours(q, k, v, do, True)
+    assert len(calls) == 3  # fwd, dkdv, dq
+    for a, b in zip(first, through, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 # --- the benchmark case -----------------------------------------------------------------
 
 
