@@ -27,7 +27,10 @@ def test_without_cuda_one_line_names_the_script(monkeypatch):
         need_cuda("Times x.", "days/dayNNN/time_x.py")
 
 
-CPU_TOO = {"day011/bench_softmax_matmul.py"}  # runs its sweep under Triton's interpreter on the CPU
+CPU_TOO = {
+    "day011/bench_softmax_matmul.py",  # runs its sweep under Triton's interpreter on the CPU
+    "day020/host_census.py",  # --device cpu: host times are host times anywhere (its CPU test)
+}
 
 
 def _gpu_scripts():
