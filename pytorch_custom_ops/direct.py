@@ -273,14 +273,17 @@ class Recipe:
         if index != torch._C._cuda_getDevice():
             with torch.cuda.device(index):
                 return self.run(outputs, inputs)
-        scratch = ()
-        if self.scratch:  # freed after the launches: the allocator reuses them in stream order
-            # zeroed: the plan asked for zeros (direct.scratch(zeroed=True)), e.g. counters
-            scratch = tuple(
-                (torch.zeros if zeroed else torch.empty)(*sizes, dtype=dtype, device=self.device)
-                for sizes, dtype, zeroed in self.scratch
-            )
+        # freed after the launches: the allocator reuses them in stream order
+        scratch = self.make_scratch() if self.scratch else ()
         self.resume(outputs, inputs, scratch, 0)
+
+    def make_scratch(self) -> tuple[torch.Tensor, ...]:
+        """The plan's scratch tensors for one call; zeroed where the plan asked for zeros
+        (direct.scratch(zeroed=True)), e.g. counters."""
+        return tuple(
+            (torch.zeros if zeroed else torch.empty)(*sizes, dtype=dtype, device=self.device)
+            for sizes, dtype, zeroed in self.scratch
+        )
 
     def resume(self, outputs, inputs, scratch, start: int) -> None:
         """Launch steps `start`, `start + 1`, ... (the C++ replay hands over here when a

@@ -76,8 +76,7 @@ def parts(public, op, inputs) -> dict[str, float]:
     recipe = op._recipes[key]
 
     def allocate():  # the outputs, and the plan's scratch tensors (layer_norm_backward's partial sums)
-        scratch = [torch.empty(*sizes, dtype=dtype, device=recipe.device) for sizes, dtype, _ in recipe.scratch]
-        return recipe.allocate(), scratch
+        return recipe.allocate(), recipe.make_scratch()
 
     outputs, scratch = allocate()
     step = recipe.steps[0]
