@@ -39,6 +39,7 @@ from .contract import OpSpec, TensorArg, check_float_tensor
 from .layer_norm import (
     DTYPE_PAIRS,
     LN_BWD,
+    LN_BWD_ONE,
     LN_BWD_STREAM,
     LN_FWD,
     LN_FWD_STREAM,
@@ -115,7 +116,7 @@ def _forward_y_gpu(outputs, inputs, params):
     return forward_launches(y, None, None, x, weight, bias, eps, *delta, *x_sum)
 
 
-@direct.plan(LN_BWD, LN_BWD_STREAM, LN_SUM_PARTIALS)
+@direct.plan(LN_BWD, LN_BWD_STREAM, LN_SUM_PARTIALS, LN_BWD_ONE)
 def _backward_gpu(outputs, inputs, params):
     grad_x, grad_weight, grad_bias, *grad_low = outputs
     grad_out, x, weight, mean, rstd, *grad_resid = inputs

@@ -156,6 +156,28 @@ LN_SUM_PARTIALS = KernelFamily(
     variants=tuple((d, _accum(d), SUM_COLS, SUM_LANES) for d in FLOAT_DTYPES),
 )
 
+# Day 016, part eighteen: for a few rows, grad_x and the column sums in one launch
+# (days/day016/layer_norm_bwd_one.mojo): blocks [0, col_blocks) sum COL_THREADS vectors
+# of columns over every row, the others are the row workers of the tiers above. One
+# launch and three tensors instead of two launches and four.
+# up to here it is also no slower on the GPU (day 016, part eighteen); a PlanSetting for A/Bs
+ONE_LAUNCH_ROWS = direct.PlanSetting(2048)
+COL_THREADS = 8  # COL_THREADS in layer_norm_bwd_one.mojo: vectors of columns per column block
+LN_BWD_ONE = KernelFamily(
+    "days.day016.layer_norm_bwd_one",
+    "layer_norm_bwd_one_kernel",
+    # grad_x, grad_weight, grad_bias, grad_out, x, weight, mean, rstd, grad_resid, grad_low
+    # | rows, cols, flags, col_blocks
+    args=("ptr",) * 10 + ("i64",) * 4,
+    variants=tuple(
+        (d, ld, _accum(d), v, *t[:3])
+        for d, ld in DTYPE_PAIRS
+        if d != torch.float64  # float64 re-derives each row's mean: day 013's kernels
+        for v in _vector_widths(d)
+        for t in BWD_TIERS
+    ),
+)
+
 
 def sum_partials_launch(partials: torch.Tensor, first: torch.Tensor, second: torch.Tensor | None = None):
     """The second stage's launch: the column sums of `partials` (parts, width), the first
@@ -256,6 +278,11 @@ def backward_launches(
         (t for t in BWD_TIERS if nvec <= t[0] * t[1] and t[2] * worker_smem <= SMEM_CAP), _BWD_STREAM_TIER
     )
     ldtype = grad_out.dtype
+    ptrs = (grad_out.data_ptr(), x.data_ptr(), weight.data_ptr(), mean.data_ptr(), rstd.data_ptr())
+    fused_ptrs = (0 if grad_resid is None else grad_resid.data_ptr(), 0 if grad_low is None else grad_low.data_ptr())
+    flags = (ADD_GRAD if grad_resid is not None else 0) | (WRITE_LOW if grad_low is not None else 0)
+    if items and acc == torch.float32 and rows <= ONE_LAUNCH_ROWS.value:
+        return [one_launch(tpr, items, per_block, vec, ldtype, grad_x, grad_weight, grad_bias, ptrs, fused_ptrs, flags)]
     if items:
         kernel = LN_BWD[dtype, ldtype, acc, vec, tpr, items, per_block]
         block, smem = tpr * per_block, per_block * worker_smem
@@ -263,9 +290,6 @@ def backward_launches(
         kernel, block, smem = LN_BWD_STREAM[dtype, ldtype, acc, vec, tpr], tpr, 0
     grid = _workers(_ceildiv(rows, per_block), sm_count(x.device), per_sm)
     partials = direct.scratch((grid, 2 * cols), acc, x.device)
-    ptrs = (grad_out.data_ptr(), x.data_ptr(), weight.data_ptr(), mean.data_ptr(), rstd.data_ptr())
-    fused_ptrs = (0 if grad_resid is None else grad_resid.data_ptr(), 0 if grad_low is None else grad_low.data_ptr())
-    flags = (ADD_GRAD if grad_resid is not None else 0) | (WRITE_LOW if grad_low is not None else 0)
     launches = _LaunchesWithWorkspace(
         [
             direct.Launch(
@@ -282,13 +306,30 @@ def backward_launches(
     return launches
 
 
+def one_launch(
+    tpr, items, per_block, vec, ldtype, grad_x, grad_weight, grad_bias, ptrs, fused_ptrs, flags
+) -> direct.Launch:
+    """Day 016's one-launch backward (rows <= ONE_LAUNCH_ROWS, not float64): the column
+    blocks first (they walk every row, so they should start first), then a row worker
+    per `per_block` rows. Shared memory: the column blocks' partial sums."""
+    rows, cols = grad_x.shape
+    acc = _accum(grad_x.dtype)
+    col_blocks = _ceildiv(cols // vec, COL_THREADS)
+    kernel = LN_BWD_ONE[grad_x.dtype, ldtype, acc, vec, tpr, items, per_block]
+    block = tpr * per_block
+    args = (grad_x.data_ptr(), grad_weight.data_ptr(), grad_bias.data_ptr(), *ptrs, *fused_ptrs)
+    args += (rows, cols, flags, col_blocks)
+    grid = col_blocks + max(1, _ceildiv(rows, per_block))
+    return direct.Launch(kernel, grid=grid, block=block, smem=block * vec * 2 * acc.itemsize, args=args)
+
+
 @direct.plan(LN_FWD, LN_FWD_STREAM)
 def _layer_norm_y_gpu(outputs, inputs, params) -> list[direct.Launch]:
     (y,), (x, weight, bias, eps) = outputs, inputs
     return forward_launches(y, None, None, x, weight, bias, eps)
 
 
-@direct.plan(LN_BWD, LN_BWD_STREAM, LN_SUM_PARTIALS)
+@direct.plan(LN_BWD, LN_BWD_STREAM, LN_SUM_PARTIALS, LN_BWD_ONE)
 def _layer_norm_backward_gpu(outputs, inputs, params) -> list[direct.Launch]:
     (grad_x, grad_weight, grad_bias), (grad_out, x, weight, mean, rstd) = outputs, inputs
     return backward_launches(grad_x, grad_weight, grad_bias, grad_out, x, weight, mean, rstd)

@@ -26,6 +26,15 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
     "day016": {
         "day016.permute_copy_kernel.bfloat16.8": (r"ld\.global\.v4\.b32", r"st\.global\.v4\.b32"),
         "day016.permute_copy_kernel.bfloat16.1": (r"ld\.global\.b16", r"st\.global\.b16"),
+        # the layer norm's one-launch backward: 16-byte rows, column sums added across the
+        # block in dynamic shared memory, the row workers' butterflies
+        "day016.layer_norm_bwd_one_kernel.bfloat16.bfloat16.float32.8.32.6.12": (
+            r"ld\.global\.v4\.b32",
+            r"\.extern \.shared",
+            r"bar\.sync",
+            r"shfl\.sync\.bfly",
+            r"\.maxntid 384\b",
+        ),
     },
     "day012": {
         # a warp per row: butterfly shuffles, 16-byte vectors, 128-thread blocks (no barrier: below)

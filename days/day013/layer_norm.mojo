@@ -374,6 +374,123 @@ def layer_norm_fwd_stream_kernel[
             y.unsafe_store[alignment=LALIGN](base + j * VEC, out.cast[ldtype]())
 
 
+# --8<-- [start:backward_row]
+@always_inline
+def backward_row[
+    dtype: DType,
+    ldtype: DType,
+    acc: DType,
+    VEC: Int,
+    TPR: Int,
+    ITEMS: Int,
+    SUMS: Bool,
+](
+    row: Int,
+    n: Int,
+    t: Int,
+    grad_x: Pointer[Scalar[dtype], MutAnyOrigin],
+    grad_out: Pointer[Scalar[ldtype], MutAnyOrigin],
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    weight: Pointer[Scalar[dtype], MutAnyOrigin],
+    mean_in: Pointer[Float32, MutAnyOrigin],
+    rstd_in: Pointer[Float32, MutAnyOrigin],
+    grad_resid: Pointer[Scalar[dtype], MutAnyOrigin],
+    grad_low: Pointer[Scalar[ldtype], MutAnyOrigin],
+    add_grad: Bool,
+    write_low: Bool,
+    mine: Pointer[
+        Scalar[acc], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+) where (dtype.is_floating_point() and ldtype.is_floating_point()):
+    """One row's grad_x, by the TPR threads that share it (thread t of them holds
+    vectors t, t + TPR, ... of the row): with g = dy * w and xhat = (x - mean)
+    * rstd, grad_x = rstd * (g - mean(g) - xhat * mean(g * xhat)). SUMS: add
+    dy * xhat and dy into the worker's column sums `mine` ([dw | db], 2 n
+    values); day 016's one-launch kernel sums the columns elsewhere."""
+    comptime assert acc.is_floating_point()
+    comptime ALIGN = VEC * size_of[dtype]()
+    comptime LALIGN = VEC * size_of[ldtype]()
+    comptime SALIGN = min(VEC * size_of[acc](), 16)
+    var nvec = n // VEC
+    var base = row * n
+    var xv = Array[SIMD[dtype, VEC], ITEMS](fill=SIMD[dtype, VEC](0))
+    var dyv = Array[SIMD[ldtype, VEC], ITEMS](fill=SIMD[ldtype, VEC](0))
+    comptime for i in range(ITEMS):
+        if i * TPR + t < nvec:
+            xv[i] = x.unsafe_load[width=VEC, alignment=ALIGN](
+                base + (i * TPR + t) * VEC
+            )
+            dyv[i] = grad_out.unsafe_load[width=VEC, alignment=LALIGN](
+                base + (i * TPR + t) * VEC
+            )
+    # the residual gradient with them: loaded after the row sums, its latency
+    # stood alone (day 020 measured the fused backward at 70% of bandwidth)
+    var rv = Array[SIMD[dtype, VEC], ITEMS](fill=SIMD[dtype, VEC](0))
+    if add_grad:
+        comptime for i in range(ITEMS):
+            if i * TPR + t < nvec:
+                rv[i] = grad_resid.unsafe_load[width=VEC, alignment=ALIGN](
+                    base + (i * TPR + t) * VEC
+                )
+    var mean = mean_in[unsafe_offset=row].cast[acc]()
+    var rstd = rstd_in[unsafe_offset=row].cast[acc]()
+    comptime if dtype == DType.float64:
+        # float32 statistics would cost float64 gradients their precision
+        # when |mean| >> std; the row is in registers, so re-derive it
+        var s = Scalar[acc](0)
+        comptime for i in range(ITEMS):
+            if i * TPR + t < nvec:
+                s += xv[i].cast[acc]().reduce_add()
+        mean = row_sums[acc, TPR, 1](s)[0] / Scalar[acc](n)
+    # the row's sum(g) and sum(g * xhat)
+    var sg = Scalar[acc](0)
+    var sgx = Scalar[acc](0)
+    comptime for i in range(ITEMS):
+        if i * TPR + t < nvec:
+            var g = (
+                dyv[i].cast[acc]()
+                * weight.unsafe_load[width=VEC, alignment=ALIGN](
+                    (i * TPR + t) * VEC
+                ).cast[acc]()
+            )
+            var xhat = (xv[i].cast[acc]() - mean) * rstd
+            sg += g.reduce_add()
+            sgx += (g * xhat).reduce_add()
+    var tot = row_sums[acc, TPR, 2](SIMD[acc, 2](sg, sgx))
+    var a = tot[0] / Scalar[acc](n)
+    var b = tot[1] / Scalar[acc](n)
+    comptime for i in range(ITEMS):
+        var j = (i * TPR + t) * VEC
+        if i * TPR + t < nvec:
+            var dy = dyv[i].cast[acc]()
+            var g = (
+                dy
+                * weight.unsafe_load[width=VEC, alignment=ALIGN](j).cast[acc]()
+            )
+            var xhat = (xv[i].cast[acc]() - mean) * rstd
+            var dx = (rstd * (g - a - xhat * b)).cast[dtype]()
+            if add_grad:  # torch's add of the two gradients, rounded once
+                dx = added(dx, rv[i])
+            grad_x.unsafe_store[alignment=ALIGN](base + j, dx)
+            if write_low:
+                grad_low.unsafe_store[alignment=LALIGN](
+                    base + j, dx.cast[ldtype]()
+                )
+            comptime if SUMS:
+                mine.unsafe_store[alignment=SALIGN](
+                    j,
+                    mine.unsafe_load[width=VEC, alignment=SALIGN](j)
+                    + dy * xhat,
+                )
+                mine.unsafe_store[alignment=SALIGN](
+                    n + j,
+                    mine.unsafe_load[width=VEC, alignment=SALIGN](n + j) + dy,
+                )
+
+
+# --8<-- [end:backward_row]
+
+
 # --8<-- [start:backward_kernel]
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(TPR * ROWS))
@@ -402,11 +519,9 @@ def layer_norm_bwd_kernel[
     flags: Int64,
 ) where (dtype.is_floating_point() and ldtype.is_floating_point()):
     """A persistent grid: each of the grid_dim.x * ROWS workers (a warp or a
-    block) takes rows worker, worker + workers, ... With g = dy * w and
-    xhat = (x - mean) * rstd, per row:
-        grad_x = rstd * (g - mean(g) - xhat * mean(g * xhat))
-    and it adds dy * xhat and dy into its own float32 column sums in shared
-    memory (2 * cols per worker). At the end each block writes one row of
+    block) takes rows worker, worker + workers, ... For each row
+    backward_row writes grad_x and adds dy * xhat and dy into the worker's own
+    float32 column sums in shared memory (2 * cols per worker). At the end each block writes one row of
     partial sums: partials[block] = [sum dy * xhat | sum dy].
     Launch with 2 * cols * ROWS * sizeof(acc) bytes of dynamic shared memory.
     acc is accum_dtype[dtype]: a parameter only because the launch plan sizes
@@ -419,8 +534,6 @@ def layer_norm_bwd_kernel[
     once more in ldtype (delta's gradient)."""
     comptime assert acc == accum_dtype[dtype](), "acc: accum_dtype[dtype]"
     comptime assert acc.is_floating_point()
-    comptime ALIGN = VEC * size_of[dtype]()
-    comptime LALIGN = VEC * size_of[ldtype]()
     comptime SALIGN = min(VEC * size_of[acc](), 16)
     var n = Int(cols)
     var nvec = n // VEC
@@ -442,81 +555,22 @@ def layer_norm_bwd_kernel[
             )
 
     for row in range(block_idx.x * ROWS + slot, Int(rows), grid_dim.x * ROWS):
-        var base = row * n
-        var xv = Array[SIMD[dtype, VEC], ITEMS](fill=SIMD[dtype, VEC](0))
-        var dyv = Array[SIMD[ldtype, VEC], ITEMS](fill=SIMD[ldtype, VEC](0))
-        comptime for i in range(ITEMS):
-            if i * TPR + t < nvec:
-                xv[i] = x.unsafe_load[width=VEC, alignment=ALIGN](
-                    base + (i * TPR + t) * VEC
-                )
-                dyv[i] = grad_out.unsafe_load[width=VEC, alignment=LALIGN](
-                    base + (i * TPR + t) * VEC
-                )
-        # the residual gradient with them: loaded after the row sums, its latency
-        # stood alone (day 020 measured the fused backward at 70% of bandwidth)
-        var rv = Array[SIMD[dtype, VEC], ITEMS](fill=SIMD[dtype, VEC](0))
-        if add_grad:
-            comptime for i in range(ITEMS):
-                if i * TPR + t < nvec:
-                    rv[i] = grad_resid.unsafe_load[width=VEC, alignment=ALIGN](
-                        base + (i * TPR + t) * VEC
-                    )
-        var mean = mean_in[unsafe_offset=row].cast[acc]()
-        var rstd = rstd_in[unsafe_offset=row].cast[acc]()
-        comptime if dtype == DType.float64:
-            # float32 statistics would cost float64 gradients their precision
-            # when |mean| >> std; the row is in registers, so re-derive it
-            var s = Scalar[acc](0)
-            comptime for i in range(ITEMS):
-                if i * TPR + t < nvec:
-                    s += xv[i].cast[acc]().reduce_add()
-            mean = row_sums[acc, TPR, 1](s)[0] / Scalar[acc](n)
-        # the row's sum(g) and sum(g * xhat)
-        var sg = Scalar[acc](0)
-        var sgx = Scalar[acc](0)
-        comptime for i in range(ITEMS):
-            if i * TPR + t < nvec:
-                var g = (
-                    dyv[i].cast[acc]()
-                    * weight.unsafe_load[width=VEC, alignment=ALIGN](
-                        (i * TPR + t) * VEC
-                    ).cast[acc]()
-                )
-                var xhat = (xv[i].cast[acc]() - mean) * rstd
-                sg += g.reduce_add()
-                sgx += (g * xhat).reduce_add()
-        var tot = row_sums[acc, TPR, 2](SIMD[acc, 2](sg, sgx))
-        var a = tot[0] / Scalar[acc](n)
-        var b = tot[1] / Scalar[acc](n)
-        comptime for i in range(ITEMS):
-            var j = (i * TPR + t) * VEC
-            if i * TPR + t < nvec:
-                var dy = dyv[i].cast[acc]()
-                var g = (
-                    dy
-                    * weight.unsafe_load[width=VEC, alignment=ALIGN](j).cast[
-                        acc
-                    ]()
-                )
-                var xhat = (xv[i].cast[acc]() - mean) * rstd
-                var dx = (rstd * (g - a - xhat * b)).cast[dtype]()
-                if add_grad:  # torch's add of the two gradients, rounded once
-                    dx = added(dx, rv[i])
-                grad_x.unsafe_store[alignment=ALIGN](base + j, dx)
-                if write_low:
-                    grad_low.unsafe_store[alignment=LALIGN](
-                        base + j, dx.cast[ldtype]()
-                    )
-                mine.unsafe_store[alignment=SALIGN](
-                    j,
-                    mine.unsafe_load[width=VEC, alignment=SALIGN](j)
-                    + dy * xhat,
-                )
-                mine.unsafe_store[alignment=SALIGN](
-                    n + j,
-                    mine.unsafe_load[width=VEC, alignment=SALIGN](n + j) + dy,
-                )
+        backward_row[dtype, ldtype, acc, VEC, TPR, ITEMS, True](
+            row,
+            n,
+            t,
+            grad_x,
+            grad_out,
+            x,
+            weight,
+            mean_in,
+            rstd_in,
+            grad_resid,
+            grad_low,
+            add_grad,
+            write_low,
+            mine,
+        )
 
     # one row of partial sums per block
     var out = partials.unsafe_offset(block_idx.x * 2 * n)

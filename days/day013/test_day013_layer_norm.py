@@ -405,11 +405,16 @@ def check_launches(launches, plan, cols):
         assert 1 <= grid[0] <= CUDA_GRID_X and all(1 <= g <= CUDA_GRID_YZ for g in grid[1:])
         assert 1 <= math.prod(block) <= 1024 and 0 <= launch.smem <= H100_SMEM
         assert len(launch.args) == len(family.args) and launch.cluster is None
-        if family in (LN.LN_FWD, LN.LN_BWD):  # (..., VEC, TPR, ITEMS, ROWS): TPR x ROWS threads
+        if family in (LN.LN_FWD, LN.LN_BWD, LN.LN_BWD_ONE):  # (..., VEC, TPR, ITEMS, ROWS): TPR x ROWS threads
             vec, tpr, items, rows_per_block = params[-4:]
             assert launch.block == tpr * rows_per_block and cols // vec <= tpr * items
         if family is LN.LN_BWD:  # 2 * cols accumulators per worker in dynamic shared memory
             assert launch.smem == params[-1] * 2 * cols * params[2].itemsize <= LN.SMEM_CAP
+        if family is LN.LN_BWD_ONE:  # column blocks, then row workers; 2 VEC sums a thread
+            vec, rows = params[3], launch.args[-4]
+            col_blocks = -(-cols // vec // LN.COL_THREADS)
+            assert launch.args[-1] == col_blocks and launch.grid == col_blocks + max(1, -(-rows // params[-1]))
+            assert launch.smem == launch.block * vec * 2 * 4 and rows <= LN.ONE_LAUNCH_ROWS.value
         if family in (LN.LN_FWD_STREAM, LN.LN_BWD_STREAM):
             assert launch.block == params[-1] and launch.smem == 0
 
@@ -425,9 +430,15 @@ def test_plan_model_shapes_take_the_fastest_path(dtype, cols):
         (fwd,) = forward_plan(rows, cols, dtype)
         assert fwd.kernel is LN.LN_FWD[dtype, dtype, VEC[dtype], 32, 6 if short else 8, 8]
         assert fwd.grid == -(-rows // 8)
-        stage1, stage2 = backward_plan(rows, cols, dtype)
+        bwd = backward_plan(rows, cols, dtype)
         items, warps = (6, 12) if short else (8, 8)
-        assert stage1.kernel is LN.LN_BWD[dtype, dtype, torch.float32, VEC[dtype], 32, items, warps]
+        tier = (dtype, dtype, torch.float32, VEC[dtype], 32, items, warps)
+        if rows <= LN.ONE_LAUNCH_ROWS.value:  # a few rows: one launch, no workspace (day 016)
+            (one,) = bwd
+            assert one.kernel is LN.LN_BWD_ONE[tier]
+            continue
+        stage1, stage2 = bwd
+        assert stage1.kernel is LN.LN_BWD[tier]
         assert stage1.smem == warps * 2 * cols * 4
 
 
@@ -464,15 +475,16 @@ def test_plan_picks_the_tier_for_the_row_length(dtype, cols, fwd_tier, bwd_tier)
             LN.LN_FWD[dtype, dtype, VEC[dtype], *fwd_tier] if items else LN.LN_FWD_STREAM[dtype, dtype, VEC[dtype], tpr]
         )
         assert fwd.kernel is want and fwd.grid == -(-rows // per_block)
-        stage1, stage2 = bwd = backward_plan(rows, cols, dtype)
+        bwd = backward_plan(rows, cols, dtype)
         check_launches(bwd, LN._layer_norm_backward_gpu, cols)
         tpr, items, _ = bwd_tier
-        want = (
-            LN.LN_BWD[dtype, dtype, acc, VEC[dtype], *bwd_tier]
-            if items
-            else LN.LN_BWD_STREAM[dtype, dtype, acc, VEC[dtype], tpr]
-        )
-        assert stage1.kernel is want
+        one = items and dtype != torch.float64 and rows <= LN.ONE_LAUNCH_ROWS.value  # day 016's one launch
+        assert len(bwd) == (1 if one else 2)
+        if not items:
+            want = LN.LN_BWD_STREAM[dtype, dtype, acc, VEC[dtype], tpr]
+        else:
+            want = (LN.LN_BWD_ONE if one else LN.LN_BWD)[dtype, dtype, acc, VEC[dtype], *bwd_tier]
+        assert bwd[0].kernel is want
 
 
 def test_plan_without_statistics():
@@ -503,11 +515,14 @@ def test_plan_falls_back_to_element_loads():
     assert backward_plan(9, 1024, torch.bfloat16, misaligned={"mean", "rstd", "grad_weight"})[0].kernel.params[3] == 8
     # element loads hold 4x fewer columns per tier: 1026 fp32 elements go to 512 threads
     assert forward_plan(3, 1026)[0].kernel is LN.LN_FWD[torch.float32, torch.float32, 1, 512, 8, 1]
-    assert backward_plan(3, 1026)[0].kernel is LN.LN_BWD[torch.float32, torch.float32, torch.float32, 1, 512, 4, 1]
+    assert backward_plan(3, 1026)[0].kernel is LN.LN_BWD_ONE[torch.float32, torch.float32, torch.float32, 1, 512, 4, 1]
+    assert backward_plan(3000, 1026)[0].kernel is LN.LN_BWD[torch.float32, torch.float32, torch.float32, 1, 512, 4, 1]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_plan_backward_grid_workspace_and_second_stage(dtype, monkeypatch):
+    """Day 013's two kernels (here for every row count: day 016's one launch is off)."""
+    monkeypatch.setattr(LN.ONE_LAUNCH_ROWS, "value", 0)
     acc = dtype
     wide = 4096 if dtype == torch.float32 else 1024  # the 256 x 4 tier: about 2 blocks per SM
     cases = [  # (rows, cols, SMs, expected grid)
@@ -534,6 +549,25 @@ def test_plan_backward_grid_workspace_and_second_stage(dtype, monkeypatch):
         assert stage2.grid == -(-2 * cols // LN.SUM_COLS) and stage2.block == LN.SUM_COLS * LN.SUM_LANES
 
 
+def test_plan_one_launch_for_a_few_rows():
+    """Day 016, part eighteen: up to ONE_LAUNCH_ROWS rows (not float64, not the streaming
+    tier) the backward is one launch without a workspace: column blocks, then row workers."""
+    for dtype, rows, cols in [(torch.float32, 1, 768), (torch.bfloat16, 64, 768), (torch.float16, 2048, 1000)]:
+        shapes = ((rows, cols), (cols,), (cols,), (rows, cols), (rows, cols), (cols,), (rows,), (rows,))
+        dtypes = (dtype,) * 6 + (torch.float32,) * 2
+        t = [torch.empty(s, dtype=d) for s, d in zip(shapes, dtypes, strict=True)]
+        launches = LN._layer_norm_backward_gpu(t[:3], t[3:], {})
+        check_launches(launches, LN._layer_norm_backward_gpu, cols)
+        (one,) = launches
+        assert one.kernel.family is LN.LN_BWD_ONE and not hasattr(launches, "workspace")
+        vec = VEC[dtype] if cols % VEC[dtype] == 0 else 1
+        col_blocks = -(-cols // vec // LN.COL_THREADS)
+        assert one.args == (*(x.data_ptr() for x in t), 0, 0, rows, cols, 0, col_blocks)
+    two = [(torch.float32, LN.ONE_LAUNCH_ROWS.value + 1, 768), (torch.float64, 3, 17), (torch.float32, 3, 17000)]
+    for dtype, rows, cols in two:  # more rows, float64, the streaming tier: day 013's kernels
+        assert len(backward_plan(rows, cols, dtype)) == 2, (dtype, rows, cols)
+
+
 def test_plan_huge_shapes_stay_within_cuda_limits():
     rows = 3 * 2**31  # more rows than a grid may have blocks: the row loops cover them
     (fwd,) = forward_plan(rows, 1)
@@ -557,10 +591,12 @@ def test_plan_reaches_every_declared_variant():
         for vec, misaligned in ((VEC[dtype], ()), (1, {"x", "grad_out"})):
             for cols in (vec * nvec for nvec in (7, 256, 1024, 2048, 3000, 4096, 5000)):
                 fwd = forward_plan(17, cols, dtype, misaligned, ldtype)
-                bwd = backward_plan(17, cols, dtype, misaligned, ldtype)
                 check_launches(fwd, LN._layer_norm_gpu, cols)
-                check_launches(bwd, LN._layer_norm_backward_gpu, cols)
-                picked |= {launch.kernel for launch in (*fwd, *bwd)}
+                picked |= {launch.kernel for launch in fwd}
+                for rows in (17, 3000):  # day 016's one launch, day 013's two kernels
+                    bwd = backward_plan(rows, cols, dtype, misaligned, ldtype)
+                    check_launches(bwd, LN._layer_norm_backward_gpu, cols)
+                    picked |= {launch.kernel for launch in bwd}
     declared = set(pco.layer_norm_kernel.gpu_kernels() + pco.layer_norm_backward_kernel.gpu_kernels())
     assert picked == declared
 
@@ -570,12 +606,15 @@ def test_plan_blocks_match_the_kernels_thread_limits():
     in its PTX): a launch with more threads fails. Read it back from the GPU build."""
     from pytorch_custom_ops import direct
 
-    path, manifest = direct._day_build("day013")
     maxntid = {}
-    for key in manifest["kernels"]:
-        found = re.search(r"\.maxntid\s+(\d+)", (path / f"{key}.ptx").read_text())
-        maxntid[key] = int(found.group(1))
+    for day in ("day013", "day016"):  # day 016: the one-launch backward
+        path, manifest = direct._day_build(day)
+        for key in manifest["kernels"]:
+            found = re.search(r"\.maxntid\s+(\d+)", (path / f"{key}.ptx").read_text())
+            if found:
+                maxntid[key] = int(found.group(1))
     for dtype in VEC:
         for cols in (7, 1024 * VEC[dtype], 4096 * VEC[dtype], 5000 * VEC[dtype]):
-            for launch in (*forward_plan(9, cols, dtype), *backward_plan(9, cols, dtype)):
+            plans = (*forward_plan(9, cols, dtype), *backward_plan(9, cols, dtype), *backward_plan(3000, cols, dtype))
+            for launch in plans:
                 assert launch.block == maxntid[launch.kernel.key], launch.kernel.key

@@ -289,3 +289,11 @@ def test_plans_pass_the_fused_pointers_and_flags():
         [("gy", rc, bf16), ("x", rc, f32), ("w", (cols,), f32), ("m", (rows,), f32), ("r", (rows,), f32)], {"gy"}
     )
     assert ALN._backward_gpu(out[:3], inp, {})[0].kernel.params[3] == 1
+    # a few rows: day 016's one launch passes the same pointers and flags
+    rows, rc = 64, (64, cols)
+    out = _fakes([("gx", rc, f32), ("gw", (cols,), f32), ("gb", (cols,), f32), ("glow", rc, bf16)])
+    inp = _fakes([("gy", rc, bf16), ("x", rc, f32), ("w", (cols,), f32), ("m", (64,), f32), ("r", (64,), f32)])
+    inp += _fakes([("gs", rc, f32)])
+    (one,) = ALN._backward_gpu(out, inp, {})
+    assert one.kernel is LN.LN_BWD_ONE[f32, bf16, f32, 4, 32, 6, 12] and one.block == 384
+    assert one.args[8:] == (inp[5].data_ptr(), out[3].data_ptr(), rows, cols, LN.ADD_GRAD | LN.WRITE_LOW, 768 // 4 // 8)

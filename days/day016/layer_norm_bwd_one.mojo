@@ -1,0 +1,219 @@
+# Day 016, part eighteen: the layer norm's backward in one launch, for a few rows.
+#
+# Day 013's backward is two kernels: grad_x with per-block column sums into a
+# workspace, then the sums of those partials. On the host that is two launches
+# and four tensors (grad_x, grad_weight, grad_bias, the workspace): ~18 us a
+# call, the one op over the overhead budget's 15.
+#
+# The column sums need no partials when every row can be read again:
+#     grad_weight = sum over rows of dy * xhat,  grad_bias = sum over rows of dy,
+# with xhat = (x - mean) * rstd from the forward's saved statistics. So the grid
+# has two kinds of blocks, and no block waits for another:
+#   - blocks [0, col_blocks) each own COL_THREADS vectors of columns and sum them
+#     over every row (no workspace, no counter, one fixed order of additions);
+#   - the others compute grad_x, day 013's `backward_row` without column sums.
+# The price is reading dy and x twice, and a column block's walk over every row.
+# For a few rows both sit in L2 and the walk is short; the plan sends larger
+# inputs to day 013's two kernels (pytorch_custom_ops/layer_norm.py,
+# ONE_LAUNCH_ROWS, measured there).
+
+from max.gpu import (
+    thread_idx,
+    block_idx,
+    grid_dim,
+    barrier,
+    MAX_THREADS_PER_BLOCK_METADATA,
+)
+from max.gpu.memory import external_memory
+from std.sys import size_of
+from std.utils import StaticTuple
+
+from days.day009.online_softmax import accum_dtype
+from days.day013.layer_norm import ADD_GRAD, WRITE_LOW, backward_row
+
+# threads across one row of a column block: 8 x 16 bytes, a 128-byte line
+comptime COL_THREADS = 8
+comptime COL_UNROLL = 4  # rows a thread loads before it adds any of them
+
+
+# --8<-- [start:column_sums]
+@always_inline
+def column_sums[
+    dtype: DType, ldtype: DType, acc: DType, VEC: Int, THREADS: Int
+](
+    grad_weight: Pointer[Scalar[dtype], MutAnyOrigin],
+    grad_bias: Pointer[Scalar[dtype], MutAnyOrigin],
+    grad_out: Pointer[Scalar[ldtype], MutAnyOrigin],
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    mean_in: Pointer[Float32, MutAnyOrigin],
+    rstd_in: Pointer[Float32, MutAnyOrigin],
+    rows: Int,
+    n: Int,
+    cb: Int,
+):
+    """Column block cb: vectors [cb * COL_THREADS, (cb + 1) * COL_THREADS) of
+    every row. Thread (lane, seg) adds rows lane, lane + LANES, ... of vector
+    cb * COL_THREADS + seg; then the block adds the LANES partial sums of each
+    column in lane order. The order never depends on timing: the gradients are
+    deterministic. Needs THREADS * VEC * 2 accumulators of shared memory.
+    """
+    comptime LANES = THREADS // COL_THREADS
+    comptime W = COL_THREADS * VEC  # columns of a block
+    comptime ALIGN = VEC * size_of[dtype]()
+    comptime LALIGN = VEC * size_of[ldtype]()
+    comptime SALIGN = min(VEC * size_of[acc](), 16)
+    var seg = thread_idx.x % COL_THREADS
+    var lane = thread_idx.x // COL_THREADS
+    var v = cb * COL_THREADS + seg
+    var dw = SIMD[acc, VEC](0)
+    var db = SIMD[acc, VEC](0)
+    if v < n // VEC:
+        var j = v * VEC
+        var row = lane
+        # COL_UNROLL rows' loads in flight before the first add
+        while row + (COL_UNROLL - 1) * LANES < rows:
+            var dy = Array[SIMD[ldtype, VEC], COL_UNROLL](
+                fill=SIMD[ldtype, VEC](0)
+            )
+            var xv = Array[SIMD[dtype, VEC], COL_UNROLL](
+                fill=SIMD[dtype, VEC](0)
+            )
+            var mean = SIMD[DType.float32, COL_UNROLL](0)
+            var rstd = SIMD[DType.float32, COL_UNROLL](0)
+            comptime for u in range(COL_UNROLL):
+                var r = row + u * LANES
+                dy[u] = grad_out.unsafe_load[width=VEC, alignment=LALIGN](
+                    r * n + j
+                )
+                xv[u] = x.unsafe_load[width=VEC, alignment=ALIGN](r * n + j)
+                mean[u] = mean_in[unsafe_offset=r]
+                rstd[u] = rstd_in[unsafe_offset=r]
+            comptime for u in range(COL_UNROLL):
+                var d = dy[u].cast[acc]()
+                var xhat = (xv[u].cast[acc]() - mean[u].cast[acc]()) * rstd[
+                    u
+                ].cast[acc]()
+                dw += d * xhat
+                db += d
+            row += COL_UNROLL * LANES
+        while row < rows:
+            var d = grad_out.unsafe_load[width=VEC, alignment=LALIGN](
+                row * n + j
+            ).cast[acc]()
+            var xhat = (
+                x.unsafe_load[width=VEC, alignment=ALIGN](row * n + j).cast[
+                    acc
+                ]()
+                - mean_in[unsafe_offset=row].cast[acc]()
+            ) * rstd_in[unsafe_offset=row].cast[acc]()
+            dw += d * xhat
+            db += d
+            row += LANES
+    # [lane][dw of W columns | db of W columns]
+    var sh = external_memory[
+        Scalar[acc], address_space=AddressSpace.SHARED, alignment=16
+    ]()
+    sh.unsafe_store[alignment=SALIGN](lane * 2 * W + seg * VEC, dw)
+    sh.unsafe_store[alignment=SALIGN](lane * 2 * W + W + seg * VEC, db)
+    barrier()
+    # thread k < 2 W adds value k of every lane: 4 chains, so the loads overlap
+    var k = thread_idx.x
+    if k < 2 * W:
+        var s = SIMD[acc, 4](0)
+        comptime for l in range(LANES):
+            s[l % 4] += sh[unsafe_offset=l * 2 * W + k]
+        var total = (s[0] + s[1]) + (s[2] + s[3])
+        var col = cb * W + k % W
+        if col < n:
+            if k < W:
+                grad_weight[unsafe_offset=col] = total.cast[dtype]()
+            else:
+                grad_bias[unsafe_offset=col] = total.cast[dtype]()
+
+
+# --8<-- [end:column_sums]
+
+
+# --8<-- [start:one_launch_kernel]
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(TPR * ROWS))
+)
+@__name(t"ln_bwd1_{dtype}_{ldtype}_v{VEC}_t{TPR}_i{ITEMS}_r{ROWS}")
+def layer_norm_bwd_one_kernel[
+    dtype: DType,
+    ldtype: DType,
+    acc: DType,
+    VEC: Int,
+    TPR: Int,
+    ITEMS: Int,
+    ROWS: Int,
+](
+    grad_x: Pointer[Scalar[dtype], MutAnyOrigin],
+    grad_weight: Pointer[Scalar[dtype], MutAnyOrigin],
+    grad_bias: Pointer[Scalar[dtype], MutAnyOrigin],
+    grad_out: Pointer[Scalar[ldtype], MutAnyOrigin],
+    x: Pointer[Scalar[dtype], MutAnyOrigin],
+    weight: Pointer[Scalar[dtype], MutAnyOrigin],
+    mean_in: Pointer[Float32, MutAnyOrigin],
+    rstd_in: Pointer[Float32, MutAnyOrigin],
+    grad_resid: Pointer[Scalar[dtype], MutAnyOrigin],
+    grad_low: Pointer[Scalar[ldtype], MutAnyOrigin],
+    rows: Int64,
+    cols: Int64,
+    flags: Int64,
+    col_blocks: Int64,
+) where (dtype.is_floating_point() and ldtype.is_floating_point()):
+    """grad_x, grad_weight and grad_bias of a layer norm in one launch: blocks
+    below col_blocks run `column_sums`, the others are day 013's row workers
+    (TPR threads a row, ROWS rows a block, the same tiers) without column sums.
+    Launch with TPR * ROWS * VEC * 2 * sizeof(acc) bytes of dynamic shared
+    memory (the column blocks' partial sums). Flags as in day 013's kernel.
+    float64 stays with day 013's kernels: they re-derive each row's mean in
+    float64, and a column block cannot."""
+    comptime assert acc == accum_dtype[dtype](), "acc: accum_dtype[dtype]"
+    comptime assert dtype != DType.float64, "float64: day 013's kernels"
+    var n = Int(cols)
+    var first_row_block = Int(col_blocks)
+    if block_idx.x < first_row_block:
+        column_sums[dtype, ldtype, acc, VEC, TPR * ROWS](
+            grad_weight,
+            grad_bias,
+            grad_out,
+            x,
+            mean_in,
+            rstd_in,
+            Int(rows),
+            n,
+            block_idx.x,
+        )
+        return
+    var t = thread_idx.x % TPR
+    var slot = thread_idx.x // TPR
+    var add_grad = (flags & ADD_GRAD) != 0
+    var write_low = (flags & WRITE_LOW) != 0
+    var workers = (grid_dim.x - first_row_block) * ROWS
+    var no_sums = external_memory[  # not written: SUMS is False
+        Scalar[acc], address_space=AddressSpace.SHARED, alignment=16
+    ]()
+    for row in range(
+        (block_idx.x - first_row_block) * ROWS + slot, Int(rows), workers
+    ):
+        backward_row[dtype, ldtype, acc, VEC, TPR, ITEMS, False](
+            row,
+            n,
+            t,
+            grad_x,
+            grad_out,
+            x,
+            weight,
+            mean_in,
+            rstd_in,
+            grad_resid,
+            grad_low,
+            add_grad,
+            write_low,
+            no_sums,
+        )
+
+
+# --8<-- [end:one_launch_kernel]
