@@ -157,14 +157,14 @@ LN_SUM_PARTIALS = KernelFamily(
 )
 
 # Day 016, part eighteen: for a few rows, grad_x and the column sums in one launch
-# (days/day016/layer_norm_bwd_one.mojo): blocks [0, col_blocks) sum COL_THREADS vectors
+# (days/day016/one_launch.mojo): blocks [0, col_blocks) sum COL_THREADS vectors
 # of columns over every row, the others are the row workers of the tiers above. One
 # launch and three tensors instead of two launches and four.
 # up to here it is also no slower on the GPU (day 016, part eighteen); a PlanSetting for A/Bs
 ONE_LAUNCH_ROWS = direct.PlanSetting(2048)
-COL_THREADS = 8  # COL_THREADS in layer_norm_bwd_one.mojo: vectors of columns per column block
+COL_THREADS = 8  # COL_THREADS in days/day016/one_launch.mojo: vectors of columns per column block
 LN_BWD_ONE = KernelFamily(
-    "days.day016.layer_norm_bwd_one",
+    "days.day016.one_launch",
     "layer_norm_bwd_one_kernel",
     # grad_x, grad_weight, grad_bias, grad_out, x, weight, mean, rstd, grad_resid, grad_low
     # | rows, cols, flags, col_blocks

@@ -92,6 +92,11 @@ EXP_SUM_KERNEL = KernelFamily(  # y, x, ws, ws_stride, n, blocks
 SCALE_KERNEL = KernelFamily(  # y, ws, ws_stride, n, blocks  (REVERSE = True)
     MODULE, "scale_kernel", ("ptr", "ptr", "i64", "i64", "i64"), _vec_variants(FLOAT_DTYPES, True)
 )
+# day 016, part eighteen: the fused pipeline in one launch where a row gets one block
+ONE_BLOCK_SOFTMAX_KERNEL = KernelFamily(  # y, x, n
+    "days.day016.one_launch", "one_block_softmax_kernel", ("ptr", "ptr", "i64"), _vec_variants(FLOAT_DTYPES)
+)
+ONE_BLOCK = direct.PlanSetting(True)  # False: the two launches even then (an A/B, a test)
 
 _SM_COUNT: dict[int | None, int] = {}  # per device index: a property query costs ~10 us
 
@@ -215,12 +220,23 @@ def _long_softmax_gpu(outputs, inputs, params) -> list[direct.Launch]:
 long_softmax_kernel = MojoOp(LONG_SOFTMAX, gpu=_long_softmax_gpu)
 
 
-@direct.plan(*_long_softmax_gpu.families)
+@direct.plan(*_long_softmax_gpu.families, ONE_BLOCK_SOFTMAX_KERNEL)
 def _long_softmax_rows_gpu(outputs, inputs, params) -> list[direct.Launch]:
     """The public function's CUDA plan: `long_softmax_kernel`'s plan with a workspace of its
     own (`direct.scratch`), which a replay allocates in C++, instead of one the caller makes
-    and passes as a destination: a torch.empty, a key and an overlap check less per call."""
+    and passes as a destination: a torch.empty, a key and an overlap check less per call.
+    Where the fused pipeline would give a row one block (rows of at most MIN_BLOCK_ELEMS, or
+    more rows than a wave of blocks), day 016's one launch, without a workspace: the same
+    output bit for bit, one launch and one tensor less."""
     (y,), (x,) = outputs, inputs
+    rows, n = x.shape
+    cap = (workspace_slots(n) - PARTIALS) // 2  # what _long_softmax_gpu's blocks_per_row gets
+    if params["PIPELINE"] == "fused" and ONE_BLOCK.value and blocks_per_row(n, rows, cap, device_blocks(x.device)) == 1:
+        if rows >= 2**31:
+            raise ValueError(f"long_softmax: {rows} rows need a grid of {rows} blocks, over CUDA's 2^31 - 1")
+        vec = min(_vec(x.data_ptr(), n, rows, x.dtype), _vec(y.data_ptr(), n, rows, x.dtype))
+        kernel = ONE_BLOCK_SOFTMAX_KERNEL[x.dtype, vec, params["BLOCK"]]
+        return [direct.Launch(kernel, rows, params["BLOCK"], (y.data_ptr(), x.data_ptr(), n))]
     workspace = direct.scratch((x.shape[0], workspace_slots(x.shape[1])), torch.float64, x.device)
     return long_softmax_kernel.gpu([y, workspace], inputs, params)
 

@@ -1,21 +1,27 @@
-# Day 016, part eighteen: the layer norm's backward in one launch, for a few rows.
+# Day 016, part eighteen: two ops that took two launches, in one.
 #
-# Day 013's backward is two kernels: grad_x with per-block column sums into a
-# workspace, then the sums of those partials. On the host that is two launches
-# and four tensors (grad_x, grad_weight, grad_bias, the workspace): ~18 us a
-# call, the one op over the overhead budget's 15.
+# The overhead budget is 15 us of host time a call. A launch costs ~4 us of it and
+# a tensor from torch's allocator ~2, so the ops over budget were those with two
+# launches and a workspace: the layer norm's backward and the long softmax.
 #
-# The column sums need no partials when every row can be read again:
-#     grad_weight = sum over rows of dy * xhat,  grad_bias = sum over rows of dy,
-# with xhat = (x - mean) * rstd from the forward's saved statistics. So the grid
-# has two kinds of blocks, and no block waits for another:
-#   - blocks [0, col_blocks) each own COL_THREADS vectors of columns and sum them
-#     over every row (no workspace, no counter, one fixed order of additions);
-#   - the others compute grad_x, day 013's `backward_row` without column sums.
-# The price is reading dy and x twice, and a column block's walk over every row.
-# For a few rows both sit in L2 and the walk is short; the plan sends larger
-# inputs to day 013's two kernels (pytorch_custom_ops/layer_norm.py,
-# ONE_LAUNCH_ROWS, measured there).
+# 1. The layer norm's backward, for a few rows. Day 013's is two kernels: grad_x
+#    with per-block column sums into a workspace, then the sums of those partials
+#    (two launches, four tensors). But the column sums need no partials when every
+#    row can be read again:
+#        grad_weight = sum over rows of dy * xhat,  grad_bias = sum over rows of dy,
+#    with xhat = (x - mean) * rstd from the forward's saved statistics. So the grid
+#    has two kinds of blocks, and no block waits for another:
+#      - blocks [0, col_blocks) each own COL_THREADS vectors of columns and sum them
+#        over every row (no workspace, no counter, one fixed order of additions);
+#      - the others compute grad_x, day 013's `backward_row` without column sums.
+#    The price is reading dy and x twice, and a column block's walk over every row.
+#    For a few rows both sit in L2 and the walk is short; the plan sends larger
+#    inputs to day 013's two kernels (pytorch_custom_ops/layer_norm.py,
+#    ONE_LAUNCH_ROWS, measured there).
+# 2. The long softmax when a row gets one block (rows of at most one tile, or more
+#    rows than the GPU has blocks): day 015's fused pipeline folds (max, sum) per
+#    block into a workspace, then merges the pairs and normalizes. With one block a
+#    row there is nothing to merge: the same block normalizes right after its fold.
 
 from max.gpu import (
     thread_idx,
@@ -30,6 +36,14 @@ from std.utils import StaticTuple
 
 from days.day009.online_softmax import accum_dtype
 from days.day013.layer_norm import ADD_GRAD, WRITE_LOW, backward_row
+from days.day015.long_softmax import (
+    Normalize,
+    OnlineFold,
+    block_combine,
+    inverse_sum,
+)
+from days.day015.multiblock_reduce import PARTIAL, Ptr, visit_slice
+from days.day015.multiblock_reduce import accum_dtype as fold_dtype
 
 # threads across one row of a column block: 8 x 16 bytes, a 128-byte line
 comptime COL_THREADS = 8
@@ -217,3 +231,34 @@ def layer_norm_bwd_one_kernel[
 
 
 # --8<-- [end:one_launch_kernel]
+
+
+# --8<-- [start:one_block_softmax]
+def one_block_softmax_kernel[
+    dtype: DType, VEC: Int, BLOCK: Int
+](y: Ptr[dtype], x: Ptr[dtype], n: Int64):
+    """Day 015's fused pipeline with one block a row (block r: row r), no workspace:
+    stage A's fold over the row, the block's (max, sum) pair, then stage C over the
+    row again, last tile first (still in L2). With one block, stage B's merge of the
+    pairs is the pair itself (its exp(m - m) is 1), so the output is bit for bit what
+    the two launches write."""
+    comptime acc = fold_dtype[dtype]()  # OnlineFold's and Normalize's: day 015's name
+    comptime assert acc.is_floating_point()
+    var base = block_idx.x * Int(n)
+    var fold = OnlineFold[dtype](x.unsafe_offset(base))
+    visit_slice[VEC=VEC, BLOCK=BLOCK](fold, Int(n), 0, 1, thread_idx.x)
+    var m: Scalar[acc]
+    var s: Scalar[acc]
+    m, s = block_combine[BLOCK=BLOCK](fold.m, fold.s)
+    var out = Normalize[dtype](
+        x.unsafe_offset(base),
+        y.unsafe_offset(base),
+        m,
+        inverse_sum[acc](m.cast[PARTIAL](), s.cast[PARTIAL]()),
+    )
+    visit_slice[VEC=VEC, BLOCK=BLOCK, REVERSE=True](
+        out, Int(n), 0, 1, thread_idx.x
+    )
+
+
+# --8<-- [end:one_block_softmax]

@@ -1,10 +1,10 @@
-"""Day 016, part eighteen: the layer norm's backward in one launch for a few rows
-(`days/day016/layer_norm_bwd_one.mojo`).
+"""Day 016, part eighteen: two ops in one launch (`days/day016/one_launch.mojo`): the layer
+norm's backward for a few rows, and the long softmax where a row gets one block.
 
-On the CPU: the plan hands the kernel the right blocks and arguments (more in day 013's
-plan tests). On the GPU: against float64 and against day 013's two kernels, for every
-tier, element loads, ragged column blocks and the fused residual form; deterministic; one
-launch per call.
+On the CPU: the plans hand the kernels the right blocks and arguments (more in day 013's
+plan tests). On the GPU: the layer norm against float64 and against day 013's two kernels,
+for every tier, element loads, ragged column blocks and the fused residual form,
+deterministic, one launch a call; the softmax bit for bit against day 015's two launches.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch.nn.functional as F
 import pytorch_custom_ops as pco
 
 LN = importlib.import_module("pytorch_custom_ops.layer_norm")  # pco.layer_norm is the function
+LS = importlib.import_module("pytorch_custom_ops.long_softmax")
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
@@ -132,3 +133,67 @@ def test_cuda_one_launch_under_graph_capture():
         graph.replay()
         torch.cuda.synchronize()
         assert all(torch.equal(t.grad, r) for t, r in zip((x, ln.weight, ln.bias), want, strict=True))
+
+
+# -- the long softmax with one block a row -----------------------------------------------
+def _softmax_plan(rows, n, dtype=torch.float32, offset=0):
+    x = torch.empty(rows * n + offset, dtype=dtype)[offset:].view(rows, n)
+    y = torch.empty(rows, n, dtype=dtype)
+    return x, y, LS._long_softmax_rows_gpu([y], [x], {"PIPELINE": "fused", "BLOCK": LS.BLOCK})
+
+
+def test_plan_one_block_a_row_is_one_launch(monkeypatch):
+    monkeypatch.setitem(LS._SM_COUNT, None, 132)  # the H100's: 528 blocks a wave
+    for rows, n, dtype, offset, vec in [
+        (1, 4096, torch.float32, 0, 4),  # one tile
+        (7, 1001, torch.bfloat16, 0, 1),  # rows not 16-byte aligned: element loads
+        (3, 4096, torch.float16, 1, 1),  # an offset view
+        (600, 70000, torch.float32, 0, 4),  # more rows than a wave of blocks
+        (2, 1, torch.float64, 0, 1),  # rows of one element: no 16-byte rows
+    ]:
+        x, y, launches = _softmax_plan(rows, n, dtype, offset)
+        (one,) = launches
+        assert one.kernel is LS.ONE_BLOCK_SOFTMAX_KERNEL[dtype, vec, LS.BLOCK], (rows, n)
+        assert one.grid == rows and one.block == LS.BLOCK and one.smem == 0
+        assert one.args == (y.data_ptr(), x.data_ptr(), n)
+    for rows, n in [(1, 4097), (3, 70001), (527 // 2, 9000)]:  # two blocks a row or more: day 015's
+        kernels = [launch.kernel.family for launch in _softmax_plan(rows, n)[2]]
+        assert kernels == [LS.ONLINE_PARTIALS_KERNEL, LS.NORMALIZE_KERNEL], (rows, n)
+    with LS.ONE_BLOCK.set_to(False):
+        assert len(_softmax_plan(1, 4096)[2]) == 2
+    four = LS._long_softmax_rows_gpu([y], [x], {"PIPELINE": "four_stage", "BLOCK": LS.BLOCK})
+    assert LS.ONE_BLOCK_SOFTMAX_KERNEL not in {launch.kernel.family for launch in four}
+
+
+def test_plan_reaches_every_one_block_variant(monkeypatch):
+    monkeypatch.setitem(LS._SM_COUNT, None, 132)
+    picked = {_softmax_plan(3, 4096, d, offset)[2][0].kernel for d in LS.FLOAT_DTYPES for offset in (0, 1)}
+    assert picked == set(LS.ONE_BLOCK_SOFTMAX_KERNEL.kernels())
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("rows, n", [(1, 4096), (5, 1000), (3, 1), (1, 37), (600, 20000), (2, 4095)])
+def test_cuda_one_block_softmax_is_the_two_launches_bit_for_bit(rows, n, dtype, launched):
+    gen = torch.Generator().manual_seed(rows + n)
+    x = (torch.randn(rows, n + 1, generator=gen, dtype=torch.float64) * 4).to("cuda", dtype)
+    if n > 5:
+        x[0, :5] = float("-inf")  # masked entries
+    for view in (x[:, :n], x[:, 1:]):  # aligned rows, then an offset view (element loads)
+        launched.clear()
+        one = pco.long_softmax(view)
+        assert [k.split(".")[1] for k in launched] == ["one_block_softmax_kernel"], launched
+        with LS.ONE_BLOCK.set_to(False):
+            two = pco.long_softmax(view)
+        torch.testing.assert_close(one, two, rtol=0, atol=0)  # bit for bit
+        want = torch.softmax(view.double(), -1)
+        torch.testing.assert_close(one.double(), want, rtol=0, atol=1e-12 if dtype == torch.float64 else 1e-2)
+
+
+@needs_cuda
+def test_cuda_one_block_softmax_masked_row_is_nan_like_torch():
+    x = torch.full((2, 300), float("-inf"), device="cuda")
+    x[1] = torch.randn(300, device="cuda")
+    y = pco.long_softmax(x)
+    assert torch.isnan(y[0]).all()
+    torch.testing.assert_close(y[1], torch.softmax(x[1], -1))
