@@ -1,0 +1,92 @@
+"""Day 016, part eighteen: each one-launch op against its two launches and torch's, per
+shape: host µs per call, kernel µs (CUPTI, summed over the call's kernels) and the GPU's
+time per call from events with L2 flushed (what a cold model step sees, gaps between
+the two kernels included).
+
+    PYTHONPATH=$PWD python days/day016/time_one_launch.py [--dtype bfloat16 float32] [--op ...]
+
+The layer norm's backward (one launch against day 013's two kernels) picks
+ONE_LAUNCH_ROWS (pytorch_custom_ops/layer_norm.py): the one launch should not lose on the
+GPU where the plan takes it. The long softmax (one block a row) is the same kernels'
+work with one launch less.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from contextlib import nullcontext
+
+import torch
+
+import pytorch_custom_ops as pco
+from benchmark.gpu_script import need_cuda
+from benchmark.timing import host_overhead_us, kernel_time_ms, time_cuda
+
+LN = importlib.import_module("pytorch_custom_ops.layer_norm")  # pco.layer_norm is the function
+LS = importlib.import_module("pytorch_custom_ops.long_softmax")
+ROWS = (8, 64, 256, 1024, 2048, 4096, 8192)  # 8 x 128: benchmark.overhead's shape
+COLS = (128, 768, 1024, 3072)
+ALWAYS, NEVER = 1 << 40, 0  # ONE_LAUNCH_ROWS values: the one launch for every row count, or none
+SOFTMAX_SHAPES = ((1, 4096), (8, 4096), (64, 1000), (1, 1000), (600, 20000), (2048, 4096))
+
+
+def ln_calls(rows: int, cols: int, dtype: torch.dtype) -> dict:
+    gen = torch.Generator(device="cuda").manual_seed(rows + cols)
+    x = torch.randn(rows, cols, device="cuda", generator=gen).to(dtype)
+    w = torch.rand(cols, device="cuda", generator=gen).to(dtype) + 0.5
+    dy = torch.randn(rows, cols, device="cuda", generator=gen).to(dtype)
+    _, mean, rstd = torch.ops.gpu_days.layer_norm(x, (cols,), w, torch.zeros_like(w), 1e-5)
+    ours = lambda: pco.layer_norm_backward(dy, x, (cols,), w, mean, rstd)  # noqa: E731
+    mask, bias = [True, True, True], torch.zeros_like(w)
+    torch_stats = (mean.view(rows, 1), rstd.view(rows, 1))
+    theirs = lambda: torch.ops.aten.native_layer_norm_backward(dy, x, (cols,), *torch_stats, w, bias, mask)  # noqa: E731
+    return {
+        "one": (LN.ONE_LAUNCH_ROWS.set_to(ALWAYS), ours),
+        "two": (LN.ONE_LAUNCH_ROWS.set_to(NEVER), ours),
+        "torch": (nullcontext(), theirs),
+    }
+
+
+def softmax_calls(rows: int, n: int, dtype: torch.dtype) -> dict:
+    x = torch.randn(rows, n, device="cuda").to(dtype) * 3
+    ours = lambda: pco.long_softmax(x)  # noqa: E731
+    return {
+        "one": (LS.ONE_BLOCK.set_to(True), ours),
+        "two": (LS.ONE_BLOCK.set_to(False), ours),
+        "torch": (nullcontext(), lambda: torch.softmax(x, -1)),
+    }
+
+
+def measure(setting, fn) -> tuple[float, float, float]:
+    with setting:
+        host = host_overhead_us(fn)
+        kernel = (kernel_time_ms(fn) or 0.0) * 1e3
+        gpu = time_cuda({"call": fn}, min_reps=50, budget_s=0.5)["call"].median_ms * 1e3
+    return host, kernel, gpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"])
+    parser.add_argument("--op", nargs="+", default=["layer_norm_backward", "long_softmax"])
+    args = parser.parse_args()
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; ONE_LAUNCH_ROWS = {LN.ONE_LAUNCH_ROWS.value}")
+    print("us per call: host one / two / torch | kernel one / two / torch | gpu (events, L2 flushed) one / two / torch")
+    problems = []
+    for dtype in (getattr(torch, d) for d in args.dtype):
+        if "layer_norm_backward" in args.op:
+            problems += [("ln bwd", ln_calls, rows, cols, dtype) for cols in COLS for rows in ROWS]
+        if "long_softmax" in args.op:
+            problems += [("softmax", softmax_calls, rows, n, dtype) for rows, n in SOFTMAX_SHAPES]
+    for op, calls, rows, cols, dtype in problems:
+        fns = calls(rows, cols, dtype)
+        got = {name: measure(*setting_fn) for name, setting_fn in fns.items()}
+        cells = [" / ".join(f"{got[n][i]:6.1f}" for n in fns) for i in range(3)]
+        shape = f"{op:>7} {str(dtype)[6:]:>8} {rows:5d} x {cols:5d}"
+        print(f"{shape}: host {cells[0]} | kernel {cells[1]} | gpu {cells[2]}")
+
+
+if __name__ == "__main__":
+    need_cuda(__doc__, __file__)
+    main()
