@@ -14,8 +14,10 @@ launch). Measured, per op and per module, each beside its torch twin:
                  mode (the engine's mode): the op's own backward, without the engine
   graph_replay   one torch.cuda.graph replay of the op (CUDA only)
 plus the first call of a fresh process (imports, kernel load) and the first call for a new
-shape (no compile on either path). Rows go to results/<device>/day016.csv. Day 010's study
-of MAX's own execute path is `python -m benchmark.max_overhead`.
+shape (no compile on either path). Each gpu-days number and its torch twin are measured
+taking turns (`paired_us`), so a busy spell of the host hits both. Rows go to
+results/<device>/day016.csv. Day 010's study of MAX's own execute path is
+`python -m benchmark.max_overhead`.
 """
 
 from __future__ import annotations
@@ -51,6 +53,22 @@ def per_call_us(fn: Callable[[], object], reps: int) -> float:
     for _ in range(20):
         fn()
     return sorted(timing.host_overhead_us(fn, reps) for _ in range(5))[2]
+
+
+def paired_us(ours: Callable[[], object], theirs: Callable[[], object], reps: int, rounds: int = 7):
+    """(ours, theirs): the median of `rounds` back-to-back loops each, the two taking turns
+    (which goes first alternates). The H100's hosts vary within a lease: a busy spell of a
+    few seconds once raised one side of a pair by 50% (session 30). Taking turns lets such
+    a spell hit both sides alike."""
+    for _ in range(20):
+        ours()
+        theirs()
+    times: tuple[list[float], list[float]] = ([], [])
+    for r in range(rounds):
+        order = (0, 1) if r % 2 == 0 else (1, 0)
+        for side in order:
+            times[side].append(timing.host_overhead_us((ours, theirs)[side], reps))
+    return tuple(sorted(t)[rounds // 2] for t in times)
 
 
 def _rand(*shape, dtype=torch.float32, grad=False):
@@ -202,22 +220,25 @@ def main(argv=None) -> int:
 
     with torch.no_grad():
         for name, (shape, mojo, ref) in op_calls().items():
-            add("host_call", name, "gpu-days", shape, us=per_call_us(mojo, args.reps))
-            add("host_call", name, "torch", shape, us=per_call_us(ref, args.reps))
+            ours, theirs = paired_us(mojo, ref, args.reps)
+            add("host_call", name, "gpu-days", shape, us=ours)
+            add("host_call", name, "torch", shape, us=theirs)
             if DEVICE == "cuda":
                 add("graph_replay", name, "gpu-days", shape, us=graph_replay_us(mojo, args.reps))
 
     for name, (shape, mojo, ref, in_shape) in module_pairs().items():
-        for impl, module in (("gpu-days", mojo), ("torch", ref)):
-            x = _rand(*in_shape, grad=True)
-            grad = torch.randn_like(module(x))
-            fwd = per_call_us(lambda m=module, x=x: m(x), args.reps)
-            both = per_call_us(lambda m=module, x=x, g=grad: m(x).backward(g), args.reps)
-            add("host_fwd_grad", name, impl, shape, us=fwd)
-            add("host_fwd_bwd", name, impl, shape, us=both)
-            add("host_bwd", name, impl, shape, us=both - fwd, note="host_fwd_bwd - host_fwd_grad")
-            node, call = node_call(module(x), grad)
-            add("host_bwd_node", name, impl, shape, us=per_call_us(call, args.reps), note=f"{node} called directly")
+        impls = (("gpu-days", mojo), ("torch", ref))
+        x = _rand(*in_shape, grad=True)
+        grad = torch.randn_like(ref(x))
+        fwd = paired_us(*(lambda m=m, x=x: m(x) for _, m in impls), args.reps)
+        both = paired_us(*(lambda m=m, x=x, g=grad: m(x).backward(g) for _, m in impls), args.reps)
+        nodes = [node_call(m(x), grad) for _, m in impls]
+        alone = paired_us(nodes[0][1], nodes[1][1], args.reps)
+        for i, (impl, _) in enumerate(impls):
+            add("host_fwd_grad", name, impl, shape, us=fwd[i])
+            add("host_fwd_bwd", name, impl, shape, us=both[i])
+            add("host_bwd", name, impl, shape, us=both[i] - fwd[i], note="host_fwd_bwd - host_fwd_grad")
+            add("host_bwd_node", name, impl, shape, us=alone[i], note=f"{nodes[i][0]} called directly")
 
     print(f"launcher: {launcher.launcher_kind()}; recipes: {mojo_op.RECIPES}; replay: {replay.replay_kind()}")
     print(f"{'metric':26s} {'op':22s} {'shape':11s} {'gpu-days':>10s} {'torch':>10s}  target")
