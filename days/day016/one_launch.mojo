@@ -242,7 +242,8 @@ def one_block_softmax_kernel[
     row again, last tile first (still in L2). With one block, stage B's merge of the
     pairs is the pair itself (its exp(m - m) is 1), so the output is bit for bit what
     the two launches write."""
-    comptime acc = fold_dtype[dtype]()  # OnlineFold's and Normalize's: day 015's name
+    # OnlineFold's and Normalize's accumulator: day 015's accum_dtype
+    comptime acc = fold_dtype[dtype]()
     comptime assert acc.is_floating_point()
     var base = block_idx.x * Int(n)
     var fold = OnlineFold[dtype](x.unsafe_offset(base))
