@@ -159,8 +159,8 @@ LN_SUM_PARTIALS = KernelFamily(
 # Day 016, part eighteen: for a few rows, grad_x and the column sums in one launch
 # (days/day016/one_launch.mojo): blocks [0, col_blocks) sum COL_THREADS vectors
 # of columns over every row, the others are the row workers of the tiers above. One
-# launch and three tensors instead of two launches and four.
-# up to here it is also no slower on the GPU (day 016, part eighteen); a PlanSetting for A/Bs
+# launch and three tensors instead of two launches and four. Up to ONE_LAUNCH_ROWS rows
+# it is also no slower on the GPU (measured there); a PlanSetting, for A/Bs and tests.
 ONE_LAUNCH_ROWS = direct.PlanSetting(2048)
 COL_THREADS = 8  # COL_THREADS in days/day016/one_launch.mojo: vectors of columns per column block
 LN_BWD_ONE = KernelFamily(
