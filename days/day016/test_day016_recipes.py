@@ -9,6 +9,8 @@ kernels; the CUDA tests at the end check the same through the ops on the GPU.
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -17,6 +19,8 @@ from pytorch_custom_ops import cuda_driver, direct
 from pytorch_custom_ops.gemm import _KERNELS as GEMM_OPS
 from pytorch_custom_ops.gemm_gpu import PP_SPLIT
 from pytorch_custom_ops.softmax_family import softmax_kernel as SOFTMAX
+
+LN = importlib.import_module("pytorch_custom_ops.layer_norm")  # pco.layer_norm is the function
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -169,8 +173,11 @@ def test_a_recipe_allocates_every_output_shape_and_keeps_given_destinations(monk
 
 
 def test_layer_norm_backward_recipe_allocates_its_workspace_per_call(fake_gpu, monkeypatch):
+    """Day 013's two kernels (rows over ONE_LAUNCH_ROWS): the recipe makes the partial sums'
+    workspace anew for every call."""
     op = pco.layer_norm_backward_kernel
     rows, cols = 37, 96
+    monkeypatch.setattr(LN.ONE_LAUNCH_ROWS, "value", 0)  # 37 rows: else day 016's one launch
 
     def make():
         outs = [torch.empty(rows, cols), torch.empty(cols), torch.empty(cols)]
@@ -191,6 +198,26 @@ def test_layer_norm_backward_recipe_allocates_its_workspace_per_call(fake_gpu, m
     assert out2[0].data_ptr() in stage1[-1] and in2[0].data_ptr() in stage1[-1]
     # the fused form's residual-gradient pointers are null in a plain call: constants, kept
     assert stage1[-1][7:9] == (0, 0)
+
+
+def test_layer_norm_backward_one_launch_recipe_has_no_scratch(fake_gpu):
+    """Day 016's one launch (a few rows): nothing to allocate but the three outputs, and
+    one launch a call on the second call's addresses."""
+    op = pco.layer_norm_backward_kernel
+    rows, cols = 37, 96
+
+    def make():
+        outs = [torch.empty(rows, cols), torch.empty(cols), torch.empty(cols)]
+        return outs, [torch.randn(rows, cols), torch.randn(rows, cols), torch.randn(cols), *torch.randn(2, rows)]
+
+    (out1, in1), (out2, in2) = make(), make()
+    with direct.planning() as scratch:
+        (first,) = op.gpu(out1, in1, op.spec.params)
+    assert scratch == [] and first.kernel.family is LN.LN_BWD_ONE
+    recipe = direct.recipe(out1, in1, scratch, [first], 0, op.spec.returned)
+    assert recipe is not None
+    (call,) = replayed(fake_gpu, recipe, out2, in2)
+    assert call[-1][:3] == tuple(t.data_ptr() for t in out2) and call[-1][3] == in2[0].data_ptr()
 
 
 @pytest.mark.parametrize("ta", [False, True])
