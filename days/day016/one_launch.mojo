@@ -1,8 +1,8 @@
 # Day 016, part eighteen: two ops that took two launches, in one.
 #
 # The overhead budget is 15 us of host time a call. A launch costs ~4 us of it and
-# a tensor from torch's allocator ~2, so the ops over budget were those with two
-# launches and a workspace: the layer norm's backward and the long softmax.
+# a tensor from torch's allocator ~2. The op over budget (the layer norm's backward)
+# and the one closest to it (the long softmax) were two launches and a workspace.
 #
 # 1. The layer norm's backward, for a few rows. Day 013's is two kernels: grad_x
 #    with per-block column sums into a workspace, then the sums of those partials
