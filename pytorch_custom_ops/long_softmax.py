@@ -62,6 +62,12 @@ def workspace_slots(n: int) -> int:
     return PARTIALS + 2 * (cap + cap % 2)
 
 
+def workspace_cap(slots: int) -> int:
+    """Partials per region in a workspace row of `slots` values (the kernels' workspace_cap):
+    the most blocks a row may get."""
+    return (slots - PARTIALS) // 2
+
+
 # -- the CUDA launch plan (day016: it used to be Mojo host code) ----------------------------
 MODULE = "days.day015.long_softmax"
 REDUCE_MODULE = "days.day015.multiblock_reduce"
@@ -170,7 +176,7 @@ def _long_softmax_gpu(outputs, inputs, params) -> list[direct.Launch]:
             f"long_softmax: workspace must be (rows, >= {PARTIALS + 2}), got {tuple(ws.shape)} for {rows} rows"
         )
     block, dtype = params["BLOCK"], x.dtype
-    cap = (slots - PARTIALS) // 2
+    cap = workspace_cap(slots)
     fill = device_blocks(x.device)
     blocks = blocks_per_row(n, rows, cap, fill)
     grid = rows * blocks
@@ -230,7 +236,7 @@ def _long_softmax_rows_gpu(outputs, inputs, params) -> list[direct.Launch]:
     output bit for bit, one launch and one tensor less."""
     (y,), (x,) = outputs, inputs
     rows, n = x.shape
-    cap = (workspace_slots(n) - PARTIALS) // 2  # what _long_softmax_gpu's blocks_per_row gets
+    cap = workspace_cap(workspace_slots(n))  # what _long_softmax_gpu's blocks_per_row gets
     if params["PIPELINE"] == "fused" and ONE_BLOCK.value and blocks_per_row(n, rows, cap, device_blocks(x.device)) == 1:
         if rows >= 2**31:
             raise ValueError(f"long_softmax: {rows} rows need a grid of {rows} blocks, over CUDA's 2^31 - 1")

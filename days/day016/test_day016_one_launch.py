@@ -26,9 +26,9 @@ TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}
 
 def test_plan_puts_the_column_blocks_first_and_sizes_their_shared_memory():
     rows, cols = 300, 1000  # 1000 bf16 = 125 vectors: 16 column blocks, the last with 5
-    t = [torch.empty(s, dtype=torch.bfloat16) for s in ((rows, cols), (cols,), (cols,), (rows, cols), (rows, cols))]
-    t += [torch.empty(s, dtype=torch.bfloat16) for s in [(cols,)]]
-    t += [torch.empty(rows, dtype=torch.float32) for _ in range(2)]
+    # grad_x, grad_weight, grad_bias, grad_out, x, weight in bf16; mean and rstd in float32
+    shapes = ((rows, cols), (cols,), (cols,), (rows, cols), (rows, cols), (cols,))
+    t = [torch.empty(s, dtype=torch.bfloat16) for s in shapes] + [torch.empty(rows) for _ in range(2)]
     (one,) = LN._layer_norm_backward_gpu(t[:3], t[3:], {})
     # (bf16, bf16, f32, VEC 8, a warp a row, 6 vectors a lane, 12 rows a block)
     assert one.kernel is LN.LN_BWD_ONE[torch.bfloat16, torch.bfloat16, torch.float32, 8, 32, 6, 12]
@@ -161,6 +161,7 @@ def test_plan_one_block_a_row_is_one_launch(monkeypatch):
         assert kernels == [LS.ONLINE_PARTIALS_KERNEL, LS.NORMALIZE_KERNEL], (rows, n)
     with LS.ONE_BLOCK.set_to(False):
         assert len(_softmax_plan(1, 4096)[2]) == 2
+    x, y, _ = _softmax_plan(1, 4096)
     four = LS._long_softmax_rows_gpu([y], [x], {"PIPELINE": "four_stage", "BLOCK": LS.BLOCK})
     assert LS.ONE_BLOCK_SOFTMAX_KERNEL not in {launch.kernel.family for launch in four}
 
