@@ -12,6 +12,7 @@ from __future__ import annotations
 import numbers
 import operator
 import re
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -58,6 +59,14 @@ def as_int_list(seq):
     """A tuple, list or range of such integers as a list of Python ints (torch's permute
     takes all of them); anything else as it is."""
     return [as_int(p) for p in seq] if isinstance(seq, (tuple, list, range)) else seq
+
+
+def f32_exact(v: float) -> bool:
+    """v survives a round trip through float32 (what the kernels read alpha and beta as)."""
+    try:
+        return struct.unpack("f", struct.pack("f", v))[0] == v
+    except OverflowError:
+        return False
 
 
 def same_device(t: torch.Tensor, ref: torch.Tensor) -> bool:

@@ -25,13 +25,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-import struct
 from functools import lru_cache
 
 import torch
 
-from . import column_sums, eager, programs
-from .contract import FLOAT_DTYPES, SUPPORTED_DEVICES, OpSpec, TensorArg, same_device
+from . import column_sums, eager, gemm_backward, programs
+from .contract import FLOAT_DTYPES, SUPPORTED_DEVICES, OpSpec, TensorArg, f32_exact, same_device
 from .gemm_gpu import MAX_BATCH, gemm_gpu
 from .gemm_gpu import gemm_version as gemm_version  # the knob that forces a bf16/fp16 kernel
 from .mojo_op import MojoOp, device_constant
@@ -98,14 +97,6 @@ def _op_shape(t: torch.Tensor, transpose: bool) -> tuple[int, int]:
 
 _NUMBERS = (float, int)
 F32_MAX = torch.finfo(torch.float32).max  # the kernels apply alpha and beta in float32
-
-
-def f32_exact(v: float) -> bool:
-    """v survives a round trip through float32 (what the kernels read alpha and beta as)."""
-    try:
-        return struct.unpack("f", struct.pack("f", v))[0] == v
-    except OverflowError:
-        return False
 
 
 _TENSORS = (torch.Tensor, torch.nn.Parameter)
@@ -407,6 +398,10 @@ def _backward_with(batched: bool):
         alpha, ta, tb = ctx.alpha, ctx.ta, ctx.tb
         g = programs.contiguous(g)
         grad_a = grad_b = grad_c = None
+        if not batched:
+            grads = _one_launch(ctx, g, a, b)
+            if grads is not None:
+                return (*grads, None, None, None, None)
         if ctx.needs_input_grad[0]:
             # op(a) = g @ op(b)^T; stored a is op(a) or its transpose
             if ta:  # a = (g @ op(b)^T)^T = op(b) @ g^T
@@ -426,6 +421,25 @@ def _backward_with(batched: bool):
         return grad_a, grad_b, grad_c, None, None, None, None
 
     return backward
+
+
+def _one_launch(ctx, g, a, b) -> tuple | None:
+    """(grad_a, grad_b, grad_c) of a 2-D call by day 016's one-launch backward
+    (gemm_backward.py), or None where it does not serve: both products needed, a stored
+    as op(a), a bias (beta 1, a row) or none, and `gemm_backward.serves`."""
+    needs = ctx.needs_input_grad
+    if ctx.ta or not (needs[0] and needs[1]) or not f32_exact(ctx.alpha):
+        return None
+    bias = ctx.c_shape is not None and needs[2]
+    if bias and (ctx.beta != 1 or tuple(ctx.c_shape) not in ((g.shape[1],), (1, g.shape[1]))):
+        return None
+    if not gemm_backward.serves(g, a, b, ctx.tb):
+        return None
+    alpha_beta = _alpha_beta(float(ctx.alpha), 0.0, g.device)
+    grads = gemm_backward.gemm_backward(g, a, b, alpha_beta, ctx.alpha, ctx.tb, bias)
+    if bias:
+        grads[2] = grads[2].view(*ctx.c_shape)
+    return grads[0], grads[1], grads[2] if bias else None
 
 
 def _split(a, b, c, alpha, beta, transpose_a, transpose_b):

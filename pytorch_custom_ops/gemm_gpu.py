@@ -457,9 +457,10 @@ def _cdiv(a: int, b: int) -> int:
 
 
 # --8<-- [start:launch]
-def vector_friendly(out, a, b, m: int, n: int, k: int, ta: bool, tb: bool) -> bool:
+def vector_friendly(out_ptr: int, a, b, m: int, n: int, k: int, ta: bool, tb: bool) -> bool:
     """16-byte global vectors are safe: every stored row length is a multiple of the
-    vector and every base pointer is 16-byte aligned (batch offsets then are too)."""
+    vector and every base pointer is 16-byte aligned (batch offsets then are too).
+    `out_ptr`: the output's address (0 for one not allocated yet: torch aligns them)."""
     vw = 16 // a.dtype.itemsize
     a_ld = m if ta else k
     b_ld = k if tb else n
@@ -469,7 +470,7 @@ def vector_friendly(out, a, b, m: int, n: int, k: int, ta: bool, tb: bool) -> bo
         and n % vw == 0
         and a.data_ptr() % 16 == 0
         and b.data_ptr() % 16 == 0
-        and out.data_ptr() % 16 == 0
+        and out_ptr % 16 == 0
     )
 
 
@@ -1004,10 +1005,24 @@ def float_kernel(
     return ("simt_small" if small or pieces > 1 else "simt_large"), pieces
 
 
-def tf32x3_fits(m: int, n: int, k: int, out: torch.Tensor) -> bool:
+def tf32x3_fits(m: int, n: int, k: int, out_ptr: int) -> bool:
     """Can the 3xTF32 launches run this float32 problem? (8-byte pair stores, a split
     grid's y <= 65535 tiles, and no empty tensor map.)"""
-    return m > 0 and n > 0 and k > 0 and n % 2 == 0 and out.data_ptr() % 8 == 0 and max(m, n) <= TF32_SPLIT_TILE * 65535
+    return m > 0 and n > 0 and k > 0 and n % 2 == 0 and out_ptr % 8 == 0 and max(m, n) <= TF32_SPLIT_TILE * 65535
+
+
+def simt_choice(
+    m: int, n: int, k: int, batch: int, ta: bool, tb: bool, vec: bool, dtype: torch.dtype, device, out_ptr: int
+) -> tuple[tuple | None, int]:
+    """The float32 / float64 plan's choice under the current version: the SIMT kernel's
+    tile config (BM, BK, TM) and its pieces of K, or (None, 1) for 3xTF32. `out_ptr`: as
+    in vector_friendly."""
+    kind = VERSIONS[_version.value][0]
+    fits = dtype == torch.float32 and kind != "simt" and tf32x3_fits(m, n, k, out_ptr)
+    choice, pieces = float_kernel(m, n, k, batch, ta, tb, vec, dtype, sm_count(device), fits)
+    if choice == "tf32x3" or (fits and kind == "tf32x3"):
+        return None, 1
+    return (SIMT_FP64 if dtype == torch.float64 else SIMT_SMALL if choice == "simt_small" else SIMT_LARGE), pieces
 
 
 def tf32_planes(x: torch.Tensor, k_contiguous: bool, mn: int, k: int, batch: int, bs: int, bmn: int):
@@ -1061,7 +1076,7 @@ def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
         c_cs = broadcast_stride(name, c.shape[1], n, 1)
         c_bs = a_bs = b_bs = 0
     dtype = a.dtype
-    vec = vector_friendly(out, a, b, m, n, k, ta, tb)
+    vec = vector_friendly(out.data_ptr(), a, b, m, n, k, ta, tb)
     tiles128 = _cdiv(m, 128) * _cdiv(n, 128) * batch
     small = tiles128 < SMALL_GRID
     ptrs = (out.data_ptr(), a.data_ptr(), b.data_ptr(), c.data_ptr(), alpha_beta.data_ptr())
@@ -1072,11 +1087,9 @@ def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
 
     kind, bm, bn = VERSIONS[_version.value]
     if dtype not in TC_DTYPES:  # float32 (3xTF32 or SIMT), float64 (SIMT)
-        fits = dtype == torch.float32 and kind != "simt" and tf32x3_fits(m, n, k, out)
-        choice, pieces = float_kernel(m, n, k, batch, ta, tb, vec, dtype, sm_count(out.get_device()), fits)
-        if choice == "tf32x3" or (fits and kind == "tf32x3"):
+        config, pieces = simt_choice(m, n, k, batch, ta, tb, vec, dtype, out.get_device(), out.data_ptr())
+        if config is None:
             return tf32x3_launches(out, a, b, c, alpha_beta, sizes, ta, tb)
-        config = SIMT_FP64 if dtype == torch.float64 else SIMT_SMALL if choice == "simt_small" else SIMT_LARGE
         if pieces > 1:
             return simt_split_launches(out, ptrs, (m, n, k, c_rs, c_cs), pieces, ta, tb, config)
         bm, bk, tt = config

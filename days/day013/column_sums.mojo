@@ -31,41 +31,47 @@ comptime COL_UNROLL = 8  # rows a warp loads before it adds them (a0..a7 in the 
 
 
 # --8<-- [start:column_partials]
-@__llvm_metadata(
-    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
-        Int32(COL_ROW_LANES * WARP_SIZE)
-    )
-)
-@__name(t"column_partials_{dtype}_v{VEC}")
-def column_partials_kernel[
-    dtype: DType, VEC: Int
+comptime ColumnSmem[acc: DType] = Pointer[
+    Scalar[acc], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+]
+
+
+@always_inline
+def column_smem[acc: DType, VEC: Int]() -> ColumnSmem[acc]:
+    """The block's shared memory for `column_slice_sum`: a sum per warp and column."""
+    return stack_allocation[
+        COL_ROW_LANES * WARP_SIZE * VEC,
+        Scalar[acc],
+        address_space=AddressSpace.SHARED,
+    ]()
+
+
+@always_inline
+def column_slice_sum[
+    dtype: DType, acc: DType, VEC: Int
 ](
-    partials: Pointer[Float32, MutAnyOrigin],
     g: Pointer[Scalar[dtype], MutAnyOrigin],
-    rows: Int64,
-    cols: Int64,
-    ld: Int64,
-    rows_per_part: Int64,
-):
-    """Launch with grid (ceil(cols / (32 VEC)), parts) and 32 COL_ROW_LANES threads.
-    Block (x, y) sums rows [y rows_per_part, (y + 1) rows_per_part) of g (row stride
-    `ld`, unit column stride) over its 32 VEC columns into partials[y, :] (float32,
-    (parts, cols)). VEC > 1: cols and ld are multiples of VEC and g is 16-byte aligned
-    (the launch plan checks), so a vector is wholly inside or outside the matrix.
+    n: Int,
+    stride: Int,
+    r0: Int,
+    r1: Int,
+    cx: Int,
+    sh: ColumnSmem[acc],
+) -> SIMD[acc, VEC]:
+    """The sums over rows [r0, r1) of g (row stride `stride`, unit column stride) of
+    the 32 VEC columns from cx 32 VEC on, by a block of COL_ROW_LANES warps: warp 0's
+    lane l gets columns cx 32 VEC + l VEC onwards (what it returns; the other warps
+    get their own part). Every thread must call it (a barrier). VEC > 1: n and stride
+    are multiples of VEC and g is VEC-aligned, so a vector is wholly inside or
+    outside the matrix.
     """
     comptime ALIGN = VEC * size_of[dtype]()
     comptime WIDTH = WARP_SIZE * VEC  # the block's columns
-    var sh = stack_allocation[
-        COL_ROW_LANES * WIDTH, Float32, address_space=AddressSpace.SHARED
-    ]()
-    var n = Int(cols)
-    var stride = Int(ld)
-    var c = block_idx.x * WIDTH + lane_id() * VEC  # this lane's first column
-    var r1 = min(Int(rows), (block_idx.y + 1) * Int(rows_per_part))
-    var r = block_idx.y * Int(rows_per_part) + warp_id()
+    var c = cx * WIDTH + lane_id() * VEC  # this lane's first column
+    var r = r0 + warp_id()
     # two sums; each step loads 8 rows (r, r + 8, ..., r + 56) before adding any
-    var s0 = SIMD[DType.float32, VEC](0)
-    var s1 = SIMD[DType.float32, VEC](0)
+    var s0 = SIMD[acc, VEC](0)
+    var s1 = SIMD[acc, VEC](0)
     if c < n:
         var at = g.unsafe_offset(c)
         comptime L = COL_ROW_LANES
@@ -92,16 +98,16 @@ def column_partials_kernel[
             var a7 = at.unsafe_load[width=VEC, alignment=ALIGN](
                 (r + 7 * L) * stride
             )
-            s0 += (a0.cast[DType.float32]() + a1.cast[DType.float32]()) + (
-                a2.cast[DType.float32]() + a3.cast[DType.float32]()
+            s0 += (a0.cast[acc]() + a1.cast[acc]()) + (
+                a2.cast[acc]() + a3.cast[acc]()
             )
-            s1 += (a4.cast[DType.float32]() + a5.cast[DType.float32]()) + (
-                a6.cast[DType.float32]() + a7.cast[DType.float32]()
+            s1 += (a4.cast[acc]() + a5.cast[acc]()) + (
+                a6.cast[acc]() + a7.cast[acc]()
             )
             r += COL_UNROLL * L
         while r < r1:
             s0 += at.unsafe_load[width=VEC, alignment=ALIGN](r * stride).cast[
-                DType.float32
+                acc
             ]()
             r += L
     var mine = s0 + s1
@@ -111,6 +117,40 @@ def column_partials_kernel[
         var total = sh.unsafe_load[width=VEC](lane_id() * VEC)
         comptime for w in range(1, COL_ROW_LANES):
             total += sh.unsafe_load[width=VEC](w * WIDTH + lane_id() * VEC)
+        return total
+    return mine
+
+
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
+        Int32(COL_ROW_LANES * WARP_SIZE)
+    )
+)
+@__name(t"column_partials_{dtype}_v{VEC}")
+def column_partials_kernel[
+    dtype: DType, VEC: Int
+](
+    partials: Pointer[Float32, MutAnyOrigin],
+    g: Pointer[Scalar[dtype], MutAnyOrigin],
+    rows: Int64,
+    cols: Int64,
+    ld: Int64,
+    rows_per_part: Int64,
+):
+    """Launch with grid (ceil(cols / (32 VEC)), parts) and 32 COL_ROW_LANES threads.
+    Block (x, y) sums rows [y rows_per_part, (y + 1) rows_per_part) of g (row stride
+    `ld`, unit column stride) over its 32 VEC columns into partials[y, :] (float32,
+    (parts, cols)): `column_slice_sum`. VEC > 1: cols and ld are multiples of VEC
+    and g is 16-byte aligned (the launch plan checks).
+    """
+    var n = Int(cols)
+    var r0 = block_idx.y * Int(rows_per_part)
+    var r1 = min(Int(rows), r0 + Int(rows_per_part))
+    var total = column_slice_sum[dtype, DType.float32, VEC](
+        g, n, Int(ld), r0, r1, block_idx.x, column_smem[DType.float32, VEC]()
+    )
+    var c = block_idx.x * WARP_SIZE * VEC + lane_id() * VEC
+    if warp_id() == 0 and c < n:
         partials.unsafe_store(block_idx.y * n + c, total)
 
 

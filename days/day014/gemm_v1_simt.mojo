@@ -111,6 +111,22 @@ def simt_stash[
 
 
 # --8<-- [start:simt_kernel]
+comptime SimtSmem[acc: DType] = Pointer[
+    Scalar[acc], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+]
+
+
+@always_inline
+def simt_smem[acc: DType, BM: Int, BK: Int]() -> SimtSmem[acc]:
+    """One operand's two (BK x (BM + 4)) stage buffers of shared memory."""
+    return stack_allocation[
+        2 * BK * (BM + 4),
+        Scalar[acc],
+        address_space=AddressSpace.SHARED,
+        alignment=16,
+    ]()
+
+
 def gemm_simt_kernel[
     dtype: DType,
     TA: Bool,
@@ -142,6 +158,66 @@ def gemm_simt_kernel[
     b_ld are the operands' stored row strides (packed: K or M for A, N or K for B).
     """
     comptime acc = accum_dtype[dtype]()
+    simt_tile[dtype, TA, TB, VEC, BM, BN, BK, TM, TN](
+        block_idx.x,
+        block_idx.z,
+        dst,
+        a,
+        b,
+        c,
+        alpha_beta,
+        Int(m),
+        Int(n),
+        Int(k),
+        Int(a_bs),
+        Int(b_bs),
+        Int(c_bs),
+        Int(c_rs),
+        Int(c_cs),
+        Int(a_ld),
+        Int(b_ld),
+        simt_smem[acc, BM, BK](),
+        simt_smem[acc, BN, BK](),
+    )
+
+
+@always_inline
+def simt_tile[
+    dtype: DType,
+    TA: Bool,
+    TB: Bool,
+    VEC: Bool,
+    BM: Int,
+    BN: Int,
+    BK: Int,
+    TM: Int,
+    TN: Int,
+](
+    pid: Int,
+    bt: Int,
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    b: Pointer[Scalar[dtype], MutAnyOrigin],
+    c: Pointer[Scalar[dtype], MutAnyOrigin],
+    alpha_beta: Pointer[Float32, MutAnyOrigin],
+    M: Int,
+    N: Int,
+    K: Int,
+    a_bs: Int,
+    b_bs: Int,
+    c_bs: Int,
+    c_rs: Int,
+    c_cs: Int,
+    a_ld: Int,
+    b_ld: Int,
+    as_: SimtSmem[accum_dtype[dtype]()],
+    bs_: SimtSmem[accum_dtype[dtype]()],
+):
+    """Output tile `pid` (in tile_coords' order) of matrix `bt` of the batch, by the
+    block's 256 threads; `as_` and `bs_` are `simt_smem` buffers for BM and BN. The
+    kernel above is a grid of these; day 016's one-launch GEMM backward runs two
+    products' tiles in one grid."""
+    comptime acc = accum_dtype[dtype]()
     comptime VW = 16 // size_of[dtype]()  # elements per 16-byte global vector
     comptime TX = BN // TN  # threads along N
     comptime TY = BM // TM  # threads along M
@@ -158,31 +234,14 @@ def gemm_simt_kernel[
     comptime assert LVA * VW * SIMT_THREADS == BM * BK, "A tile splits evenly"
     comptime assert LVB * VW * SIMT_THREADS == BN * BK, "B tile splits evenly"
 
-    var M = Int(m)
-    var N = Int(n)
-    var K = Int(k)
     var num_m = ceildiv(M, BM)
     var num_n = ceildiv(N, BN)
-    var tile = tile_coords(block_idx.x, num_m, num_n)
+    var tile = tile_coords(pid, num_m, num_n)
     var m0 = tile[0] * BM
     var n0 = tile[1] * BN
-    var bt = block_idx.z
-    var a_t = a.unsafe_offset(bt * Int(a_bs))
-    var b_t = b.unsafe_offset(bt * Int(b_bs))
+    var a_t = a.unsafe_offset(bt * a_bs)
+    var b_t = b.unsafe_offset(bt * b_bs)
 
-    # two buffers per operand: compute on one while the other is being filled
-    var as_ = stack_allocation[
-        2 * BK * LDA,
-        Scalar[acc],
-        address_space=AddressSpace.SHARED,
-        alignment=16,
-    ]()
-    var bs_ = stack_allocation[
-        2 * BK * LDB,
-        Scalar[acc],
-        address_space=AddressSpace.SHARED,
-        alignment=16,
-    ]()
     var ra = Array[SIMD[dtype, VW], LVA](fill=0)
     var rb = Array[SIMD[dtype, VW], LVB](fill=0)
     var accs = Array[SIMD[acc, 4], TM * GN](fill=0)
@@ -191,8 +250,8 @@ def gemm_simt_kernel[
     var ty = thread_idx.x // TX
     var num_k = ceildiv(K, BK)
 
-    var a_stride = Int(a_ld)
-    var b_stride = Int(b_ld)
+    var a_stride = a_ld
+    var b_stride = b_ld
     simt_fetch[dtype, not TA, VEC, BM, BK, VW, LVA](
         a_t, m0, 0, M, K, a_stride, ra
     )
@@ -245,7 +304,7 @@ def gemm_simt_kernel[
     var alpha = alpha_beta[unsafe_offset=0].cast[acc]()
     var beta = alpha_beta[unsafe_offset=1].cast[acc]()
     var o_t = dst.unsafe_offset(bt * M * N)
-    var c_t = c.unsafe_offset(bt * Int(c_bs))
+    var c_t = c.unsafe_offset(bt * c_bs)
     comptime for g in range(GM):
         comptime for r in range(4):
             var row = m0 + g * (BM // GM) + ty * 4 + r
@@ -259,8 +318,7 @@ def gemm_simt_kernel[
                                 v[e] += (
                                     beta
                                     * c_t[
-                                        unsafe_offset=row * Int(c_rs)
-                                        + (col + e) * Int(c_cs)
+                                        unsafe_offset=row * c_rs + (col + e) * c_cs
                                     ].cast[acc]()
                                 )
                     var o = v.cast[dtype]()

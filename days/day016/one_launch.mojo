@@ -22,8 +22,19 @@
 #    rows than the GPU has blocks): day 015's fused pipeline folds (max, sum) per
 #    block into a workspace, then merges the pairs and normalizes. With one block a
 #    row there is nothing to merge: the same block normalizes right after its fold.
+#
+# Part nineteen: a linear layer's backward in one launch (float32 / float64).
+# 3. MojoGEMM's backward node was three ops: dX = dY W and dW = dY^T X (day 014's
+#    SIMT kernel, a launch each) and the bias gradient, the column sums of dY
+#    (torch's sum). With a few tiles each, the GPU finishes them in ~14 us and the
+#    host takes ~33 us to issue them. The three are independent, so one grid holds
+#    them all: the first blocks are dX's tiles, then dW's, then column blocks of the
+#    bias gradient (day 013's `column_slice_sum` over every row).
 
 from max.gpu import (
+    WARP_SIZE,
+    lane_id,
+    warp_id,
     thread_idx,
     block_idx,
     grid_dim,
@@ -31,11 +42,15 @@ from max.gpu import (
     MAX_THREADS_PER_BLOCK_METADATA,
 )
 from max.gpu.memory import external_memory
+from std.math import ceildiv
 from std.sys import size_of
 from std.utils import StaticTuple
 
 from days.day009.online_softmax import accum_dtype
+from days.day013.column_sums import column_slice_sum, column_smem
 from days.day013.layer_norm import ADD_GRAD, WRITE_LOW, backward_row
+from days.day014.gemm_common import accum_dtype as gemm_accum
+from days.day014.gemm_v1_simt import SIMT_THREADS, simt_smem, simt_tile
 from days.day015.long_softmax import (
     Normalize,
     OnlineFold,
@@ -263,3 +278,69 @@ def one_block_softmax_kernel[
 
 
 # --8<-- [end:one_block_softmax]
+
+
+# --8<-- [start:gemm_backward_one]
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(SIMT_THREADS))
+)
+@__name(t"gemm_bwd1_{dtype}_tb{TB}_v{VEC}_m{BM}_k{BK}_t{TM}")
+def gemm_backward_one_kernel[
+    dtype: DType, TB: Bool, VEC: Bool, BM: Int, BK: Int, TM: Int
+](
+    grad_a: Pointer[Scalar[dtype], MutAnyOrigin],
+    grad_b: Pointer[Scalar[dtype], MutAnyOrigin],
+    grad_c: Pointer[Scalar[dtype], MutAnyOrigin],
+    g: Pointer[Scalar[dtype], MutAnyOrigin],
+    a: Pointer[Scalar[dtype], MutAnyOrigin],
+    b: Pointer[Scalar[dtype], MutAnyOrigin],
+    alpha_beta: Pointer[Float32, MutAnyOrigin],
+    m: Int64,
+    n: Int64,
+    k: Int64,
+):
+    """The backward of y = alpha a @ op(b) + c (a: m x k, op(b): k x n; b stored
+    n x k when TB) for its gradient g (m x n, packed), in one launch:
+        blocks [0, t1)        grad_a = alpha g @ op(b)^T   (m x k), BM x BM tiles
+        blocks [t1, t1 + t2)  grad_b = alpha (g^T a or a^T g), the shape of b
+        the rest              grad_c = the column sums of g, 32 vectors a block
+    alpha_beta holds (alpha, 0). A grid without column blocks leaves grad_c alone
+    (no bias). VEC: 16-byte vectors everywhere (the plan checks every operand)."""
+    comptime acc = gemm_accum[dtype]()
+    comptime VW = 16 // size_of[dtype]() if VEC else 1
+    var M = Int(m)
+    var N = Int(n)
+    var K = Int(k)
+    var t1 = ceildiv(M, BM) * ceildiv(K, BM)
+    var t2 = ceildiv(N, BM) * ceildiv(K, BM)
+    var id = block_idx.x
+    if id >= t1 + t2:  # the bias gradient, every row at once
+        var cx = id - t1 - t2
+        var total = column_slice_sum[dtype, acc, VW](
+            g, N, N, 0, M, cx, column_smem[acc, VW]()
+        )
+        var col = cx * WARP_SIZE * VW + lane_id() * VW
+        if warp_id() == 0 and col < N:
+            comptime for e in range(VW):
+                grad_c[unsafe_offset=col + e] = total[e].cast[dtype]()
+        return
+    var as_ = simt_smem[acc, BM, BK]()
+    var bs_ = simt_smem[acc, BM, BK]()
+    if id < t1:  # g (m x n) times op(b)^T: b itself (n x k) when TB
+        simt_tile[dtype, False, not TB, VEC, BM, BM, BK, TM, TM](
+            id, 0, grad_a, g, b, g, alpha_beta, M, K, N, 0, 0, 0, 0, 0, N,
+            K if TB else N, as_, bs_,
+        )
+    elif TB:  # grad_b (n x k) = g^T a
+        simt_tile[dtype, True, False, VEC, BM, BM, BK, TM, TM](
+            id - t1, 0, grad_b, g, a, g, alpha_beta, N, K, M, 0, 0, 0, 0, 0,
+            N, K, as_, bs_,
+        )
+    else:  # grad_b (k x n) = a^T g
+        simt_tile[dtype, True, False, VEC, BM, BM, BK, TM, TM](
+            id - t1, 0, grad_b, a, g, g, alpha_beta, K, N, M, 0, 0, 0, 0, 0,
+            K, N, as_, bs_,
+        )
+
+
+# --8<-- [end:gemm_backward_one]

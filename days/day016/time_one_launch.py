@@ -1,4 +1,4 @@
-"""Day 016, part eighteen: each one-launch op against its two launches and torch's, per
+"""Day 016, parts eighteen and nineteen: each one-launch op against its launches apart and torch's, per
 shape: host µs per call, kernel µs (CUPTI, summed over the call's kernels) and the GPU's
 time per call from events with L2 flushed (what a cold model step sees, gaps between
 the two kernels included).
@@ -8,7 +8,9 @@ the two kernels included).
 The layer norm's backward (one launch against day 013's two kernels) picks
 ONE_LAUNCH_ROWS (pytorch_custom_ops/layer_norm.py): the one launch should not lose on the
 GPU where the plan takes it. The long softmax (one block a row) is the same kernels'
-work with one launch less.
+work with one launch less. A linear layer's backward (part nineteen, float32/float64,
+`--op gemm_backward`) is one launch against three calls (two products and torch's sum),
+and torch's own nn.Linear backward; rows x cols there mean tokens x (in = out) features.
 """
 
 from __future__ import annotations
@@ -25,10 +27,20 @@ from benchmark.timing import host_overhead_us, kernel_time_ms, time_cuda
 
 LN = importlib.import_module("pytorch_custom_ops.layer_norm")  # pco.layer_norm is the function
 LS = importlib.import_module("pytorch_custom_ops.long_softmax")
+GB = importlib.import_module("pytorch_custom_ops.gemm_backward")
 ROWS = (8, 64, 256, 1024, 2048, 4096, 8192)  # 8 x 128: benchmark.overhead's shape
 COLS = (128, 768, 1024, 3072)
 ALWAYS, NEVER = 1 << 40, 0  # ONE_LAUNCH_ROWS values: the one launch for every row count, or none
 SOFTMAX_SHAPES = ((1, 4096), (8, 4096), (64, 1000), (1, 1000), (600, 20000), (2048, 4096))
+# (tokens, features, dtype): 64 x 64 is benchmark.overhead's MojoGEMM(64, 64)
+LINEAR_SHAPES = (
+    (64, 64, "float32"),
+    (8, 768, "float32"),
+    (64, 768, "float32"),
+    (256, 1024, "float32"),
+    (64, 768, "float64"),
+    (1024, 768, "float64"),
+)
 
 
 def ln_calls(rows: int, cols: int, dtype: torch.dtype) -> dict:
@@ -58,6 +70,28 @@ def softmax_calls(rows: int, n: int, dtype: torch.dtype) -> dict:
     }
 
 
+def linear_calls(tokens: int, features: int, dtype: torch.dtype) -> dict:
+    """The backward of a MojoGEMM and of an nn.Linear (the same weights), through the
+    engine from a kept graph: what a training step's backward runs for the layer."""
+    torch.manual_seed(tokens + features)
+    ours_layer = pco.MojoGEMM(features, features).to("cuda", dtype)
+    theirs_layer = torch.nn.Linear(features, features).to("cuda", dtype)
+    x = torch.randn(tokens, features, device="cuda", dtype=dtype, requires_grad=True)
+    g = torch.randn(tokens, features, device="cuda", dtype=dtype)
+
+    def backward(layer):
+        y = layer(x)
+        inputs = (x, layer.weight, layer.bias)
+        return lambda: torch.autograd.grad(y, inputs, g, retain_graph=True)
+
+    ours = backward(ours_layer)
+    return {
+        "one": (GB.ONE_LAUNCH.set_to(True), ours),
+        "three": (GB.ONE_LAUNCH.set_to(False), ours),
+        "torch": (nullcontext(), backward(theirs_layer)),
+    }
+
+
 def measure(setting, fn) -> tuple[float, float, float]:
     with setting:
         host = host_overhead_us(fn)
@@ -69,16 +103,18 @@ def measure(setting, fn) -> tuple[float, float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", nargs="+", default=["bfloat16", "float32"])
-    parser.add_argument("--op", nargs="+", default=["layer_norm_backward", "long_softmax"])
+    parser.add_argument("--op", nargs="+", default=["layer_norm_backward", "long_softmax"])  # or gemm_backward
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; ONE_LAUNCH_ROWS = {LN.ONE_LAUNCH_ROWS.value}")
-    print("us per call: host one / two / torch | kernel one / two / torch | gpu (events, L2 flushed) one / two / torch")
+    print("us per call: host one / apart / torch | kernel one / apart / torch | gpu (events, L2 flushed) the same")
     problems = []
     for dtype in (getattr(torch, d) for d in args.dtype):
         if "layer_norm_backward" in args.op:
             problems += [("ln bwd", ln_calls, rows, cols, dtype) for cols in COLS for rows in ROWS]
         if "long_softmax" in args.op:
             problems += [("softmax", softmax_calls, rows, n, dtype) for rows, n in SOFTMAX_SHAPES]
+    if "gemm_backward" in args.op:  # its own dtypes: float32 and float64
+        problems += [("linear", linear_calls, t, f, getattr(torch, d)) for t, f, d in LINEAR_SHAPES]
     for op, calls, rows, cols, dtype in problems:
         fns = calls(rows, cols, dtype)
         got = {name: measure(*setting_fn) for name, setting_fn in fns.items()}
