@@ -23,6 +23,7 @@ import torch
 
 import pytorch_custom_ops as pco
 from benchmark.gpu_script import need_cuda
+from benchmark.overhead import node_call
 from benchmark.timing import host_overhead_us, kernel_time_ms, time_cuda
 
 LN = importlib.import_module("pytorch_custom_ops.layer_norm")  # pco.layer_norm is the function
@@ -32,15 +33,9 @@ ROWS = (8, 64, 256, 1024, 2048, 4096, 8192)  # 8 x 128: benchmark.overhead's sha
 COLS = (128, 768, 1024, 3072)
 ALWAYS, NEVER = 1 << 40, 0  # ONE_LAUNCH_ROWS values: the one launch for every row count, or none
 SOFTMAX_SHAPES = ((1, 4096), (8, 4096), (64, 1000), (1, 1000), (600, 20000), (2048, 4096))
-# (tokens, features, dtype): 64 x 64 is benchmark.overhead's MojoGEMM(64, 64)
-LINEAR_SHAPES = (
-    (64, 64, "float32"),
-    (8, 768, "float32"),
-    (64, 768, "float32"),
-    (256, 1024, "float32"),
-    (64, 768, "float64"),
-    (1024, 768, "float64"),
-)
+# (tokens, features, dtype): 64 x 64 is benchmark.overhead's MojoGEMM(64, 64); float32 wider
+# than 64 features splits K or takes 3xTF32 (gemm_backward.sizes_serve): three calls
+LINEAR_SHAPES = ((8, 32, "float32"), (64, 64, "float32"), (64, 768, "float64"), (1024, 768, "float64"))
 
 
 def ln_calls(rows: int, cols: int, dtype: torch.dtype) -> dict:
@@ -71,24 +66,18 @@ def softmax_calls(rows: int, n: int, dtype: torch.dtype) -> dict:
 
 
 def linear_calls(tokens: int, features: int, dtype: torch.dtype) -> dict:
-    """The backward of a MojoGEMM and of an nn.Linear (the same weights), through the
-    engine from a kept graph: what a training step's backward runs for the layer."""
+    """The backward node of a MojoGEMM and of an nn.Linear (the same weights), called
+    alone as benchmark.overhead's `node_call` does (no engine around it)."""
     torch.manual_seed(tokens + features)
     ours_layer = pco.MojoGEMM(features, features).to("cuda", dtype)
     theirs_layer = torch.nn.Linear(features, features).to("cuda", dtype)
     x = torch.randn(tokens, features, device="cuda", dtype=dtype, requires_grad=True)
     g = torch.randn(tokens, features, device="cuda", dtype=dtype)
-
-    def backward(layer):
-        y = layer(x)
-        inputs = (x, layer.weight, layer.bias)
-        return lambda: torch.autograd.grad(y, inputs, g, retain_graph=True)
-
-    ours = backward(ours_layer)
+    ours = node_call(ours_layer(x), g)[1]
     return {
         "one": (GB.ONE_LAUNCH.set_to(True), ours),
         "three": (GB.ONE_LAUNCH.set_to(False), ours),
-        "torch": (nullcontext(), backward(theirs_layer)),
+        "torch": (nullcontext(), node_call(theirs_layer(x), g)[1]),
     }
 
 
