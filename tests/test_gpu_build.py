@@ -35,6 +35,15 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
             r"shfl\.sync\.bfly",
             r"\.maxntid 384\b",
         ),
+        # a linear layer's backward in one grid: day 014's SIMT tiles (16-byte loads and
+        # stores, float32 FMAs, a barrier per k-step) and 256-thread column blocks
+        "day016.gemm_backward_one_kernel.float32.1.1.64.16.4": (
+            r"ld\.global\.v4\.b32",
+            r"fma\.rn\.f32",
+            r"st\.global\.v4\.b32",
+            r"bar\.sync",
+            r"\.maxntid 256\b",
+        ),
     },
     "day012": {
         # a warp per row: butterfly shuffles, 16-byte vectors, 128-thread blocks (no barrier: below)

@@ -38,7 +38,8 @@ comptime ColumnSmem[acc: DType] = Pointer[
 
 @always_inline
 def column_smem[acc: DType, VEC: Int]() -> ColumnSmem[acc]:
-    """The block's shared memory for `column_slice_sum`: a sum per warp and column."""
+    """The block's shared memory for `column_slice_sum`: a sum per warp and column.
+    """
     return stack_allocation[
         COL_ROW_LANES * WARP_SIZE * VEC,
         Scalar[acc],

@@ -318,7 +318,8 @@ def simt_tile[
                                 v[e] += (
                                     beta
                                     * c_t[
-                                        unsafe_offset=row * c_rs + (col + e) * c_cs
+                                        unsafe_offset=row * c_rs
+                                        + (col + e) * c_cs
                                     ].cast[acc]()
                                 )
                     var o = v.cast[dtype]()

@@ -305,7 +305,8 @@ def gemm_backward_one_kernel[
         blocks [t1, t1 + t2)  grad_b = alpha (g^T a or a^T g), the shape of b
         the rest              grad_c = the column sums of g, 32 vectors a block
     alpha_beta holds (alpha, 0). A grid without column blocks leaves grad_c alone
-    (no bias). VEC: 16-byte vectors everywhere (the plan checks every operand)."""
+    (no bias). VEC: 16-byte vectors everywhere (the plan checks every operand).
+    """
     comptime acc = gemm_accum[dtype]()
     comptime VW = 16 // size_of[dtype]() if VEC else 1
     var M = Int(m)
@@ -328,18 +329,69 @@ def gemm_backward_one_kernel[
     var bs_ = simt_smem[acc, BM, BK]()
     if id < t1:  # g (m x n) times op(b)^T: b itself (n x k) when TB
         simt_tile[dtype, False, not TB, VEC, BM, BM, BK, TM, TM](
-            id, 0, grad_a, g, b, g, alpha_beta, M, K, N, 0, 0, 0, 0, 0, N,
-            K if TB else N, as_, bs_,
+            id,
+            0,
+            grad_a,
+            g,
+            b,
+            g,
+            alpha_beta,
+            M,
+            K,
+            N,
+            0,
+            0,
+            0,
+            0,
+            0,
+            N,
+            K if TB else N,
+            as_,
+            bs_,
         )
     elif TB:  # grad_b (n x k) = g^T a
         simt_tile[dtype, True, False, VEC, BM, BM, BK, TM, TM](
-            id - t1, 0, grad_b, g, a, g, alpha_beta, N, K, M, 0, 0, 0, 0, 0,
-            N, K, as_, bs_,
+            id - t1,
+            0,
+            grad_b,
+            g,
+            a,
+            g,
+            alpha_beta,
+            N,
+            K,
+            M,
+            0,
+            0,
+            0,
+            0,
+            0,
+            N,
+            K,
+            as_,
+            bs_,
         )
     else:  # grad_b (k x n) = a^T g
         simt_tile[dtype, True, False, VEC, BM, BM, BK, TM, TM](
-            id - t1, 0, grad_b, a, g, g, alpha_beta, K, N, M, 0, 0, 0, 0, 0,
-            K, N, as_, bs_,
+            id - t1,
+            0,
+            grad_b,
+            a,
+            g,
+            g,
+            alpha_beta,
+            K,
+            N,
+            M,
+            0,
+            0,
+            0,
+            0,
+            0,
+            K,
+            N,
+            as_,
+            bs_,
         )
 
 
