@@ -200,10 +200,21 @@ def run(launches: list[Launch], device_index: int) -> None:
 _epoch = 0
 
 
+_on_change: list = []  # what else keeps launches: programs.py's books (on_plans_changed)
+
+
 def plans_changed() -> None:
     """Forget every op's recipes: call after changing state a launch plan reads."""
     global _epoch
     _epoch += 1
+    for forget in _on_change:
+        forget()
+
+
+def on_plans_changed(forget) -> None:
+    """Call `forget()` on each plans_changed: for stores that C++ replays without asking
+    Python first (a C++ autograd node's programs), which the lazy epoch test cannot reach."""
+    _on_change.append(forget)
 
 
 def plan_epoch() -> int:

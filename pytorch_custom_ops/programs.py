@@ -200,6 +200,7 @@ class Program:
         self._book = None
         self._call = None
         self._epoch = None
+        _PROGRAMS.append(self)
 
     def call(self, tensors: list, params):
         """The outputs (a list) | None: nothing stored for this key, record it |
@@ -263,6 +264,21 @@ class Program:
 
     def __len__(self) -> int:
         return 0 if self._book is None else replay.module().program_count(self._book)
+
+
+# Every Program, emptied at once when launch plans change: a C++ node replays its forward's
+# and its backward's programs straight from these books, with no Python (so no epoch test)
+# in between. A node made before a PlanSetting switch then misses, and its call goes the
+# Python way, which records again under the new plans.
+_PROGRAMS: list[Program] = []
+
+
+def _forget_all() -> None:
+    for program in _PROGRAMS:
+        program._forget()
+
+
+direct.on_plans_changed(_forget_all)
 
 
 _HASHABLE = (bool, int, float, str, type(None), torch.dtype, torch.device)

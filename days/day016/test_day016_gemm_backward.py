@@ -190,3 +190,39 @@ def test_cuda_one_launch_under_graph_capture():
     torch.cuda.synchronize()
     for got, want in zip(grads, eager, strict=True):
         assert torch.equal(got, want)
+
+
+def test_plan_switch_empties_every_program_book(monkeypatch):
+    """A C++ node replays its programs without asking Python, so a PlanSetting switch must
+    empty their books at once (direct.on_plans_changed), not at the next Python call."""
+    from pytorch_custom_ops import programs
+
+    emptied = []
+    monkeypatch.setattr(programs.Program, "_forget", lambda self: emptied.append(self.name))
+    with GB.ONE_LAUNCH.set_to(False):
+        assert {"GEMM.backward", "gemm"} <= set(emptied)
+    assert emptied.count("GEMM.backward") == 2  # on the way in and on the way out
+
+
+@needs_cuda
+def test_cuda_node_made_before_a_plan_switch_follows_it():
+    """Recipes and programs on (no `launched` fixture): the layer's node is C++ after two
+    calls, and a node made under the one launch runs the three calls once it is switched
+    off (the kernels' names, from the profiler)."""
+    layer = pco.MojoGEMM(64, 64).cuda()
+    x = torch.randn(64, 64, device="cuda", requires_grad=True)
+    g = torch.randn(64, 64, device="cuda")
+
+    def kernels(fn):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+    for _ in range(3):
+        layer(x).backward(g)
+    y = layer(x)
+    with GB.ONE_LAUNCH.set_to(False):
+        apart = kernels(lambda: y.backward(g))
+    assert not any("gemm_bwd1" in k for k in apart) and sum("gemm_v1_simt" in k for k in apart) == 2, apart
+    assert any("gemm_bwd1" in k for k in kernels(lambda: layer(x).backward(g)))
