@@ -24,7 +24,7 @@ from .gemm_gpu import SIMT_FP64, SIMT_SMALL, SIMT_THREADS, simt_choice, vector_f
 from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp
 
-WARP, COL_ROW_LANES = 32, 8  # days/day013/column_sums.mojo: a column block's lanes and warps
+WARP = 32  # days/day013/column_sums.mojo: a column block is a warp wide (32 vectors of columns)
 DTYPES = (torch.float32, torch.float64)
 _CONFIGS = {torch.float32: SIMT_SMALL, torch.float64: SIMT_FP64}
 
