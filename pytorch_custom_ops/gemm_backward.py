@@ -19,12 +19,12 @@ from __future__ import annotations
 import torch
 
 from . import direct, eager
+from .column_sums import WARP  # a column block is a warp wide: 32 vectors of columns
 from .contract import PLAIN_TENSORS, OpSpec, TensorArg
-from .gemm_gpu import SIMT_FP64, SIMT_SMALL, SIMT_THREADS, simt_choice, vector_friendly
+from .gemm_gpu import SIMT_FP64, SIMT_SMALL, SIMT_THREADS, _cdiv, simt_choice, vector_friendly
 from .gpu_kernels import KernelFamily
 from .mojo_op import MojoOp
 
-WARP = 32  # days/day013/column_sums.mojo: a column block is a warp wide (32 vectors of columns)
 DTYPES = (torch.float32, torch.float64)
 _CONFIGS = {torch.float32: SIMT_SMALL, torch.float64: SIMT_FP64}
 
@@ -36,10 +36,6 @@ GEMM_BWD_ONE = KernelFamily(
         (dtype, tb, vec, *_CONFIGS[dtype]) for dtype in DTYPES for tb in (False, True) for vec in (False, True)
     ),
 )
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _vectors(g, a, b, m: int, n: int, k: int, tb: bool, out_ptrs=(0, 0)) -> bool:

@@ -199,7 +199,6 @@ class Program:
         self.name = name
         self._book = None
         self._call = None
-        self._epoch = None
         _PROGRAMS.append(self)
 
     def call(self, tensors: list, params):
@@ -208,8 +207,6 @@ class Program:
         programs are off here."""
         if not ENABLED:
             return False
-        if self._epoch != direct._epoch:  # new launch plans: every recipe is forgotten
-            self._forget()
         if self._book is None and not self._open():
             return False
         return self._call(self._book, tensors, params)
@@ -218,7 +215,6 @@ class Program:
         module = replay.module()
         if module is not None:
             self._book, self._call = module.new_program_book(), module.program_call
-            self._epoch = direct._epoch
         return module is not None
 
     def record(self, fn, tensors: list, params, *args):
@@ -260,15 +256,15 @@ class Program:
     def _forget(self) -> None:
         if self._book is not None:
             replay.module().clear_programs(self._book)
-        self._epoch = direct._epoch
 
     def __len__(self) -> int:
         return 0 if self._book is None else replay.module().program_count(self._book)
 
 
-# Every Program, emptied at once when launch plans change: a C++ node replays its forward's
-# and its backward's programs straight from these books, with no Python (so no epoch test)
-# in between. A node made before a PlanSetting switch then misses, and its call goes the
+# Every Program, emptied at once when launch plans change (the only way a program forgets
+# its recordings): a C++ node replays its forward's and its backward's programs straight
+# from these books, with no Python in between, so a lazy test at the next Python call would
+# come too late. A node made before a PlanSetting switch then misses, and its call goes the
 # Python way, which records again under the new plans.
 _PROGRAMS: list[Program] = []
 
