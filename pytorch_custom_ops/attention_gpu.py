@@ -34,24 +34,47 @@ def consumers_for(d: int) -> int:
     return 3 if d == 64 else 2
 
 
-def smem_bytes(d: int, bn: int, stages: int, itemsize: int = 2, nc: int = 2) -> int:
-    """Q (nc x 64 rows x d), `stages` x (K and V: bn x d each), 2 + 3 stages mbarriers."""
-    return (nc * 64 * d + stages * 2 * bn * d) * itemsize + 8 * (2 + 3 * stages)
+def smem_bytes(d: int, bn: int, stages: int, itemsize: int = 2, nc: int = 2, split: bool = False) -> int:
+    """Q (nc x 64 rows x d), `stages` x (K and V: bn x d each), 2 + 3 stages mbarriers
+    (+ stages with `split`: V's own empty barriers)."""
+    return (nc * 64 * d + stages * 2 * bn * d) * itemsize + 8 * (2 + (4 if split else 3) * stages)
 
 
-def stages_for(d: int, bn: int, nc: int = 2) -> int:
+def stages_for(d: int, bn: int, nc: int = 2, split: bool = False) -> int:
     """As many K/V stages as fit (at most 4)."""
     s = 4
-    while s > 2 and smem_bytes(d, bn, s, nc=nc) > SMEM_LIMIT:
+    while s > 2 and smem_bytes(d, bn, s, nc=nc, split=split) > SMEM_LIMIT:
         s -= 1
     return s
 
 
-def fwd_config(d: int) -> tuple[int, int, int]:
-    """(consumers, stages, shared-memory bytes) of the forward at head_dim d."""
+# The forward's K/V tile: (keys, SPLIT). SPLIT: the consumers free a stage's K as soon as
+# S = Q K^T is done and its V after P V (FlashAttention-3's two pipelines), instead of
+# both after P V, which versions 2-4 issue a tile later. 192 keys: head_dim 128 only
+# (at 64 the name means 128 keys with its SPLIT). "auto": 192_split at head_dim 128 from
+# LONG_KEYS keys on, else 128 (day 018's journal, "192-key tiles, part 2").
+FWD_TILES = {"128": (128, False), "128_split": (128, True), "192_split": (192, True)}
+TILE_NAMES = ("auto", *FWD_TILES)
+DEFAULT_FWD_TILE = "auto"
+LONG_KEYS = 4096  # below it a 192-key tile wastes more of its last tile and lost (H200)
+
+
+def fwd_tile(d: int, name: str | None = None, lk: int = 0) -> tuple[int, bool]:
+    """(keys per K/V tile, SPLIT) of the forward at head_dim d and lk keys: tile `name`,
+    or the one chosen (attention_fwd_tile, else DEFAULT_FWD_TILE)."""
+    name = name or _chosen["tile"]
+    if name == "auto":
+        name = "192_split" if d == 128 and lk >= LONG_KEYS else "128"
+    bn, split = FWD_TILES[name]
+    return (bn if d == 128 else BN), split
+
+
+def fwd_kernel_params(dtype, d: int, causal: bool, version: int, tile: str | None = None, lk: int = 0) -> tuple:
+    """(dtype, D, BN, STAGES, CAUSAL, VERSION, NC, SPLIT, SMEM) of the forward."""
     nc = consumers_for(d)
-    stages = stages_for(d, BN, nc)
-    return nc, stages, smem_bytes(d, BN, stages, nc=nc)
+    bn, split = fwd_tile(d, tile, lk)
+    stages = stages_for(d, bn, nc, split)
+    return (dtype, d, bn, stages, causal, version, nc, split, smem_bytes(d, bn, stages, nc=nc, split=split))
 
 
 # 1: S, softmax, P V in turn; 2: the softmax overlaps the next products; 3: 2 + ping-pong;
@@ -63,19 +86,25 @@ FWD_KERNEL = KernelFamily(
     "attention_fwd_kernel",
     # q_map, k_map, v_map, out, lse, Lq, Lk, heads, batch, group, o_bs, o_hs, o_rs, scale_log2
     args=("tensormap",) * 3 + ("ptr",) * 2 + ("i64",) * 8 + ("f32",),
-    variants=tuple(  # (dtype, D, BN, STAGES, CAUSAL, VERSION, NC, SMEM)
-        (dtype, d, BN, fwd_config(d)[1], causal, version, fwd_config(d)[0], fwd_config(d)[2])
-        for dtype in DTYPES
-        for d in HEAD_DIMS
-        for causal in (False, True)
-        for version in VERSIONS
+    variants=tuple(  # fwd_kernel_params
+        sorted(
+            {
+                fwd_kernel_params(dtype, d, causal, version, tile)
+                for dtype in DTYPES
+                for d in HEAD_DIMS
+                for causal in (False, True)
+                for version in VERSIONS
+                for tile in FWD_TILES
+            },
+            key=repr,
+        )
     ),
 )
-_chosen = {"forward": DEFAULT_VERSION}  # and "backward", below
+_chosen = {"forward": DEFAULT_VERSION, "tile": DEFAULT_FWD_TILE}  # and "backward", below
 
 
 @contextmanager
-def _choose(which: str, name: str, version: int, known: tuple[int, ...]):
+def _choose(which: str, name: str, version, known: tuple):
     if version not in known:
         raise ValueError(f"{name}: unknown version {version!r}; known: {known}")
     before, _chosen[which] = _chosen[which], version
@@ -89,6 +118,12 @@ def attention_version(version: int):
     """Run day 018's forward version `version` (1 to 4) inside the block: the ladder's
     rungs for benchmarks and tests. The default is the fastest measured (DEFAULT_VERSION)."""
     return _choose("forward", "attention_version", version, VERSIONS)
+
+
+def attention_fwd_tile(name: str):
+    """Run the forward on K/V tile `name` ("auto" or one of FWD_TILES) inside the block:
+    benchmarks, tests."""
+    return _choose("tile", "attention_fwd_tile", name, TILE_NAMES)
 
 
 def tma_map(t: torch.Tensor, box_rows: int) -> TensorMapSpec:
@@ -120,12 +155,12 @@ def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
     b, hq, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     causal = params["CAUSAL"]
-    nc, stages, smem = fwd_config(d)
-    version = _chosen["forward"]
-    kernel = FWD_KERNEL[q.dtype, d, BN, stages, causal, version, nc, smem]
+    kparams = fwd_kernel_params(q.dtype, d, causal, _chosen["forward"], lk=lk)
+    _, _, bn, _, _, version, nc, _, smem = kparams
+    kernel = FWD_KERNEL[kparams]
     args = (
         tma_map(q, BOX),
-        tma_map(k, BN),
+        tma_map(k, bn),
         tma_map(v, BOX),
         out.data_ptr(),
         lse.data_ptr(),

@@ -151,7 +151,9 @@ def ds_fragments[
         grads_s[CAUSAL, True](s, d, lse_r, delta_r, my_row, k0, Lk)
     else:
         grads_s[CAUSAL, False](s, d, lse_r, delta_r, my_row, k0, Lk)
-    return p_fragments[dtype, BK](rebind[SIMD[DType.float32, BK // 2]](s))
+    return rebind[SIMD[DType.uint32, BK // 4]](
+        p_fragments[dtype, BK](rebind[SIMD[DType.float32, BK // 2]](s))
+    )
 
 
 # --8<-- [start:consume]

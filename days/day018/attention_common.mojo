@@ -20,21 +20,38 @@ from max.gpu.compute.mma import (
     wgmma_fence_aligned,
 )
 from max.gpu.memory import cp_async_bulk_tensor_shared_cluster_global
-from max.gpu.sync import mbarrier_arrive_expect_tx_shared
+from max.gpu.sync import mbarrier_arrive, mbarrier_arrive_expect_tx_shared
 from std.sys import size_of
 from max.gpu.primitives import warp
 from std.math import exp2, log2
 from std.memory import bitcast
 from std.utils import IndexList
+from std.sys._assembly import inlined_assembly
 
 from days.day014.gemm_v3_tma import TMA_BK, mbar_wait, ring_slot, tma_desc
-from days.day018.operand_hold import hold_32, hold_64
+from days.day018.operand_hold import hold_32, hold_64, hold_96
 from days.day018.pv_wgmma_64x128 import pv_wgmma_issue_64x128, pv_wait_64x128
 from days.day018.pv_wgmma_64x64 import pv_wgmma_issue_64x64, pv_wait_64x64
 from days.day018.pv_wgmma_128x128 import pv_wgmma_issue_128x128, pv_wait_128x128
+from days.day018.pv_wgmma_128x192 import (
+    pv_wait_128x192,
+    pv_wgmma_issue_128x192,
+    s_wgmma_issue_64x192,
+)
 from days.day018.pv_wgmma_128x64 import pv_wgmma_issue_128x64, pv_wait_128x64
 
 comptime NEG_INF = Float32.MIN  # -inf: exp2(-inf) == 0
+
+
+@always_inline
+def lanes(n: Int) -> Int:
+    """n rounded up to a power of two, the SIMD width that holds n values (Mojo's widths
+    must be powers of two): a 192-key tile's 96 scores a thread travel in 128 lanes.
+    """
+    var w = 1
+    while w < n:
+        w *= 2
+    return w
 
 
 @always_inline
@@ -74,8 +91,8 @@ def quad_sum(v: Float32) -> Float32:
 
 @always_inline
 def mask_tile[
-    BN: Int, CAUSAL: Bool
-](mut s: SIMD[DType.float32, BN // 2], row0: Int, kv0: Int, Lk: Int):
+    sw: Int, //, BN: Int, CAUSAL: Bool
+](mut s: SIMD[DType.float32, sw], row0: Int, kv0: Int, Lk: Int):
     """-inf where a key is past Lk or, causal, after the query (top-left aligned:
     query i sees keys j <= i, as SDPA's is_causal). row0: this thread's row g.
     """
@@ -93,9 +110,9 @@ def mask_tile[
 
 @always_inline
 def online_softmax[
-    BN: Int
+    sw: Int, //, BN: Int
 ](
-    mut s: SIMD[DType.float32, BN // 2],
+    mut s: SIMD[DType.float32, sw],
     mut m: SIMD[DType.float32, 2],
     mut l: SIMD[DType.float32, 2],
     c: Float32,
@@ -143,11 +160,11 @@ def rescale[
 
 @always_inline
 def p_fragments[
-    dtype: DType, BN: Int
-](p: SIMD[DType.float32, BN // 2]) -> SIMD[DType.uint32, BN // 4]:
-    """P as the register-A operand of BN/16 k steps, 16-bit pairs packed in 32 bits.
-    """
-    return bitcast[DType.uint32, BN // 4](p.cast[dtype]())
+    sw: Int, //, dtype: DType, BN: Int
+](p: SIMD[DType.float32, sw]) -> SIMD[DType.uint32, sw // 2]:
+    """P as the register-A operand of BN/16 k steps, 16-bit pairs packed in 32 bits
+    (sw: the scores' SIMD width, lanes(BN / 2))."""
+    return bitcast[DType.uint32, sw // 2](p.cast[dtype]())
 
 
 @always_inline
@@ -203,10 +220,10 @@ def store_o_lse[
 # -- O += P V through the generated assembly (pv_wgmma_*.mojo) ---------------------------
 @always_inline
 def pv_issue[
-    dtype: DType, D: Int, BN: Int
+    pw: Int, dw: Int, //, dtype: DType, D: Int, BN: Int
 ](
-    p: SIMD[DType.uint32, BN // 4],
-    descs: SIMD[DType.int64, BN // 16],
+    p: SIMD[DType.uint32, pw],
+    descs: SIMD[DType.int64, dw],
     o: SIMD[DType.float32, D // 2],
 ) -> type_of(o):
     """Start O += P V (BN/16 k steps, one commit group); `pv_wait` ends it."""
@@ -234,6 +251,15 @@ def pv_issue[
                 rebind[SIMD[DType.float32, 32]](o),
             )
         )
+    elif BN == 192:
+        comptime assert D == 128, "192-key tiles at head dim 128"
+        return rebind[type_of(o)](
+            pv_wgmma_issue_128x192[dtype](
+                rebind[SIMD[DType.uint32, 64]](p),
+                rebind[SIMD[DType.int64, 16]](descs),
+                rebind[SIMD[DType.float32, 64]](o),
+            )
+        )
     else:
         comptime assert D == 128, "head dim 64 or 128"
         return rebind[type_of(o)](
@@ -247,8 +273,8 @@ def pv_issue[
 
 @always_inline
 def pv_wait[
-    D: Int, BN: Int
-](p: SIMD[DType.uint32, BN // 4], o: SIMD[DType.float32, D // 2]) -> type_of(o):
+    pw: Int, //, D: Int, BN: Int
+](p: SIMD[DType.uint32, pw], o: SIMD[DType.float32, D // 2]) -> type_of(o):
     """wait_group 0, holding P's registers and O's until every wgmma is done."""
     comptime if D == 64 and BN == 64:
         return rebind[type_of(o)](
@@ -271,6 +297,13 @@ def pv_wait[
                 rebind[SIMD[DType.float32, 32]](o),
             )
         )
+    elif BN == 192:
+        return rebind[type_of(o)](
+            pv_wait_128x192(
+                rebind[SIMD[DType.uint32, 64]](p),
+                rebind[SIMD[DType.float32, 64]](o),
+            )
+        )
     else:
         return rebind[type_of(o)](
             pv_wait_128x128(
@@ -286,8 +319,10 @@ def hold[n: Int](v: SIMD[DType.float32, n]) -> type_of(v):
     them can be scheduled before it."""
     comptime if n == 32:
         return rebind[type_of(v)](hold_32(rebind[SIMD[DType.float32, 32]](v)))
+    elif n == 128:  # a 192-key tile's scores: 96 lanes used
+        return rebind[type_of(v)](hold_96(rebind[SIMD[DType.float32, 128]](v)))
     else:
-        comptime assert n == 64, "32 or 64 registers"
+        comptime assert n == 64, "32, 64 or 128 (96 used) registers"
         return rebind[type_of(v)](hold_64(rebind[SIMD[DType.float32, 64]](v)))
 
 
@@ -298,10 +333,10 @@ def v_descs[
     sv: Pointer[
         Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
     ]
-) -> SIMD[DType.int64, BN // 16]:
+) -> SIMD[DType.int64, lanes(BN // 16)]:
     """The descriptor of each 16-key k step of a V stage (mn-major, 128-byte swizzle):
     key slice kk // 4 of 64 keys holds D/64 boxes of 64 x 64."""
-    var descs = SIMD[DType.int64, BN // 16](0)
+    var descs = SIMD[DType.int64, lanes(BN // 16)](0)
     comptime for kk in range(BN // 16):
         descs[kk] = tma_desc[dtype, False](
             sv.unsafe_offset((kk // 4) * D * TMA_BK), 0, kk % 4
@@ -319,10 +354,27 @@ def s_wgmma[
     sk: Pointer[
         Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
     ],
-) -> SIMD[DType.float32, BN // 2]:
+) -> SIMD[DType.float32, lanes(BN // 2)]:
     """Issue S = Q K^T (64 x BN, D/16 k steps from shared memory) and commit it; the
     caller waits (wgmma_wait_group_sync) and then `hold`s the result."""
-    var sc = SIMD[DType.float32, BN // 2](0)
+    comptime if BN == 192:
+        var a_descs = SIMD[DType.int64, D // 16](0)
+        var b_descs = SIMD[DType.int64, D // 16](0)
+        comptime for ks in range(D // 16):
+            comptime db = ks // 4
+            a_descs[ks] = tma_desc[dtype, True](
+                sq.unsafe_offset(db * TMA_BK * TMA_BK), 0, ks % 4
+            ).desc
+            b_descs[ks] = tma_desc[dtype, True](
+                sk.unsafe_offset(db * BN * TMA_BK), 0, ks % 4
+            ).desc
+        return rebind[SIMD[DType.float32, lanes(BN // 2)]](
+            s_wgmma_issue_64x192[dtype](
+                rebind[SIMD[DType.int64, 8]](a_descs),
+                rebind[SIMD[DType.int64, 8]](b_descs),
+            )
+        )
+    var sc = SIMD[DType.float32, lanes(BN // 2)](0)
     wgmma_fence_aligned()
     comptime for ks in range(D // 16):
         comptime db = ks // 4
@@ -353,6 +405,70 @@ comptime BM = 64 * CONSUMERS  # query rows per block
 comptime BOX = TMA_BK * TMA_BK  # elements of one 64 x 64 box
 
 
+# -- releasing a stage: one empty barrier for both streams, or one each (SPLIT) --------
+# The forward's stage holds K_j (read by S_j) and V_j (read by P_j V_j, which is issued
+# a tile later in versions 2-4). With one barrier, K_{j+STAGES} waits for P_j V_j; with
+# SPLIT it waits only for S_j, as FlashAttention-3's separate K and V pipelines do.
+@always_inline
+def empty_s1[
+    STAGES: Int, SPLIT: Bool
+](
+    bars: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED]
+) -> type_of(bars):
+    """Stream 1's empty barriers: after q_empty with SPLIT (bars 2 + 3 STAGES ..),
+    else the shared ones (1 + 2 STAGES ..)."""
+    return bars.unsafe_offset(2 + 3 * STAGES if SPLIT else 1 + 2 * STAGES)
+
+
+@always_inline
+def release_s0[
+    STAGES: Int, SPLIT: Bool
+](
+    bars: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+    s: Int,
+):
+    """This warp is done with stage s's stream 0 (SPLIT; else `release_s1` frees both).
+    """
+    comptime if SPLIT:
+        arrive_lane0(bars.unsafe_offset(1 + 2 * STAGES + s))
+
+
+@always_inline
+def release_s1[
+    STAGES: Int, SPLIT: Bool
+](
+    bars: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+    s: Int,
+):
+    """This warp is done with stage s's stream 1 (and, without SPLIT, stream 0).
+    """
+    comptime if SPLIT:
+        arrive_lane0(empty_s1[STAGES, SPLIT](bars).unsafe_offset(s))
+    else:
+        if lane_id() == 0:
+            _ = mbarrier_arrive(empty_s1[STAGES, SPLIT](bars).unsafe_offset(s))
+
+
+@always_inline
+def arrive_lane0(
+    bar: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED]
+):
+    """Lane 0 arrives on `bar`, by a predicated instruction: a `lane_id() == 0` branch
+    per release moved the k-loop's stage arithmetic off the uniform datapath (SASS:
+    uniform instructions 93 -> 51 with SPLIT's second release)."""
+    inlined_assembly[
+        """{
+        .reg .pred lane0;
+        .reg .b32 lane;
+        mov.u32 lane, %laneid;
+        setp.eq.u32 lane0, lane, 0;
+        @lane0 mbarrier.arrive.shared::cta.b64 _, [$0];
+        }""",
+        NoneType,
+        constraints="r",
+    ](Int32(Int(bar)))
+
+
 @always_inline
 def produce[
     dtype: DType,
@@ -361,6 +477,7 @@ def produce[
     STAGES: Int,
     N_FIXED: Int,
     NC: Int = CONSUMERS,
+    SPLIT: Bool = False,
 ](
     f0_map: OpaquePointer[mut=False, _],
     f1_map: OpaquePointer[mut=False, _],
@@ -391,11 +508,12 @@ def produce[
     BN/64 key slices of D/64 boxes of 64 x 64 (mn-major); at BN = 64 the two layouts
     are the same, so either operand form can read either stream. Barriers: fixed,
     full_0[STAGES], full_1[STAGES], empty[STAGES]; the streams count their bytes
-    apart so that a product on stream 0 can start while stream 1 lands."""
+    apart so that a product on stream 0 can start while stream 1 lands. SPLIT: the
+    consumers release the streams apart too (`release_s0`, `release_s1`)."""
     produce_fixed[dtype, D, N_FIXED, NC](
         f0_map, f1_map, sfix, bars, f_row, f_head, b
     )
-    produce_stream[dtype, D, BN, STAGES](
+    produce_stream[dtype, D, BN, STAGES, SPLIT](
         s0_map, s1_map, skv, bars, b, s_head0, s_row0, per_head, 0, n_tiles
     )
 
@@ -438,7 +556,7 @@ def produce_fixed[
 
 @always_inline
 def produce_stream[
-    dtype: DType, D: Int, BN: Int, STAGES: Int
+    dtype: DType, D: Int, BN: Int, STAGES: Int, SPLIT: Bool = False
 ](
     s0_map: OpaquePointer[mut=False, _],
     s1_map: OpaquePointer[mut=False, _],
@@ -455,12 +573,15 @@ def produce_stream[
 ):
     """Streamed tiles 0 <= j < n_tiles (`produce`). A persistent block's stream
     goes on across its work tiles: tile j is the block's (it0 + j)-th, which names its
-    stage and the phase of the stage's barriers."""
+    stage and the phase of the stage's barriers. SPLIT: stream 1 waits for its own
+    empty barrier (`empty_s1`), so stream 0's next tile can load while the
+    consumers still read this stage's stream 1."""
     comptime DB = D // TMA_BK
     comptime T_ELEMS = BN * D
     var full0 = bars.unsafe_offset(1)
     var full1 = bars.unsafe_offset(1 + STAGES)
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
+    var empty1 = empty_s1[STAGES, SPLIT](bars)
     for j in range(n_tiles):
         var g = it0 + j
         var s = ring_slot[STAGES](g)[0]
@@ -483,6 +604,11 @@ def produce_stream[
                 head,
                 b,
             )
+        comptime if SPLIT:
+            if g >= STAGES:
+                mbar_wait(
+                    empty1.unsafe_offset(s), ring_slot[STAGES](g - STAGES)[1]
+                )
         mbarrier_arrive_expect_tx_shared(
             full1.unsafe_offset(s), Int32(T_ELEMS * size_of[dtype]())
         )

@@ -17,7 +17,8 @@
 #   Q      2 consumers x D/64 boxes of 64 rows x 64          (k-major A operand)
 #   stage  K: D/64 boxes of BN keys x 64                      (k-major B operand)
 #          V: BN/64 key slices x D/64 boxes of 64 keys x 64   (mn-major B operand)
-#   barriers  q_full, full_k[STAGES], full_v[STAGES], empty[STAGES], q_empty
+#   barriers  q_full, full_k[STAGES], full_v[STAGES], empty[STAGES], q_empty,
+#             with SPLIT empty_v[STAGES] (then empty[] frees K only)
 
 from max.gpu import (
     MAX_THREADS_PER_BLOCK_METADATA,
@@ -99,6 +100,7 @@ def attention_fwd_kernel[
     CAUSAL: Bool,
     VERSION: Int,
     NC: Int,
+    SPLIT: Bool,
     SMEM: Int,
 ](
     q_map: TMADescriptor,
@@ -128,12 +130,14 @@ def attention_fwd_kernel[
     comptime KV_ELEMS = 2 * BN * D
     comptime PERSISTENT = VERSION == 4
     comptime assert D == 64 or D == 128, "head dim 64 or 128"
-    comptime assert BN == 128, "kv tile 128"
+    comptime assert BN == 128 or (
+        BN == 192 and D == 128
+    ), "kv tile 128 (192 at D 128)"
     comptime assert STAGES >= 2, "at least two stages"
     comptime assert VERSION >= 1 and VERSION <= 4, "versions 1 to 4"
     comptime assert SMEM == (Q_ELEMS + STAGES * KV_ELEMS) * size_of[
         dtype
-    ]() + 8 * (2 + 3 * STAGES), "Q, stages, barriers"
+    ]() + 8 * (2 + (4 if SPLIT else 3) * STAGES), "Q, stages, barriers"
     comptime assert TMA_BK * size_of[dtype]() == 128, "16-bit elements"
 
     var Lq = Int(lq)
@@ -145,7 +149,8 @@ def attention_fwd_kernel[
         Scalar[dtype], address_space=AddressSpace.SHARED, alignment=1024
     ]()
     var skv = smem.unsafe_offset(Q_ELEMS)
-    # q_full, full_k[STAGES], full_v[STAGES], empty[STAGES], q_empty (all consumer threads)
+    # q_full, full_k[STAGES], full_v[STAGES], empty[STAGES], q_empty (all consumer
+    # threads), with SPLIT empty_v[STAGES]
     var bars = smem.unsafe_offset(Q_ELEMS + STAGES * KV_ELEMS).unsafe_bitcast[
         Int64
     ]()
@@ -158,18 +163,24 @@ def attention_fwd_kernel[
         mbarrier_init(
             bars.unsafe_offset(1 + 3 * STAGES), Int32(NC * WG_THREADS)
         )
+        comptime if SPLIT:  # V's own empty barriers (release_s1)
+            comptime for s in range(STAGES):
+                mbarrier_init(
+                    bars.unsafe_offset(2 + 3 * STAGES + s), Int32(NC * 4)
+                )
         fence_mbarrier_init()
     barrier()
 
     var wg = thread_idx.x // WG_THREADS
     # 2 consumers: day 014's split (40 / 232); 3: what 512 threads x 128 registers allow
     # (the persistent producer keeps its walk's state too: 24 spill in its loop).
-    comptime PRODUCER_REGS = TMA_PRODUCER_REGS if NC == 2 else (
-        32 if PERSISTENT else TMA3_PRODUCER_REGS
-    )
+    # 192-key tiles: 96 scores, 48 P registers and 64 of O a thread: 24 / 240
+    comptime PRODUCER_REGS = (
+        24 if BN == 192 else TMA_PRODUCER_REGS
+    ) if NC == 2 else (32 if PERSISTENT else TMA3_PRODUCER_REGS)
     comptime CONSUMER_REGS = (
-        TMA_CONSUMER_REGS if NC == 2 else TMA3_CONSUMER_REGS
-    )
+        240 if BN == 192 else TMA_CONSUMER_REGS
+    ) if NC == 2 else TMA3_CONSUMER_REGS
     comptime assert WG_THREADS * (PRODUCER_REGS + NC * CONSUMER_REGS) <= 65536
     if wg == 0:
         set_max_registers[False, PRODUCER_REGS]()
@@ -195,7 +206,7 @@ def attention_fwd_kernel[
                     produce_fixed[dtype, D, 1, NC](
                         qmap, qmap, smem, bars, q0, tile[1], tile[2]
                     )
-                    produce_stream[dtype, D, BN, STAGES](
+                    produce_stream[dtype, D, BN, STAGES, SPLIT](
                         kmap,
                         vmap,
                         skv,
@@ -213,7 +224,7 @@ def attention_fwd_kernel[
                 var tile = work_tile[CAUSAL, False](0, n_qblocks, H, Int(batch))
                 var q0 = tile[0] * BM
                 var n_tiles = kv_tiles[BM, BN, CAUSAL](q0, Lk)
-                produce[dtype, D, BN, STAGES, 1, NC](
+                produce[dtype, D, BN, STAGES, 1, NC, SPLIT](
                     qmap,
                     qmap,
                     kmap,
@@ -237,7 +248,7 @@ def attention_fwd_kernel[
             var t = 0
             for w in range(block_idx.x, n_qblocks * H * Int(batch), grid_dim.x):
                 it += consume_tile[
-                    dtype, D, BN, STAGES, CAUSAL, VERSION, NC, PERSISTENT
+                    dtype, D, BN, STAGES, CAUSAL, VERSION, NC, PERSISTENT, SPLIT
                 ](
                     smem,
                     bars,
@@ -260,7 +271,7 @@ def attention_fwd_kernel[
                 t += 1
         else:
             _ = consume_tile[
-                dtype, D, BN, STAGES, CAUSAL, VERSION, NC, PERSISTENT
+                dtype, D, BN, STAGES, CAUSAL, VERSION, NC, PERSISTENT, SPLIT
             ](
                 smem,
                 bars,
@@ -299,6 +310,7 @@ def consume_tile[
     VERSION: Int,
     NC: Int,
     PERSISTENT: Bool,
+    SPLIT: Bool,
 ](
     smem: Pointer[
         Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
@@ -339,11 +351,11 @@ def consume_tile[
     var l = SIMD[DType.float32, 2](0)
     mbar_wait(bars, t % 2)
     comptime if VERSION == 1:
-        consume_v1[dtype, D, BN, STAGES, CAUSAL](
+        consume_v1[dtype, D, BN, STAGES, CAUSAL, SPLIT](
             sq, skv, bars, n_tiles, row0, my_row, Lk, scale_log2, o, m, l
         )
     else:
-        consume_v2[dtype, D, BN, STAGES, CAUSAL, VERSION >= 3, NC](
+        consume_v2[dtype, D, BN, STAGES, CAUSAL, VERSION >= 3, NC, SPLIT](
             sq,
             skv,
             bars,

@@ -4,8 +4,6 @@
 # warpgroup does its softmax unless the other consumer happens to be multiplying.
 
 from max.gpu.compute.mma import wgmma_wait_group_sync
-from max.gpu.sync import mbarrier_arrive
-from max.gpu import lane_id
 
 from days.day014.gemm_v3_tma import mbar_wait, ring_slot
 from days.day018.attention_common import (
@@ -16,6 +14,8 @@ from days.day018.attention_common import (
     p_fragments,
     pv_issue,
     pv_wait,
+    release_s0,
+    release_s1,
     rescale,
     s_wgmma,
     v_descs,
@@ -25,7 +25,7 @@ from days.day018.attention_common import (
 # --8<-- [start:consume]
 @always_inline
 def consume_v1[
-    dtype: DType, D: Int, BN: Int, STAGES: Int, CAUSAL: Bool
+    dtype: DType, D: Int, BN: Int, STAGES: Int, CAUSAL: Bool, SPLIT: Bool
 ](
     sq: Pointer[
         Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
@@ -45,7 +45,6 @@ def consume_v1[
 ):
     var full_k = bars.unsafe_offset(1)
     var full_v = bars.unsafe_offset(1 + STAGES)
-    var empty = bars.unsafe_offset(1 + 2 * STAGES)
     for j in range(n_tiles):
         var slot = ring_slot[STAGES](j)
         var s = slot[0]
@@ -54,6 +53,7 @@ def consume_v1[
         mbar_wait(full_k.unsafe_offset(s), phase)
         var sc = s_wgmma[dtype, D, BN](sq, sk)
         wgmma_wait_group_sync[0]()
+        release_s0[STAGES, SPLIT](bars, s)
         sc = hold(sc)
         if needs_mask[BN, CAUSAL](j * BN, row0, Lk):
             mask_tile[BN, CAUSAL](sc, my_row, j * BN, Lk)
@@ -64,8 +64,7 @@ def consume_v1[
             p, v_descs[dtype, D, BN](sk.unsafe_offset(BN * D)), o
         )
         o = pv_wait[D, BN](p, o)
-        if lane_id() == 0:
-            _ = mbarrier_arrive(empty.unsafe_offset(s))
+        release_s1[STAGES, SPLIT](bars, s)
 
 
 # --8<-- [end:consume]

@@ -11,8 +11,6 @@
 # cores busy, instead of both softmaxes landing at the same time.
 
 from max.gpu.compute.mma import wgmma_wait_group_sync
-from max.gpu.sync import mbarrier_arrive
-from max.gpu import lane_id
 from std.sys._assembly import inlined_assembly
 
 from days.day014.gemm_v3_tma import mbar_wait, ring_slot
@@ -24,6 +22,8 @@ from days.day018.attention_common import (
     p_fragments,
     pv_issue,
     pv_wait,
+    release_s0,
+    release_s1,
     rescale,
     s_wgmma,
     v_descs,
@@ -57,6 +57,7 @@ def consume_v2[
     CAUSAL: Bool,
     PINGPONG: Bool,
     NC: Int,
+    SPLIT: Bool,
 ](
     sq: Pointer[
         Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
@@ -89,7 +90,6 @@ def consume_v2[
             sched_arrive(other)
     var full_k = bars.unsafe_offset(1)
     var full_v = bars.unsafe_offset(1 + STAGES)
-    var empty = bars.unsafe_offset(1 + 2 * STAGES)
     # tile 0: S alone, softmax (O is 0: nothing to rescale)
     var first = ring_slot[STAGES](it0)
     mbar_wait(full_k.unsafe_offset(first[0]), first[1])
@@ -99,6 +99,7 @@ def consume_v2[
     comptime if PINGPONG:
         sched_arrive(other)
     wgmma_wait_group_sync[0]()
+    release_s0[STAGES, SPLIT](bars, first[0])
     sc = hold(sc)
     if needs_mask[BN, CAUSAL](0, row0, Lk):
         mask_tile[BN, CAUSAL](sc, my_row, 0, Lk)
@@ -121,14 +122,14 @@ def consume_v2[
         comptime if PINGPONG:
             sched_arrive(other)
         wgmma_wait_group_sync[1]()  # S_j is done; P_{j-1} V_{j-1} may still run
+        release_s0[STAGES, SPLIT](bars, s)
         sc = hold(sc)
         if needs_mask[BN, CAUSAL](j * BN, row0, Lk):
             mask_tile[BN, CAUSAL](sc, my_row, j * BN, Lk)
         var alpha = online_softmax[BN](sc, m, l, scale_log2)
         o = pv_wait[D, BN](p, o)
         rescale[D](o, alpha)
-        if lane_id() == 0:
-            _ = mbarrier_arrive(empty.unsafe_offset(prev))
+        release_s1[STAGES, SPLIT](bars, prev)
         p = p_fragments[dtype, BN](sc)
     var end = ring_slot[STAGES](it0 + n_tiles - 1)
     var last = end[0]
@@ -136,8 +137,7 @@ def consume_v2[
     var sv_last = skv.unsafe_offset(last * 2 * BN * D + BN * D)
     o = pv_issue[dtype, D, BN](p, v_descs[dtype, D, BN](sv_last), o)
     o = pv_wait[D, BN](p, o)
-    if lane_id() == 0:
-        _ = mbarrier_arrive(empty.unsafe_offset(last))
+    release_s1[STAGES, SPLIT](bars, last)
 
 
 # --8<-- [end:consume]

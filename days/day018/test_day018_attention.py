@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import pytorch_custom_ops as pco
 from pytorch_custom_ops.attention import check_attention_args
-from pytorch_custom_ops.attention_gpu import attention_bwd_version, attention_version
+from pytorch_custom_ops.attention_gpu import FWD_TILES, attention_bwd_version, attention_fwd_tile, attention_version
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -191,6 +191,46 @@ def test_launch_plan_on_cpu():
     assert launch.smem == smem_bytes(64, 128, 4, nc=3)
 
 
+@pytest.mark.parametrize("tile", list(FWD_TILES))
+@pytest.mark.parametrize("d", [64, 128])
+def test_forward_tiles_plan_on_cpu(tile, d):
+    """Each K/V tile's kernel, shared memory and K box: 192 keys and two stages at
+    head_dim 128 only, SPLIT's extra mbarriers counted."""
+    from pytorch_custom_ops.attention_gpu import FWD_KERNEL, SMEM_LIMIT, attention_gpu, smem_bytes
+
+    q, k, v = make(1, 2, 2, 300, 400, d, BF16, "cpu")
+    with attention_fwd_tile(tile):
+        outs = [torch.empty_like(q), torch.empty(1, 2, 300)]
+        (launch,) = attention_gpu(outs, [q, k, v], {"CAUSAL": True, "SCALE_LOG2": 0.1})
+    _, dd, bn, stages, _, _, nc, split, smem = launch.kernel.params
+    assert launch.kernel.family is FWD_KERNEL and dd == d
+    assert split == FWD_TILES[tile][1]
+    assert bn == (FWD_TILES[tile][0] if d == 128 else 128) and launch.args[1].box == (64, bn, 1, 1)
+    assert smem == launch.smem == smem_bytes(d, bn, stages, nc=nc, split=split) <= SMEM_LIMIT
+    barriers_v = smem_bytes(d, bn, stages, nc=nc, split=split) - smem_bytes(d, bn, stages, nc=nc)
+    assert barriers_v == (8 * stages if split else 0)
+    assert stages == {(128, 128): 3, (128, 192): 2, (64, 128): 4}[(d, bn)]
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("lk", [1, 4095, 4096, 9000])
+def test_auto_forward_tile_takes_192_keys_for_long_rows_at_head_dim_128(d, lk):
+    from pytorch_custom_ops.attention_gpu import LONG_KEYS, attention_gpu
+
+    q = torch.empty(1, 2, 8, d, dtype=BF16)
+    kv = torch.empty(1, 2, lk, d, dtype=BF16)
+    with attention_fwd_tile("auto"):
+        outs = [torch.empty_like(q), torch.empty(1, 2, 8)]
+        (launch,) = attention_gpu(outs, [q, kv, kv], {"CAUSAL": False, "SCALE_LOG2": 0.1})
+    long_rows = d == 128 and lk >= LONG_KEYS
+    assert launch.kernel.params[2] == (192 if long_rows else 128) and launch.kernel.params[7] == long_rows
+
+
+def test_unknown_forward_tile():
+    with pytest.raises(ValueError, match="attention_fwd_tile"), attention_fwd_tile("256"):
+        pass
+
+
 def test_tma_ready_layouts():
     """Views TMA reads in place, and the ones that are copied first."""
     from pytorch_custom_ops.attention_gpu import tma_ready
@@ -348,6 +388,23 @@ def test_cuda_forward_matches_float64(version, dtype, shape, causal):
     with attention_version(version):
         out, lse = torch.ops.gpu_days.attention(q, k, v, causal, None)
     close(out, reference(q, k, v, causal), dtype)
+    torch.testing.assert_close(lse.double(), lse2_reference(q, k, causal, 1 / math.sqrt(d)), atol=2e-3, rtol=1e-4)
+
+
+@needs_cuda
+@pytest.mark.parametrize("tile", [t for t in FWD_TILES if t != "128"])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
+@pytest.mark.parametrize("shape", SHAPES[1:4] + [(2, 9, 3, 1999, 1531, 128), (1, 2, 1, 700, 1000, 64)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_forward_tiles_match_float64(tile, version, shape, causal):
+    """The other K/V tiles (SPLIT's separate K and V releases, 192 keys at head_dim 128)
+    on ragged, GQA and causal problems, long enough that the two-stage ring wraps many
+    times (and version 4 walks several work tiles a block); fp16 where the scores grow."""
+    b, hq, hkv, lq, lk, d = shape
+    q, k, v = make(b, hq, hkv, lq, lk, d, FP16, "cuda", seed=3, spread=3.0)
+    with attention_version(version), attention_fwd_tile(tile):
+        out, lse = torch.ops.gpu_days.attention(q, k, v, causal, None)
+    close(out, reference(q, k, v, causal), FP16)
     torch.testing.assert_close(lse.double(), lse2_reference(q, k, causal, 1 / math.sqrt(d)), atol=2e-3, rtol=1e-4)
 
 

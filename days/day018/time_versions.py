@@ -24,22 +24,30 @@ from benchmark.timing import kernel_time_ms, kernel_times_us
 from pytorch_custom_ops.attention_gpu import (
     BWD_VERSIONS,
     DEFAULT_BWD_VERSION,
+    DEFAULT_FWD_TILE,
     DEFAULT_VERSION,
+    TILE_NAMES,
     VERSIONS,
     attention_bwd_version,
+    attention_fwd_tile,
     attention_version,
 )
 
 
-def _mojo(version):
+def _mojo(version, tile=DEFAULT_FWD_TILE):
     def run(q, k, v, causal):
-        with attention_version(version):
+        with attention_version(version), attention_fwd_tile(tile):
             return pco.attention(q, k, v, causal=causal)
 
     return run
 
 
 IMPLS = {f"mojo_v{v}": _mojo(v) for v in VERSIONS} | IMPLS_FOR_TIMING
+
+
+def tile_impls(tiles: list[str], versions: list[int]) -> dict:
+    """A column per forward version and K/V tile (`mojo_v3_192_split`), then the rivals."""
+    return {f"mojo_v{v}_{t}": _mojo(v, t) for t in tiles for v in versions} | IMPLS_FOR_TIMING
 
 
 def check(fn, q, k, v, causal) -> float:
@@ -63,12 +71,21 @@ def main() -> None:
     parser.add_argument(
         "--kernels", action="store_true", help="with --backward: each Mojo kernel's time, seq 8192, every version"
     )
+    parser.add_argument(
+        "--fwd-tiles",
+        nargs="+",
+        choices=list(TILE_NAMES),
+        default=None,
+        help="forward only: each version on each K/V tile (auto or attention_gpu.FWD_TILES), a column each",
+    )
+    parser.add_argument("--versions", type=int, nargs="+", choices=VERSIONS, default=list(VERSIONS))
     args = parser.parse_args()
     need_cuda(None, __file__)
     if args.backward:
         return time_backward(args.quick, args.bwd_versions, args.kernels)
+    impls = tile_impls(args.fwd_tiles, args.versions) if args.fwd_tiles else IMPLS
     print(f"{torch.cuda.get_device_name()}; bf16 forward; TFLOP/s by kernel time (max |err| vs fp32)")
-    print(f"{'d':>4} {'causal':>6} {'seq':>6} " + " ".join(f"{n:>18}" for n in IMPLS))
+    print(f"{'d':>4} {'causal':>6} {'seq':>6} " + " ".join(f"{n:>18}" for n in impls))
     for d in (128, 64):
         for causal in (False, True):
             for shape in shapes_for(d):
@@ -76,7 +93,7 @@ def main() -> None:
                     continue
                 q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 cells = []
-                for fn in IMPLS.values():
+                for fn in impls.values():
                     err = check(fn, q, k, v, causal)
                     ms = kernel_time_ms(lambda fn=fn, q=q, k=k, v=v, c=causal: fn(q, k, v, c))
                     cells.append(f"{flops(shape, causal, False) / ms / 1e9:8.1f} ({err:.0e})")
