@@ -13,6 +13,7 @@ kernel changes.
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import torch
 import torch.nn.functional as F
@@ -45,9 +46,26 @@ def _mojo(version, tile=DEFAULT_FWD_TILE):
 IMPLS = {f"mojo_v{v}": _mojo(v) for v in VERSIONS} | IMPLS_FOR_TIMING
 
 
-def tile_impls(tiles: list[str], versions: list[int]) -> dict:
-    """A column per forward version and K/V tile (`mojo_v3_192_split`), then the rivals."""
-    return {f"mojo_v{v}_{t}": _mojo(v, t) for t in tiles for v in versions} | IMPLS_FOR_TIMING
+def tile_impls(tiles: list[str], versions: list[int], control: bool = False) -> dict:
+    """A column per forward version and K/V tile (`mojo_v3_192_split`), then the rivals.
+    control: the first column once more at the end (`..._again`): the very same kernel,
+    so the two columns differ by the measurement's noise alone."""
+    impls = {f"mojo_v{v}_{t}": _mojo(v, t) for t in tiles for v in versions}
+    if control:
+        impls[f"mojo_v{versions[0]}_{tiles[0]}_again"] = _mojo(versions[0], tiles[0])
+    return impls | IMPLS_FOR_TIMING
+
+
+def interleaved_tflops(impls: dict, q, k, v, causal: bool, rounds: int) -> dict[str, list[float]]:
+    """TFLOP/s of each impl by kernel time, `rounds` times, the impls taking turns within a
+    round, so that a drift of the clocks over the run reaches every column alike."""
+    work = flops(tuple(q.shape), causal, False)
+    out: dict[str, list[float]] = {name: [] for name in impls}
+    for _ in range(rounds):
+        for name, fn in impls.items():
+            ms = kernel_time_ms(lambda fn=fn: fn(q, k, v, causal), reps=20 if rounds == 1 else 10)
+            out[name].append(work / ms / 1e9)
+    return out
 
 
 def check(fn, q, k, v, causal) -> float:
@@ -79,24 +97,35 @@ def main() -> None:
         help="forward only: each version on each K/V tile (auto or attention_gpu.FWD_TILES), a column each",
     )
     parser.add_argument("--versions", type=int, nargs="+", choices=VERSIONS, default=list(VERSIONS))
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="time every column this many times, taking turns; print the median and the range",
+    )
+    parser.add_argument("--control", action="store_true", help="with --fwd-tiles: the first column again, last")
+    parser.add_argument("--head-dims", type=int, nargs="+", choices=(128, 64), default=[128, 64])
     args = parser.parse_args()
     need_cuda(None, __file__)
     if args.backward:
         return time_backward(args.quick, args.bwd_versions, args.kernels)
-    impls = tile_impls(args.fwd_tiles, args.versions) if args.fwd_tiles else IMPLS
-    print(f"{torch.cuda.get_device_name()}; bf16 forward; TFLOP/s by kernel time (max |err| vs fp32)")
+    impls = tile_impls(args.fwd_tiles, args.versions, args.control) if args.fwd_tiles else IMPLS
+    what = "(max |err| vs fp32)" if args.rounds == 1 else f"median of {args.rounds} interleaved rounds [min-max]"
+    print(f"{torch.cuda.get_device_name()}; bf16 forward; TFLOP/s by kernel time {what}")
     print(f"{'d':>4} {'causal':>6} {'seq':>6} " + " ".join(f"{n:>18}" for n in impls))
-    for d in (128, 64):
+    for d in args.head_dims:
         for causal in (False, True):
             for shape in shapes_for(d):
                 if args.quick and shape[2] not in (1024, 8192):
                     continue
                 q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-                cells = []
-                for fn in impls.values():
-                    err = check(fn, q, k, v, causal)
-                    ms = kernel_time_ms(lambda fn=fn, q=q, k=k, v=v, c=causal: fn(q, k, v, c))
-                    cells.append(f"{flops(shape, causal, False) / ms / 1e9:8.1f} ({err:.0e})")
+                errs = {name: check(fn, q, k, v, causal) for name, fn in impls.items()}
+                rates = interleaved_tflops(impls, q, k, v, causal, args.rounds)
+                if args.rounds == 1:
+                    cells = [f"{rates[n][0]:8.1f} ({errs[n]:.0e})" for n in impls]
+                else:
+                    cells = [f"{statistics.median(r):6.1f} [{min(r):.0f}-{max(r):.0f}]" for r in rates.values()]
+                    cells.append(f"max |err| {max(errs.values()):.0e}")
                 print(f"{d:>4} {causal!s:>6} {shape[2]:>6} " + " ".join(f"{c:>18}" for c in cells))
 
 
