@@ -105,6 +105,7 @@ def main() -> None:
     )
     parser.add_argument("--control", action="store_true", help="with --fwd-tiles: the first column again, last")
     parser.add_argument("--head-dims", type=int, nargs="+", choices=(128, 64), default=[128, 64])
+    parser.add_argument("--seqs", type=int, nargs="+", default=None, help="only these sequence lengths")
     args = parser.parse_args()
     need_cuda(None, __file__)
     if args.backward:
@@ -116,7 +117,7 @@ def main() -> None:
     for d in args.head_dims:
         for causal in (False, True):
             for shape in shapes_for(d):
-                if args.quick and shape[2] not in (1024, 8192):
+                if args.quick and shape[2] not in (1024, 8192) or args.seqs and shape[2] not in args.seqs:
                     continue
                 q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 errs = {name: check(fn, q, k, v, causal) for name, fn in impls.items()}
