@@ -34,7 +34,6 @@ from .attention_gpu import (
     attention_gpu,
     bwd_version,
     dq32_shape,
-    dq_from_pieces,
     pairs_rows,
     tma_ready,
 )
@@ -131,20 +130,22 @@ def _backward_cuda(do, q, k, v, out, lse2, causal, scale):
     if q.numel() == 0:  # no query: no gradient reaches k or v
         return torch.empty_like(q), dk.zero_(), dv.zero_()
     version = bwd_version()
-    # versions 2 and 6 add dQ into a float32 tensor (one pass), cast at the end
+    # versions 2 and 6 add dQ into a float32 tensor (one pass), cast at the end: version
+    # 2 by torch, version 6 by its own launch (and its delta kernel zeroes the tensor)
     dq32_dims = dq32_shape(q, version)
-    dq = None if dq32_dims else torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dq32 = torch.zeros(dq32_dims, dtype=torch.float32, device=q.device) if dq32_dims else None
+    dq = None if version == 2 else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dq32 = None
+    if dq32_dims:
+        dq32 = (torch.empty if version == 6 else torch.zeros)(dq32_dims, dtype=torch.float32, device=q.device)
     # (lse2, delta = rowsum(dO * O)) per row, whole 64-row tiles: written by the first
     # launch for the dK/dV pass
     pairs = torch.empty((*q.shape[:2], pairs_rows(q.shape[2]), 2), dtype=torch.float32, device=q.device)
     params = {"CAUSAL": causal, "SCALE": scale, "VERSION": version}
     launches = attention_bwd_gpu([dq, dk, dv, pairs, dq32], [q, k, v, do, lse2.contiguous(), out], params)
     direct.run(launches, q.get_device())
-    if dq32 is None:
+    if dq is not None:
         return dq, dk, dv
-    rows = dq_from_pieces(dq32, q.shape[2]) if version == 6 else dq32
-    return rows.to(q.dtype, memory_format=torch.contiguous_format), dk, dv
+    return dq32.to(q.dtype, memory_format=torch.contiguous_format), dk, dv
 
 
 def _backward_eager(do, q, k, v, out, lse2, causal, scale):

@@ -260,7 +260,15 @@ BWD_KERNEL = KernelFamily(
 DELTA_KERNEL = KernelFamily(
     BWD_MODULE,
     "attention_delta_kernel",
-    args=("ptr",) * 4 + ("i64",) * 7,  # pairs, lse, o, do, Lq, o_bs, o_hs, o_rs, do_bs, do_hs, do_rs
+    # pairs, lse, o, do, dq32, Lq, o_bs, o_hs, o_rs, do_bs, do_hs, do_rs
+    args=("ptr",) * 5 + ("i64",) * 7,
+    # (dtype, D, ZERO): ZERO also zeroes version 6's dq32, a 64-row tile a block
+    variants=tuple((dtype, d, zero) for dtype in DTYPES for d in HEAD_DIMS for zero in (False, True)),
+)
+DQ_ROWS_KERNEL = KernelFamily(
+    BWD_MODULE,
+    "attention_dq_rows_kernel",
+    args=("ptr",) * 2 + ("i64",) * 4,  # dq, dq32, Lq, dq_bs, dq_hs, dq_rs
     variants=tuple((dtype, d) for dtype in DTYPES for d in HEAD_DIMS),
 )
 _chosen["backward"] = DEFAULT_BWD_VERSION
@@ -281,8 +289,8 @@ def pairs_rows(lq: int) -> int:
 
 
 def dq32_shape(q: torch.Tensor, version: int) -> tuple[int, ...] | None:
-    """The float32 dQ a one-pass version adds into (zeroed by the caller), or None:
-    version 2: q's shape; version 6: whole 64-row tiles per head."""
+    """The float32 dQ a one-pass version adds into, or None: version 2: q's shape (zeroed
+    by the caller); version 6: whole 64-row tiles per head (zeroed by the delta kernel)."""
     if version not in DQ_ADD:
         return None
     b, h, lq, d = q.shape
@@ -300,7 +308,7 @@ def dq_from_pieces(dq32: torch.Tensor, lq: int) -> torch.Tensor:
     return pieces.permute(0, 1, 2, 5, 8, 6, 3, 4, 7, 9).reshape(b, h, rows, d)[:, :, :lq]
 
 
-@direct.plan(BWD_KERNEL, DELTA_KERNEL)
+@direct.plan(BWD_KERNEL, DELTA_KERNEL, DQ_ROWS_KERNEL)
 def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     """Version 1 (params["VERSION"]): dQ (grid: 128 queries per block, q heads, batch),
     which also writes the (lse2, delta = rowsum(dO * O)) pairs (float32, (b, q heads,
@@ -309,10 +317,12 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     scale * dS K into dq32. Versions 3 to 5:
     version 1's launches, their consumers taking turns to issue products, in version 5
     the dQ pass overlapping its product with the elementwise step (`bwd_config`).
-    Version 6: version 2's launches, dq32 in pieces (`dq32_shape`, `dq_from_pieces`).
+    Version 6: version 2's launches, dq32 in pieces (`dq32_shape`), zeroed by the delta
+    kernel, then a third launch that puts dq32's rows in order into dq and casts them
+    (`dq_from_pieces` says the order).
     inputs: q, k, v, do, lse2, out (the forward's output; do and out TMA-ready: 16-byte
-    aligned rows); outputs: dq (versions 1, 3-5), dk, dv, pairs, dq32 (versions 2, 6: float32,
-    `dq32_shape`, zeroed)."""
+    aligned rows); outputs: dq (versions 1, 3-6; version 6: contiguous), dk, dv, pairs,
+    dq32 (versions 2, 6: float32, `dq32_shape`; version 2: zeroed)."""
     dq, dk, dv, pairs, dq32 = outputs
     q, k, v, do, lse, out = inputs
     b, hq, lq, d = q.shape
@@ -334,5 +344,11 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     dkdv = one_pass(False, maps_kv, maps_q, dk, dv, lk, hkv)
     if not fused:
         return [one_pass(True, maps_q, maps_kv, dq, dq, lq, hq), dkdv]
-    pairs_args = (pairs.data_ptr(), lse.data_ptr(), out.data_ptr(), do.data_ptr(), lq, *row_strides)
-    return [direct.Launch(DELTA_KERNEL[q.dtype, d], (-(-lq // 64), hq, b), 128, pairs_args, 0), dkdv]
+    tiles = (-(-lq // 64), hq, b)
+    pieces = version == 6  # dq32 zeroed by the delta kernel, cast by DQ_ROWS_KERNEL
+    pairs_args = (pairs.data_ptr(), lse.data_ptr(), out.data_ptr(), do.data_ptr(), dq32_ptr, lq, *row_strides)
+    launches = [direct.Launch(DELTA_KERNEL[q.dtype, d, pieces], tiles, 128, pairs_args, 0), dkdv]
+    if pieces:
+        rows_args = (dq.data_ptr(), dq32_ptr, lq, *dq.stride()[:3])
+        launches.append(direct.Launch(DQ_ROWS_KERNEL[q.dtype, d], tiles, 128, rows_args, 0))
+    return launches

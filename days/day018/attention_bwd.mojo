@@ -335,12 +335,13 @@ def attention_bwd_kernel[
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(WG_THREADS))
 )
 def attention_delta_kernel[
-    dtype: DType, D: Int
+    dtype: DType, D: Int, ZERO: Bool
 ](
     pairs: Pointer[Float32, MutAnyOrigin],
     lse: Pointer[Float32, MutAnyOrigin],
     o: Pointer[Scalar[dtype], MutAnyOrigin],
     do: Pointer[Scalar[dtype], MutAnyOrigin],
+    dq32: Pointer[Float32, MutAnyOrigin],
     lq: Int64,
     o_bs: Int64,
     o_hs: Int64,
@@ -352,10 +353,22 @@ def attention_delta_kernel[
     """Backward versions 2 and 6's first launch: the dK/dV pass's pairs (lse2, delta =
     rowsum(dO * O)) as `attention_bwd_kernel` describes them; grid (ceil(Lq / 64),
     q heads, batch), 128 threads, the dQ pass's `row_delta` on 64 rows a block.
+    ZERO (version 6): also zero this block's 64-row tile of dq32 (batch, q heads,
+    whole 64-row tiles, D), which the pass then adds into: one launch fewer than a
+    fill, and its stores overlap the loads of O and dO.
     """
     var Lq = Int(lq)
     var h = block_idx.y
     var b = block_idx.z
+    comptime if ZERO:
+        comptime VECS = 64 * D // 4 // WG_THREADS  # float4 stores a thread
+        var tile = dq32.unsafe_offset(
+            ((b * Int(grid_dim.y) + h) * Int(grid_dim.x) + block_idx.x) * 64 * D
+        )
+        comptime for i in range(VECS):
+            tile.unsafe_store[alignment=16](
+                (i * WG_THREADS + thread_idx.x) * 4, SIMD[DType.float32, 4](0)
+            )
     var my_row = block_idx.x * 64 + warp_id() * 16 + lane_id() // 4
     var d = row_delta[dtype, D](
         o.unsafe_offset(b * Int(o_bs) + h * Int(o_hs)),
@@ -379,3 +392,56 @@ def attention_delta_kernel[
 
 
 # --8<-- [end:delta]
+
+
+# --8<-- [start:dq_rows]
+@__llvm_metadata(
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(WG_THREADS))
+)
+def attention_dq_rows_kernel[
+    dtype: DType, D: Int
+](
+    dq: Pointer[Scalar[dtype], MutAnyOrigin],
+    dq32: Pointer[Float32, MutAnyOrigin],
+    lq: Int64,
+    dq_bs: Int64,
+    dq_hs: Int64,
+    dq_rs: Int64,
+):
+    """Backward version 6's last launch: dq32's pieces back into rows, cast to dtype.
+    Grid (ceil(Lq / 64), q heads, batch), 128 threads, one 64-row tile a block. Float4
+    i of a tile (read in order: a warp reads 512 contiguous bytes) holds the values
+    of consumer thread tid = i % 128's float4 jj = (i / 128) % 8 of piece i / 1024
+    (`dq_from_pieces` in attention_gpu.py): rows 16 w + g and 16 w + 8 + g, columns
+    64 piece + 8 jj + 2 t + (0, 1), where tid = 32 w + 4 g + t. So thread tid keeps
+    w, g, t for every i it reads and writes two 2-element pairs per float4."""
+    comptime VECS = 64 * D // 4 // WG_THREADS
+    var Lq = Int(lq)
+    var h = block_idx.y
+    var b = block_idx.z
+    var row0 = block_idx.x * 64
+    var tile = dq32.unsafe_offset(
+        ((b * Int(grid_dim.y) + h) * Int(grid_dim.x) + block_idx.x) * 64 * D
+    )
+    var out = dq.unsafe_offset(b * Int(dq_bs) + h * Int(dq_hs))
+    var tid = thread_idx.x
+    var t = tid % 4
+    var g = (tid // 4) % 8
+    var w = tid // 32
+    comptime for i in range(VECS):
+        var v = tile.unsafe_load[width=4, alignment=16](
+            (i * WG_THREADS + tid) * 4
+        )
+        comptime piece = i // 8
+        comptime jj = i % 8
+        var col = 64 * piece + 8 * jj + 2 * t
+        comptime for half in range(2):
+            var row = row0 + 16 * w + 8 * half + g
+            if row < Lq:
+                var pair = SIMD[DType.float32, 2](v[2 * half], v[2 * half + 1])
+                out.unsafe_store[alignment=4](
+                    row * Int(dq_rs) + col, pair.cast[dtype]()
+                )
+
+
+# --8<-- [end:dq_rows]

@@ -276,9 +276,9 @@ def test_backward_version_2_plan_on_cpu():
     dk, dv, dq32 = torch.empty_like(k), torch.empty_like(v), torch.zeros(q.shape)
     params = {"CAUSAL": True, "SCALE": 0.1, "VERSION": 2}
     dl, dkdv = attention_bwd_gpu([None, dk, dv, delta, dq32], [q, k, v, do, lse, out], params)
-    assert dl.kernel is DELTA_KERNEL[BF16, 128] and dl.grid == (5, 4, 2) and dl.block == 128
-    assert dl.args[:4] == (delta.data_ptr(), lse.data_ptr(), out.data_ptr(), do.data_ptr())
-    assert dl.args[4:] == (300, *out.stride()[:3], *do.stride()[:3])
+    assert dl.kernel is DELTA_KERNEL[BF16, 128, False] and dl.grid == (5, 4, 2) and dl.block == 128
+    assert dl.args[:5] == (delta.data_ptr(), lse.data_ptr(), out.data_ptr(), do.data_ptr(), dq32.data_ptr())
+    assert dl.args[5:] == (300, *out.stride()[:3], *do.stride()[:3])
     smem = bwd_smem_bytes(128, fused=1)
     assert dkdv.kernel is BWD_KERNEL[BF16, 128, 4, True, False, 1, False, False, smem] and dkdv.grid == (3, 2, 2)
     assert smem == bwd_smem_bytes(128) + 2 * 64 * 64 * 2 and dkdv.smem == smem
@@ -287,11 +287,14 @@ def test_backward_version_2_plan_on_cpu():
 
 @pytest.mark.parametrize("d", [64, 128])
 def test_backward_version_6_plan_on_cpu(d):
-    """Version 6: version 2's launches; its kernel (FUSED 2) has two pairs of dS boxes and
-    a 16 KB float32 piece per consumer, which leaves room for 3 K/Q stages at head_dim 128
-    (4 at 64); dq32 has whole 64-row tiles per head."""
+    """Version 6: version 2's launches, its delta kernel also zeroing dq32 (ZERO), then a
+    third that puts dq32's rows in order into dq; its pass (FUSED 2) has two pairs of dS
+    boxes and a 16 KB float32 piece per consumer, which leaves room for 3 K/Q stages at
+    head_dim 128 (4 at 64); dq32 has whole 64-row tiles per head."""
     from pytorch_custom_ops.attention_gpu import (
         BWD_KERNEL,
+        DELTA_KERNEL,
+        DQ_ROWS_KERNEL,
         SMEM_LIMIT,
         attention_bwd_gpu,
         bwd_smem_bytes,
@@ -301,18 +304,21 @@ def test_backward_version_6_plan_on_cpu(d):
     q, k, v = make(2, 4, 2, 300, 260, d, BF16, "cpu")
     assert dq32_shape(q, 6) == (2, 4, 320, d) and dq32_shape(q, 2) == q.shape and dq32_shape(q, 5) is None
     do, lse, delta, out = torch.empty_like(q), torch.empty(2, 4, 300), torch.empty(2, 4, 320, 2), torch.empty_like(q)
-    dk, dv, dq32 = torch.empty_like(k), torch.empty_like(v), torch.zeros(dq32_shape(q, 6))
+    dq, dk, dv, dq32 = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty(dq32_shape(q, 6))
     params = {"CAUSAL": False, "SCALE": 0.1, "VERSION": 6}
-    outputs, inputs = [None, dk, dv, delta, dq32], [q, k, v, do, lse, out]
-    (dl6, dkdv6), (dl2, dkdv2) = (attention_bwd_gpu(outputs, inputs, {**params, "VERSION": v}) for v in (6, 2))
+    outputs, inputs = [dq, dk, dv, delta, dq32], [q, k, v, do, lse, out]
+    (dl6, dkdv6, rows), (dl2, dkdv2) = (attention_bwd_gpu(outputs, inputs, {**params, "VERSION": v}) for v in (6, 2))
     stages = 3 if d == 128 else 4
     smem = bwd_smem_bytes(d, fused=2, stages=stages)
     tiles = 2 * 2 * 64 * d + stages * 2 * 64 * d + 4 * 64 * 64 + 2 * 64 * 64 * 2  # 16-bit elements
     assert smem == tiles * 2 + stages * (512 + 8) + 8 * (1 + 3 * stages)  # pairs, barriers
     assert smem <= SMEM_LIMIT < bwd_smem_bytes(d, fused=2, stages=stages + 1) or d == 64
     assert dkdv6.kernel is BWD_KERNEL[BF16, d, stages, False, False, 2, False, False, smem] and dkdv6.smem == smem
-    assert (dl6.kernel, dl6.grid, dl6.args) == (dl2.kernel, dl2.grid, dl2.args)
+    assert (dl6.kernel, dl2.kernel) == (DELTA_KERNEL[BF16, d, True], DELTA_KERNEL[BF16, d, False])
+    assert (dl6.grid, dl6.args) == (dl2.grid, dl2.args) == ((5, 4, 2), dl6.args) and dl6.args[4] == dq32.data_ptr()
     assert (dkdv6.grid, dkdv6.block, dkdv6.args) == (dkdv2.grid, dkdv2.block, dkdv2.args)
+    assert rows.kernel is DQ_ROWS_KERNEL[BF16, d] and (rows.grid, rows.block, rows.smem) == ((5, 4, 2), 128, 0)
+    assert rows.args == (dq.data_ptr(), dq32.data_ptr(), 300, *dq.stride()[:3])
 
 
 def test_dq_from_pieces_puts_rows_back():
@@ -488,6 +494,36 @@ def test_cuda_contiguous_but_misaligned_inputs_are_copied(d):
 
 # many key blocks: versions 2 and 6 add into the same dQ rows (atomics)
 LONG_GRAD_SHAPES = [(1, 4, 2, 1100, 1300, 128), (2, 2, 1, 900, 700, 64)]
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+@pytest.mark.parametrize("lq, d", [(300, 64), (64, 128), (1, 128), (1000, 128)])
+def test_cuda_version_6_zero_and_rows_launches(dtype, lq, d):
+    """Version 6's first and last launches alone: the delta kernel zeroes every 64-row
+    tile of dq32 (NaN before it), and the rows kernel writes dq32's rows in order, cast
+    bit for bit as torch casts them (dq_from_pieces, checked on the CPU, is the order)."""
+    from pytorch_custom_ops import direct
+    from pytorch_custom_ops.attention_gpu import attention_bwd_gpu, dq32_shape, dq_from_pieces, pairs_rows
+
+    q, k, v = make(2, 3, 1, lq, 70, d, dtype, "cuda", seed=5)
+    do, out = torch.randn_like(q), torch.randn_like(q)
+    lse = torch.randn(2, 3, lq, device="cuda")
+    pairs = torch.empty(2, 3, pairs_rows(lq), 2, device="cuda")
+    dq32 = torch.full(dq32_shape(q, 6), float("nan"), device="cuda")
+    dq = torch.full_like(q, float("nan"))
+    delta, _, rows = attention_bwd_gpu(
+        [dq, torch.empty_like(k), torch.empty_like(v), pairs, dq32],
+        [q, k, v, do, lse, out],
+        {"CAUSAL": False, "SCALE": 0.1, "VERSION": 6},
+    )
+    direct.run([delta], q.get_device())
+    assert torch.equal(dq32, torch.zeros_like(dq32))
+    dq32.normal_()
+    direct.run([rows], q.get_device())
+    assert torch.equal(dq, dq_from_pieces(dq32, lq).to(dtype))
+    want = (do.float() * out.float()).sum(-1)
+    torch.testing.assert_close(pairs[..., :lq, 1], want, rtol=1e-4, atol=1e-4)
 
 
 @needs_cuda

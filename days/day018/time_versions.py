@@ -109,7 +109,7 @@ def main() -> None:
     args = parser.parse_args()
     need_cuda(None, __file__)
     if args.backward:
-        return time_backward(args.quick, args.bwd_versions, args.kernels)
+        return time_backward(args.quick, args.bwd_versions, args.kernels, args.rounds, args.head_dims, args.seqs)
     impls = tile_impls(args.fwd_tiles, args.versions, args.control) if args.fwd_tiles else IMPLS
     what = "(max |err| vs fp32)" if args.rounds == 1 else f"median of {args.rounds} interleaved rounds [min-max]"
     print(f"{torch.cuda.get_device_name()}; bf16 forward; TFLOP/s by kernel time {what}")
@@ -130,18 +130,21 @@ def main() -> None:
                 print(f"{d:>4} {causal!s:>6} {shape[2]:>6} " + " ".join(f"{c:>18}" for c in cells))
 
 
-def time_backward(quick: bool, versions: list[int], kernels: bool) -> None:
+def time_backward(
+    quick: bool, versions: list[int], kernels: bool, rounds: int = 1, head_dims=(128, 64), seqs=None
+) -> None:
     """Forward + backward; the Mojo columns share the default forward, one column per
     backward version (the version is read when the backward runs, so the context covers
-    the autograd call)."""
+    the autograd call). rounds > 1: every column timed that many times in turns, the
+    median printed."""
     mojo = IMPLS[f"mojo_v{DEFAULT_VERSION}"]
     impls = {f"mojo_b{v}": (mojo, v) for v in versions} | {n: (fn, None) for n, fn in IMPLS_FOR_TIMING.items()}
     print(f"{torch.cuda.get_device_name()}; bf16 forward + backward; TFLOP/s by kernel time (max |dq err| vs fp32)")
     print(f"{'d':>4} {'causal':>6} {'seq':>6} " + " ".join(f"{n:>18}" for n in impls))
-    for d in (128, 64):
+    for d in head_dims:
         for causal in (False, True):
             for shape in shapes_for(d):
-                if quick and shape[2] not in (1024, 8192):
+                if quick and shape[2] not in (1024, 8192) or seqs and shape[2] not in seqs:
                     continue
                 q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
                 q, k, v = (t.requires_grad_() for t in (q, k, v))
@@ -149,7 +152,7 @@ def time_backward(quick: bool, versions: list[int], kernels: bool) -> None:
                     q[:1, :1].float(), k[:1, :1].float(), v[:1, :1].float(), is_causal=causal
                 )
                 (want,) = torch.autograd.grad(ref, q, do[:1, :1].float())
-                cells, steps = [], {}
+                errs, steps = {}, {}
                 for name, (fn, version) in impls.items():
 
                     def step(fn=fn, version=version, q=q, k=k, v=v, do=do, c=causal):
@@ -158,10 +161,14 @@ def time_backward(quick: bool, versions: list[int], kernels: bool) -> None:
                         with attention_bwd_version(version):
                             return torch.autograd.grad(fn(q, k, v, c), (q, k, v), do)
 
-                    err = (step()[0][:1, :1].float() - want[0, 0]).abs().max().item()
-                    ms = kernel_time_ms(step)
-                    cells.append(f"{flops(shape, causal, True) / ms / 1e9:8.1f} ({err:.0e})")
+                    errs[name] = (step()[0][:1, :1].float() - want[0, 0]).abs().max().item()
                     steps[name] = step
+                times: dict[str, list[float]] = {name: [] for name in steps}
+                for _ in range(rounds):
+                    for name, step in steps.items():
+                        times[name].append(kernel_time_ms(step, reps=20 if rounds == 1 else 10))
+                work = flops(shape, causal, True)
+                cells = [f"{work / statistics.median(t) / 1e9:8.1f} ({errs[n]:.0e})" for n, t in times.items()]
                 print(f"{d:>4} {causal!s:>6} {shape[2]:>6} " + " ".join(f"{c:>18}" for c in cells))
                 if kernels and shape[2] == 8192:
                     for name in (n for n in steps if n.startswith("mojo")):
