@@ -319,6 +319,9 @@ def test_backward_version_6_plan_on_cpu(d):
     assert (dkdv6.grid, dkdv6.block, dkdv6.args) == (dkdv2.grid, dkdv2.block, dkdv2.args)
     assert rows.kernel is DQ_ROWS_KERNEL[BF16, d] and (rows.grid, rows.block, rows.smem) == ((5, 4, 2), 128, 0)
     assert rows.args == (dq.data_ptr(), dq32.data_ptr(), 300, *dq.stride()[:3])
+    strided = torch.empty(2, 300, 4, d, dtype=BF16).transpose(1, 2)
+    with pytest.raises(ValueError, match="dq must be contiguous"):
+        attention_bwd_gpu([strided, dk, dv, delta, dq32], inputs, params)
 
 
 def test_dq_from_pieces_puts_rows_back():
