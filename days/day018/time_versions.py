@@ -56,16 +56,19 @@ def tile_impls(tiles: list[str], versions: list[int], control: bool = False) -> 
     return impls | IMPLS_FOR_TIMING
 
 
-def interleaved_tflops(impls: dict, q, k, v, causal: bool, rounds: int) -> dict[str, list[float]]:
-    """TFLOP/s of each impl by kernel time, `rounds` times, the impls taking turns within a
+def timed_in_turns(steps: dict, rounds: int) -> dict[str, list[float]]:
+    """Kernel time (ms) of each step, `rounds` times, the steps taking turns within a
     round, so that a drift of the clocks over the run reaches every column alike."""
-    work = flops(tuple(q.shape), causal, False)
-    out: dict[str, list[float]] = {name: [] for name in impls}
+    out: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(rounds):
-        for name, fn in impls.items():
-            ms = kernel_time_ms(lambda fn=fn: fn(q, k, v, causal), reps=20 if rounds == 1 else 10)
-            out[name].append(work / ms / 1e9)
+        for name, step in steps.items():
+            out[name].append(kernel_time_ms(step, reps=20 if rounds == 1 else 10))
     return out
+
+
+def wanted(seq: int, quick: bool, seqs) -> bool:
+    """Whether to time this length: --quick keeps 1024 and 8192, --seqs the ones named."""
+    return not (quick and seq not in (1024, 8192) or seqs and seq not in seqs)
 
 
 def check(fn, q, k, v, causal) -> float:
@@ -117,11 +120,14 @@ def main() -> None:
     for d in args.head_dims:
         for causal in (False, True):
             for shape in shapes_for(d):
-                if args.quick and shape[2] not in (1024, 8192) or args.seqs and shape[2] not in args.seqs:
+                if not wanted(shape[2], args.quick, args.seqs):
                     continue
                 q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 errs = {name: check(fn, q, k, v, causal) for name, fn in impls.items()}
-                rates = interleaved_tflops(impls, q, k, v, causal, args.rounds)
+                steps = {n: (lambda fn=fn, q=q, k=k, v=v, c=causal: fn(q, k, v, c)) for n, fn in impls.items()}
+                work = flops(shape, causal, False)
+                times = timed_in_turns(steps, args.rounds)
+                rates = {name: [work / ms / 1e9 for ms in t] for name, t in times.items()}
                 if args.rounds == 1:
                     cells = [f"{rates[n][0]:8.1f} ({errs[n]:.0e})" for n in impls]
                 else:
@@ -144,7 +150,7 @@ def time_backward(
     for d in head_dims:
         for causal in (False, True):
             for shape in shapes_for(d):
-                if quick and shape[2] not in (1024, 8192) or seqs and shape[2] not in seqs:
+                if not wanted(shape[2], quick, seqs):
                     continue
                 q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
                 q, k, v = (t.requires_grad_() for t in (q, k, v))
@@ -163,10 +169,7 @@ def time_backward(
 
                     errs[name] = (step()[0][:1, :1].float() - want[0, 0]).abs().max().item()
                     steps[name] = step
-                times: dict[str, list[float]] = {name: [] for name in steps}
-                for _ in range(rounds):
-                    for name, step in steps.items():
-                        times[name].append(kernel_time_ms(step, reps=20 if rounds == 1 else 10))
+                times = timed_in_turns(steps, rounds)
                 work = flops(shape, causal, True)
                 cells = [f"{work / statistics.median(t) / 1e9:8.1f} ({errs[n]:.0e})" for n, t in times.items()]
                 print(f"{d:>4} {causal!s:>6} {shape[2]:>6} " + " ".join(f"{c:>18}" for c in cells))
