@@ -71,6 +71,11 @@ def wanted(seq: int, quick: bool, seqs) -> bool:
     return not (quick and seq not in (1024, 8192) or seqs and seq not in seqs)
 
 
+def causal_flags(masks) -> list[bool]:
+    """--masks as the `causal` flags to time, in the table's order."""
+    return [m == "causal" for m in ("none", "causal") if m in masks]
+
+
 def check(fn, q, k, v, causal) -> float:
     out = fn(q, k, v, causal)[:1, :1].float()
     ref = F.scaled_dot_product_attention(q[:1, :1].float(), k[:1, :1].float(), v[:1, :1].float(), is_causal=causal)
@@ -109,16 +114,21 @@ def main() -> None:
     parser.add_argument("--control", action="store_true", help="with --fwd-tiles: the first column again, last")
     parser.add_argument("--head-dims", type=int, nargs="+", choices=(128, 64), default=[128, 64])
     parser.add_argument("--seqs", type=int, nargs="+", default=None, help="only these sequence lengths")
+    parser.add_argument(
+        "--masks", nargs="+", choices=("none", "causal"), default=["none", "causal"], help="only these masks"
+    )
     args = parser.parse_args()
     need_cuda(None, __file__)
     if args.backward:
-        return time_backward(args.quick, args.bwd_versions, args.kernels, args.rounds, args.head_dims, args.seqs)
+        return time_backward(
+            args.quick, args.bwd_versions, args.kernels, args.rounds, args.head_dims, args.seqs, args.masks
+        )
     impls = tile_impls(args.fwd_tiles, args.versions, args.control) if args.fwd_tiles else IMPLS
     what = "(max |err| vs fp32)" if args.rounds == 1 else f"median of {args.rounds} interleaved rounds [min-max]"
     print(f"{torch.cuda.get_device_name()}; bf16 forward; TFLOP/s by kernel time {what}")
     print(f"{'d':>4} {'causal':>6} {'seq':>6} " + " ".join(f"{n:>18}" for n in impls))
     for d in args.head_dims:
-        for causal in (False, True):
+        for causal in causal_flags(args.masks):
             for shape in shapes_for(d):
                 if not wanted(shape[2], args.quick, args.seqs):
                     continue
@@ -137,7 +147,13 @@ def main() -> None:
 
 
 def time_backward(
-    quick: bool, versions: list[int], kernels: bool, rounds: int = 1, head_dims=(128, 64), seqs=None
+    quick: bool,
+    versions: list[int],
+    kernels: bool,
+    rounds: int = 1,
+    head_dims=(128, 64),
+    seqs=None,
+    masks=("none", "causal"),
 ) -> None:
     """Forward + backward; the Mojo columns share the default forward, one column per
     backward version (the version is read when the backward runs, so the context covers
@@ -148,7 +164,7 @@ def time_backward(
     print(f"{torch.cuda.get_device_name()}; bf16 forward + backward; TFLOP/s by kernel time (max |dq err| vs fp32)")
     print(f"{'d':>4} {'causal':>6} {'seq':>6} " + " ".join(f"{n:>18}" for n in impls))
     for d in head_dims:
-        for causal in (False, True):
+        for causal in causal_flags(masks):
             for shape in shapes_for(d):
                 if not wanted(shape[2], quick, seqs):
                     continue
