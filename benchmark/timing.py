@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 
 L2_FLUSH_BYTES = 256 * 2**20  # larger than any current L2 (H100 50 MB, H200 60 MB)
+LEAD_US = 300  # the GPU's lead over the host at each timed call (time_cuda), above any op's host time
+LEAD_CYCLES = LEAD_US * 2000  # a spin of this many cycles lasts >= LEAD_US at clocks <= 2 GHz
 
 
 @dataclass
@@ -34,7 +36,11 @@ def time_cuda(
     """Time several implementations of one problem, interleaved so drift hits all alike.
 
     The events time the GPU from the start marker to the end marker. Kernels queue behind
-    the L2 flush, so a kernel's time excludes the host's launch. For a whole model step
+    the L2 flush and a spin of LEAD_US, so a call's time excludes the host's launch (its
+    host µs are measured apart, `host_overhead_us`). The flush alone (~55 µs on an H200)
+    was not always enough: a host-bound neighbour (torch.compile's guards, ~120 µs a call)
+    drained the queue each round, and the next impl's host time then showed in its
+    events (day 019's fused linear: 38 µs over its kernel, 2026-11-28). For a whole model step
     that would be wrong where the host is the bottleneck: the flush and whatever the
     previous implementation left queued let the host run ahead, hiding part of its time
     from one implementation and not another. `idle_start` waits for the GPU before each
@@ -61,6 +67,8 @@ def time_cuda(
             flush.zero_()
             if idle_start:
                 torch.cuda.synchronize()
+            else:
+                torch.cuda._sleep(LEAD_CYCLES)
             start, end = events[name][i]
             start.record()
             fn()

@@ -129,7 +129,7 @@ def _backward_cuda(do, q, k, v, out, lse2, causal, scale):
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if q.numel() == 0:  # no query: no gradient reaches k or v
         return torch.empty_like(q), dk.zero_(), dv.zero_()
-    version = bwd_version()
+    version = bwd_version(q.shape[-1], causal, k.shape[2])
     # versions 2 and 6 add dQ into a float32 tensor (one pass), cast at the end: version
     # 2 by torch, version 6 by its own launch (and its delta kernel zeroes the tensor)
     dq32_dims = dq32_shape(q, version)

@@ -192,7 +192,14 @@ def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
 # 6: version 2's one pass with dS shared between the consumers and dQ added by whole
 # 16 KB pieces through the TMA unit (days/day018/attention_bwd_tiles.mojo).
 BWD_VERSIONS = (1, 2, 3, 4, 5, 6)
-DEFAULT_BWD_VERSION = 5
+# "auto": version 6 with the causal mask (head_dim 64: every length; head_dim 128: from
+# 2048 keys), version 5 otherwise. H200, forward + backward, 3 rounds
+# (results/nvidia-h200/day018_backward_v6_causal_rule.txt): version 6 +2-6% at head_dim
+# 64, +1-6% at head_dim 128 from 2048 keys (level at 8192), -2 to -4% below; without the
+# mask it spills and loses 20-25% (the journal's "The backward, part 5").
+DEFAULT_BWD_VERSION = "auto"
+BWD_CHOICES = (*BWD_VERSIONS, "auto")
+V6_CAUSAL_KEYS = {64: 0, 128: 2048}  # head_dim: the fewest keys where auto takes version 6
 DQ_ADD = {2: 1, 6: 2}  # the kernel's FUSED: how a one-pass version adds dQ (0: a dQ pass)
 PIECE = 64  # version 6's dq32: 64 x 64 float32 pieces
 
@@ -274,13 +281,19 @@ DQ_ROWS_KERNEL = KernelFamily(
 _chosen["backward"] = DEFAULT_BWD_VERSION
 
 
-def attention_bwd_version(version: int):
-    """Run backward version `version` (1 to 6) inside the block (benchmarks, tests)."""
-    return _choose("backward", "attention_bwd_version", version, BWD_VERSIONS)
+def attention_bwd_version(version: int | str):
+    """Run backward version `version` (1 to 6, or "auto") inside the block (benchmarks,
+    tests)."""
+    return _choose("backward", "attention_bwd_version", version, BWD_CHOICES)
 
 
-def bwd_version() -> int:
-    return _chosen["backward"]
+def bwd_version(d: int, causal: bool, lk: int, chosen: int | str | None = None) -> int:
+    """The backward version that runs at head_dim d with lk keys: `chosen`, or the one
+    chosen (attention_bwd_version, else DEFAULT_BWD_VERSION), "auto" resolved."""
+    chosen = _chosen["backward"] if chosen is None else chosen
+    if chosen != "auto":
+        return chosen
+    return 6 if causal and lk >= V6_CAUSAL_KEYS[d] else 5
 
 
 def pairs_rows(lq: int) -> int:

@@ -354,10 +354,9 @@ def test_backward_versions_with_turns_plan_on_cpu(version, d, causal):
     """Versions 3 to 5: version 1's two launches and arguments, with kernels whose
     consumers take turns (TURNS): both passes in version 3; in versions 4 and 5 all but
     the dK/dV pass at head_dim 128 without the mask (measured slower with turns).
-    Version 5, the default, also overlaps (OVERLAP) in the dQ pass."""
-    from pytorch_custom_ops.attention_gpu import BWD_KERNEL, DEFAULT_BWD_VERSION, attention_bwd_gpu, bwd_smem_bytes
+    Version 5 also overlaps (OVERLAP) in the dQ pass."""
+    from pytorch_custom_ops.attention_gpu import BWD_KERNEL, attention_bwd_gpu, bwd_smem_bytes
 
-    assert DEFAULT_BWD_VERSION == 5
     q, k, v = make(1, 2, 1, 200, 130, d, BF16, "cpu")
     do, lse, delta, out = torch.empty_like(q), torch.empty(1, 2, 200), torch.empty(1, 2, 256, 2), torch.empty_like(q)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -375,6 +374,24 @@ def test_backward_versions_with_turns_plan_on_cpu(version, d, causal):
         assert one.kernel is BWD_KERNEL[BF16, d, 4, causal, dq_pass, False, False, False, smem]
         assert (new.grid, new.block, new.smem) == (one.grid, one.block, one.smem)
         assert new.args == one.args
+
+
+@pytest.mark.parametrize(
+    ("d", "causal", "lk", "want"),
+    [(64, True, 1, 6), (64, True, 16384, 6), (128, True, 2047, 5), (128, True, 2048, 6), (128, True, 8192, 6)]
+    + [(d, False, lk, 5) for d in (64, 128) for lk in (1, 2048, 16384)],
+)
+def test_auto_backward_version(d, causal, lk, want):
+    """The default ("auto"): version 6 with the causal mask (head_dim 128: from 2048 keys),
+    version 5 otherwise; a version chosen by name is taken as it is."""
+    from pytorch_custom_ops.attention_gpu import DEFAULT_BWD_VERSION, bwd_version
+
+    assert DEFAULT_BWD_VERSION == "auto"
+    assert bwd_version(d, causal, lk) == want
+    with attention_bwd_version(3):
+        assert bwd_version(d, causal, lk) == 3
+    with attention_bwd_version("auto"):
+        assert bwd_version(d, causal, lk) == want
 
 
 def test_unknown_backward_version():
@@ -530,7 +547,7 @@ def test_cuda_version_6_zero_and_rows_launches(dtype, lq, d):
 
 
 @needs_cuda
-@pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5, 6])
+@pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5, 6, "auto"])
 @pytest.mark.parametrize("dtype", [BF16, FP16])
 @pytest.mark.parametrize("shape", SHAPES + [(1, 4, 1, 700, 333, 64), (2, 2, 2, 64, 64, 128)] + LONG_GRAD_SHAPES)
 @pytest.mark.parametrize("causal", [False, True])

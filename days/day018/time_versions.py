@@ -23,7 +23,7 @@ from benchmark.cases.day017 import IMPLS_FOR_TIMING, flops, shapes_for
 from benchmark.gpu_script import need_cuda
 from benchmark.timing import kernel_time_ms, kernel_times_us
 from pytorch_custom_ops.attention_gpu import (
-    BWD_VERSIONS,
+    BWD_CHOICES,
     DEFAULT_BWD_VERSION,
     DEFAULT_FWD_TILE,
     DEFAULT_VERSION,
@@ -88,9 +88,9 @@ def main() -> None:
     parser.add_argument("--backward", action="store_true", help="forward + backward (3.5x the forward's FLOPs)")
     parser.add_argument(
         "--bwd-versions",
-        type=int,
+        type=lambda v: v if v == "auto" else int(v),
         nargs="+",
-        choices=BWD_VERSIONS,
+        choices=BWD_CHOICES,
         default=[DEFAULT_BWD_VERSION],
         help="with --backward: the Mojo backward's versions, each its own column (`mojo_b<N>`)",
     )
