@@ -47,6 +47,7 @@ from days.day018.attention_bwd_tiles import (
 from days.day018.attention_common import (
     BOX,
     hold,
+    opaque_zero,
     p_fragments,
     pv_issue,
     pv_wait,
@@ -147,6 +148,10 @@ def consume_dkdv[
     var full2 = bars.unsafe_offset(1 + 3 * STAGES)
     var t = lane_id() % 4
     comptime assert not (FUSED != 0 and TURNS), "versions 2 and 6 take no turns"
+    # version 6: the fixed tiles' descriptors are made in the loop (`opaque_zero`);
+    # hoisted out of it, they held registers across it and spilled (ptxas -v: 52-60
+    # bytes of spill stores at head_dim 128, 12-20 with this)
+    comptime OPAQUE = FUSED == DQ_TILES
     # both consumers' keys (version 6's shared dS reads them all)
     var sk_block = sk.unsafe_offset(-cw * (D // 64) * BOX)
     open_turns[TURNS](cw)
@@ -164,10 +169,11 @@ def consume_dkdv[
         comptime if TURNS:
             mbar_wait(full1.unsafe_offset(s), phase)
             take_turn[TURNS](cw)
-        var st = s_wgmma[dtype, D, BQ](sk, sq)
+        var z = opaque_zero() if OPAQUE else 0
+        var st = s_wgmma[dtype, D, BQ](sk.unsafe_offset(z), sq)
         comptime if not TURNS:
             mbar_wait(full1.unsafe_offset(s), phase)
-        var dpt = s_wgmma[dtype, D, BQ](sv, sdo)
+        var dpt = s_wgmma[dtype, D, BQ](sv.unsafe_offset(z), sdo)
         pass_turn[TURNS](cw)
         wgmma_wait_group_sync[0]()
         st = hold(st) * scale_log2
@@ -187,8 +193,17 @@ def consume_dkdv[
                 dl[2 * jj + e] = pr[1]
         # only a tile that reaches the diagonal has a query before one of these keys:
         # the others skip the mask (a uniform branch)
-        if CAUSAL and key0 + 63 > q0:
-            probs_t[BQ // 4, CAUSAL](st, lc, my_key, q0)
+        var masked: Bool
+        comptime if CAUSAL:
+            masked = key0 + 63 > q0
+        else:
+            # never true (Lq >= 0), but ptxas cannot know: without a branch in the
+            # loop's body, ptxas serialized every wgmma of version 6's loop (C7512,
+            # "insufficient register resources"; one wait per product) and spilled
+            # 140-384 bytes; with it, neither (journal, "The backward, part 6")
+            masked = FUSED == DQ_TILES and Lq < 0
+        if masked:
+            probs_t[BQ // 4, True](st, lc, my_key, q0)
         else:
             probs_t[BQ // 4, False](st, lc, my_key, q0)
         var pf = p_fragments[dtype, BQ](st)
@@ -235,7 +250,9 @@ def consume_dkdv[
                 sched_sync(CONSUMERS_BAR)
             else:
                 warpgroup_sync(1 + Int(warp_id()) // 4)
-            var dqt = dq_piece_wgmma[dtype, D](pair, sk_block, cw)
+            var dqt = dq_piece_wgmma[dtype, D](
+                pair, sk_block.unsafe_offset(z), cw
+            )
             dv = pv_wait[D, BQ](pf, dv)  # wait_group 0: all three products
             dk = pv_wait[D, BQ](dsf, dk)
             dqt = hold[32](dqt)

@@ -658,3 +658,16 @@ def needs_mask[BN: Int, CAUSAL: Bool](kv0: Int, row0: Int, Lk: Int) -> Bool:
     """Whether a tile starting at key kv0 has a key past Lk or, causal, after the
     consumer's first query row0 (its last row is row0 + 63)."""
     return kv0 + BN > Lk or (CAUSAL and kv0 + BN - 1 > row0)
+
+
+@always_inline
+def opaque_zero() -> Int:
+    """0 from a volatile asm: `p.unsafe_offset(opaque_zero())` inside a loop keeps what is
+    computed from p (wgmma descriptors of a fixed tile) in the loop, where a hoisted
+    copy would hold registers across it (backward version 6 without the mask: 16
+    descriptors spilled, every wgmma serialized, C7512)."""
+    return Int(
+        inlined_assembly[
+            "mov.u32 $0, 0;", UInt32, constraints="=r", has_side_effect=True
+        ]()
+    )
