@@ -192,14 +192,15 @@ def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
 # 6: version 2's one pass with dS shared between the consumers and dQ added by whole
 # 16 KB pieces through the TMA unit (days/day018/attention_bwd_tiles.mojo).
 BWD_VERSIONS = (1, 2, 3, 4, 5, 6)
-# "auto": version 6 with the causal mask (head_dim 64: every length; head_dim 128: from
-# 2048 keys), version 5 otherwise. H200, forward + backward, 3 rounds
-# (results/nvidia-h200/day018_backward_v6_causal_rule.txt): version 6 +2-6% at head_dim
-# 64, +1-6% at head_dim 128 from 2048 keys (level at 8192), -2 to -4% below; without the
-# mask it spills and loses 20-25% (the journal's "The backward, part 5").
+# "auto": version 6 from 4096 keys at head_dim 128, and with the causal mask at head_dim
+# 64; version 5 otherwise. H200, forward + backward, median of 3 rounds
+# (results/nvidia-h200/day018_backward_v6_branch.txt): at head_dim 128 version 6 is
+# +1-5% from 4096 keys (both masks), -1 to -6% below; at head_dim 64 +2-4% with the mask
+# and -2 to -6% without (the journal's "The backward, part 6").
 DEFAULT_BWD_VERSION = "auto"
 BWD_CHOICES = (*BWD_VERSIONS, "auto")
-V6_CAUSAL_KEYS = {64: 0, 128: 2048}  # head_dim: the fewest keys where auto takes version 6
+# (head_dim, causal): the fewest keys where "auto" takes version 6 (None: never)
+V6_FROM_KEYS = {(128, False): 4096, (128, True): 4096, (64, False): None, (64, True): 0}
 DQ_ADD = {2: 1, 6: 2}  # the kernel's FUSED: how a one-pass version adds dQ (0: a dQ pass)
 PIECE = 64  # version 6's dq32: 64 x 64 float32 pieces
 
@@ -293,7 +294,8 @@ def bwd_version(d: int, causal: bool, lk: int, chosen: int | str | None = None) 
     chosen = _chosen["backward"] if chosen is None else chosen
     if chosen != "auto":
         return chosen
-    return 6 if causal and lk >= V6_CAUSAL_KEYS[d] else 5
+    keys = V6_FROM_KEYS[d, causal]
+    return 6 if keys is not None and lk >= keys else 5
 
 
 def pairs_rows(lq: int) -> int:

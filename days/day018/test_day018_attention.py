@@ -378,12 +378,13 @@ def test_backward_versions_with_turns_plan_on_cpu(version, d, causal):
 
 @pytest.mark.parametrize(
     ("d", "causal", "lk", "want"),
-    [(64, True, 1, 6), (64, True, 16384, 6), (128, True, 2047, 5), (128, True, 2048, 6), (128, True, 8192, 6)]
-    + [(d, False, lk, 5) for d in (64, 128) for lk in (1, 2048, 16384)],
+    [(64, True, 1, 6), (64, True, 16384, 6)]
+    + [(64, False, lk, 5) for lk in (1, 4096, 16384)]
+    + [(128, c, lk, 6 if lk >= 4096 else 5) for c in (False, True) for lk in (1, 2048, 4095, 4096, 16384)],
 )
 def test_auto_backward_version(d, causal, lk, want):
-    """The default ("auto"): version 6 with the causal mask (head_dim 128: from 2048 keys),
-    version 5 otherwise; a version chosen by name is taken as it is."""
+    """The default ("auto"): version 6 from 4096 keys at head_dim 128 and with the causal
+    mask at head_dim 64, version 5 otherwise; a version chosen by name is taken as it is."""
     from pytorch_custom_ops.attention_gpu import DEFAULT_BWD_VERSION, bwd_version
 
     assert DEFAULT_BWD_VERSION == "auto"
