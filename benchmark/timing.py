@@ -38,7 +38,7 @@ def time_cuda(
     The events time the GPU from the start marker to the end marker. Kernels queue behind
     the L2 flush and a spin of LEAD_US, so a call's time excludes the host's launch (its
     host µs are measured apart, `host_overhead_us`). The flush alone (~55 µs on an H200)
-    was not always enough: a host-bound neighbour (torch.compile's guards, ~120 µs a call)
+    was not always enough: a host-bound neighbour (torch.compile's guards, over 100 µs a call)
     drained the queue each round, and the next impl's host time then showed in its
     events (day 019's fused linear: 38 µs over its kernel, 2026-11-28). For a whole model step
     that would be wrong where the host is the bottleneck: the flush and whatever the

@@ -288,10 +288,10 @@ def attention_bwd_version(version: int | str):
     return _choose("backward", "attention_bwd_version", version, BWD_CHOICES)
 
 
-def bwd_version(d: int, causal: bool, lk: int, chosen: int | str | None = None) -> int:
-    """The backward version that runs at head_dim d with lk keys: `chosen`, or the one
-    chosen (attention_bwd_version, else DEFAULT_BWD_VERSION), "auto" resolved."""
-    chosen = _chosen["backward"] if chosen is None else chosen
+def bwd_version(d: int, causal: bool, lk: int) -> int:
+    """The backward version that runs at head_dim d with lk keys: the one chosen
+    (attention_bwd_version, else DEFAULT_BWD_VERSION), "auto" resolved."""
+    chosen = _chosen["backward"]
     if chosen != "auto":
         return chosen
     keys = V6_FROM_KEYS[d, causal]

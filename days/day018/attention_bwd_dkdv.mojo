@@ -200,7 +200,7 @@ def consume_dkdv[
             # never true (Lq >= 0), but ptxas cannot know: without a branch in the
             # loop's body, ptxas serialized every wgmma of version 6's loop (C7512,
             # "insufficient register resources"; one wait per product) and spilled
-            # 140-384 bytes; with it, neither (journal, "The backward, part 6")
+            # 244-384 bytes; with it, neither (journal, "The backward, part 6")
             masked = FUSED == DQ_TILES and Lq < 0
         if masked:
             probs_t[BQ // 4, True](st, lc, my_key, q0)
