@@ -14,7 +14,9 @@ import argparse
 import torch
 
 import pytorch_custom_ops as pco
+from benchmark.cases.day017 import ATTENTION
 from benchmark.gpu_script import need_cuda
+from days.day018.time_versions import causal_flags
 from pytorch_custom_ops.attention_gpu import BWD_VERSIONS, attention_bwd_version
 
 SHAPE = (2, 16, 8192, 128)
@@ -23,15 +25,20 @@ SHAPE = (2, 16, 8192, 128)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--versions", type=int, nargs="+", default=[5, 6], choices=BWD_VERSIONS)
+    parser.add_argument("--masks", nargs="+", choices=("none", "causal"), default=["none", "causal"])
+    parser.add_argument("--cudnn", action="store_true", help="also SDPA's cuDNN backend, twice per mask (last)")
     args = parser.parse_args()
     need_cuda(None, __file__)
     q, k, v = (torch.randn(SHAPE, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     g = torch.randn(SHAPE, device="cuda", dtype=torch.bfloat16)
-    for causal in (False, True):
+    for causal in causal_flags(args.masks):
         for version in args.versions:
             with attention_bwd_version(version):
                 for _ in range(2):
                     torch.autograd.grad(pco.attention(q, k, v, causal=causal), (q, k, v), g)
+        if args.cudnn:
+            for _ in range(2):
+                torch.autograd.grad(ATTENTION["sdpa_cudnn"](q, k, v, causal), (q, k, v), g)
     torch.cuda.synchronize()
 
 
