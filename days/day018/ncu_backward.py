@@ -5,8 +5,9 @@ Compute: bf16 (2, 16, 8192, 128). Each (version, mask) runs twice; profile the s
     ncu --clock-control none -k regex:"attention_bwd" --metrics $M \\
         python days/day018/ncu_backward.py --versions 5 6
 
-(the metric list and the stored run are in section 2 of
-results/nvidia-h100-80gb-hbm3/day018_backward_onepass.txt).
+(the metric lists and stored runs: section 2 of
+results/nvidia-h100-80gb-hbm3/day018_backward_onepass.txt, and with --cudnn and the
+stall reasons results/nvidia-h200/day018_ncu_backward.txt).
 """
 
 import argparse
