@@ -27,9 +27,11 @@ from max.gpu.host.nvidia.tma import TMADescriptor
 from max.gpu.memory import external_memory
 from max.gpu.sync import mbarrier_init
 from std.math import ceildiv
+from std.memory import bitcast
 from std.sys import size_of
 from std.utils import StaticTuple
 
+from days.day014.gemm_common import quad_transpose
 from days.day014.gemm_v2_wgmma import WG_THREADS
 from days.day014.gemm_v3_tma import (
     TMA_BK,
@@ -414,7 +416,8 @@ def attention_dq_rows_kernel[
     of consumer thread tid = i % 128's float4 jj = (i / 128) % 8 of piece i / 1024
     (`dq_from_pieces` in attention_gpu.py): rows 16 w + g and 16 w + 8 + g, columns
     64 piece + 8 jj + 2 t + (0, 1), where tid = 32 w + 4 g + t. So thread tid keeps
-    w, g, t for every i it reads and writes two 2-element pairs per float4."""
+    w, g, t for every i it reads; its quad then trades pairs so that each lane
+    stores whole 8-column blocks (16 bytes)."""
     comptime VECS = 64 * D // 4 // WG_THREADS
     var Lq = Int(lq)
     var h = block_idx.y
@@ -436,17 +439,25 @@ def attention_dq_rows_kernel[
         vals = vals.insert[offset=4 * i](
             tile.unsafe_load[width=4, alignment=16]((i * WG_THREADS + tid) * 4)
         )
-    comptime for i in range(VECS):
-        comptime piece = i // 8
-        comptime jj = i % 8
-        var col = 64 * piece + 8 * jj + 2 * t
+    # Then 16-byte stores: a quad's 4 lanes hold a row's pairs of 4 column blocks
+    # (lane t: columns 8 jj + 2 t, + 1); transposed, lane t holds block 4 jq + t
+    # whole. (4-byte stores, 32 a thread, throttled the store pipe: Nsight Compute's
+    # lg_throttle, 117 cycles an instruction.)
+    comptime for piece in range(D // 64):
         comptime for half in range(2):
             var row = row0 + 16 * w + 8 * half + g
-            if row < Lq:
-                var pair = vals.slice[2, offset=4 * i + 2 * half]()
-                out.unsafe_store[alignment=4](
-                    row * Int(dq_rs) + col, pair.cast[dtype]()
-                )
+            comptime for jq in range(2):
+                var p = SIMD[DType.uint32, 4]()
+                comptime for e in range(4):
+                    comptime i = 8 * piece + 4 * jq + e  # float4 i: jj = i % 8
+                    var pair = vals.slice[2, offset=4 * i + 2 * half]()
+                    p[e] = bitcast[DType.uint32, 1](pair.cast[dtype]())[0]
+                quad_transpose(p, t)  # every lane: shuffles
+                if row < Lq:
+                    out.unsafe_store[alignment=16](
+                        row * Int(dq_rs) + 64 * piece + 8 * (4 * jq + t),
+                        bitcast[dtype, 8](p),
+                    )
 
 
 # --8<-- [end:dq_rows]
