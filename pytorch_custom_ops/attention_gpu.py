@@ -364,7 +364,7 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     pairs_args = (pairs.data_ptr(), lse.data_ptr(), out.data_ptr(), do.data_ptr(), dq32_ptr, lq, *row_strides)
     launches = [direct.Launch(DELTA_KERNEL[q.dtype, d, pieces], tiles, 128, pairs_args, 0), dkdv]
     if pieces:
-        if not dq.is_contiguous():  # the rows kernel stores 4-byte pairs in rows of d
+        if not dq.is_contiguous():  # the rows kernel stores 16-byte blocks in rows of d
             raise ValueError(f"attention backward version 6: dq must be contiguous, got strides {dq.stride()}")
         rows_args = (dq.data_ptr(), dq32_ptr, lq, *dq.stride()[:3])
         launches.append(direct.Launch(DQ_ROWS_KERNEL[q.dtype, d], tiles, 128, rows_args, 0))

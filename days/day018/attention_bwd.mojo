@@ -332,6 +332,21 @@ def attention_bwd_kernel[
 # --8<-- [end:kernel]
 
 
+@always_inline
+def dq32_tile[D: Int](dq32: Pointer[Float32, MutAnyOrigin]) -> type_of(dq32):
+    """This block's 64-row tile of version 6's dq32 (batch, q heads, whole 64-row
+    tiles, D), in a grid (ceil(Lq / 64), q heads, batch): the tile the delta kernel
+    zeroes and the rows kernel reads."""
+    return dq32.unsafe_offset(
+        (
+            (block_idx.z * Int(grid_dim.y) + block_idx.y) * Int(grid_dim.x)
+            + block_idx.x
+        )
+        * 64
+        * D
+    )
+
+
 # --8<-- [start:delta]
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(WG_THREADS))
@@ -364,9 +379,7 @@ def attention_delta_kernel[
     var b = block_idx.z
     comptime if ZERO:
         comptime VECS = 64 * D // 4 // WG_THREADS  # float4 stores a thread
-        var tile = dq32.unsafe_offset(
-            ((b * Int(grid_dim.y) + h) * Int(grid_dim.x) + block_idx.x) * 64 * D
-        )
+        var tile = dq32_tile[D](dq32)
         comptime for i in range(VECS):
             tile.unsafe_store[alignment=16](
                 (i * WG_THREADS + thread_idx.x) * 4, SIMD[DType.float32, 4](0)
@@ -423,9 +436,7 @@ def attention_dq_rows_kernel[
     var h = block_idx.y
     var b = block_idx.z
     var row0 = block_idx.x * 64
-    var tile = dq32.unsafe_offset(
-        ((b * Int(grid_dim.y) + h) * Int(grid_dim.x) + block_idx.x) * 64 * D
-    )
+    var tile = dq32_tile[D](dq32)
     var out = dq.unsafe_offset(b * Int(dq_bs) + h * Int(dq_hs))
     var tid = thread_idx.x
     var t = tid % 4
