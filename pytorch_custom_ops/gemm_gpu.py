@@ -88,20 +88,29 @@ def tma_stages(dtype: torch.dtype, bm: int, bn: int) -> int:
     return TMA_SMEM_BUDGET // tma_stage_bytes(dtype, bm, bn)
 
 
-# TMA_STORE (day 019, part 10): each consumer's two 64 x 64 boxes the epilogue stores from
-def store_box_bytes(dtype: torch.dtype, tma_store: bool) -> int:
+# TMA_STORE (day 019, part 10): each consumer's two 64 x 64 boxes the epilogue stores from;
+# EPI_WARPS (part 22): the whole tile, and EPI_SCRATCH_BOXES boxes for the second output
+def store_box_bytes(dtype: torch.dtype, tma_store: bool, bm: int = 0, bn: int = 0, epi_warps: bool = False) -> int:
+    if epi_warps:
+        return (bm * bn + EPI_SCRATCH_BOXES * STORE_BOX * STORE_BOX) * dtype.itemsize
     return 2 * STORE_BOXES * STORE_BOX * STORE_BOX * dtype.itemsize if tma_store else 0
 
 
-def pp_stages(dtype: torch.dtype, bm: int, bn: int, tma_store: bool = False) -> int:
-    return (PP_SMEM_BUDGET - 16 - store_box_bytes(dtype, tma_store)) // (tma_stage_bytes(dtype, bm, bn) + 16)
+def _pp_fixed_bytes(dtype: torch.dtype, bm: int, bn: int, tma_store: bool, epi_warps: bool) -> int:
+    """All but the stages: the epilogue's boxes, two `turn` mbarriers and, EPI_WARPS, two more."""
+    return store_box_bytes(dtype, tma_store, bm, bn, epi_warps) + 16 + (16 if epi_warps else 0)
 
 
-def pp_smem_bytes(dtype: torch.dtype, bm: int, bn: int, tma_store: bool = False) -> int:
+def pp_stages(dtype: torch.dtype, bm: int, bn: int, tma_store: bool = False, epi_warps: bool = False) -> int:
+    fixed = _pp_fixed_bytes(dtype, bm, bn, tma_store, epi_warps)
+    return (PP_SMEM_BUDGET - fixed) // (tma_stage_bytes(dtype, bm, bn) + 16)
+
+
+def pp_smem_bytes(dtype: torch.dtype, bm: int, bn: int, tma_store: bool = False, epi_warps: bool = False) -> int:
     """The stage buffers, the epilogue's boxes (TMA_STORE), a `full` and an `empty`
-    mbarrier per stage, two `turn` mbarriers."""
-    stages = pp_stages(dtype, bm, bn, tma_store)
-    return stages * (tma_stage_bytes(dtype, bm, bn) + 16) + store_box_bytes(dtype, tma_store) + 16
+    mbarrier per stage, two `turn` mbarriers (and EPI_WARPS' `epi_full`, `epi_empty`)."""
+    stages = pp_stages(dtype, bm, bn, tma_store, epi_warps)
+    return stages * (tma_stage_bytes(dtype, bm, bn) + 16) + _pp_fixed_bytes(dtype, bm, bn, tma_store, epi_warps)
 
 
 def tma_smem_bytes(dtype: torch.dtype, bm: int, bn: int) -> int:
@@ -228,7 +237,14 @@ PP_TMA_STORE_CONFIGS = (
     (64, 64, 1, False, 0),
 )
 STORE_BOXES, STORE_BOX = 2, 64  # days/day019/tma_store.mojo
-PP_CLUSTER, PP_SPLIT, PP_TMA_STORE, PP_C_BLOCKS = 10, 12, 14, 15  # where these flags sit in a variant (below)
+EPI_SCRATCH_BOXES = 2  # days/day019/epilogue_warps.mojo
+# where these flags sit in a variant (below)
+PP_CLUSTER, PP_SPLIT, PP_TMA_STORE, PP_C_BLOCKS, PP_EPI_WARPS = 10, 12, 14, 15, 16
+# The tiles whose GELU epilogues also come with the epilogue warps (EPI_WARPS, day 019,
+# part 22): GELU applied and stored by the producer warpgroup's idle warps, while the
+# consumers run the next tile. Cooperative TMA-store tiles, no residual (beta 0).
+PP_EPI_WARPS_CONFIGS = ((256, 128, 1, True, 0),)
+PP_GELU_EPILOGUES = tuple(e for e in PP_LINEAR_EPILOGUES if e[1])
 # The epilogues that also come with c read in 16-byte blocks (C_BLOCKS, day 019, part 16),
 # for A @ B^T (TRANSPOSE_B) on every tile without split K: a linear layer's residual, with
 # or without bias, and attention's masked scores (q k^T + mask). Other products with c
@@ -238,18 +254,22 @@ PP_C_BLOCKS_EPILOGUES = ((True, False, False), PLAIN_EPILOGUE)
 
 def _pp_variants(dtype: torch.dtype, config: tuple, tma_store: bool = False):
     """Version 4's variants of one PP_CONFIGS tile: (dtype, TA, TB, BM, BN, STAGES, SMEM,
-    BIAS, GELU, GELU_GRAD, CLUSTER, COOP, SPLIT, F32_OUT, TMA_STORE, C_BLOCKS)."""
+    BIAS, GELU, GELU_GRAD, CLUSTER, COOP, SPLIT, F32_OUT, TMA_STORE, C_BLOCKS, EPI_WARPS)."""
     bm, bn, cluster, coop, split = config
 
-    def variant(pair, epilogue, f32_out=False, c_blocks=False):
-        stages, smem = pp_stages(dtype, bm, bn, tma_store), pp_smem_bytes(dtype, bm, bn, tma_store)
-        return (dtype, *pair, bm, bn, stages, smem, *epilogue, cluster, coop, split, f32_out, tma_store, c_blocks)
+    def variant(pair, epilogue, f32_out=False, c_blocks=False, epi_warps=False):
+        stages = pp_stages(dtype, bm, bn, tma_store, epi_warps)
+        smem = pp_smem_bytes(dtype, bm, bn, tma_store, epi_warps)
+        flags = (cluster, coop, split, f32_out, tma_store, c_blocks, epi_warps)
+        return (dtype, *pair, bm, bn, stages, smem, *epilogue, *flags)
 
     yield from (variant(pair, PLAIN_EPILOGUE) for pair in PAIRS)
     if not split:  # the fused epilogues: split tiles serve the long-K backward's plain products only
         yield from (variant((False, True), epilogue) for epilogue in PP_LINEAR_EPILOGUES)
         yield variant((False, False), PP_GELU_GRAD)
         yield from (variant((False, True), epilogue, c_blocks=True) for epilogue in PP_C_BLOCKS_EPILOGUES)
+        if tma_store and config in PP_EPI_WARPS_CONFIGS:
+            yield from (variant((False, True), epilogue, epi_warps=True) for epilogue in PP_GELU_EPILOGUES)
     if config in PP_F32_CONFIGS and not tma_store:
         yield variant((True, False), PLAIN_EPILOGUE, f32_out=True)
     if config in PP_TMA_STORE_CONFIGS and not tma_store:
@@ -320,6 +340,7 @@ V4_KINDS = (
 )
 _version = direct.PlanSetting("AUTO")
 _c_blocks = direct.PlanSetting(True)  # C_BLOCKS where its promise holds (pingpong_launch)
+_epi_warps = direct.PlanSetting(True)  # EPI_WARPS where the caller allows it (pingpong_launch)
 _forced_pieces = direct.PlanSetting(None)  # split_pieces: None, or the S every split takes
 
 
@@ -361,6 +382,13 @@ def c_in_pairs():
     """Inside the block, version 4 reads every c in 2-byte loads, as before day 019's part
     16 (C_BLOCKS off): the same kernels otherwise, for an A/B in one process."""
     return _c_blocks.set_to(False)
+
+
+def gelu_on_consumers():
+    """Inside the block, the fused GELU layer applies GELU on the consumers, in registers,
+    as before day 019's part 22 (EPI_WARPS off): the same kernels otherwise, for an A/B in
+    one process."""
+    return _epi_warps.set_to(False)
 
 
 # -- TMA descriptors ------------------------------------------------------------------------
@@ -689,6 +717,7 @@ def pingpong_launch(
     gelu_grad=False,
     aux_derivative=False,
     column_sums=None,
+    epi_warps=False,
 ) -> list[direct.Launch]:
     """Version 4's launch: a persistent grid of at most one block per SM. `sizes` is
     (m, n, k, batch, c_bs, c_rs, c_cs); `bias` and `aux` may be None (not read/written).
@@ -705,7 +734,9 @@ def pingpong_launch(
     `column_sums`, an (n,) vector (float32 or out's dtype): with `gelu_grad` and kind
     "coop_tma" or "pingpong_tma" only, it gets out's column sums over all rows and matrices (a bias
     gradient): the epilogue writes per-warp partial sums, day 013's sum_partials_kernel
-    adds them up."""
+    adds them up. `epi_warps`: the caller's c is not read (beta 0), so a GELU epilogue
+    may run on the producer warpgroup's idle warps (EPI_WARPS, PP_EPI_WARPS_CONFIGS'
+    tiles)."""
     m, n, k, batch = sizes[:4]
     dtype = a.dtype
     coop = kind.startswith("coop")
@@ -726,13 +757,21 @@ def pingpong_launch(
         out_map = aux_map = output_tma_map(out, batch, m, n)
         if aux is not None:
             aux_map = output_tma_map(aux, batch, m, n)
-    smem = pp_smem_bytes(dtype, bm, bn, tma_store)
-    stages = pp_stages(dtype, bm, bn, tma_store)
+    epi_warps = (
+        epi_warps
+        and _epi_warps.value
+        and gelu
+        and tma_store
+        and (bm, bn, cluster, coop, split) in PP_EPI_WARPS_CONFIGS
+        and (ta, tb) == (False, True)
+    )
+    smem = pp_smem_bytes(dtype, bm, bn, tma_store, epi_warps)
+    stages = pp_stages(dtype, bm, bn, tma_store, epi_warps)
     flags = (*epilogue, cluster, coop, split, f32_out, tma_store)
     # c in 16-byte blocks where it fits and the variant exists (PP_C_BLOCKS_EPILOGUES)
-    c_blocks = c_fits_blocks(c, *sizes[4:7], n)
-    c_blocks = c_blocks and (dtype, ta, tb, bm, bn, stages, smem, *flags, True) in PINGPONG_KERNEL
-    kernel = PINGPONG_KERNEL[dtype, ta, tb, bm, bn, stages, smem, *flags, c_blocks]
+    c_blocks = c_fits_blocks(c, *sizes[4:7], n) and not epi_warps
+    c_blocks = c_blocks and (dtype, ta, tb, bm, bn, stages, smem, *flags, True, False) in PINGPONG_KERNEL
+    kernel = PINGPONG_KERNEL[dtype, ta, tb, bm, bn, stages, smem, *flags, c_blocks, epi_warps]
     units = _cdiv(m, bm) * _cdiv(n, bn * cluster) * batch  # what one cluster takes at a time
     sms = sm_count(out.get_device())
     pieces = 1

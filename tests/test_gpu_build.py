@@ -184,14 +184,15 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         ),
         # BIAS reads the bias a pair at a time; GELU_GRAD (the MLP backward's) asks L2 for its
         # tile of c before the k-loop and reads it a pair (4 bytes) at a time
-        "day019.gemm_pingpong_kernel.bfloat16.0.1.256.128.*.1.0.0.1.1.0.0.[01].[01]": (r"ld\.global\.v2\.b16",),
-        "day019.gemm_pingpong_kernel.bfloat16.0.0.256.128.*.0.0.1.1.1.0.0.[01].0": (
+        "day019.gemm_pingpong_kernel.bfloat16.0.1.256.128.*.1.0.0.1.1.0.0.[01].[01].0": (r"ld\.global\.v2\.b16",),
+        "day019.gemm_pingpong_kernel.bfloat16.0.0.256.128.*.0.0.1.1.1.0.0.[01].0.0": (
             r"prefetch\.global\.L2",
             r"ld\.global\.b32",
         ),
         # clusters of 2: the cluster shape compiled in, A multicast to both CTAs, stages
         # released to both producers through mapa'd remote mbarriers, cluster barriers
-        "day019.gemm_pingpong_kernel.*.2.0.0.0.0.0": (  # ... CLUSTER, COOP, SPLIT, F32_OUT, TMA_STORE, C_BLOCKS
+        # ... CLUSTER, COOP, SPLIT, F32_OUT, TMA_STORE, C_BLOCKS, EPI_WARPS
+        "day019.gemm_pingpong_kernel.*.2.0.0.0.0.0.0": (
             r"\.reqnctapercluster 2, 1, 1",
             r"cp\.async\.bulk\.tensor\.3d\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes\.multicast::cluster",
             r"mapa\.shared::cluster\.u32",
@@ -200,25 +201,25 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         ),
         # the fused GELU: one tanh per element in the epilogue (the SFU's, part 10)
         "day019.gemm_pingpong_kernel.bfloat16.0.1.128.128.*.1.1.*": (r"tanh\.approx\.f32",),
-        "day019.gemm_pingpong_kernel.bfloat16.0.1.256.128.*.0.1.0.1.1.0.0.1.0": (r"tanh\.approx\.f32",),
+        "day019.gemm_pingpong_kernel.bfloat16.0.1.256.128.*.0.1.0.1.1.0.0.1.0.0": (r"tanh\.approx\.f32",),
         # C_BLOCKS (part 16): c in 16-byte blocks, handed out by a quad transpose, asked of L2 first
-        "day019.gemm_pingpong_kernel.*.0.[01].1": (r"ld\.global\.v4\.b32", r"shfl\.sync", r"prefetch\.global\.L2"),
+        "day019.gemm_pingpong_kernel.*.0.[01].1.0": (r"ld\.global\.v4\.b32", r"shfl\.sync", r"prefetch\.global\.L2"),
         # stream-K's fix-up: stores, a GPU-scope fence, the piece count, reads through L2
-        "day019.gemm_pingpong_kernel.*.1.1.1.0.0.0": (
+        "day019.gemm_pingpong_kernel.*.1.1.1.0.0.0.0": (
             r"fence\.acq_rel\.gpu",
             r"atom\.global\.add\.u32",
             r"ld\.global\.cg\.v4\.f32",
         ),
         # split-K: float32 pairs into the workspace; the second kernel reads 16-byte blocks
-        "day019.gemm_pingpong_kernel.*.1.1.2.0.0.0": (r"st\.global\.v2\.b32",),
+        "day019.gemm_pingpong_kernel.*.1.1.2.0.0.0.0": (r"st\.global\.v2\.b32",),
         "day019.split_k_sum_kernel.*": (r"ld\.global\.v4\.b32",),
         # float32 outputs (day 020's weight gradients): the accumulator's pairs stored as
         # they are, 8 bytes a store, evict-first; split-K's sum writes 4 floats a store
-        "day019.gemm_pingpong_kernel.*.1.1.0.1.0.0": (r"st\.global\.cs\.v2\.f32",),
+        "day019.gemm_pingpong_kernel.*.1.1.0.1.0.0.0": (r"st\.global\.cs\.v2\.f32",),
         "day019.split_k_sum_kernel.*.float32": (r"st\.global\.v4\.b32",),
         # the epilogue through shared memory (part 10): 4-byte shared stores, a proxy fence,
         # then one thread's TMA store, its commit and the wait for its reads
-        "day019.gemm_pingpong_kernel.*.1.1.0.0.1.[01]": (
+        "day019.gemm_pingpong_kernel.*.1.1.0.0.1.[01].0": (
             r"st\.shared\.u32",
             r"fence\.proxy\.async\.shared::cta",
             r"bar\.sync",
@@ -227,9 +228,20 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
             r"cp\.async\.bulk\.wait_group\.read 0",
             r"cp\.async\.bulk\.wait_group 0",
         ),
+        # GELU on the producer's warps 1-3 (EPI_WARPS, part 22): the tile's copy read and
+        # rewritten 16 bytes at a time, their own named barrier of 96 threads, the scratch
+        # box's turn (all but the newest group read), the two hand-off mbarriers
+        "day019.gemm_pingpong_kernel.*.1.1.0.0.1.0.1": (
+            r"tanh\.approx\.f32",
+            r"ld\.shared\.v4\.",
+            r"st\.shared\.v4\.",
+            r"bar\.sync\s+\S+,\s*\S+;",
+            r"cp\.async\.bulk\.wait_group\.read 1",
+            r"mbarrier\.arrive",
+        ),
         # GELU_GRAD's column sums there (part 11): the warp's rows summed by xor shuffles,
         # a row of float32 partials stored 8 bytes a lane
-        "day019.gemm_pingpong_kernel.*.1.1.1.0.0.1.0": (r"shfl\.sync\.bfly\.b32", r"st\.global\.v2\.b32"),
+        "day019.gemm_pingpong_kernel.*.1.1.1.0.0.1.0.0": (r"shfl\.sync\.bfly\.b32", r"st\.global\.v2\.b32"),
     },
     "day018": {
         # the forward: Q, K and V through 4-D TMA boxes (head_dim, seq, heads, batch), S = Q K^T
@@ -355,22 +367,27 @@ PTX_ABSENT: dict[str, dict[str, tuple[str, ...]]] = {  # a warp per row needs no
     "day018": {"day018.attention_bwd_kernel.*.*.4.*.*.0.0.*": (r"bar\.arrive",)},
     "day019": {
         # no GELU, no GELU_GRAD compiled in (keys end in BIAS, GELU, GELU_GRAD, CLUSTER, COOP,
-        # SPLIT, F32_OUT, TMA_STORE, C_BLOCKS)
-        "day019.gemm_pingpong_kernel.bfloat16.0.0.64.256.*.0.0.0.1.0.0.0.0.0": (r"tanh\.approx",),
-        "day019.gemm_pingpong_kernel.*.1.1.0.[01].[01].[01]": (r"atom\.global",),  # whole tiles: no fix-up compiled in
+        # SPLIT, F32_OUT, TMA_STORE, C_BLOCKS, EPI_WARPS)
+        "day019.gemm_pingpong_kernel.bfloat16.0.0.64.256.*.0.0.0.1.0.0.0.0.0.0": (r"tanh\.approx",),
+        "day019.gemm_pingpong_kernel.*.1.1.0.[01].[01].[01].0": (
+            r"atom\.global",
+        ),  # whole tiles: no fix-up compiled in
         # float32 outputs: no quad transpose into 16-byte bf16 blocks
-        "day019.gemm_pingpong_kernel.*.1.1.0.1.0.0": (r"st\.global\.v4", r"shfl\.sync"),
+        "day019.gemm_pingpong_kernel.*.1.1.0.1.0.0.0": (r"st\.global\.v4", r"shfl\.sync"),
         # GELU_GRAD multiplies by the saved derivative: no exp left in the backward's epilogue
-        "day019.gemm_pingpong_kernel.bfloat16.0.0.256.128.*.0.0.1.1.1.0.0.[01].0": (r"tanh\.approx", r"ex2\.approx"),
-        "day019.gemm_pingpong_kernel.*.1.1.2.0.0.0": (r"atom\.global", r"fence\.acq_rel"),  # split-K: none needed
+        "day019.gemm_pingpong_kernel.bfloat16.0.0.256.128.*.0.0.1.1.1.0.0.[01].0.0": (r"tanh\.approx", r"ex2\.approx"),
+        "day019.gemm_pingpong_kernel.*.1.1.2.0.0.0.0": (r"atom\.global", r"fence\.acq_rel"),  # split-K: none needed
         # TMA stores the output: no global store left in the kernel, no quad transpose
         # (GELU_GRAD's kernels store their column sums: only their 8-byte partials;
         # C_BLOCKS' transpose its c, not the output)
-        "day019.gemm_pingpong_kernel.*.0.1.1.0.0.1.0": (r"st\.global", r"shfl\.sync"),
-        "day019.gemm_pingpong_kernel.*.0.1.1.0.0.1.1": (r"st\.global",),
-        "day019.gemm_pingpong_kernel.*.1.1.1.0.0.1.0": (r"st\.global\.v4", r"st\.global\.b", r"shfl\.sync\.idx"),
+        "day019.gemm_pingpong_kernel.*.0.1.1.0.0.1.0.0": (r"st\.global", r"shfl\.sync"),
+        "day019.gemm_pingpong_kernel.*.0.1.1.0.0.1.1.0": (r"st\.global",),
+        "day019.gemm_pingpong_kernel.*.1.1.1.0.0.1.0.0": (r"st\.global\.v4", r"st\.global\.b", r"shfl\.sync\.idx"),
+        # EPI_WARPS: TMA stores both outputs, and the consumers hand over rounded values
+        # (no quad transpose into 16-byte global blocks)
+        "day019.gemm_pingpong_kernel.*.0.1.1.0.0.1.0.1": (r"st\.global", r"shfl\.sync"),
         # C_BLOCKS: no 2-byte loads of c left
-        "day019.gemm_pingpong_kernel.*.0.[01].1": (r"ld\.global\.b16",),
+        "day019.gemm_pingpong_kernel.*.0.[01].1.0": (r"ld\.global\.b16",),
         "day019.tf32_split_kernel.1": (r"bar\.sync",),  # k-major already: no transpose
     },
     # the forward writes no gradient (no 16-byte global stores), the backward merges nothing

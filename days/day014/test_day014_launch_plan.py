@@ -131,11 +131,11 @@ def choice(launch) -> str:
         return f"{'tf32x3' if p[0] == FP32 else 'tma'} {p[3]}x{p[4]}"
     if family is gemm_gpu.WG_KERNEL:
         return f"wgmma {p[3]}x{p[4]}"
-    if family is gemm_gpu.PINGPONG_KERNEL:  # ... CLUSTER, COOP, SPLIT, F32_OUT, TMA_STORE, C_BLOCKS
-        cluster, coop, split, f32, tma_store, c_blocks = p[PP_CLUSTER:]
+    if family is gemm_gpu.PINGPONG_KERNEL:  # ... CLUSTER, COOP, SPLIT, F32_OUT, TMA_STORE, C_BLOCKS, EPI_WARPS
+        cluster, coop, split, f32, tma_store, c_blocks, epi_warps = p[PP_CLUSTER:]
         kind = {1: "streamk", 2: "splitk"}.get(split) or ("coop" if coop else "pingpong")
         extra = (f" cluster {cluster}" if cluster > 1 else "") + (" f32" if f32 else "") + (" tma" if tma_store else "")
-        extra += " c_blocks" if c_blocks else ""
+        extra += (" c_blocks" if c_blocks else "") + (" epi_warps" if epi_warps else "")
         return f"{kind} {p[3]}x{p[4]}" + extra
     vec = "vec" if p[3] else "novec"
     return f"{'mma' if family is gemm_gpu.TC_KERNEL else 'simt'} {p[4]} {vec}"

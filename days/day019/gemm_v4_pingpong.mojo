@@ -11,6 +11,7 @@ from max.gpu import (
     barrier,
     lane_id,
     warp_id,
+    WARP_SIZE,
 )
 from max.gpu.compute.mma import (
     WGMMADescriptor,
@@ -38,10 +39,16 @@ from days.day014.gemm_common import (
 )
 from days.day019.cluster_tma import mbar_arrive_cta, tma_multicast_box
 from days.day019.stream_k import Units, finish_piece, iter_start, store_piece
+from days.day019.epilogue_warps import (
+    EPI_SCRATCH_BOXES,
+    gelu_tile,
+    stage_row_block,
+)
 from days.day019.tma_store import (
     STORE_BOXES,
     STORE_BOX_ELEMS,
     bulk_wait_all,
+    bulk_wait_read,
     store_column_sums,
     wg_store_acc_tma,
 )
@@ -119,6 +126,7 @@ def gemm_pingpong_kernel[
     F32_OUT: Bool,
     TMA_STORE: Bool,
     C_BLOCKS: Bool,
+    EPI_WARPS: Bool,
 ](
     a_map: TMADescriptor,
     b_map: TMADescriptor,
@@ -185,6 +193,14 @@ def gemm_pingpong_kernel[
     row-major (c_cs == 1), 16-byte aligned (c and c_rs): the epilogue reads it in
     16-byte blocks (gemm_common's load_c_blocks), and each consumer asks L2 for its part
     of a tile before the tile's k-loop, as GELU_GRAD does.
+
+    EPI_WARPS (day 019, part 22; days/day019/epilogue_warps.mojo; with COOP, TMA_STORE
+    and GELU, beta 0): the consumers write alpha * acc + bias into a shared-memory copy
+    of the whole tile and go on; warps 1-3 of the producer warpgroup apply GELU there
+    and store it (and aux) by TMA, while the tensor cores run the next tile. Shared
+    memory: the stages, the tile's boxes and EPI_SCRATCH_BOXES boxes for aux, then the
+    mbarriers with two more: `epi_full` (the consumers' 256 threads) and `epi_empty`
+    (the storing thread).
     """
     # COOP: both consumers work on every tile, one BM/2-row half each (version 3's
     # cooperative split, kept persistent); else each consumer owns whole tiles (ping-pong)
@@ -202,8 +218,14 @@ def gemm_pingpong_kernel[
     comptime A_ELEMS = BM * TMA_BK
     comptime B_ELEMS = BN * TMA_BK
     comptime STAGE_BYTES = (A_ELEMS + B_ELEMS) * size_of[dtype]()
-    # the epilogue's boxes (TMA_STORE): STORE_BOXES per consumer
-    comptime EPI_ELEMS = 2 * STORE_BOXES * STORE_BOX_ELEMS if TMA_STORE else 0
+    # the epilogue's boxes: STORE_BOXES per consumer (TMA_STORE), or the whole tile and
+    # the scratch boxes (EPI_WARPS)
+    comptime CONSUMER_BOXES = 2 * STORE_BOXES * STORE_BOX_ELEMS
+    comptime TILE_COPY = BM * BN + EPI_SCRATCH_BOXES * STORE_BOX_ELEMS
+    comptime EPI_ELEMS = TILE_COPY if EPI_WARPS else (
+        CONSUMER_BOXES if TMA_STORE else 0
+    )
+    comptime EPI_BARS = 2 if EPI_WARPS else 0  # epi_full, epi_empty
     comptime assert (
         WG_ROWS % 64 == 0 and BN % 64 == 0 and BN <= 256
     ), "tile shape"
@@ -213,7 +235,11 @@ def gemm_pingpong_kernel[
     ), "a consumer holds at most 192 fp32 accumulators a thread"
     comptime assert STAGES >= 2, "at least two stages"
     comptime assert (
-        SMEM == STAGES * (STAGE_BYTES + 16) + EPI_ELEMS * size_of[dtype]() + 16
+        SMEM
+        == STAGES * (STAGE_BYTES + 16)
+        + EPI_ELEMS * size_of[dtype]()
+        + 16
+        + 8 * EPI_BARS
     ), "stages + the epilogue's boxes + mbarriers"
     comptime assert not TMA_STORE or (
         SPLIT == 0 and BN1 == 0 and not F32_OUT
@@ -221,6 +247,14 @@ def gemm_pingpong_kernel[
     comptime assert (
         TMA_BK * size_of[dtype]() == 128
     ), "one 128-byte swizzle span"
+    comptime assert not EPI_WARPS or (
+        COOP
+        and TMA_STORE
+        and GELU
+        and not C_BLOCKS
+        and CLUSTER == 1
+        and BM % 64 == 0
+    ), "epilogue warps: GELU of cooperative tiles through TMA stores"
     comptime A_PART = BM // CLUSTER  # rows of A's tile this CTA loads for the cluster
     comptime assert CLUSTER == 1 or (
         CLUSTER == 2 and A_PART % 64 == 0
@@ -275,6 +309,9 @@ def gemm_pingpong_kernel[
     var full = boxes.unsafe_offset(EPI_ELEMS).unsafe_bitcast[Int64]()
     var empty = full.unsafe_offset(STAGES)
     var turn = empty.unsafe_offset(STAGES)  # turn[w]: consumer w may start
+    # EPI_WARPS: the tile's staged copy is written (epi_full) / stored (epi_empty)
+    var epi_full = turn.unsafe_offset(2)
+    var epi_empty = turn.unsafe_offset(3)
     if thread_idx.x == 0:
         comptime for s in range(STAGES):
             mbarrier_init(full.unsafe_offset(s), 1)
@@ -283,6 +320,9 @@ def gemm_pingpong_kernel[
             mbarrier_init(empty.unsafe_offset(s), Int32(4 * SHARERS * CLUSTER))
         mbarrier_init(turn, 4)
         mbarrier_init(turn.unsafe_offset(1), 4)
+        comptime if EPI_WARPS:
+            mbarrier_init(epi_full, Int32(2 * WG_THREADS))
+            mbarrier_init(epi_empty, 1)
         fence_mbarrier_init()
     comptime if CLUSTER > 1:
         cluster_sync()  # the peer's barriers exist before anything lands in them
@@ -348,6 +388,33 @@ def gemm_pingpong_kernel[
                         bt,
                     )
                     it += 1
+        comptime if EPI_WARPS:
+            if thread_idx.x >= WARP_SIZE:  # warps 1-3: GELU and the stores
+                var etid = thread_idx.x - WARP_SIZE
+                var epi_round = 0
+                var units = Units[False](begin, end, stride, num_k)
+                while units.next():
+                    var t = units.t
+                    var tile = tile_coords[GROUP_M](t % per_batch, num_m, num_n)
+                    mbar_wait(epi_full, epi_round % 2)
+                    gelu_tile[dtype, BM, BN](
+                        boxes,
+                        boxes.unsafe_offset(BM * BN),
+                        Pointer(to=out_map).unsafe_bitcast[NoneType](),
+                        Pointer(to=aux_map).unsafe_bitcast[NoneType](),
+                        tile[0] * BM,
+                        tile[1] * BN,
+                        t // per_batch,
+                        Int(store_aux),
+                        etid,
+                    )
+                    # the boxes are read: the consumers may refill them
+                    if etid == 0:
+                        bulk_wait_read()
+                        _ = mbarrier_arrive(epi_empty)
+                    epi_round += 1
+                if etid == 0:
+                    bulk_wait_all()
     else:
         set_max_registers[True, TMA_CONSUMER_REGS]()
         # read once, long before the first epilogue needs them
@@ -464,6 +531,23 @@ def gemm_pingpong_kernel[
                     .unsafe_offset(bt * M * N)
                     .unsafe_bitcast[Scalar[dtype]]()
                 )
+            comptime if EPI_WARPS:
+                # hand the tile to the epilogue warps once they have stored the last
+                if round > 1:
+                    mbar_wait(epi_empty, (round - 2) % 2)
+                comptime for r in range(ROW_BLOCKS):
+                    stage_row_block[dtype, BN0, BIAS](
+                        acc0.slice[FRAG0, offset=r * FRAG0](),
+                        boxes.unsafe_offset(
+                            (me * ROW_BLOCKS + r) * (BN // 64) * STORE_BOX_ELEMS
+                        ),
+                        alpha,
+                        bias,
+                        tn * BN,
+                        N,
+                    )
+                _ = mbarrier_arrive(epi_full)
+                continue
             comptime if TMA_STORE:
                 # GELU_GRAD's column sums (store_aux != 0), over the row blocks
                 var col_sums = SIMD[DType.float32, BN0 // 32](0)
@@ -544,7 +628,7 @@ def gemm_pingpong_kernel[
                         aux.unsafe_offset(bt * M * N),
                         Int(store_aux),
                     )
-        comptime if TMA_STORE:
+        comptime if TMA_STORE and not EPI_WARPS:
             if storer:  # its boxes stay allocated until TMA is done with them
                 bulk_wait_all()
     comptime if CLUSTER > 1:

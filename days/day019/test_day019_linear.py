@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import pytorch_custom_ops as pco
-from pytorch_custom_ops.gemm_gpu import PP_TMA_STORE
+from pytorch_custom_ops.gemm_gpu import PP_C_BLOCKS, PP_EPI_WARPS, PP_TMA_STORE
 from pytorch_custom_ops.linear import _fusable
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -198,7 +198,7 @@ def test_a_block_residual_with_a_short_k_takes_the_ping_pong():
     ping-pong 128 x 128 with TMA stores (its epilogue overlaps the other consumer's
     k-loop); a longer K, GELU, a residual read in pairs or a forced version keep their
     tile. The plan decides "in blocks" from the residual itself (CPU tensors: H100's SMs)."""
-    from pytorch_custom_ops.gemm_gpu import PP_C_BLOCKS, PP_TMA_STORE, c_in_pairs
+    from pytorch_custom_ops.gemm_gpu import c_in_pairs
     from pytorch_custom_ops.linear import linear_gpu, linear_tile
 
     short = ("pingpong_tma", 128, 128)
@@ -226,6 +226,35 @@ def test_a_block_residual_with_a_short_k_takes_the_ping_pong():
     assert plan(torch.empty(1, 768, dtype=BF16)) == (256, 192, False, False)  # a row
     with c_in_pairs():  # as before part 16
         assert plan(full) == (256, 192, False, False)
+
+
+def test_gelu_without_a_residual_goes_to_the_epilogue_warps():
+    """Day 019, part 22: the GELU layer on the cooperative 256 x 128 TMA-store tile runs
+    GELU on the producer warpgroup's idle warps (EPI_WARPS), in both saving forms; with a
+    residual (beta c), without GELU, on another tile or under `gelu_on_consumers` the
+    consumers keep it. CPU tensors: the plan only (H100's SMs)."""
+    from pytorch_custom_ops.gemm_gpu import PP_GELU_EPILOGUES, gelu_on_consumers
+    from pytorch_custom_ops.linear import linear_gpu
+
+    def plan(gelu=True, residual=False, saving=False, derivative=False, m=8192, n=3072):
+        x, w, b = torch.empty(m, 768, dtype=BF16), torch.empty(n, 768, dtype=BF16), torch.empty(n, dtype=BF16)
+        outs = [torch.empty(m, n, dtype=BF16)] + ([torch.empty(m, n, dtype=BF16)] if saving else [])
+        c = torch.empty(m, n, dtype=BF16) if residual else torch.empty(1, 1, dtype=BF16)
+        params = {"GELU": gelu, "BIAS": True, "GELU_DERIVATIVE": derivative}
+        (launch,) = linear_gpu(outs, [x, w, b, c, torch.empty(2)], params)
+        p = launch.kernel.params
+        return (p[3], p[4], p[5], p[PP_TMA_STORE], p[PP_EPI_WARPS])
+
+    assert plan() == (256, 128, 3, True, True)  # three stages: the tile's copy takes the fourth's room
+    assert plan(saving=True) == plan(saving=True, derivative=True) == (256, 128, 3, True, True)
+    assert plan(residual=True)[4] is False  # beta c: the consumers' epilogue reads c
+    assert plan(gelu=False) == (256, 128, 4, True, False)
+    assert plan(m=64, n=768)[:2] == (64, 64) and plan(m=64, n=768)[4] is False  # a few tokens: ping-pong
+    with gelu_on_consumers():
+        assert plan() == (256, 128, 4, True, False)
+    with pco.gemm_version("COOP_256x128"):  # no TMA stores: no epilogue warps
+        assert plan()[3:] == (False, False)
+    assert all(e[1] for e in PP_GELU_EPILOGUES) and len(PP_GELU_EPILOGUES) == 2  # GELU, with and without bias
 
 
 def test_a_few_tokens_with_a_long_k_split_the_layer_without_gelu():
@@ -307,6 +336,48 @@ def test_cuda_tma_store_epilogues(bias, activation, residual, version, launched)
 
 
 @needs_cuda
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+@pytest.mark.parametrize("form", ["inference", "pre", "derivative"])
+def test_cuda_gelu_on_the_epilogue_warps(form, dtype, launched):
+    """Day 019, part 22: GELU applied by the producer warpgroup's warps 1-3 from the
+    tile's shared-memory copy. 6000 x 2056 outputs are 408 tiles of 256 x 128 (three or
+    four per block: the mbarriers' phases turn over), with tails in m, n and K = 136;
+    each form against float64 and against the consumers' register GELU
+    (`gelu_on_consumers`): the output, then the saved pre-activation with its grads, or
+    GELU's derivative (day 020's MLP)."""
+    from pytorch_custom_ops.gemm_gpu import gelu_on_consumers
+    from pytorch_custom_ops.linear import _fused_forward
+
+    x, w, b, _ = inputs((6000,), 136, 2056, dtype, "cuda", seed=6)
+    pre_ref = reference(x, w, b, None, None)
+    want = F.gelu(pre_ref, approximate="tanh")
+
+    def run():
+        if form == "inference":
+            with torch.no_grad():
+                return pco.linear(x, w, b, "gelu_tanh"), None
+        return _fused_forward(x, w, b, "gelu_tanh", None, save_pre=True, derivative=form == "derivative")
+
+    y, second = run()
+    assert launched[-1].split(".")[2 + PP_EPI_WARPS] == "1", launched
+    close(y, want, dtype)
+    with gelu_on_consumers():
+        y_regs, second_regs = run()
+    assert launched[-1].split(".")[2 + PP_EPI_WARPS] == "0", launched
+    close(y, y_regs.double(), dtype)
+    if form == "pre":
+        close(second, pre_ref, dtype)
+        assert torch.equal(second, second_regs)  # the same rounding of the same sums
+    elif form == "derivative":
+        u = 0.7978845608028654 * (pre_ref + 0.044715 * pre_ref**3)
+        s = (1 + torch.tanh(u)) / 2
+        close(second, s + 2 * pre_ref * s * (1 - s) * 0.7978845608028654 * (1 + 0.134145 * pre_ref**2), dtype)
+    if form == "pre":  # the training form's grads, through the saved pre-activation
+        leaves = [t.detach().requires_grad_() for t in (x, w, b)]
+        check_grads(pco.linear(*leaves, "gelu_tanh"), leaves, True, "gelu_tanh", False, dtype)
+
+
+@needs_cuda
 def test_cuda_tma_store_batched_transposed_and_beta():
     """The plain product through TMA stores: batched, both operands transposed, c added."""
     g = torch.Generator(device="cuda").manual_seed(3)
@@ -346,11 +417,12 @@ def test_cuda_gpt2_mlp_shapes_and_a_broadcast_residual(launched):
     assert len(launched) == 2
     # 1024 x 3072: one round of 128 x 192 tiles (AUTO) for the residual layer, of 256 x 128 for
     # GELU (its epilogue keeps 128 columns); cooperative, no cluster, no split, a bf16 store
-    # (keys end in CLUSTER, COOP, SPLIT, F32_OUT, TMA_STORE, C_BLOCKS)
+    # (keys end in CLUSTER, COOP, SPLIT, F32_OUT, TMA_STORE, C_BLOCKS, EPI_WARPS)
     gelu_key, residual_key = launched
     assert ".256.128." in gelu_key and ".128.192." in residual_key
-    # TMA stores: 256 x 128 only; a row residual is read in pairs, not blocks (C_BLOCKS last)
-    assert gelu_key.endswith(".1.1.0.0.1.0") and residual_key.endswith(".1.1.0.0.0.0")
+    # TMA stores: 256 x 128 only, GELU on the epilogue warps (part 22); a row residual is read
+    # in pairs, not blocks
+    assert gelu_key.endswith(".1.1.0.0.1.0.1") and residual_key.endswith(".1.1.0.0.0.0.0")
     strided_bias = torch.randn(2 * 3072, device="cuda", dtype=BF16)[::2]  # a view, stride 2
     unaligned_bias = torch.randn(3073, device="cuda", dtype=BF16)[1:]  # 2 bytes past 16-byte alignment
     wt = w.t().contiguous().t()  # a transposed layout: copied, not misread
@@ -444,10 +516,12 @@ def test_cuda_c_in_16_byte_blocks(version, launched):
     with pco.gemm_version(version):
         for cc, blocks in ((c, "1"), (unaligned, "0")):
             close(pco.gemm(a, b, cc, alpha=0.5, beta=1.5, transpose_b=True), want, BF16)
-            assert "gemm_pingpong_kernel" in launched[-1] and launched[-1].split(".")[-1] == blocks, launched
+            assert "gemm_pingpong_kernel" in launched[-1] and launched[-1].split(".")[2 + PP_C_BLOCKS] == blocks, (
+                launched
+            )
         ab = torch.stack([a[:1000], a[1000:2000]])
         bb = torch.stack([b, b.flip(0)])
         for cb in (c[:1000], torch.stack([c[:1000], c[1000:2000]])):  # one c for both, one each
             got = pco.gemm_batched(ab, bb, cb, beta=-1.0, transpose_b=True)
             close(got, ab.double() @ bb.double().mT - cb.double(), BF16)
-            assert launched[-1].split(".")[-1] == "1", launched
+            assert launched[-1].split(".")[2 + PP_C_BLOCKS] == "1", launched

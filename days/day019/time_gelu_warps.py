@@ -1,0 +1,93 @@
+"""GELU on the producer warpgroup's idle warps (EPI_WARPS, part 22) against GELU on the
+consumers (the register epilogue, `gelu_on_consumers`), by kernel time, in one run.
+
+    PYTHONPATH=$PWD python days/day019/time_gelu_warps.py [--rounds 3]
+
+For each shape (tokens x in -> out, bf16) and each form of the fused GELU layer:
+* inference: y = gelu(x W^T + b) alone (no grad), the benchmark's `linear_gelu` row;
+* pre: the training forward, which also stores x W^T + b for the backward;
+* derivative: day 020's MLP forward, which stores GELU's derivative there instead;
+
+it prints the CUPTI kernel time (µs, median over the rounds; the impls take turns in each
+round) of the fused layer both ways, of the plain layer (x W^T + b, no GELU: the GEMM
+under it) and of torch's F.gelu(F.linear(x, w, b)) eager and compiled (inference form).
+Each fused output is checked against float64 first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from benchmark.gpu_script import need_cuda
+from benchmark.harness import compiled
+from benchmark.timing import kernel_time_ms
+from pytorch_custom_ops.gemm_gpu import gelu_on_consumers
+from pytorch_custom_ops.linear import _fused_forward
+
+# GPT-2's MLP at 8192 and 16384 tokens, day 016's block (d = 1024) at 4096, and the other
+# GPT-2 widths the benchmark's GELU rows take
+SHAPES = ((8192, 768, 3072), (16384, 768, 3072), (4096, 1024, 4096), (8192, 768, 2304), (8192, 3072, 768))
+FORMS = ("inference", "pre", "derivative")
+
+
+def torch_gelu(x, w, b):
+    return F.gelu(F.linear(x, w, b), approximate="tanh")
+
+
+def fused(x, w, b, form: str):
+    if form == "inference":
+        return _fused_forward(x, w, b, "gelu_tanh", None, save_pre=False)[0]
+    return _fused_forward(x, w, b, "gelu_tanh", None, save_pre=True, derivative=form == "derivative")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    compiled_gelu = compiled(torch_gelu)
+    print(f"{torch.cuda.get_device_name()}; bf16; CUPTI kernel time, us, median of {args.rounds} rounds")
+    for m, k, n in SHAPES:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) / k**0.5
+        b = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=g)
+        want = torch_gelu(x.double(), w.double(), b.double())
+        calls = {
+            "torch": lambda x=x, w=w, b=b: torch_gelu(x, w, b),
+            "torch_compile": lambda x=x, w=w, b=b: compiled_gelu(x, w, b),
+            "plain": lambda x=x, w=w, b=b: _fused_forward(x, w, b, None, None, save_pre=False)[0],
+        }
+        for form in FORMS:
+            for where in ("warps", "consumers"):
+
+                def call(x=x, w=w, b=b, form=form, where=where):
+                    if where == "consumers":
+                        with gelu_on_consumers():
+                            return fused(x, w, b, form)
+                    return fused(x, w, b, form)
+
+                out = call()
+                y = out if form == "inference" else out[0]
+                err = ((y.double() - want).abs() / (want.abs() + 1)).max().item()
+                assert err < 3e-2, f"{form} {where} {m}x{k}->{n}: error {err}"
+                calls[f"{form} {where}"] = call
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        for _ in range(args.rounds):
+            for name, fn in calls.items():
+                times[name].append(kernel_time_ms(fn, 20) * 1e3)
+        med = {name: statistics.median(ts) for name, ts in times.items()}
+        row = f"{m}x{k}->{n}:"
+        for name, t in med.items():
+            row += f" | {name} {t:.1f}"
+        row += f" || inference speedup vs torch: warps {med['torch'] / med['inference warps']:.3f}x,"
+        row += f" consumers {med['torch'] / med['inference consumers']:.3f}x"
+        print(row, flush=True)
+
+
+if __name__ == "__main__":
+    need_cuda(__doc__, __file__)
+    main()
