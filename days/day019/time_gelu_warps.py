@@ -12,6 +12,10 @@ it prints the CUPTI kernel time (µs, median over the rounds; the impls take tur
 round) of the fused layer both ways, of the plain layer (x W^T + b, no GELU: the GEMM
 under it) and of torch's F.gelu(F.linear(x, w, b)) eager and compiled (inference form).
 Each fused output is checked against float64 first.
+
+`--ncu` instead makes three calls at GPT-2's MLP shape, for Nsight Compute: the plain
+layer, then the inference form with GELU on the warps, then on the consumers
+(`ncu -k regex:gemm_pingpong ... python days/day019/time_gelu_warps.py --ncu`).
 """
 
 from __future__ import annotations
@@ -47,7 +51,19 @@ def fused(x, w, b, form: str):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--ncu", action="store_true", help="three calls to profile, no timing")
     args = parser.parse_args()
+    if args.ncu:
+        m, k, n = SHAPES[0]
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+        b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        _fused_forward(x, w, b, None, None, save_pre=False)
+        fused(x, w, b, "inference")
+        with gelu_on_consumers():
+            fused(x, w, b, "inference")
+        torch.cuda.synchronize()
+        return
     compiled_gelu = compiled(torch_gelu)
     print(f"{torch.cuda.get_device_name()}; bf16; CUPTI kernel time, us, median of {args.rounds} rounds")
     for m, k, n in SHAPES:
