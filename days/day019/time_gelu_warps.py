@@ -15,7 +15,7 @@ Each fused output is checked against float64 first.
 
 `--ncu` instead makes three calls at GPT-2's MLP shape, for Nsight Compute: the plain
 layer, then the inference form with GELU on the warps, then on the consumers
-(`ncu -k regex:gemm_pingpong ... python days/day019/time_gelu_warps.py --ncu`).
+(`ncu -k regex:pingpong ... python days/day019/time_gelu_warps.py --ncu`).
 """
 
 from __future__ import annotations
