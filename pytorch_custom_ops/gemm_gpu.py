@@ -89,10 +89,10 @@ def tma_stages(dtype: torch.dtype, bm: int, bn: int) -> int:
 
 
 # TMA_STORE (day 019, part 10): each consumer's two 64 x 64 boxes the epilogue stores from;
-# EPI_WARPS (part 22): the whole tile, and EPI_SCRATCH_BOXES boxes for the second output
+# EPI_WARPS (part 22): a copy of the whole tile
 def store_box_bytes(dtype: torch.dtype, tma_store: bool, bm: int = 0, bn: int = 0, epi_warps: bool = False) -> int:
     if epi_warps:
-        return (bm * bn + EPI_SCRATCH_BOXES * STORE_BOX * STORE_BOX) * dtype.itemsize
+        return bm * bn * dtype.itemsize
     return 2 * STORE_BOXES * STORE_BOX * STORE_BOX * dtype.itemsize if tma_store else 0
 
 
@@ -237,7 +237,6 @@ PP_TMA_STORE_CONFIGS = (
     (64, 64, 1, False, 0),
 )
 STORE_BOXES, STORE_BOX = 2, 64  # days/day019/tma_store.mojo
-EPI_SCRATCH_BOXES = 2  # days/day019/epilogue_warps.mojo
 # where these flags sit in a variant (below)
 PP_CLUSTER, PP_SPLIT, PP_TMA_STORE, PP_C_BLOCKS, PP_EPI_WARPS = 10, 12, 14, 15, 16
 # The tiles whose GELU epilogues also come with the epilogue warps (EPI_WARPS, day 019,
@@ -764,6 +763,7 @@ def pingpong_launch(
         and tma_store
         and (bm, bn, cluster, coop, split) in PP_EPI_WARPS_CONFIGS
         and (ta, tb) == (False, True)
+        and bm * n < 2**31  # the epilogue warps' 32-bit offsets inside a tile
     )
     smem = pp_smem_bytes(dtype, bm, bn, tma_store, epi_warps)
     stages = pp_stages(dtype, bm, bn, tma_store, epi_warps)

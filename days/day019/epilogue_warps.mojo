@@ -3,17 +3,17 @@
 # Why: in the cooperative schedule the tensor cores wait while both consumers run the
 # epilogue. For the MLP's first layer that epilogue is GELU: a tanh on the SFU and about
 # ten other instructions per value, 32 K values a 256 x 128 tile. On the H200 the fused
-# layer took ~15 us more than the plain GEMM under it (part 21), while three warps of
-# the producer warpgroup sat idle: only one thread there issues the TMA loads.
+# layer took ~10 us more than the plain layer under it, while three warps of the
+# producer warpgroup sat idle: only one thread there issues the TMA loads.
 #
 # So here the consumers only write alpha * acc + bias, rounded to the output's dtype,
-# into a shared-memory copy of the whole tile (64 x 64 boxes, 128-byte swizzled, as TMA
-# reads them), arrive on the mbarrier `epi_full`, and go on to the next tile's k-loop.
-# Warps 1-3 of the producer warpgroup then apply GELU to the tile in place, box by box,
-# and one of their threads stores each box by TMA. The saved second output (the
-# pre-activation, or GELU's derivative there) goes through one of two scratch boxes.
-# When every store has read its box, that thread arrives on `epi_empty`, and the
-# consumers may write the next tile.
+# into a shared-memory copy of the whole tile (64 x 64 boxes, 128-byte swizzled: tma_store
+# .mojo's write_box_pairs), arrive on the mbarrier `epi_full`, and go on to the next
+# tile's k-loop. Warps 1-3 of the producer warpgroup then read the copy 16 bytes at a
+# time, apply GELU, and store the output (and the saved second output: the
+# pre-activation, or GELU's derivative there) to global memory, 16 bytes a store. When
+# every thread has read its last chunk it arrives on `epi_empty`, and the consumers may
+# write the next tile.
 #
 # GELU now reads the pre-activation rounded to the output's dtype, as torch's
 # F.gelu(F.linear(...)) does; the register epilogue read it in float32.
@@ -27,35 +27,14 @@ from days.day014.gemm_common import (
     gelu_tanh_grad,
     scaled_with_bias,
 )
-from days.day019.tma_store import (
-    STORE_BOX,
-    STORE_BOX_ELEMS,
-    bulk_commit,
-    fence_async_shared,
-    tma_store_box,
-    write_box_pairs,
-)
+from days.day019.tma_store import STORE_BOX, STORE_BOX_ELEMS, write_box_pairs
 
 comptime EPI_THREADS = 96  # warps 1-3 of the producer warpgroup
-comptime EPI_BAR = 3  # their named barrier (0 is the block's; the consumers' boxes use 1, 2)
-comptime EPI_SCRATCH_BOXES = 2  # for the second output, taking turns
-
-
-@always_inline
-def epi_sync():
-    """A named barrier over the three epilogue warps."""
-    inlined_assembly["bar.sync $0, $1;", NoneType, constraints="r,r"](
-        Int32(EPI_BAR), Int32(EPI_THREADS)
-    )
-
-
-@always_inline
-def bulk_wait_read_but_one():
-    """Wait until every bulk store this thread committed, except the newest group, has
-    read its shared memory."""
-    inlined_assembly[
-        "cp.async.bulk.wait_group.read 1;", NoneType, constraints=""
-    ]()
+# setmaxnreg with epilogue warps: 16 more registers for the producer warpgroup (its GELU
+# loop spilled its addresses at 40), 8 fewer for the consumers, who no longer run GELU.
+# The pool is the launch's 168 x 384: 128 x (168 - 56) = 256 x (224 - 168).
+comptime EPI_PRODUCER_REGS = 56
+comptime EPI_CONSUMER_REGS = 224
 
 
 # --8<-- [start:stage]
@@ -99,57 +78,71 @@ def gelu_tile[
     tile_boxes: Pointer[
         Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
     ],
-    scratch: Pointer[
-        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
-    ],
-    out_map: OpaquePointer[mut=False, _],
-    aux_map: OpaquePointer[mut=False, _],
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    second: Pointer[Scalar[dtype], MutAnyOrigin],
     row0: Int,
     n0: Int,
-    bt: Int,
+    M: Int,
+    N: Int,
     aux: Int,
     etid: Int,
 ):
-    """The epilogue warps' part: GELU over one staged BM x BN tile, in place, box by box;
-    thread `etid` == 0 stores each box by TMA (out_map at (n0 + 64 h, row0 + 64 r, bt))
-    and, with aux (1: the pre-activation, 2: GELU's derivative), the second output from
-    a scratch box through aux_map. On return every store is issued; the caller's thread
-    0 waits for their reads before it hands the tile back."""
+    """The epilogue warps' part: GELU over one staged BM x BN tile at (row0, n0) of the
+    row-major M x N `dst`; with aux (1: the pre-activation, 2: GELU's derivative) the
+    second output to `second`, laid out alike. Thread `etid` of EPI_THREADS takes every
+    EPI_THREADS-th 16-byte chunk; each chunk's load is issued one chunk ahead, since
+    shared memory is busy with the k-loop's wgmma. N % 8 == 0: a chunk is all in or
+    all out."""
     comptime BOXES_N = BN // STORE_BOX
     comptime CHUNK = 16 // size_of[dtype]()  # values per 16-byte chunk
-    comptime CHUNKS = STORE_BOX_ELEMS // CHUNK
-    var storer = etid == 0
-    for b in range((BM // STORE_BOX) * BOXES_N):
-        var box = tile_boxes.unsafe_offset(b * STORE_BOX_ELEMS)
-        var sbox = scratch.unsafe_offset(
-            (b % EPI_SCRATCH_BOXES) * STORE_BOX_ELEMS
-        )
-        if aux != 0 and b >= EPI_SCRATCH_BOXES:
-            # box b - 2's stores (one group) have read this scratch box
-            if storer:
-                bulk_wait_read_but_one()
-            epi_sync()
-        for c in range(etid, CHUNKS, EPI_THREADS):
-            var x = box.unsafe_load[width=CHUNK, alignment=16](c * CHUNK).cast[
-                DType.float32
-            ]()
+    comptime ROW_CHUNKS = STORE_BOX // CHUNK  # a box row's chunks: 8, as the swizzle's
+    comptime BOX_CHUNKS = STORE_BOX_ELEMS // CHUNK
+    comptime TILE_CHUNKS = (BM // STORE_BOX) * BOXES_N * BOX_CHUNKS
+    comptime assert ROW_CHUNKS == 8, "a box row is one 128-byte swizzle span"
+    # 32-bit offsets inside the tile (the plan keeps BM * N below 2^31), from the tile's
+    # corner: fewer registers than 64-bit indices
+    var corner = row0 * N + n0
+    var tile_dst = dst.unsafe_offset(corner)
+    var tile_second = second.unsafe_offset(corner)
+    var rows = UInt32(max(0, min(BM, M - row0)))
+    var cols = UInt32(min(BN, N - n0))
+    var pitch = UInt32(N)
+    comptime U = DType.uint32
+    comptime END = Scalar[U](TILE_CHUNKS)
+    comptime STEP = Scalar[U](EPI_THREADS)
+    comptime PER_BOX = Scalar[U](BOX_CHUNKS)
+    comptime PER_ROW = Scalar[U](ROW_CHUNKS)
+    comptime SIDE = Scalar[U](STORE_BOX)
+    comptime ACROSS = Scalar[U](BOXES_N)
+    var c = Scalar[U](etid)
+    var raw = tile_boxes.unsafe_load[width=CHUNK, alignment=16](Int(c) * CHUNK)
+    while c < END:
+        var nxt = c + STEP
+        var ahead = raw
+        if nxt < END:
+            ahead = tile_boxes.unsafe_load[width=CHUNK, alignment=16](
+                Int(nxt) * CHUNK
+            )
+        # chunk c: box b, row r of it, swizzled position p, which holds column chunk
+        # p ^ (r % 8) (write_box_pairs)
+        var b = c // PER_BOX
+        var r = (c % PER_BOX) // PER_ROW
+        var j = (c % PER_ROW) ^ (r % 8)
+        var tr = (b // ACROSS) * SIDE + r
+        var tc = (b % ACROSS) * SIDE + j * Scalar[U](CHUNK)
+        if tr < rows and tc < cols:
+            var x = raw.cast[DType.float32]()
             var s = _gelu_sigmoid(x)
-            box.unsafe_store[alignment=16](c * CHUNK, (x * s).cast[dtype]())
+            var at = Int(tr * pitch + tc)
+            tile_dst.unsafe_store[alignment=16](at, (x * s).cast[dtype]())
             if aux == 2:  # a kernel argument: the same in every thread
-                sbox.unsafe_store[alignment=16](
-                    c * CHUNK, gelu_tanh_grad(x, s).cast[dtype]()
+                tile_second.unsafe_store[alignment=16](
+                    at, gelu_tanh_grad(x, s).cast[dtype]()
                 )
             elif aux != 0:
-                sbox.unsafe_store[alignment=16](c * CHUNK, x.cast[dtype]())
-        fence_async_shared()  # the generic writes, before TMA reads them
-        epi_sync()
-        if storer:
-            var col = n0 + (b % BOXES_N) * STORE_BOX
-            var row = row0 + (b // BOXES_N) * STORE_BOX
-            tma_store_box[dtype](out_map, box, col, row, bt)
-            if aux != 0:
-                tma_store_box[dtype](aux_map, sbox, col, row, bt)
-            bulk_commit()
+                tile_second.unsafe_store[alignment=16](at, raw)
+        raw = ahead
+        c = nxt
 
 
 # --8<-- [end:gelu_tile]

@@ -40,7 +40,9 @@ from days.day014.gemm_common import (
 from days.day019.cluster_tma import mbar_arrive_cta, tma_multicast_box
 from days.day019.stream_k import Units, finish_piece, iter_start, store_piece
 from days.day019.epilogue_warps import (
-    EPI_SCRATCH_BOXES,
+    EPI_CONSUMER_REGS,
+    EPI_PRODUCER_REGS,
+    EPI_THREADS,
     gelu_tile,
     stage_row_block,
 )
@@ -48,7 +50,6 @@ from days.day019.tma_store import (
     STORE_BOXES,
     STORE_BOX_ELEMS,
     bulk_wait_all,
-    bulk_wait_read,
     store_column_sums,
     wg_store_acc_tma,
 )
@@ -196,11 +197,10 @@ def gemm_pingpong_kernel[
 
     EPI_WARPS (day 019, part 22; days/day019/epilogue_warps.mojo; with COOP, TMA_STORE
     and GELU, beta 0): the consumers write alpha * acc + bias into a shared-memory copy
-    of the whole tile and go on; warps 1-3 of the producer warpgroup apply GELU there
-    and store it (and aux) by TMA, while the tensor cores run the next tile. Shared
-    memory: the stages, the tile's boxes and EPI_SCRATCH_BOXES boxes for aux, then the
-    mbarriers with two more: `epi_full` (the consumers' 256 threads) and `epi_empty`
-    (the storing thread).
+    of the whole tile and go on; warps 1-3 of the producer warpgroup apply GELU to it
+    and store it (and aux) to global memory, while the tensor cores run the next tile.
+    Shared memory: the stages, the tile's copy, then the mbarriers with two more:
+    `epi_full` (the consumers' 256 threads) and `epi_empty` (the epilogue warps' 96).
     """
     # COOP: both consumers work on every tile, one BM/2-row half each (version 3's
     # cooperative split, kept persistent); else each consumer owns whole tiles (ping-pong)
@@ -218,11 +218,10 @@ def gemm_pingpong_kernel[
     comptime A_ELEMS = BM * TMA_BK
     comptime B_ELEMS = BN * TMA_BK
     comptime STAGE_BYTES = (A_ELEMS + B_ELEMS) * size_of[dtype]()
-    # the epilogue's boxes: STORE_BOXES per consumer (TMA_STORE), or the whole tile and
-    # the scratch boxes (EPI_WARPS)
+    # the epilogue's boxes: STORE_BOXES per consumer (TMA_STORE), or the whole tile
+    # (EPI_WARPS)
     comptime CONSUMER_BOXES = 2 * STORE_BOXES * STORE_BOX_ELEMS
-    comptime TILE_COPY = BM * BN + EPI_SCRATCH_BOXES * STORE_BOX_ELEMS
-    comptime EPI_ELEMS = TILE_COPY if EPI_WARPS else (
+    comptime EPI_ELEMS = BM * BN if EPI_WARPS else (
         CONSUMER_BOXES if TMA_STORE else 0
     )
     comptime EPI_BARS = 2 if EPI_WARPS else 0  # epi_full, epi_empty
@@ -322,7 +321,7 @@ def gemm_pingpong_kernel[
         mbarrier_init(turn.unsafe_offset(1), 4)
         comptime if EPI_WARPS:
             mbarrier_init(epi_full, Int32(2 * WG_THREADS))
-            mbarrier_init(epi_empty, 1)
+            mbarrier_init(epi_empty, Int32(EPI_THREADS))
         fence_mbarrier_init()
     comptime if CLUSTER > 1:
         cluster_sync()  # the peer's barriers exist before anything lands in them
@@ -331,7 +330,9 @@ def gemm_pingpong_kernel[
 
     var wg = thread_idx.x // WG_THREADS
     if wg == 0:
-        set_max_registers[False, TMA_PRODUCER_REGS]()
+        set_max_registers[
+            False, EPI_PRODUCER_REGS if EPI_WARPS else TMA_PRODUCER_REGS
+        ]()
         if thread_idx.x == 0:
             var a_ptr = Pointer(to=a_map).unsafe_bitcast[NoneType]()
             var b_ptr = Pointer(to=b_map).unsafe_bitcast[NoneType]()
@@ -397,26 +398,25 @@ def gemm_pingpong_kernel[
                     var t = units.t
                     var tile = tile_coords[GROUP_M](t % per_batch, num_m, num_n)
                     mbar_wait(epi_full, epi_round % 2)
+                    var bt = t // per_batch
                     gelu_tile[dtype, BM, BN](
                         boxes,
-                        boxes.unsafe_offset(BM * BN),
-                        Pointer(to=out_map).unsafe_bitcast[NoneType](),
-                        Pointer(to=aux_map).unsafe_bitcast[NoneType](),
+                        dst.unsafe_offset(bt * M * N),
+                        aux.unsafe_offset(bt * M * N),
                         tile[0] * BM,
                         tile[1] * BN,
-                        t // per_batch,
+                        M,
+                        N,
                         Int(store_aux),
                         etid,
                     )
-                    # the boxes are read: the consumers may refill them
-                    if etid == 0:
-                        bulk_wait_read()
-                        _ = mbarrier_arrive(epi_empty)
+                    # its chunks are read: the consumers may refill the copy
+                    _ = mbarrier_arrive(epi_empty)
                     epi_round += 1
-                if etid == 0:
-                    bulk_wait_all()
     else:
-        set_max_registers[True, TMA_CONSUMER_REGS]()
+        set_max_registers[
+            True, EPI_CONSUMER_REGS if EPI_WARPS else TMA_CONSUMER_REGS
+        ]()
         # read once, long before the first epilogue needs them
         var alpha = alpha_beta[unsafe_offset=0]
         var beta = alpha_beta[unsafe_offset=1]
