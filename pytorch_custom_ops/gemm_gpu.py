@@ -243,6 +243,11 @@ PP_CLUSTER, PP_SPLIT, PP_TMA_STORE, PP_C_BLOCKS, PP_EPI_WARPS = 10, 12, 14, 15, 
 # part 22): GELU applied and stored by the producer warpgroup's idle warps, while the
 # consumers run the next tile. Cooperative TMA-store tiles, no residual (beta 0).
 PP_EPI_WARPS_CONFIGS = ((256, 128, 1, True, 0),)
+# AUTO's rule for them (H200, bf16, kernel time; results/nvidia-h200/day019_gelu_warps.txt):
+# at K = 768 and 1024 they win (GPT-2's MLP: 79.0 -> 72.3 us); at K = 3072 the k-loop hides
+# the consumers' GELU and the third stage they cost shows (73.7 -> 77.4)
+EPI_WARPS_MAX_K = 1024
+EPI_WARPS_DERIVATIVE = False  # the saved derivative: GELU' too
 PP_GELU_EPILOGUES = tuple(e for e in PP_LINEAR_EPILOGUES if e[1])
 # The epilogues that also come with c read in 16-byte blocks (C_BLOCKS, day 019, part 16),
 # for A @ B^T (TRANSPOSE_B) on every tile without split K: a linear layer's residual, with
@@ -339,7 +344,9 @@ V4_KINDS = (
 )
 _version = direct.PlanSetting("AUTO")
 _c_blocks = direct.PlanSetting(True)  # C_BLOCKS where its promise holds (pingpong_launch)
-_epi_warps = direct.PlanSetting(True)  # EPI_WARPS where the caller allows it (pingpong_launch)
+# EPI_WARPS (pingpong_launch): "auto" by EPI_WARPS_MAX_K and the saved output; True where
+# the tile and the caller allow it; False never
+_epi_warps = direct.PlanSetting("auto")
 _forced_pieces = direct.PlanSetting(None)  # split_pieces: None, or the S every split takes
 
 
@@ -388,6 +395,13 @@ def gelu_on_consumers():
     as before day 019's part 22 (EPI_WARPS off): the same kernels otherwise, for an A/B in
     one process."""
     return _epi_warps.set_to(False)
+
+
+def gelu_on_epilogue_warps():
+    """Inside the block, the fused GELU layer applies GELU on the producer's idle warps
+    wherever its tile can (EPI_WARPS), whatever K and the saved output: the other side of
+    `gelu_on_consumers`' A/B."""
+    return _epi_warps.set_to(True)
 
 
 # -- TMA descriptors ------------------------------------------------------------------------
@@ -756,9 +770,11 @@ def pingpong_launch(
         out_map = aux_map = output_tma_map(out, batch, m, n)
         if aux is not None:
             aux_map = output_tma_map(aux, batch, m, n)
+    if _epi_warps.value == "auto":  # where they measured faster (day 019, part 22)
+        epi_warps = epi_warps and k <= EPI_WARPS_MAX_K and (EPI_WARPS_DERIVATIVE or not aux_derivative)
     epi_warps = (
         epi_warps
-        and _epi_warps.value
+        and _epi_warps.value is not False
         and gelu
         and tma_store
         and (bm, bn, cluster, coop, split) in PP_EPI_WARPS_CONFIGS

@@ -22,9 +22,10 @@ from std.sys import size_of
 from std.sys._assembly import inlined_assembly
 
 from days.day014.gemm_common import (
-    _gelu_sigmoid,
     _packed,
+    gelu_tanh,
     gelu_tanh_grad,
+    gelu_tanh_t,
     scaled_with_bias,
 )
 from days.day019.tma_store import STORE_BOX, STORE_BOX_ELEMS, write_box_pairs
@@ -132,12 +133,14 @@ def gelu_tile[
         var tc = (b % ACROSS) * SIDE + j * Scalar[U](CHUNK)
         if tr < rows and tc < cols:
             var x = raw.cast[DType.float32]()
-            var s = _gelu_sigmoid(x)
+            var t = gelu_tanh_t(x)
             var at = Int(tr * pitch + tc)
-            tile_dst.unsafe_store[alignment=16](at, (x * s).cast[dtype]())
+            tile_dst.unsafe_store[alignment=16](
+                at, gelu_tanh(x, t).cast[dtype]()
+            )
             if aux == 2:  # a kernel argument: the same in every thread
                 tile_second.unsafe_store[alignment=16](
-                    at, gelu_tanh_grad(x, s).cast[dtype]()
+                    at, gelu_tanh_grad(x, t).cast[dtype]()
                 )
             elif aux != 0:
                 tile_second.unsafe_store[alignment=16](at, raw)

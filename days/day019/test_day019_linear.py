@@ -230,14 +230,16 @@ def test_a_block_residual_with_a_short_k_takes_the_ping_pong():
 
 def test_gelu_without_a_residual_goes_to_the_epilogue_warps():
     """Day 019, part 22: the GELU layer on the cooperative 256 x 128 TMA-store tile runs
-    GELU on the producer warpgroup's idle warps (EPI_WARPS), in both saving forms; with a
-    residual (beta c), without GELU, on another tile or under `gelu_on_consumers` the
-    consumers keep it. CPU tensors: the plan only (H100's SMs)."""
-    from pytorch_custom_ops.gemm_gpu import PP_GELU_EPILOGUES, gelu_on_consumers
+    GELU on the producer warpgroup's idle warps (EPI_WARPS) where K <= EPI_WARPS_MAX_K and
+    the saved output is not the derivative; with a residual (beta c), without GELU, on
+    another tile or under `gelu_on_consumers` the consumers keep it, and
+    `gelu_on_epilogue_warps` forces it wherever the tile allows. CPU tensors: the plan
+    only (H100's SMs)."""
+    from pytorch_custom_ops.gemm_gpu import EPI_WARPS_MAX_K, gelu_on_consumers, gelu_on_epilogue_warps
     from pytorch_custom_ops.linear import linear_gpu
 
-    def plan(gelu=True, residual=False, saving=False, derivative=False, m=8192, n=3072):
-        x, w, b = torch.empty(m, 768, dtype=BF16), torch.empty(n, 768, dtype=BF16), torch.empty(n, dtype=BF16)
+    def plan(gelu=True, residual=False, saving=False, derivative=False, m=8192, n=3072, k=768):
+        x, w, b = torch.empty(m, k, dtype=BF16), torch.empty(n, k, dtype=BF16), torch.empty(n, dtype=BF16)
         outs = [torch.empty(m, n, dtype=BF16)] + ([torch.empty(m, n, dtype=BF16)] if saving else [])
         c = torch.empty(m, n, dtype=BF16) if residual else torch.empty(1, 1, dtype=BF16)
         params = {"GELU": gelu, "BIAS": True, "GELU_DERIVATIVE": derivative}
@@ -245,16 +247,20 @@ def test_gelu_without_a_residual_goes_to_the_epilogue_warps():
         p = launch.kernel.params
         return (p[3], p[4], p[5], p[PP_TMA_STORE], p[PP_EPI_WARPS])
 
-    assert plan() == (256, 128, 3, True, True)  # three stages: the tile's copy takes the fourth's room
-    assert plan(saving=True) == plan(saving=True, derivative=True) == (256, 128, 3, True, True)
+    warps, consumers = (256, 128, 3, True, True), (256, 128, 4, True, False)
+    assert plan() == plan(saving=True) == warps  # three stages: the tile's copy takes the fourth's room
+    assert plan(k=EPI_WARPS_MAX_K) == warps and plan(k=EPI_WARPS_MAX_K + 8) == consumers  # a long K: no
+    assert plan(saving=True, derivative=True) == consumers  # GELU' too: slower there
     assert plan(residual=True)[4] is False  # beta c: the consumers' epilogue reads c
-    assert plan(gelu=False) == (256, 128, 4, True, False)
+    assert plan(gelu=False) == consumers
     assert plan(m=64, n=768)[:2] == (64, 64) and plan(m=64, n=768)[4] is False  # a few tokens: ping-pong
     with gelu_on_consumers():
-        assert plan() == (256, 128, 4, True, False)
+        assert plan() == consumers
+    with gelu_on_epilogue_warps():
+        assert plan(saving=True, derivative=True) == plan(k=3072) == warps
+        assert plan(residual=True)[4] is False and plan(gelu=False)[4] is False
     with pco.gemm_version("COOP_256x128"):  # no TMA stores: no epilogue warps
         assert plan()[3:] == (False, False)
-    assert all(e[1] for e in PP_GELU_EPILOGUES) and len(PP_GELU_EPILOGUES) == 2  # GELU, with and without bias
 
 
 def test_a_few_tokens_with_a_long_k_split_the_layer_without_gelu():
@@ -344,8 +350,8 @@ def test_cuda_gelu_on_the_epilogue_warps(form, dtype, launched):
     four per block: the mbarriers' phases turn over), with tails in m, n and K = 136;
     each form against float64 and against the consumers' register GELU
     (`gelu_on_consumers`): the output, then the saved pre-activation with its grads, or
-    GELU's derivative (day 020's MLP)."""
-    from pytorch_custom_ops.gemm_gpu import gelu_on_consumers
+    GELU's derivative (day 020's MLP; forced there, `gelu_on_epilogue_warps`)."""
+    from pytorch_custom_ops.gemm_gpu import gelu_on_consumers, gelu_on_epilogue_warps
     from pytorch_custom_ops.linear import _fused_forward
 
     x, w, b, _ = inputs((6000,), 136, 2056, dtype, "cuda", seed=6)
@@ -358,7 +364,8 @@ def test_cuda_gelu_on_the_epilogue_warps(form, dtype, launched):
                 return pco.linear(x, w, b, "gelu_tanh"), None
         return _fused_forward(x, w, b, "gelu_tanh", None, save_pre=True, derivative=form == "derivative")
 
-    y, second = run()
+    with gelu_on_epilogue_warps():  # AUTO keeps the derivative on the consumers
+        y, second = run()
     assert launched[-1].split(".")[2 + PP_EPI_WARPS] == "1", launched
     close(y, want, dtype)
     with gelu_on_consumers():

@@ -9,8 +9,9 @@ For each shape (tokens x in -> out, bf16) and each form of the fused GELU layer:
 * derivative: day 020's MLP forward, which stores GELU's derivative there instead;
 
 it prints the CUPTI kernel time (µs, median over the rounds; the impls take turns in each
-round) of the fused layer both ways, of the plain layer (x W^T + b, no GELU: the GEMM
-under it) and of torch's F.gelu(F.linear(x, w, b)) eager and compiled (inference form).
+round) of the fused layer both ways (`gelu_on_epilogue_warps`, `gelu_on_consumers`), of
+the plain layer (x W^T + b, no GELU: the GEMM under it) and of torch's
+F.gelu(F.linear(x, w, b)) eager and compiled (inference form).
 Each fused output is checked against float64 first.
 
 `--ncu` instead makes three calls at GPT-2's MLP shape, for Nsight Compute: the plain
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from benchmark.gpu_script import need_cuda
 from benchmark.harness import compiled
 from benchmark.timing import kernel_time_ms
-from pytorch_custom_ops.gemm_gpu import gelu_on_consumers
+from pytorch_custom_ops.gemm_gpu import gelu_on_consumers, gelu_on_epilogue_warps
 from pytorch_custom_ops.linear import _fused_forward
 
 # GPT-2's MLP at 8192 and 16384 tokens, day 016's block (d = 1024) at 4096, and the other
@@ -59,7 +60,8 @@ def main() -> None:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
         b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
         _fused_forward(x, w, b, None, None, save_pre=False)
-        fused(x, w, b, "inference")
+        with gelu_on_epilogue_warps():
+            fused(x, w, b, "inference")
         with gelu_on_consumers():
             fused(x, w, b, "inference")
         torch.cuda.synchronize()
@@ -81,10 +83,8 @@ def main() -> None:
             for where in ("warps", "consumers"):
 
                 def call(x=x, w=w, b=b, form=form, where=where):
-                    if where == "consumers":
-                        with gelu_on_consumers():
-                            return fused(x, w, b, form)
-                    return fused(x, w, b, form)
+                    with gelu_on_consumers() if where == "consumers" else gelu_on_epilogue_warps():
+                        return fused(x, w, b, form)
 
                 out = call()
                 y = out if form == "inference" else out[0]
