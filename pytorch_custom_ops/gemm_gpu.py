@@ -245,9 +245,11 @@ PP_CLUSTER, PP_SPLIT, PP_TMA_STORE, PP_C_BLOCKS, PP_EPI_WARPS = 10, 12, 14, 15, 
 PP_EPI_WARPS_CONFIGS = ((256, 128, 1, True, 0),)
 # AUTO's rule for them (H200, bf16, kernel time; results/nvidia-h200/day019_gelu_warps.txt):
 # at K = 768 and 1024 they win (GPT-2's MLP: 79.0 -> 72.3 us); at K = 3072 the k-loop hides
-# the consumers' GELU and the third stage they cost shows (73.7 -> 77.4)
+# the consumers' GELU and the fourth stage they cost shows (73.7 -> 77.4)
 EPI_WARPS_MAX_K = 1024
-EPI_WARPS_DERIVATIVE = False  # the saved derivative: GELU' too
+# with GELU's derivative saved (day 020's MLP) the three warps have twice the arithmetic
+# and lose 2-5% (91.3 -> 93.9 us at the MLP's shape): the consumers keep it
+EPI_WARPS_DERIVATIVE = False
 PP_GELU_EPILOGUES = tuple(e for e in PP_LINEAR_EPILOGUES if e[1])
 # The epilogues that also come with c read in 16-byte blocks (C_BLOCKS, day 019, part 16),
 # for A @ B^T (TRANSPOSE_B) on every tile without split K: a linear layer's residual, with

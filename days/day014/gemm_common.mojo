@@ -136,34 +136,32 @@ def tanh_approx(x: SIMD[DType.float32, _]) -> type_of(x):
 
 
 @always_inline
-def gelu_tanh_t(x: SIMD[DType.float32, _]) -> type_of(x):
-    """t = tanh(u), u = sqrt(2/pi) (x + 0.044715 x^3): GELU and its derivative share it.
-    One SFU instruction: the GELU epilogue's values are bound by the SFU (16 a clock per
-    SM against 128 FMAs), and exp + reciprocal took two (day 019, part 10). tanh.approx's
-    error, 2^-11 of tanh, is at most an eighth of a bf16 ulp of GELU for x > 0, and at
-    most 2.5e-4 |x| in absolute terms where GELU is near 0.
+def _gelu_sigmoid(x: SIMD[DType.float32, _]) -> type_of(x):
+    """sigmoid(2u) = (1 + tanh(u)) / 2, u = sqrt(2/pi) (x + 0.044715 x^3): GELU and its
+    derivative share it. One SFU instruction: the GELU epilogue's values are bound by the
+    SFU (16 a clock per SM against 128 FMAs), and exp + reciprocal took two (day 019,
+    part 10). tanh.approx's error, 2^-11 of tanh, is at most an eighth of a bf16 ulp
+    of GELU for x > 0, and at most 2.5e-4 |x| in absolute terms where GELU is near 0.
     """
     var u = x * (0.7978845608028654 + 0.035677408136300125 * x * x)
-    return tanh_approx(u)
+    return 0.5 + 0.5 * tanh_approx(u)
 
 
 @always_inline
-def gelu_tanh(x: SIMD[DType.float32, _], t: type_of(x)) -> type_of(x):
-    """GPT-2's GELU, 0.5 x (1 + tanh(u)), given t = gelu_tanh_t(x): h + h t, h = x / 2.
+def gelu_tanh(x: SIMD[DType.float32, _]) -> type_of(x):
+    """GPT-2's GELU, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) = x sigmoid(2u).
     """
-    var h = 0.5 * x
-    return h + h * t
+    return x * _gelu_sigmoid(x)
 
 
 @always_inline
-def gelu_tanh_grad(x: SIMD[DType.float32, _], t: type_of(x)) -> type_of(x):
-    """The derivative of gelu_tanh at x, given t = gelu_tanh_t(x): (1 + t) / 2 + (x / 2)
-    (1 - t^2) u', u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2). The same value as torch's tanh
-    form, and finite everywhere; five instructions past t and x / 2 (day 019, part 22:
-    the form 2 x s (1 - s) u' of s = (1 + t) / 2 took eight).
+def gelu_tanh_grad(x: SIMD[DType.float32, _], s: type_of(x)) -> type_of(x):
+    """The derivative of gelu_tanh at x, given s = _gelu_sigmoid(x): gelu = x s, so
+    gelu' = s + 2 x s (1 - s) u', u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2). The same
+    value as torch's tanh form (1 - tanh(u)^2 = 4 s (1 - s)), and finite everywhere.
     """
-    var du = 0.7978845608028654 + 0.10703222440890037 * x * x
-    return (0.5 + 0.5 * t) + (0.5 * x) * du * (1 - t * t)
+    var du = 0.7978845608028654 * (1 + 0.134145 * x * x)
+    return s + 2 * x * s * (1 - s) * du
 
 
 @always_inline
@@ -313,11 +311,11 @@ def epilogue_pair[
     * c (c's pair packed in `cq`)."""
     var w = v
     comptime if GELU:
-        var t = gelu_tanh_t(w)
+        var sig = _gelu_sigmoid(w)
         # a select, not a branch: aux is the same in every lane
-        var kept = gelu_tanh_grad(w, t) if aux == 2 else w
+        var kept = gelu_tanh_grad(w, sig) if aux == 2 else w
         pre = _packed[dtype](kept)
-        w = gelu_tanh(w, t)
+        w = w * sig
     var cv = bitcast[dtype, 2](SIMD[DType.uint32, 1](cq)).cast[DType.float32]()
     comptime if GELU_GRAD:
         w *= cv

@@ -22,10 +22,9 @@ from std.sys import size_of
 from std.sys._assembly import inlined_assembly
 
 from days.day014.gemm_common import (
+    _gelu_sigmoid,
     _packed,
-    gelu_tanh,
     gelu_tanh_grad,
-    gelu_tanh_t,
     scaled_with_bias,
 )
 from days.day019.tma_store import STORE_BOX, STORE_BOX_ELEMS, write_box_pairs
@@ -133,14 +132,12 @@ def gelu_tile[
         var tc = (b % ACROSS) * SIDE + j * Scalar[U](CHUNK)
         if tr < rows and tc < cols:
             var x = raw.cast[DType.float32]()
-            var t = gelu_tanh_t(x)
+            var s = _gelu_sigmoid(x)
             var at = Int(tr * pitch + tc)
-            tile_dst.unsafe_store[alignment=16](
-                at, gelu_tanh(x, t).cast[dtype]()
-            )
+            tile_dst.unsafe_store[alignment=16](at, (x * s).cast[dtype]())
             if aux == 2:  # a kernel argument: the same in every thread
                 tile_second.unsafe_store[alignment=16](
-                    at, gelu_tanh_grad(x, t).cast[dtype]()
+                    at, gelu_tanh_grad(x, s).cast[dtype]()
                 )
             elif aux != 0:
                 tile_second.unsafe_store[alignment=16](at, raw)
