@@ -14,7 +14,8 @@ the plain layer (x W^T + b, no GELU: the GEMM under it) and of torch's
 F.gelu(F.linear(x, w, b)) eager and compiled (inference form).
 Each fused output is checked against float64 first.
 
-`--ncu` instead makes three calls at GPT-2's MLP shape, for Nsight Compute: the plain
+`--tokens 1024 2048` takes GPT-2's MLP layer at those token counts instead (fewer rounds of
+tiles). `--ncu` instead makes three calls at GPT-2's MLP shape, for Nsight Compute: the plain
 layer, then the inference form with GELU on the warps, then on the consumers
 (`ncu -k regex:pingpong ... python days/day019/time_gelu_warps.py --ncu`).
 """
@@ -53,7 +54,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ncu", action="store_true", help="three calls to profile, no timing")
+    parser.add_argument("--tokens", type=int, nargs="+", help="GPT-2's MLP layer (768 -> 3072) at these token counts")
     args = parser.parse_args()
+    shapes = [(t, 768, 3072) for t in args.tokens] if args.tokens else SHAPES
     if args.ncu:
         m, k, n = SHAPES[0]
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -68,7 +71,7 @@ def main() -> None:
         return
     compiled_gelu = compiled(torch_gelu)
     print(f"{torch.cuda.get_device_name()}; bf16; CUPTI kernel time, us, median of {args.rounds} rounds")
-    for m, k, n in SHAPES:
+    for m, k, n in shapes:
         g = torch.Generator(device="cuda").manual_seed(0)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) / k**0.5
