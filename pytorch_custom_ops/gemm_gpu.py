@@ -247,6 +247,10 @@ PP_EPI_WARPS_CONFIGS = ((256, 128, 1, True, 0),)
 # at K = 768 and 1024 they win (GPT-2's MLP: 79.0 -> 72.3 us); at K = 3072 the k-loop hides
 # the consumers' GELU and the fourth stage they cost shows (73.7 -> 77.4)
 EPI_WARPS_MAX_K = 1024
+# ... and only with two rounds of tiles or more: a block's last tile waits for the warps'
+# GELU with nothing to overlap (GPT-2's MLP at 1024 tokens, 96 tiles: 14.3 -> 16.7 us; at
+# 3072 tokens, 2.2 rounds, level; at 6144, 4.4 rounds, 65.5 -> 62.4)
+EPI_WARPS_MIN_ROUNDS = 2
 # with GELU's derivative saved (day 020's MLP) the three warps have twice the arithmetic
 # and lose 2-5% (91.3 -> 93.9 us at the MLP's shape): the consumers keep it
 EPI_WARPS_DERIVATIVE = False
@@ -773,7 +777,9 @@ def pingpong_launch(
         if aux is not None:
             aux_map = output_tma_map(aux, batch, m, n)
     if _epi_warps.value == "auto":  # where they measured faster (day 019, part 22)
-        epi_warps = epi_warps and k <= EPI_WARPS_MAX_K and (EPI_WARPS_DERIVATIVE or not aux_derivative)
+        rounds = _cdiv(m, bm) * _cdiv(n, bn) * batch / sm_count(out.get_device())
+        epi_warps = epi_warps and k <= EPI_WARPS_MAX_K and rounds >= EPI_WARPS_MIN_ROUNDS
+        epi_warps = epi_warps and (EPI_WARPS_DERIVATIVE or not aux_derivative)
     epi_warps = (
         epi_warps
         and _epi_warps.value is not False

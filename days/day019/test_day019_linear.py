@@ -230,11 +230,11 @@ def test_a_block_residual_with_a_short_k_takes_the_ping_pong():
 
 def test_gelu_without_a_residual_goes_to_the_epilogue_warps():
     """Day 019, part 22: the GELU layer on the cooperative 256 x 128 TMA-store tile runs
-    GELU on the producer warpgroup's idle warps (EPI_WARPS) where K <= EPI_WARPS_MAX_K and
-    the saved output is not the derivative; with a residual (beta c), without GELU, on
-    another tile or under `gelu_on_consumers` the consumers keep it, and
-    `gelu_on_epilogue_warps` forces it wherever the tile allows. CPU tensors: the plan
-    only (H100's SMs)."""
+    GELU on the producer warpgroup's idle warps (EPI_WARPS) where K <= EPI_WARPS_MAX_K, the
+    tiles make EPI_WARPS_MIN_ROUNDS rounds and the saved output is not the derivative; with
+    a residual (beta c), without GELU, on another tile or under `gelu_on_consumers` the
+    consumers keep it, and `gelu_on_epilogue_warps` forces it wherever the tile allows.
+    CPU tensors: the plan only (H100's SMs)."""
     from pytorch_custom_ops.gemm_gpu import EPI_WARPS_MAX_K, gelu_on_consumers, gelu_on_epilogue_warps
     from pytorch_custom_ops.linear import linear_gpu
 
@@ -250,6 +250,8 @@ def test_gelu_without_a_residual_goes_to_the_epilogue_warps():
     warps, consumers = (256, 128, 3, True, True), (256, 128, 4, True, False)
     assert plan() == plan(saving=True) == warps  # three stages: the tile's copy takes the fourth's room
     assert plan(k=EPI_WARPS_MAX_K) == warps and plan(k=EPI_WARPS_MAX_K + 8) == consumers  # a long K: no
+    # two rounds of 256 x 128 tiles at least (132 SMs: 264): 11 x 24 tiles yes, 10 x 24 no
+    assert plan(m=2816) == warps and plan(m=2560) == consumers and plan(m=1024) == consumers
     assert plan(saving=True, derivative=True) == consumers  # GELU' too: slower there
     assert plan(residual=True)[4] is False  # beta c: the consumers' epilogue reads c
     assert plan(gelu=False) == consumers
@@ -257,7 +259,7 @@ def test_gelu_without_a_residual_goes_to_the_epilogue_warps():
     with gelu_on_consumers():
         assert plan() == consumers
     with gelu_on_epilogue_warps():
-        assert plan(saving=True, derivative=True) == plan(k=3072) == warps
+        assert plan(saving=True, derivative=True) == plan(k=3072) == plan(m=1024) == warps
         assert plan(residual=True)[4] is False and plan(gelu=False)[4] is False
     with pco.gemm_version("COOP_256x128"):  # no TMA stores: no epilogue warps
         assert plan()[3:] == (False, False)
@@ -427,9 +429,9 @@ def test_cuda_gpt2_mlp_shapes_and_a_broadcast_residual(launched):
     # (keys end in CLUSTER, COOP, SPLIT, F32_OUT, TMA_STORE, C_BLOCKS, EPI_WARPS)
     gelu_key, residual_key = launched
     assert ".256.128." in gelu_key and ".128.192." in residual_key
-    # TMA stores: 256 x 128 only, GELU on the epilogue warps (part 22); a row residual is read
-    # in pairs, not blocks
-    assert gelu_key.endswith(".1.1.0.0.1.0.1") and residual_key.endswith(".1.1.0.0.0.0.0")
+    # TMA stores: 256 x 128 only, GELU on the consumers (96 tiles: under part 22's two rounds
+    # for the epilogue warps); a row residual is read in pairs, not blocks
+    assert gelu_key.endswith(".1.1.0.0.1.0.0") and residual_key.endswith(".1.1.0.0.0.0.0")
     strided_bias = torch.randn(2 * 3072, device="cuda", dtype=BF16)[::2]  # a view, stride 2
     unaligned_bias = torch.randn(3073, device="cuda", dtype=BF16)[1:]  # 2 bytes past 16-byte alignment
     wt = w.t().contiguous().t()  # a transposed layout: copied, not misread
