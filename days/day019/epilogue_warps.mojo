@@ -19,7 +19,6 @@
 # F.gelu(F.linear(...)) does; the register epilogue read it in float32.
 
 from std.sys import size_of
-from std.sys._assembly import inlined_assembly
 
 from days.day014.gemm_common import (
     _gelu_sigmoid,

@@ -195,10 +195,10 @@ def gemm_pingpong_kernel[
     16-byte blocks (gemm_common's load_c_blocks), and each consumer asks L2 for its part
     of a tile before the tile's k-loop, as GELU_GRAD does.
 
-    EPI_WARPS (day 019, part 22; days/day019/epilogue_warps.mojo; with COOP, TMA_STORE
-    and GELU, beta 0): the consumers write alpha * acc + bias into a shared-memory copy
-    of the whole tile and go on; warps 1-3 of the producer warpgroup apply GELU to it
-    and store it (and aux) to global memory, while the tensor cores run the next tile.
+    EPI_WARPS (part 22, epilogue_warps.mojo; TMA_STORE's COOP GELU tiles, beta 0, maps
+    unused): the consumers write alpha * acc + bias into a shared-memory copy of the
+    whole tile and go on; warps 1-3 of the producer warpgroup apply GELU to it and store
+    it (and aux) with 16-byte stores, while the tensor cores run the next tile.
     Shared memory: the stages, the tile's copy, then the mbarriers with two more:
     `epi_full` (the consumers' 256 threads) and `epi_empty` (the epilogue warps' 96).
     """
