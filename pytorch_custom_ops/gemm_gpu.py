@@ -758,6 +758,8 @@ def pingpong_launch(
     tiles)."""
     m, n, k, batch = sizes[:4]
     dtype = a.dtype
+    sms = sm_count(out.get_device())
+    tiles = _cdiv(m, bm) * _cdiv(n, bn) * batch
     coop = kind.startswith("coop")
     split = {"coop_streamk": 1, "coop_splitk": 2}.get(kind, 0)
     cluster = 2 if kind.endswith("multicast") and _cdiv(n, bn) % 2 == 0 else 1
@@ -771,14 +773,8 @@ def pingpong_launch(
     tma_store = kind.endswith("_tma") and not f32_out
     if column_sums is not None and not (gelu_grad and tma_store):
         raise ValueError(f"pingpong_launch: column sums come with gelu_grad on TMA-store tiles, not {kind}")
-    out_map = aux_map = a_map  # unused without TMA_STORE
-    if tma_store:
-        out_map = aux_map = output_tma_map(out, batch, m, n)
-        if aux is not None:
-            aux_map = output_tma_map(aux, batch, m, n)
     if _epi_warps.value == "auto":  # where they measured faster (day 019, part 22)
-        rounds = _cdiv(m, bm) * _cdiv(n, bn) * batch / sm_count(out.get_device())
-        epi_warps = epi_warps and k <= EPI_WARPS_MAX_K and rounds >= EPI_WARPS_MIN_ROUNDS
+        epi_warps = epi_warps and k <= EPI_WARPS_MAX_K and tiles >= EPI_WARPS_MIN_ROUNDS * sms
         epi_warps = epi_warps and (EPI_WARPS_DERIVATIVE or not aux_derivative)
     epi_warps = (
         epi_warps
@@ -789,6 +785,11 @@ def pingpong_launch(
         and (ta, tb) == (False, True)
         and bm * n < 2**31  # the epilogue warps' 32-bit offsets inside a tile
     )
+    out_map = aux_map = a_map  # unused without TMA_STORE, and by the epilogue warps' stores
+    if tma_store and not epi_warps:
+        out_map = aux_map = output_tma_map(out, batch, m, n)
+        if aux is not None:
+            aux_map = output_tma_map(aux, batch, m, n)
     smem = pp_smem_bytes(dtype, bm, bn, tma_store, epi_warps)
     stages = pp_stages(dtype, bm, bn, tma_store, epi_warps)
     flags = (*epilogue, cluster, coop, split, f32_out, tma_store)
@@ -797,19 +798,18 @@ def pingpong_launch(
     c_blocks = c_blocks and (dtype, ta, tb, bm, bn, stages, smem, *flags, True, False) in PINGPONG_KERNEL
     kernel = PINGPONG_KERNEL[dtype, ta, tb, bm, bn, stages, smem, *flags, c_blocks, epi_warps]
     units = _cdiv(m, bm) * _cdiv(n, bn * cluster) * batch  # what one cluster takes at a time
-    sms = sm_count(out.get_device())
+    blocks = sms  # at most one per SM
     pieces = 1
     if split == 2:  # tiles x S blocks: the even shares fall on the split points
         pieces = split_k(m, n, k, batch, sms)[0]
         units *= pieces
-        sms = units
+        blocks = units
     elif split == 1:  # every SM, each with at least one k-step
         units *= _cdiv(k, tma_bk(dtype))
-    grid = min(units, sms // cluster) * cluster
+    grid = min(units, blocks // cluster) * cluster
     dummy = out.data_ptr()  # a pointer the kernel's compile-time flags say it never touches
     partials = counters = dummy
     if split == 1:
-        tiles = _cdiv(m, bm) * _cdiv(n, bn) * batch
         partials = direct.scratch((grid, 2, bm * bn), torch.float32, out.device).data_ptr()
         counters = direct.scratch((tiles, 8), torch.int32, out.device, zeroed=True).data_ptr()
     elif split == 2:

@@ -44,6 +44,15 @@ def torch_gelu(x, w, b):
     return F.gelu(F.linear(x, w, b), approximate="tanh")
 
 
+def layer_inputs(m: int, k: int, n: int):
+    """x (m, k), W (n, k) scaled by 1 / sqrt(k), b (n,): bf16, the same every run."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) / k**0.5
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=g)
+    return x, w, b
+
+
 def fused(x, w, b, form: str):
     if form == "inference":
         return _fused_forward(x, w, b, "gelu_tanh", None, save_pre=False)[0]
@@ -58,10 +67,7 @@ def main() -> None:
     args = parser.parse_args()
     shapes = [(t, 768, 3072) for t in args.tokens] if args.tokens else SHAPES
     if args.ncu:
-        m, k, n = SHAPES[0]
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
-        b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        x, w, b = layer_inputs(*SHAPES[0])
         _fused_forward(x, w, b, None, None, save_pre=False)
         with gelu_on_epilogue_warps():
             fused(x, w, b, "inference")
@@ -72,10 +78,7 @@ def main() -> None:
     compiled_gelu = compiled(torch_gelu)
     print(f"{torch.cuda.get_device_name()}; bf16; CUPTI kernel time, us, median of {args.rounds} rounds")
     for m, k, n in shapes:
-        g = torch.Generator(device="cuda").manual_seed(0)
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) / k**0.5
-        b = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=g)
+        x, w, b = layer_inputs(m, k, n)
         want = torch_gelu(x.double(), w.double(), b.double())
         calls = {
             "torch": lambda x=x, w=w, b=b: torch_gelu(x, w, b),
