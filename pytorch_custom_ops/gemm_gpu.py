@@ -255,6 +255,17 @@ EPI_WARPS_MIN_ROUNDS = 2
 # and lose 2-5% (91.3 -> 93.9 us at the MLP's shape): the consumers keep it
 EPI_WARPS_DERIVATIVE = False
 PP_GELU_EPILOGUES = tuple(e for e in PP_LINEAR_EPILOGUES if e[1])
+# The MLP backward's product dH * GELU' on the epilogue warps (GELU_GRAD with EPI_WARPS,
+# day 019, part 23), from the saved derivative or from the saved pre-activation (whose
+# derivative only the warps compute): each of the warps' EPI_THREADS threads keeps one
+# 16-byte column chunk of the tile, so the column sums come as EPI_THREADS / (BN / 8)
+# partial rows a tile (epilogue_warps.mojo's gelu_grad_tile).
+EPI_THREADS = 96
+# AUTO leaves both forms on the consumers: neither won (H200, bf16, kernel time with the
+# sums, GPT-2's MLP at 8192 tokens; results/nvidia-h200/day019_gelu_grad_warps.txt): the
+# derivative on the consumers 91.9 us, on the warps 93.9; from pre on the warps 102-106, and
+# the 9 us its forward saves do not pay for that
+EPI_WARPS_GRAD = False
 # The epilogues that also come with c read in 16-byte blocks (C_BLOCKS, day 019, part 16),
 # for A @ B^T (TRANSPOSE_B) on every tile without split K: a linear layer's residual, with
 # or without bias, and attention's masked scores (q k^T + mask). Other products with c
@@ -280,6 +291,7 @@ def _pp_variants(dtype: torch.dtype, config: tuple, tma_store: bool = False):
         yield from (variant((False, True), epilogue, c_blocks=True) for epilogue in PP_C_BLOCKS_EPILOGUES)
         if tma_store and config in PP_EPI_WARPS_CONFIGS:
             yield from (variant((False, True), epilogue, epi_warps=True) for epilogue in PP_GELU_EPILOGUES)
+            yield variant((False, False), PP_GELU_GRAD, epi_warps=True)
     if config in PP_F32_CONFIGS and not tma_store:
         yield variant((True, False), PLAIN_EPILOGUE, f32_out=True)
     if config in PP_TMA_STORE_CONFIGS and not tma_store:
@@ -408,6 +420,38 @@ def gelu_on_epilogue_warps():
     wherever its tile can (EPI_WARPS), whatever K and the saved output: the other side of
     `gelu_on_consumers`' A/B."""
     return _epi_warps.set_to(True)
+
+
+def epi_sum_groups(dtype: torch.dtype, bn: int) -> int:
+    """The epilogue warps' partial column sums per tile: their threads over the tile's
+    16-byte column chunks (gelu_grad_tile)."""
+    return EPI_THREADS // (bn * dtype.itemsize // 16)
+
+
+def _epi_grad_reads(c: torch.Tensor, sizes: tuple, bm: int) -> bool:
+    """The epilogue warps can read c (GELU's input) as gelu_grad_tile does: full rows of n,
+    row-major, 16-byte chunks, 32-bit offsets inside a tile."""
+    n, c_rs, c_cs = sizes[1], sizes[5], sizes[6]
+    return c_rs == n and c_cs == 1 and n % 8 == 0 and c.data_ptr() % 16 == 0 and bm * n < 2**31
+
+
+def gelu_grad_on_epilogue_warps(m: int, n: int, k: int, dtype: torch.dtype, device_index: int | None) -> bool:
+    """Whether the MLP backward's product (m x k) @ (k x n), times GELU's derivative,
+    takes that derivative from the saved pre-activation on the epilogue warps (day 019,
+    part 23; `pingpong_launch(gelu_grad_pre=True)`), so that the forward saves the
+    pre-activation instead of the derivative. AUTO: where EPI_WARPS_GRAD and the GELU
+    layer's rule hold (K <= EPI_WARPS_MAX_K, EPI_WARPS_MIN_ROUNDS rounds of tiles) under
+    the AUTO version; `gelu_on_epilogue_warps` wherever the tile can, `gelu_on_consumers`
+    nowhere."""
+    setting = _epi_warps.value
+    bm, bn = PP_EPI_WARPS_CONFIGS[0][:2]
+    if setting is False or dtype not in TC_DTYPES or n % 8 or bm * n >= 2**31:
+        return False
+    if setting is True:
+        return True
+    tiles = _cdiv(m, bm) * _cdiv(n, bn)
+    rounds_ok = tiles >= EPI_WARPS_MIN_ROUNDS * sm_count(device_index)
+    return EPI_WARPS_GRAD and current_version() == "AUTO" and k <= EPI_WARPS_MAX_K and rounds_ok
 
 
 # -- TMA descriptors ------------------------------------------------------------------------
@@ -737,6 +781,7 @@ def pingpong_launch(
     aux_derivative=False,
     column_sums=None,
     epi_warps=False,
+    gelu_grad_pre=False,
 ) -> list[direct.Launch]:
     """Version 4's launch: a persistent grid of at most one block per SM. `sizes` is
     (m, n, k, batch, c_bs, c_rs, c_cs); `bias` and `aux` may be None (not read/written).
@@ -753,9 +798,12 @@ def pingpong_launch(
     `column_sums`, an (n,) vector (float32 or out's dtype): with `gelu_grad` and kind
     "coop_tma" or "pingpong_tma" only, it gets out's column sums over all rows and matrices (a bias
     gradient): the epilogue writes per-warp partial sums, day 013's sum_partials_kernel
-    adds them up. `epi_warps`: the caller's c is not read (beta 0), so a GELU epilogue
-    may run on the producer warpgroup's idle warps (EPI_WARPS, PP_EPI_WARPS_CONFIGS'
-    tiles)."""
+    adds them up. `epi_warps`: a GELU epilogue may run on the producer warpgroup's idle
+    warps (EPI_WARPS, PP_EPI_WARPS_CONFIGS' tiles): the caller's c is not read (beta 0);
+    or GELU_GRAD's (c full rows of n, 16-byte aligned; neither operand transposed).
+    `gelu_grad_pre` (with `gelu_grad`): c is GELU's input, not its derivative; only the
+    epilogue warps compute the derivative from it, so the launch must take them and
+    raises where it cannot."""
     m, n, k, batch = sizes[:4]
     dtype = a.dtype
     sms = sm_count(out.get_device())
@@ -773,17 +821,29 @@ def pingpong_launch(
     tma_store = kind.endswith("_tma") and not f32_out
     if column_sums is not None and not (gelu_grad and tma_store):
         raise ValueError(f"pingpong_launch: column sums come with gelu_grad on TMA-store tiles, not {kind}")
-    if _epi_warps.value == "auto":  # where they measured faster (day 019, part 22)
+    if gelu_grad_pre:
+        fits = gelu_grad and tma_store and (bm, bn, cluster, coop, split) in PP_EPI_WARPS_CONFIGS
+        fits = fits and (ta, tb) == (False, False) and _epi_grad_reads(c, sizes, bm)
+        if not fits:
+            raise ValueError(
+                f"pingpong_launch: GELU's gradient from its input runs on the epilogue warps only "
+                f"({PP_EPI_WARPS_CONFIGS[0][:2]} cooperative TMA-store tiles, neither operand transposed, the "
+                f"input full, 16-byte aligned rows); not {kind} {bm} x {bn}, transposes {(ta, tb)}"
+            )
+    elif _epi_warps.value == "auto":  # where they measured faster (day 019, part 22)
         epi_warps = epi_warps and k <= EPI_WARPS_MAX_K and tiles >= EPI_WARPS_MIN_ROUNDS * sms
         epi_warps = epi_warps and (EPI_WARPS_DERIVATIVE or not aux_derivative)
-    epi_warps = (
+        epi_warps = epi_warps and (EPI_WARPS_GRAD or not gelu_grad)
+    epi_warps = gelu_grad_pre or (
         epi_warps
         and _epi_warps.value is not False
-        and gelu
         and tma_store
         and (bm, bn, cluster, coop, split) in PP_EPI_WARPS_CONFIGS
-        and (ta, tb) == (False, True)
         and bm * n < 2**31  # the epilogue warps' 32-bit offsets inside a tile
+        and (
+            (gelu and (ta, tb) == (False, True))
+            or (gelu_grad and (ta, tb) == (False, False) and _epi_grad_reads(c, sizes, bm))
+        )
     )
     out_map = aux_map = a_map  # unused without TMA_STORE, and by the epilogue warps' stores
     if tma_store and not epi_warps:
@@ -816,7 +876,10 @@ def pingpong_launch(
         partials = direct.scratch((pieces, batch, m, n), torch.float32, out.device).data_ptr()
     sums = None
     if column_sums is not None:  # a row per warp of each consumer's rows of a tile (gemm_v4_pingpong)
-        sums = direct.scratch((batch * _cdiv(m, bm // 2 if coop else bm) * 4, n), torch.float32, out.device)
+        rows = batch * _cdiv(m, bm // 2 if coop else bm) * 4
+        if epi_warps:  # ... or per group of the epilogue warps' rows (gelu_grad_tile)
+            rows = batch * _cdiv(m, bm) * epi_sum_groups(dtype, bn)
+        sums = direct.scratch((rows, n), torch.float32, out.device)
         partials = sums.data_ptr()
     ptrs = (
         out.data_ptr(),
@@ -828,8 +891,8 @@ def pingpong_launch(
         counters,
     )
     store_aux = 0 if aux is None else 2 if aux_derivative else 1
-    if sums is not None:  # GELU_GRAD has no aux of its own: the flag asks for the sums
-        store_aux = 1
+    if gelu_grad:  # GELU_GRAD has no aux of its own: bit 0 asks for the sums, bit 1 says c is pre
+        store_aux = (sums is not None) | (2 * gelu_grad_pre)
     args = (a_map, b_map, out_map, aux_map, *ptrs, *sizes, store_aux)
     launches = [direct.Launch(kernel, grid, PP_THREADS, args, smem, cluster if cluster > 1 else None)]
     if sums is not None:

@@ -11,6 +11,11 @@ four launches of day 019's GEMM with fused epilogues, and no GELU kernel either 
     backward  dpre = (dy W2) * d                  one launch: GELU_GRAD reads d as c
               dW2 = dy^T h, dW1 = dpre^T x, dx = dpre W1, and the two bias column sums
 
+Day 019's part 23 can move the backward's epilogue to the product's idle producer warps
+(`gelu_on_epilogue_warps`): there the forward saves pre, and the warps compute
+gelu'(pre) themselves (FROM_PRE), or they multiply by the saved d. Neither beat the
+consumers on the H200, so AUTO keeps the form above.
+
 Composed from `linear` and `F.gelu`, the same layer runs torch's GELU forward (read pre,
 write h) and backward (read dh and pre, write dpre) as kernels of their own: about
 2 ms of a GPT-2 124M training step on the H100 (day 020). Saving GELU's derivative
@@ -34,23 +39,31 @@ import torch
 from . import direct, eager, programs
 from .contract import OpSpec, TensorArg
 from .gemm import MojoGEMM, _alpha_beta, column_sum, gemm
-from .gemm_gpu import PINGPONG_KERNEL, TC_DTYPES, pingpong_launch
+from .gemm_gpu import (
+    PINGPONG_KERNEL,
+    PP_EPI_WARPS_CONFIGS,
+    TC_DTYPES,
+    gelu_grad_on_epilogue_warps,
+    pingpong_launch,
+)
 from .layer_norm import LN_SUM_PARTIALS
 from .linear import _fused_forward, aligned16, check_linear_args, linear, linear_tile
 from .master_weights import bias_grad, cast_parameters, grad_destination, weight_grad
 from .mojo_op import MojoOp
 
 # dpre = (dy @ W2) * d, d = gelu_tanh'(pre) saved by the forward: W2 is (out, hidden) as
-# nn.Linear stores it, read in place
+# nn.Linear stores it, read in place. FROM_PRE: the forward saved pre itself, and the
+# product's epilogue warps compute gelu_tanh'(pre) (day 019, part 23).
 GELU_GRAD_PRODUCT = OpSpec(
     name="gelu_grad_product",
     outputs=(TensorArg("grad_pre", ("rows", "hidden")),),
     inputs=(
         TensorArg("grad", ("rows", "out_features")),
         TensorArg("weight", ("out_features", "hidden")),
-        TensorArg("derivative", ("rows", "hidden")),
+        TensorArg("saved", ("rows", "hidden")),  # the derivative, or with FROM_PRE pre
         TensorArg("alpha_beta", (2,), dtype=torch.float32),
     ),
+    params={"FROM_PRE": False},
 )
 
 
@@ -67,27 +80,40 @@ def _tile(m: int, n: int, k: int, device: int) -> tuple[str, int, int]:
     return linear_tile(m, n, k, device, gelu=True)
 
 
-def sums_fuse(grad: torch.Tensor, weight: torch.Tensor) -> bool:
+def sums_fuse(grad: torch.Tensor, weight: torch.Tensor, from_pre: bool = False) -> bool:
     """The product's launch can also sum its columns: only the epilogue through shared
-    memory and TMA stores does (days/day019/tma_store.mojo), and AUTO picks it here."""
+    memory and TMA stores does (days/day019/tma_store.mojo), and AUTO picks it here; the
+    epilogue warps (`from_pre`) always do."""
     (m, k), n = grad.shape, weight.shape[1]
-    return _tile(m, n, k, grad.get_device())[0].endswith("_tma")
+    return from_pre or _tile(m, n, k, grad.get_device())[0].endswith("_tma")
+
+
+def saves_pre(x2: torch.Tensor, fc_weight: torch.Tensor, proj_weight: torch.Tensor) -> bool:
+    """Whether the forward saves GELU's input rather than its derivative: where the
+    backward's product takes the derivative on its epilogue warps (gemm_gpu's
+    gelu_grad_on_epilogue_warps). The forward and its context both ask, under the same
+    plan settings."""
+    m, hidden, out = x2.shape[0], fc_weight.shape[0], proj_weight.shape[0]
+    return gelu_grad_on_epilogue_warps(m, hidden, out, x2.dtype, x2.get_device())
 
 
 # --8<-- [start:plan]
 @direct.plan(PINGPONG_KERNEL, LN_SUM_PARTIALS)
 def gelu_grad_product_gpu(outputs, inputs, params) -> list[direct.Launch]:
-    (out, *sums), (grad, weight, derivative, alpha_beta) = outputs, inputs
+    (out, *sums), (grad, weight, saved, alpha_beta) = outputs, inputs
     (m, k), n = grad.shape, weight.shape[1]
-    kind, bm, bn = _tile(m, n, k, out.get_device())
+    from_pre = params.get("FROM_PRE", False)
+    # GELU's derivative from its input: the epilogue warps' tile (pingpong_launch checks)
+    kind, bm, bn = ("coop_tma", *PP_EPI_WARPS_CONFIGS[0][:2]) if from_pre else _tile(m, n, k, out.get_device())
     # grad (M, K) is k-contiguous, weight (K, N) n-contiguous: neither transposed; the
-    # derivative is c, full (rows of N), which the epilogue reads a pair (4 bytes) at a time
+    # derivative is c, full (rows of N), which the epilogue reads a pair (4 bytes) at a
+    # time; pre, 16 bytes at a time (gelu_grad_tile)
     sizes = (m, n, k, 1, 0, n, 1)
     return pingpong_launch(
         grad,
         weight,
         out,
-        derivative,
+        saved,
         alpha_beta,
         None,
         None,
@@ -99,6 +125,8 @@ def gelu_grad_product_gpu(outputs, inputs, params) -> list[direct.Launch]:
         bn,
         gelu_grad=True,
         column_sums=sums[0] if sums else None,  # only where sums_fuse: else pingpong_launch refuses
+        epi_warps=True,  # where the rule (and the tile, and the derivative's rows) allow
+        gelu_grad_pre=from_pre,
     )
 
 
@@ -117,10 +145,11 @@ def _project(h, proj_weight, proj_bias):
 
 
 def _forward(x2, fc_weight, fc_bias, proj_weight, proj_bias, *_masters):
-    """(y, h, d) for 2-D x2: h = gelu(pre), d = gelu'(pre), y = h W2^T + b2, pre = x W1^T + b1.
-    `_masters`: the float32 parameters the four stand for (master_weights.py), or Nones:
-    inputs for autograd only."""
-    h, d = _fused_forward(x2, fc_weight, fc_bias, "gelu_tanh", None, save_pre=True, derivative=True)
+    """(y, h, d) for 2-D x2: h = gelu(pre), d = gelu'(pre) (or pre itself: `saves_pre`),
+    y = h W2^T + b2, pre = x W1^T + b1. `_masters`: the float32 parameters the four stand
+    for (master_weights.py), or Nones: inputs for autograd only."""
+    derivative = not saves_pre(x2, fc_weight, proj_weight)
+    h, d = _fused_forward(x2, fc_weight, fc_bias, "gelu_tanh", None, save_pre=True, derivative=derivative)
     return _project(h, proj_weight, proj_bias), h, d
 
 
@@ -135,6 +164,7 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(h, d)
     ctx.save_for_backward(x2, fc_weight, proj_weight, h, d)
+    ctx.from_pre = saves_pre(x2, fc_weight, proj_weight)  # d is pre
     ctx.masters = inputs[5:9]  # parameters: where their gradients go may be named (grad_destination)
 
 
@@ -161,23 +191,29 @@ def _backward(ctx, g, _grad_h, _grad_d):
     layer(g, h, 3, 4)
     if need[0] or any(need[i] for i in (1, 2, 5, 6)):
         args = [g, proj_weight, d, _alpha_beta(1.0, 0.0, g.device)]
+        params = {"FROM_PRE": ctx.from_pre}
         # fc's bias gradient (slot 2, or 6: its float32 master) from the product's own
         # epilogue where it can: the product is not read again for it
         slot = 6 if need[6] else 2 if need[2] else None
-        if slot is not None and sums_fuse(g, proj_weight):
+        if slot is not None and sums_fuse(g, proj_weight, ctx.from_pre):
             op = _gelu_grad_product_sums[torch.float32 if slot == 6 else None]
-            dpre, grads[slot] = op(args, torch_impl=lambda: _torch_product(*args[:3], slot == 6))
+
+            def impl():
+                return _torch_product(*args[:3], slot == 6, ctx.from_pre)
+
+            dpre, grads[slot] = op(args, torch_impl=impl, params=params)
         else:
-            (dpre,) = _gelu_grad_product(args)
+            (dpre,) = _gelu_grad_product(args, params=params)
         if need[0]:
             grads[0] = gemm(dpre, fc_weight)  # (rows, hidden) @ (hidden, in)
         layer(dpre, x2, 1, 2)
     return tuple(grads)
 
 
-def _torch_product(g, proj_weight, d, float32_sums: bool) -> list[torch.Tensor]:
+def _torch_product(g, proj_weight, saved, float32_sums: bool, from_pre: bool) -> list[torch.Tensor]:
     """What _gelu_grad_product_sums computes, by torch (its fallback)."""
-    dpre = (g @ proj_weight) * d
+    dh = g @ proj_weight
+    dpre = torch.ops.aten.gelu_backward(dh, saved, approximate="tanh") if from_pre else dh * saved
     sums = dpre.sum(0, dtype=torch.float32)
     return [dpre, sums if float32_sums else sums.to(dpre.dtype)]
 

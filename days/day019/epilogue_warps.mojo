@@ -17,6 +17,12 @@
 #
 # GELU now reads the pre-activation rounded to the output's dtype, as torch's
 # F.gelu(F.linear(...)) does; the register epilogue read it in float32.
+#
+# Part 23 gives the MLP's backward product the same hand-off (gelu_grad_tile): the
+# consumers stage dH = dY W2, rounded, and the warps multiply it by GELU's derivative,
+# which they compute from the pre-activation the forward saved. That is what torch's
+# composition (a GEMM, then gelu_backward) computes; the consumers' GELU_GRAD instead
+# multiplies the float32 product by a derivative the forward computed and rounded.
 
 from std.sys import size_of
 
@@ -25,6 +31,7 @@ from days.day014.gemm_common import (
     _packed,
     gelu_tanh_grad,
     scaled_with_bias,
+    tanh_approx,
 )
 from days.day019.tma_store import STORE_BOX, STORE_BOX_ELEMS, write_box_pairs
 
@@ -34,6 +41,13 @@ comptime EPI_THREADS = 96  # warps 1-3 of the producer warpgroup
 # The pool is the launch's 168 x 384: 128 x (168 - 56) = 256 x (224 - 168).
 comptime EPI_PRODUCER_REGS = 56
 comptime EPI_CONSUMER_REGS = 224
+# gelu_grad_tile (part 23): rows of `saved` in flight a thread, in registers (one in
+# flight and 56 registers, which spilled an address into every row's load: 157 us at
+# GPT-2's MLP shape; four and 88 registers, no spill: 109; eight spilled again and lost),
+# and 32 more registers for the epilogue warps, 16 fewer for the consumers, who only stage
+comptime EPI_GRAD_AHEAD = 4
+comptime EPI_GRAD_PRODUCER_REGS = 88
+comptime EPI_GRAD_CONSUMER_REGS = 208
 
 
 # --8<-- [start:stage]
@@ -145,3 +159,132 @@ def gelu_tile[
 
 
 # --8<-- [end:gelu_tile]
+
+
+@always_inline
+def staged_chunk[BN: Int, CHUNK: Int](row: UInt32, col_chunk: UInt32) -> UInt32:
+    """Where column chunk `col_chunk` (CHUNK values) of tile row `row` sits in the staged
+    copy, in elements: box (row / 64, col_chunk / 8), row row % 64 of it, at the swizzled
+    position (col_chunk % 8) ^ (row % 8) (write_box_pairs)."""
+    comptime BOX_ROW = Scalar[DType.uint32](STORE_BOX_ELEMS * (BN // STORE_BOX))
+    comptime BOX = Scalar[DType.uint32](STORE_BOX_ELEMS)
+    comptime SIDE = Scalar[DType.uint32](STORE_BOX)
+    comptime C = Scalar[DType.uint32](CHUNK)
+    var r = row % SIDE
+    return (
+        (row // SIDE) * BOX_ROW
+        + (col_chunk // 8) * BOX
+        + r * SIDE
+        + ((col_chunk % 8) ^ (r % 8)) * C
+    )
+
+
+@always_inline
+def gelu_tanh_grad_alone(x: SIMD[DType.float32, _]) -> type_of(x):
+    """gelu_tanh'(x) where GELU itself is not needed: from t = tanh(u),
+    0.5 (1 + t) + 0.5 x u' (1 - t^2), u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2): with
+    x^2 formed, two instructions for u, two for 0.5 x u', three to combine (gemm_common's
+    gelu_tanh_grad, from the sigmoid GELU shares, takes nine)."""
+    var x2 = x * x
+    var t = tanh_approx(x * (0.7978845608028654 + 0.035677408136300125 * x2))
+    var half_du = x * (0.3989422804014327 + 0.05351611220445019 * x2)
+    return half_du * (1 - t * t) + (0.5 + 0.5 * t)
+
+
+# --8<-- [start:gelu_grad_tile]
+@always_inline
+def gelu_grad_tile[
+    dtype: DType, BM: Int, BN: Int, FROM_PRE: Bool
+](
+    tile_boxes: Pointer[
+        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
+    dst: Pointer[Scalar[dtype], MutAnyOrigin],
+    saved: Pointer[Scalar[dtype], MutAnyOrigin],
+    partials: Pointer[Float32, MutAnyOrigin],
+    row0: Int,
+    n0: Int,
+    M: Int,
+    N: Int,
+    prow0: Int,
+    sums: Bool,
+    etid: Int,
+):
+    """The epilogue warps' part of the MLP backward's product: dst = staged * saved over
+    one staged BM x BN tile at (row0, n0), where `saved` holds GELU's derivative, or with
+    FROM_PRE its input, whose derivative the warps compute; `saved` and `dst` are
+    row-major M x N. Thread `etid` keeps one column chunk (16 bytes) and takes every
+    GROUPS-th row of it, so that it can add up its columns: with `sums` it stores their
+    float32 sums (before rounding) as row prow0 + etid / (BN / CHUNK) of the (rows, N)
+    `partials`, GROUPS rows a tile (rows past M add nothing, and are stored). Loads are
+    issued AHEAD rows ahead; the consumers asked L2 for the tile of `saved`
+    before their k-loop.
+    N % 8 == 0: a chunk is all in or all out."""
+    comptime CHUNK = 16 // size_of[dtype]()
+    comptime COL_CHUNKS = BN // CHUNK
+    comptime GROUPS = EPI_THREADS // COL_CHUNKS
+    comptime assert (
+        EPI_THREADS % COL_CHUNKS == 0
+    ), "whole groups of column chunks"
+    comptime assert (
+        STORE_BOX // CHUNK == 8
+    ), "a box row is one 128-byte swizzle span"
+    comptime U = DType.uint32
+    var cc = Scalar[U](etid % COL_CHUNKS)
+    var group = etid // COL_CHUNKS
+    var col = n0 + Int(cc) * CHUNK
+    if col >= N:  # no column here; its partial sums are not read either
+        return
+    var rows = Scalar[U](max(0, min(BM, M - row0)))
+    var pitch = Scalar[U](N)
+    # 32-bit offsets from the chunk's top (the plan keeps BM * N below 2^31)
+    var top = row0 * N + col
+    var col_dst = dst.unsafe_offset(top)
+    var col_saved = saved.unsafe_offset(top)
+    var total = SIMD[DType.float32, CHUNK](0)
+    # `saved` of this thread's next AHEAD rows, loaded while it works on the
+    # current one: a load waits for L2 (~1 us under the k-loop's traffic, part 23), and
+    # one in flight left the three warps at half the speed the tile needs
+    comptime STEP = Scalar[U](GROUPS)
+    comptime AHEAD = EPI_GRAD_AHEAD
+    var ahead = SIMD[dtype, CHUNK * AHEAD](0)
+    comptime for i in range(AHEAD):
+        var row = Scalar[U](group + i * GROUPS)
+        if row < rows:
+            ahead = ahead.insert[offset=i * CHUNK](
+                col_saved.unsafe_load[width=CHUNK, alignment=16](
+                    Int(row * pitch)
+                )
+            )
+    var base = Scalar[U](group)
+    while base < rows:
+        comptime for i in range(AHEAD):
+            var row = base + Scalar[U](i) * STEP
+            if row < rows:
+                var x = ahead.slice[CHUNK, offset=i * CHUNK]().cast[
+                    DType.float32
+                ]()
+                var later = row + Scalar[U](AHEAD) * STEP
+                if later < rows:  # into the slot just read
+                    ahead = ahead.insert[offset=i * CHUNK](
+                        col_saved.unsafe_load[width=CHUNK, alignment=16](
+                            Int(later * pitch)
+                        )
+                    )
+                var grad = tile_boxes.unsafe_load[width=CHUNK, alignment=16](
+                    Int(staged_chunk[BN, CHUNK](row, cc))
+                ).cast[DType.float32]()
+                var factor = x
+                comptime if FROM_PRE:
+                    factor = gelu_tanh_grad_alone(x)
+                var v = grad * factor
+                col_dst.unsafe_store[alignment=16](
+                    Int(row * pitch), v.cast[dtype]()
+                )
+                total += v
+        base += Scalar[U](AHEAD) * STEP
+    if sums:  # a kernel argument: the same in every thread
+        partials.unsafe_store[alignment=16]((prow0 + group) * N + col, total)
+
+
+# --8<-- [end:gelu_grad_tile]

@@ -41,8 +41,11 @@ from days.day019.cluster_tma import mbar_arrive_cta, tma_multicast_box
 from days.day019.stream_k import Units, finish_piece, iter_start, store_piece
 from days.day019.epilogue_warps import (
     EPI_CONSUMER_REGS,
+    EPI_GRAD_CONSUMER_REGS,
+    EPI_GRAD_PRODUCER_REGS,
     EPI_PRODUCER_REGS,
     EPI_THREADS,
+    gelu_grad_tile,
     gelu_tile,
     stage_row_block,
 )
@@ -199,6 +202,11 @@ def gemm_pingpong_kernel[
     unused): the consumers write alpha * acc + bias into a shared-memory copy of the
     whole tile and go on; warps 1-3 of the producer warpgroup apply GELU to it and store
     it (and aux) with 16-byte stores, while the tensor cores run the next tile.
+    With GELU_GRAD (part 23; c full rows, c_rs == N, 16-byte aligned) the warps store
+    alpha * acc, rounded, times c, or with store_aux & 2 times gelu'(c): c is then the
+    pre-activation. Its column sums (store_aux & 1) go to `partials` as EPI_THREADS /
+    (BN / 8) rows a tile (bf16 and fp16: 6), row (bt ceil(M / BM) + tile row) 6 + group
+    (gelu_grad_tile).
     Shared memory: the stages, the tile's copy, then the mbarriers with two more:
     `epi_full` (the consumers' 256 threads) and `epi_empty` (the epilogue warps' 96).
     """
@@ -249,11 +257,14 @@ def gemm_pingpong_kernel[
     comptime assert not EPI_WARPS or (
         COOP
         and TMA_STORE
-        and GELU
+        and (GELU or GELU_GRAD)
         and not C_BLOCKS
         and CLUSTER == 1
         and BM % 64 == 0
-    ), "epilogue warps: GELU of cooperative tiles through TMA stores"
+    ), (
+        "epilogue warps: GELU (or its gradient) of cooperative tiles through"
+        " TMA stores"
+    )
     comptime A_PART = BM // CLUSTER  # rows of A's tile this CTA loads for the cluster
     comptime assert CLUSTER == 1 or (
         CLUSTER == 2 and A_PART % 64 == 0
@@ -328,11 +339,16 @@ def gemm_pingpong_kernel[
     else:
         barrier()
 
+    # setmaxnreg: the epilogue warps take more of the pool (epilogue_warps.mojo)
+    comptime producer_regs = (
+        EPI_GRAD_PRODUCER_REGS if GELU_GRAD else EPI_PRODUCER_REGS
+    ) if EPI_WARPS else TMA_PRODUCER_REGS
+    comptime consumer_regs = (
+        EPI_GRAD_CONSUMER_REGS if GELU_GRAD else EPI_CONSUMER_REGS
+    ) if EPI_WARPS else TMA_CONSUMER_REGS
     var wg = thread_idx.x // WG_THREADS
     if wg == 0:
-        set_max_registers[
-            False, EPI_PRODUCER_REGS if EPI_WARPS else TMA_PRODUCER_REGS
-        ]()
+        set_max_registers[False, producer_regs]()
         if thread_idx.x == 0:
             var a_ptr = Pointer(to=a_map).unsafe_bitcast[NoneType]()
             var b_ptr = Pointer(to=b_map).unsafe_bitcast[NoneType]()
@@ -399,24 +415,57 @@ def gemm_pingpong_kernel[
                     var tile = tile_coords[GROUP_M](t % per_batch, num_m, num_n)
                     mbar_wait(epi_full, epi_round % 2)
                     var bt = t // per_batch
-                    gelu_tile[dtype, BM, BN](
-                        boxes,
-                        dst.unsafe_offset(bt * M * N),
-                        aux.unsafe_offset(bt * M * N),
-                        tile[0] * BM,
-                        tile[1] * BN,
-                        M,
-                        N,
-                        Int(store_aux),
-                        etid,
-                    )
+                    comptime if GELU_GRAD:  # c: full rows
+                        var saved = c.unsafe_offset(bt * Int(c_bs))
+                        var prow0 = (bt * num_m + tile[0]) * (
+                            EPI_THREADS // (BN * size_of[dtype]() // 16)
+                        )
+                        var sums = (store_aux & 1) != 0
+                        if (store_aux & 2) != 0:  # c is GELU's input
+                            gelu_grad_tile[dtype, BM, BN, True](
+                                boxes,
+                                dst.unsafe_offset(bt * M * N),
+                                saved,
+                                partials,
+                                tile[0] * BM,
+                                tile[1] * BN,
+                                M,
+                                N,
+                                prow0,
+                                sums,
+                                etid,
+                            )
+                        else:
+                            gelu_grad_tile[dtype, BM, BN, False](
+                                boxes,
+                                dst.unsafe_offset(bt * M * N),
+                                saved,
+                                partials,
+                                tile[0] * BM,
+                                tile[1] * BN,
+                                M,
+                                N,
+                                prow0,
+                                sums,
+                                etid,
+                            )
+                    else:
+                        gelu_tile[dtype, BM, BN](
+                            boxes,
+                            dst.unsafe_offset(bt * M * N),
+                            aux.unsafe_offset(bt * M * N),
+                            tile[0] * BM,
+                            tile[1] * BN,
+                            M,
+                            N,
+                            Int(store_aux),
+                            etid,
+                        )
                     # its chunks are read: the consumers may refill the copy
                     _ = mbarrier_arrive(epi_empty)
                     epi_round += 1
     else:
-        set_max_registers[
-            True, EPI_CONSUMER_REGS if EPI_WARPS else TMA_CONSUMER_REGS
-        ]()
+        set_max_registers[True, consumer_regs]()
         # read once, long before the first epilogue needs them
         var alpha = alpha_beta[unsafe_offset=0]
         var beta = alpha_beta[unsafe_offset=1]
