@@ -261,11 +261,14 @@ PP_GELU_EPILOGUES = tuple(e for e in PP_LINEAR_EPILOGUES if e[1])
 # 16-byte column chunk of the tile, so the column sums come as EPI_THREADS / (BN / 8)
 # partial rows a tile (epilogue_warps.mojo's gelu_grad_tile).
 EPI_THREADS = 96
-# AUTO leaves both forms on the consumers: neither won (H200, bf16, kernel time with the
-# sums, GPT-2's MLP at 8192 tokens; results/nvidia-h200/day019_gelu_grad_warps.txt): the
-# derivative on the consumers 91.9 us, on the warps 93.9; from pre on the warps 102-106, and
-# the 9 us its forward saves do not pay for that
-EPI_WARPS_GRAD = False
+# AUTO (H200, bf16, kernel time with the sums, GPT-2's MLP at 8192 and 16384 tokens;
+# results/nvidia-h200/day019_gelu_grad_warps.txt): the saved derivative multiplied on the
+# warps, 90.7 and 170.3 us against the consumers' 92.4 and 175.1, under the GELU layer's
+# rule (EPI_WARPS_MAX_K, EPI_WARPS_MIN_ROUNDS) ...
+EPI_WARPS_GRAD = True
+# ... but not from pre: 104.9 and 203.3 us, which the 9 and 18 us its forward saves (GELU
+# on the warps without the derivative) do not pay for, so the MLP saves the derivative
+EPI_WARPS_GRAD_PRE = False
 # The epilogues that also come with c read in 16-byte blocks (C_BLOCKS, day 019, part 16),
 # for A @ B^T (TRANSPOSE_B) on every tile without split K: a linear layer's residual, with
 # or without bias, and attention's masked scores (q k^T + mask). Other products with c
@@ -439,7 +442,7 @@ def gelu_grad_on_epilogue_warps(m: int, n: int, k: int, dtype: torch.dtype, devi
     """Whether the MLP backward's product (m x k) @ (k x n), times GELU's derivative,
     takes that derivative from the saved pre-activation on the epilogue warps (day 019,
     part 23; `pingpong_launch(gelu_grad_pre=True)`), so that the forward saves the
-    pre-activation instead of the derivative. AUTO: where EPI_WARPS_GRAD and the GELU
+    pre-activation instead of the derivative. AUTO: where EPI_WARPS_GRAD_PRE and the GELU
     layer's rule hold (K <= EPI_WARPS_MAX_K, EPI_WARPS_MIN_ROUNDS rounds of tiles) under
     the AUTO version; `gelu_on_epilogue_warps` wherever the tile can, `gelu_on_consumers`
     nowhere."""
@@ -451,7 +454,7 @@ def gelu_grad_on_epilogue_warps(m: int, n: int, k: int, dtype: torch.dtype, devi
         return True
     tiles = _cdiv(m, bm) * _cdiv(n, bn)
     rounds_ok = tiles >= EPI_WARPS_MIN_ROUNDS * sm_count(device_index)
-    return EPI_WARPS_GRAD and current_version() == "AUTO" and k <= EPI_WARPS_MAX_K and rounds_ok
+    return EPI_WARPS_GRAD_PRE and current_version() == "AUTO" and k <= EPI_WARPS_MAX_K and rounds_ok
 
 
 # -- TMA descriptors ------------------------------------------------------------------------

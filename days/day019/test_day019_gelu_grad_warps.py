@@ -132,10 +132,10 @@ def test_the_forward_saves_pre_where_the_backward_takes_the_warps(monkeypatch):
     def rule(m=m_two_rounds, n=3072, k=768, dtype=BF16):
         return gelu_grad_on_epilogue_warps(m, n, k, dtype, None)
 
-    assert not rule()  # AUTO: the derivative on the consumers won (EPI_WARPS_GRAD)
+    assert not rule()  # AUTO: the forward saves the derivative (EPI_WARPS_GRAD_PRE)
     with gelu_on_epilogue_warps():
         assert rule() and rule(m=64, k=4096) and not rule(n=3068) and not rule(dtype=torch.float32)
-    monkeypatch.setattr(gemm_gpu, "EPI_WARPS_GRAD", True)  # the rule AUTO would follow
+    monkeypatch.setattr(gemm_gpu, "EPI_WARPS_GRAD_PRE", True)  # the rule AUTO would follow
     assert rule()
     assert not rule(m=m_two_rounds - 256)  # under two rounds of tiles
     assert not rule(k=EPI_WARPS_MAX_K + 8)  # a long K hides the consumers' epilogue
@@ -146,9 +146,10 @@ def test_the_forward_saves_pre_where_the_backward_takes_the_warps(monkeypatch):
         assert not rule()
 
 
-def test_the_derivatives_product_takes_the_warps_only_when_asked(monkeypatch):
-    """The saved derivative (AUTO's form) may be multiplied on the warps too: store_aux's
-    bit 0 asks for the sums, bit 1 (pre) stays clear. AUTO keeps the consumers."""
+def test_the_derivatives_product_takes_the_warps_by_the_rule(monkeypatch):
+    """The saved derivative (AUTO's form) is multiplied on the warps too, under the GELU
+    layer's rule and EPI_WARPS_GRAD: store_aux's bit 0 asks for the sums, bit 1 (pre)
+    stays clear. Under two rounds of tiles, or with EPI_WARPS_GRAD off, the consumers."""
     from pytorch_custom_ops import gemm_gpu
     from pytorch_custom_ops.gemm_gpu import PP_EPI_WARPS, gelu_on_epilogue_warps
 
@@ -158,8 +159,6 @@ def test_the_derivatives_product_takes_the_warps_only_when_asked(monkeypatch):
         launches, scratch, _ = _plan(m, k, n, sums=True, from_pre=False)
         return launches[0], scratch[0]
 
-    gemm, ws = plan()
-    assert not gemm.kernel.params[PP_EPI_WARPS] and ws.shape == (m // 128 * 4, n)
     for way in ("forced", "auto"):
         with gelu_on_epilogue_warps() if way == "forced" else monkeypatch.context() as ctx:
             if way == "auto":
@@ -167,6 +166,13 @@ def test_the_derivatives_product_takes_the_warps_only_when_asked(monkeypatch):
             gemm, ws = plan()
         assert gemm.kernel.params[PP_EPI_WARPS] and gemm.kernel.params[7:10] == (False, False, True)
         assert gemm.args[-1] == 1 and ws.shape == (m // 256 * 6, n)
+    with monkeypatch.context() as ctx:
+        ctx.setattr(gemm_gpu, "EPI_WARPS_GRAD", False)
+        gemm, ws = plan()
+    assert not gemm.kernel.params[PP_EPI_WARPS] and ws.shape == (m // 128 * 4, n)
+    m -= 256  # under two rounds
+    gemm, _ = plan()
+    assert not gemm.kernel.params[PP_EPI_WARPS]
     with gelu_on_epilogue_warps():  # a derivative the warps cannot read: the consumers
         shifted = torch.empty(m * n + 1, dtype=BF16)[1:].view(m, n)
         (gemm, _), _, _ = _plan(m, k, n, sums=True, from_pre=False, saved=shifted)
