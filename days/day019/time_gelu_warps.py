@@ -135,12 +135,13 @@ def main() -> None:
     parser.add_argument("--backward", action="store_true", help="the MLP backward's product (part 23)")
     args = parser.parse_args()
     shapes = [(t, 768, 3072) for t in args.tokens] if args.tokens else SHAPES
-    if args.backward and args.ncu:  # the product from pre on the warps, then from d on the warps, the consumers
-        from pytorch_custom_ops.gemm import _alpha_beta
+    if args.backward and args.ncu:  # the plain product; from pre on the warps; from d on the warps, the consumers
+        from pytorch_custom_ops.gemm import _alpha_beta, gemm
         from pytorch_custom_ops.mlp import _gelu_grad_product_sums
 
         g, w2, pre, d = grad_inputs(*SHAPES[0])
         ab = _alpha_beta(1.0, 0.0, g.device)
+        gemm(g, w2)
         _gelu_grad_product_sums[None]([g, w2, pre, ab], params={"FROM_PRE": True})
         on_warps(_gelu_grad_product_sums[None], [g, w2, d, ab])
         on_consumers(_gelu_grad_product_sums[None], [g, w2, d, ab])
