@@ -263,10 +263,11 @@ PP_GELU_EPILOGUES = tuple(e for e in PP_LINEAR_EPILOGUES if e[1])
 EPI_THREADS = 96
 # AUTO (H200, bf16, kernel time with the sums, GPT-2's MLP at 8192 and 16384 tokens;
 # results/nvidia-h200/day019_gelu_grad_warps.txt): the saved derivative multiplied on the
-# warps, 90.7 and 170.3 us against the consumers' 92.4 and 175.1, under the GELU layer's
-# rule (EPI_WARPS_MAX_K, EPI_WARPS_MIN_ROUNDS) ...
+# warps, 90.9 and 171.9 us against the consumers' 92.5 and 175.4 (90.7 and 170.3 against
+# 92.4 and 175.1 in the lease before), under the GELU layer's rule (EPI_WARPS_MAX_K,
+# EPI_WARPS_MIN_ROUNDS) ...
 EPI_WARPS_GRAD = True
-# ... but not from pre: 104.9 and 203.3 us, which the 9 and 18 us its forward saves (GELU
+# ... but not from pre: 104.3 and 202.1 us, which the 9 and 18 us its forward saves (GELU
 # on the warps without the derivative) do not pay for, so the MLP saves the derivative
 EPI_WARPS_GRAD_PRE = False
 # The epilogues that also come with c read in 16-byte blocks (C_BLOCKS, day 019, part 16),

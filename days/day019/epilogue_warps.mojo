@@ -20,9 +20,10 @@
 #
 # Part 23 gives the MLP's backward product the same hand-off (gelu_grad_tile): the
 # consumers stage dH = dY W2, rounded, and the warps multiply it by GELU's derivative,
-# which they compute from the pre-activation the forward saved. That is what torch's
-# composition (a GEMM, then gelu_backward) computes; the consumers' GELU_GRAD instead
-# multiplies the float32 product by a derivative the forward computed and rounded.
+# saved by the forward (AUTO's form), or computed here from the pre-activation the
+# forward saved instead. The latter is what torch's composition (a GEMM, then
+# gelu_backward) computes; it measured slower, and only gelu_on_epilogue_warps asks
+# for it.
 
 from std.sys import size_of
 
@@ -242,9 +243,9 @@ def gelu_grad_tile[
     var col_dst = dst.unsafe_offset(top)
     var col_saved = saved.unsafe_offset(top)
     var total = SIMD[DType.float32, CHUNK](0)
-    # `saved` of this thread's next AHEAD rows, loaded while it works on the
-    # current one: a load waits for L2 (~1 us under the k-loop's traffic, part 23), and
-    # one in flight left the three warps at half the speed the tile needs
+    # `saved` of this thread's next AHEAD rows, loaded while it works on the current
+    # one: the loads wait for L2 or memory, while the staged values wait for shared
+    # memory only
     comptime STEP = Scalar[U](GROUPS)
     comptime AHEAD = EPI_GRAD_AHEAD
     var ahead = SIMD[dtype, CHUNK * AHEAD](0)
