@@ -1,13 +1,14 @@
-"""Day 019, part 23: the MLP backward's product with GELU's derivative taken from the saved
-pre-activation on the epilogue warps (epilogue_warps.mojo's gelu_grad_tile).
+"""Day 019, part 23: the MLP backward's product dH * GELU' on the epilogue warps
+(epilogue_warps.mojo's gelu_grad_tile), from the saved derivative (AUTO's form) or from
+the saved pre-activation, whose derivative the warps compute.
 
 CPU (CI): the warps' walk over a staged tile, emulated thread by thread: every element
 of the tile is read from where the consumers staged it and stored once, and the
 partial column sums' rows cover every output row once; the plan (the epilogue warps'
-kernel, the workspace, the sum kernel; refusals); the rule that makes the MLP's forward
-save the pre-activation.
-CUDA: the product against float64 with tails in m, n and K, and the MLP's every gradient
-with the forward saving pre.
+kernel, the workspace, the sum kernel, store_aux's bits; refusals); the rules that send
+the derivative's product to the warps and would make the MLP's forward save pre.
+CUDA: both forms against float64 with tails in m, n and K, and the MLP's every gradient
+with the forward saving pre, and under AUTO at two rounds of tiles.
 """
 
 from __future__ import annotations
