@@ -17,11 +17,13 @@ Each fused output is checked against float64 first.
 `--tokens 1024 2048` takes GPT-2's MLP layer at those token counts instead (fewer rounds of
 tiles). `--backward` times the MLP backward's product instead (part 23): dpre = (g W2) *
 gelu'(pre) with its column sums (fc's bias gradient), from the saved derivative on the
-consumers (what the MLP ran before) and from the saved pre-activation on the epilogue
-warps, next to the plain product g W2 and torch's mm + gelu_backward + sum, eager and
-compiled. `--ncu` instead makes three calls at GPT-2's MLP shape, for Nsight Compute: the plain
-layer, then the inference form with GELU on the warps, then on the consumers
-(`ncu -k regex:pingpong ... python days/day019/time_gelu_warps.py --ncu`).
+consumers (before part 23) and on the epilogue warps (AUTO since), and from the saved
+pre-activation on the warps, next to the plain product g W2 and torch's mm +
+gelu_backward + sum, eager and compiled. `--ncu` instead makes three calls at GPT-2's MLP
+shape, for Nsight Compute: the plain layer, then the inference form with GELU on the
+warps, then on the consumers (`ncu -k regex:pingpong ... python
+days/day019/time_gelu_warps.py --ncu`); with `--backward`, the plain product and the
+product's three forms.
 """
 
 from __future__ import annotations
