@@ -453,9 +453,10 @@ def gelu_grad_on_epilogue_warps(m: int, n: int, k: int, dtype: torch.dtype, devi
         return False
     if setting is True:
         return True
-    tiles = _cdiv(m, bm) * _cdiv(n, bn)
-    rounds_ok = tiles >= EPI_WARPS_MIN_ROUNDS * sm_count(device_index)
-    return EPI_WARPS_GRAD_PRE and current_version() == "AUTO" and k <= EPI_WARPS_MAX_K and rounds_ok
+    # asked on every MLP call (its forward and its context): the cheap tests first
+    if not EPI_WARPS_GRAD_PRE or current_version() != "AUTO" or k > EPI_WARPS_MAX_K:
+        return False
+    return _cdiv(m, bm) * _cdiv(n, bn) >= EPI_WARPS_MIN_ROUNDS * sm_count(device_index)
 
 
 # -- TMA descriptors ------------------------------------------------------------------------
