@@ -432,11 +432,12 @@ def epi_sum_groups(dtype: torch.dtype, bn: int) -> int:
     return EPI_THREADS // (bn * dtype.itemsize // 16)
 
 
-def _epi_grad_reads(c: torch.Tensor, sizes: tuple, bm: int) -> bool:
-    """The epilogue warps can read c (GELU's input) as gelu_grad_tile does: full rows of n,
-    row-major, 16-byte chunks, 32-bit offsets inside a tile."""
+def _epi_grad_reads(c: torch.Tensor, sizes: tuple) -> bool:
+    """The epilogue warps can read GELU_GRAD's c as gelu_grad_tile does: rows of exactly n
+    (the output's pitch), row-major, 16-byte chunks. Not c_fits_blocks: that one follows
+    the C_BLOCKS A/B switch and allows longer rows."""
     n, c_rs, c_cs = sizes[1], sizes[5], sizes[6]
-    return c_rs == n and c_cs == 1 and n % 8 == 0 and c.data_ptr() % 16 == 0 and bm * n < 2**31
+    return c_rs == n and c_cs == 1 and n % 8 == 0 and c.data_ptr() % 16 == 0
 
 
 def gelu_grad_on_epilogue_warps(m: int, n: int, k: int, dtype: torch.dtype, device_index: int | None) -> bool:
@@ -826,30 +827,27 @@ def pingpong_launch(
     tma_store = kind.endswith("_tma") and not f32_out
     if column_sums is not None and not (gelu_grad and tma_store):
         raise ValueError(f"pingpong_launch: column sums come with gelu_grad on TMA-store tiles, not {kind}")
-    if gelu_grad_pre:
-        fits = gelu_grad and tma_store and (bm, bn, cluster, coop, split) in PP_EPI_WARPS_CONFIGS
-        fits = fits and (ta, tb) == (False, False) and _epi_grad_reads(c, sizes, bm)
-        if not fits:
-            raise ValueError(
-                f"pingpong_launch: GELU's gradient from its input runs on the epilogue warps only "
-                f"({PP_EPI_WARPS_CONFIGS[0][:2]} cooperative TMA-store tiles, neither operand transposed, the "
-                f"input full, 16-byte aligned rows); not {kind} {bm} x {bn}, transposes {(ta, tb)}"
-            )
-    elif _epi_warps.value == "auto":  # where they measured faster (day 019, part 22)
-        epi_warps = epi_warps and k <= EPI_WARPS_MAX_K and tiles >= EPI_WARPS_MIN_ROUNDS * sms
-        epi_warps = epi_warps and (EPI_WARPS_DERIVATIVE or not aux_derivative)
-        epi_warps = epi_warps and (EPI_WARPS_GRAD or not gelu_grad)
-    epi_warps = gelu_grad_pre or (
-        epi_warps
-        and _epi_warps.value is not False
-        and tma_store
+    # whether this launch's variant and operands allow the epilogue warps at all
+    warps_fit = (
+        tma_store
         and (bm, bn, cluster, coop, split) in PP_EPI_WARPS_CONFIGS
         and bm * n < 2**31  # the epilogue warps' 32-bit offsets inside a tile
         and (
             (gelu and (ta, tb) == (False, True))
-            or (gelu_grad and (ta, tb) == (False, False) and _epi_grad_reads(c, sizes, bm))
+            or (gelu_grad and (ta, tb) == (False, False) and _epi_grad_reads(c, sizes))
         )
     )
+    if gelu_grad_pre and not (gelu_grad and warps_fit):
+        raise ValueError(
+            f"pingpong_launch: GELU's gradient from its input runs on the epilogue warps only "
+            f"({PP_EPI_WARPS_CONFIGS[0][:2]} cooperative TMA-store tiles, neither operand transposed, the "
+            f"input full, 16-byte aligned rows); not {kind} {bm} x {bn}, transposes {(ta, tb)}"
+        )
+    if not gelu_grad_pre and _epi_warps.value == "auto":  # where they measured faster (day 019, parts 22-23)
+        epi_warps = epi_warps and k <= EPI_WARPS_MAX_K and tiles >= EPI_WARPS_MIN_ROUNDS * sms
+        epi_warps = epi_warps and (EPI_WARPS_DERIVATIVE or not aux_derivative)
+        epi_warps = epi_warps and (EPI_WARPS_GRAD or not gelu_grad)
+    epi_warps = gelu_grad_pre or (epi_warps and _epi_warps.value is not False and warps_fit)
     out_map = aux_map = a_map  # unused without TMA_STORE, and by the epilogue warps' stores
     if tma_store and not epi_warps:
         out_map = aux_map = output_tma_map(out, batch, m, n)
