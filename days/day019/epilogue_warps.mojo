@@ -207,7 +207,7 @@ def gelu_grad_tile[
     n0: Int,
     M: Int,
     N: Int,
-    prow0: Int,
+    tile_row: Int,
     sums: Bool,
     etid: Int,
 ):
@@ -216,8 +216,9 @@ def gelu_grad_tile[
     FROM_PRE its input, whose derivative the warps compute; `saved` and `dst` are
     row-major M x N. Thread `etid` keeps one column chunk (16 bytes) and takes every
     GROUPS-th row of it, so that it can add up its columns: with `sums` it stores their
-    float32 sums (before rounding) as row prow0 + etid / (BN / CHUNK) of the (rows, N)
-    `partials`, GROUPS rows a tile (rows past M add nothing, and are stored). Loads are
+    float32 sums (before rounding) as row tile_row * GROUPS + etid / (BN / CHUNK) of
+    the (rows, N) `partials` (tile_row: the tile's row of tiles over the whole batch),
+    GROUPS rows a tile (rows past M add nothing, and are stored). Loads are
     issued AHEAD rows ahead; the consumers asked L2 for the tile of `saved`
     before their k-loop.
     N % 8 == 0: a chunk is all in or all out."""
@@ -285,7 +286,9 @@ def gelu_grad_tile[
                 total += v
         base += Scalar[U](AHEAD) * STEP
     if sums:  # a kernel argument: the same in every thread
-        partials.unsafe_store[alignment=16]((prow0 + group) * N + col, total)
+        partials.unsafe_store[alignment=16](
+            (tile_row * GROUPS + group) * N + col, total
+        )
 
 
 # --8<-- [end:gelu_grad_tile]

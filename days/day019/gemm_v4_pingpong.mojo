@@ -417,9 +417,7 @@ def gemm_pingpong_kernel[
                     var bt = t // per_batch
                     comptime if GELU_GRAD:  # c: full rows
                         var saved = c.unsafe_offset(bt * Int(c_bs))
-                        var prow0 = (bt * num_m + tile[0]) * (
-                            EPI_THREADS // (BN * size_of[dtype]() // 16)
-                        )
+                        var tile_row = bt * num_m + tile[0]
                         var sums = (store_aux & 1) != 0
                         if (store_aux & 2) != 0:  # c is GELU's input
                             gelu_grad_tile[dtype, BM, BN, True](
@@ -431,7 +429,7 @@ def gemm_pingpong_kernel[
                                 tile[1] * BN,
                                 M,
                                 N,
-                                prow0,
+                                tile_row,
                                 sums,
                                 etid,
                             )
@@ -445,7 +443,7 @@ def gemm_pingpong_kernel[
                                 tile[1] * BN,
                                 M,
                                 N,
-                                prow0,
+                                tile_row,
                                 sums,
                                 etid,
                             )
