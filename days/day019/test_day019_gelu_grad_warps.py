@@ -43,7 +43,8 @@ def staged_chunk(row: int, col_chunk: int, bn: int) -> int:
 
 def walk(bm: int, bn: int, rows: int, cols: int):
     """gelu_grad_tile's (thread, row, column chunk) visits of a tile with `rows` x `cols`
-    inside the matrix, and the partial row each thread stores (or None)."""
+    inside the matrix, the partial row (group) of each thread that stores one (threads
+    past the last column store none), and the groups a tile has."""
     col_chunks = bn // CHUNK
     groups = EPI_THREADS // col_chunks
     visits, stores = [], {}
