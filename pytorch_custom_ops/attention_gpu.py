@@ -34,10 +34,18 @@ def consumers_for(d: int) -> int:
     return 3 if d == 64 else 2
 
 
-def smem_bytes(d: int, bn: int, stages: int, itemsize: int = 2, nc: int = 2, split: bool = False) -> int:
-    """Q (nc x 64 rows x d), `stages` x (K and V: bn x d each), 2 + 3 stages mbarriers
-    (+ stages with `split`: V's own empty barriers)."""
-    return (nc * 64 * d + stages * 2 * bn * d) * itemsize + 8 * (2 + (4 if split else 3) * stages)
+def smem_bytes(d: int, bn: int, stages: int, itemsize: int = 2, nc: int = 2, split: bool = False, qbuf: int = 1) -> int:
+    """qbuf x Q (nc x 64 rows x d), `stages` x (K and V: bn x d each), 2 qbuf + 3 stages
+    mbarriers (+ stages with `split`: V's own empty barriers)."""
+    return (qbuf * nc * 64 * d + stages * 2 * bn * d) * itemsize + 8 * (2 * qbuf + (4 if split else 3) * stages)
+
+
+def q_buffers(d: int, bn: int, stages: int, nc: int, split: bool, version: int) -> int:
+    """Qs in the forward's shared memory: 2 for the persistent version 4 where they fit
+    beside the stages (head_dim 64), so that the next work tile's Q loads while this
+    one's runs; else 1 (the kernel's `q_buffers`)."""
+    two = smem_bytes(d, bn, stages, nc=nc, split=split, qbuf=2)
+    return 2 if version == 4 and two <= SMEM_LIMIT else 1
 
 
 def stages_for(d: int, bn: int, nc: int = 2, split: bool = False) -> int:
@@ -74,13 +82,18 @@ def fwd_kernel_params(dtype, d: int, causal: bool, version: int, tile: str | Non
     nc = consumers_for(d)
     bn, split = fwd_tile(d, tile, lk)
     stages = stages_for(d, bn, nc, split)
-    return (dtype, d, bn, stages, causal, version, nc, split, smem_bytes(d, bn, stages, nc=nc, split=split))
+    qbuf = q_buffers(d, bn, stages, nc, split, version)
+    return (dtype, d, bn, stages, causal, version, nc, split, smem_bytes(d, bn, stages, nc=nc, split=split, qbuf=qbuf))
 
 
 # 1: S, softmax, P V in turn; 2: the softmax overlaps the next products; 3: 2 + ping-pong;
 # 4: 3 in a persistent grid (a block per SM walks the work tiles)
 VERSIONS = (1, 2, 3, 4)
-DEFAULT_VERSION = 3  # the fastest measured on the H100 (days/day018/README.md)
+# "auto": version 4 at head_dim 64 with the causal mask, where its two Qs (`q_buffers`)
+# win 2-5% (H200, seq 1024-8192; version 3 by 1-4% without the mask), else version 3,
+# the fastest at head_dim 128 (the journal's "Short causal rows").
+DEFAULT_VERSION = "auto"
+VERSION_CHOICES = (*VERSIONS, "auto")
 FWD_KERNEL = KernelFamily(
     FWD_MODULE,
     "attention_fwd_kernel",
@@ -114,10 +127,19 @@ def _choose(which: str, name: str, version, known: tuple):
         _chosen[which] = before
 
 
-def attention_version(version: int):
-    """Run day 018's forward version `version` (1 to 4) inside the block: the ladder's
-    rungs for benchmarks and tests. The default is the fastest measured (DEFAULT_VERSION)."""
-    return _choose("forward", "attention_version", version, VERSIONS)
+def attention_version(version: int | str):
+    """Run day 018's forward version `version` (1 to 4, or "auto") inside the block: the
+    ladder's rungs for benchmarks and tests. The default is DEFAULT_VERSION."""
+    return _choose("forward", "attention_version", version, VERSION_CHOICES)
+
+
+def fwd_version(d: int, causal: bool) -> int:
+    """The forward version that runs at head_dim d: the one chosen (attention_version,
+    else DEFAULT_VERSION), "auto" resolved."""
+    chosen = _chosen["forward"]
+    if chosen != "auto":
+        return chosen
+    return 4 if d == 64 and causal else 3
 
 
 def attention_fwd_tile(name: str):
@@ -155,7 +177,7 @@ def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
     b, hq, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     causal = params["CAUSAL"]
-    kparams = fwd_kernel_params(q.dtype, d, causal, _chosen["forward"], lk=lk)
+    kparams = fwd_kernel_params(q.dtype, d, causal, fwd_version(d, causal), lk=lk)
     _, _, bn, _, _, version, nc, _, smem = kparams
     kernel = FWD_KERNEL[kparams]
     args = (

@@ -7,18 +7,21 @@
 #                              version 3 adds the ping-pong between the two consumers
 # Version 4 is version 3 in a persistent grid (one block per SM, each walking work
 # tiles, `work_tile`): the K/V stream and the mbarrier phases go on across a block's
-# tiles, and the next Q loads while the consumers store the last tile's output.
+# tiles. Where shared memory holds two Qs (head_dim 64: `q_buffers`), the next tile's Q
+# loads while the consumers still work on this one; else once they are done with it.
 #
 # Builds on day 014's version 3 (TMA into 128-byte swizzled tiles, mbarrier phases,
 # setmaxnreg, the tile descriptors): its helpers are imported, not copied.
 #
 # Shared memory, 1024-byte aligned pieces (16-bit elements; a 128-byte swizzle span
 # is 64 elements):
-#   Q      2 consumers x D/64 boxes of 64 rows x 64          (k-major A operand)
+#   Q      NC consumers x D/64 boxes of 64 rows x 64         (k-major A operand),
+#          version 4: `q_buffers` of them
 #   stage  K: D/64 boxes of BN keys x 64                      (k-major B operand)
 #          V: BN/64 key slices x D/64 boxes of 64 keys x 64   (mn-major B operand)
 #   barriers  q_full, full_k[STAGES], full_v[STAGES], empty[STAGES], q_empty,
-#             with SPLIT empty_v[STAGES] (then empty[] frees K only)
+#             with SPLIT empty_v[STAGES] (then empty[] frees K only),
+#             with a second Q its q_full and q_empty (`q_bars`)
 
 from max.gpu import (
     MAX_THREADS_PER_BLOCK_METADATA,
@@ -57,7 +60,7 @@ from days.day018.attention_common import (
     store_o_lse,
 )
 from days.day018.attention_v1_serial import consume_v1
-from days.day018.attention_v2_overlap import consume_v2
+from days.day018.attention_v2_overlap import consume_v2, pass_tiles
 
 
 # --8<-- [start:work_tile]
@@ -129,15 +132,16 @@ def attention_fwd_kernel[
     comptime Q_ELEMS = NC * DB * BOX
     comptime KV_ELEMS = 2 * BN * D
     comptime PERSISTENT = VERSION == 4
+    comptime QBUF = q_buffers[dtype, D, BN, STAGES, NC, SPLIT, PERSISTENT]()
     comptime assert D == 64 or D == 128, "head dim 64 or 128"
     comptime assert BN == 128 or (
         BN == 192 and D == 128
     ), "kv tile 128 (192 at D 128)"
     comptime assert STAGES >= 2, "at least two stages"
     comptime assert VERSION >= 1 and VERSION <= 4, "versions 1 to 4"
-    comptime assert SMEM == (Q_ELEMS + STAGES * KV_ELEMS) * size_of[
-        dtype
-    ]() + 8 * (2 + (4 if SPLIT else 3) * STAGES), "Q, stages, barriers"
+    comptime assert (
+        SMEM == fwd_smem_bytes[dtype, D, BN, STAGES, NC, SPLIT, QBUF]()
+    ), "Qs, stages, barriers"
     comptime assert TMA_BK * size_of[dtype]() == 128, "16-bit elements"
 
     var Lq = Int(lq)
@@ -148,12 +152,12 @@ def attention_fwd_kernel[
     var smem = external_memory[
         Scalar[dtype], address_space=AddressSpace.SHARED, alignment=1024
     ]()
-    var skv = smem.unsafe_offset(Q_ELEMS)
+    var skv = smem.unsafe_offset(QBUF * Q_ELEMS)
     # q_full, full_k[STAGES], full_v[STAGES], empty[STAGES], q_empty (all consumer
-    # threads), with SPLIT empty_v[STAGES]
-    var bars = smem.unsafe_offset(Q_ELEMS + STAGES * KV_ELEMS).unsafe_bitcast[
-        Int64
-    ]()
+    # threads), with SPLIT empty_v[STAGES], with QBUF 2 the second Q's pair
+    var bars = smem.unsafe_offset(
+        QBUF * Q_ELEMS + STAGES * KV_ELEMS
+    ).unsafe_bitcast[Int64]()
     if thread_idx.x == 0:
         mbarrier_init(bars, 1)
         comptime for s in range(STAGES):
@@ -168,6 +172,10 @@ def attention_fwd_kernel[
                 mbarrier_init(
                     bars.unsafe_offset(2 + 3 * STAGES + s), Int32(NC * 4)
                 )
+        comptime if QBUF == 2:
+            var second = q_bars[STAGES, SPLIT](bars, 1)
+            mbarrier_init(second[0], 1)
+            mbarrier_init(second[1], Int32(NC * WG_THREADS))
         fence_mbarrier_init()
     barrier()
 
@@ -199,12 +207,18 @@ def attention_fwd_kernel[
                     )
                     var q0 = tile[0] * BM
                     var n_tiles = kv_tiles[BM, BN, CAUSAL](q0, Lk)
-                    if t > 0:  # the consumers are done with the last Q
-                        mbar_wait(
-                            bars.unsafe_offset(1 + 3 * STAGES), (t - 1) % 2
-                        )
+                    var qb = q_bars[STAGES, SPLIT](bars, t % QBUF)
+                    var uses = t // QBUF  # this Q buffer's earlier tiles
+                    if uses > 0:  # the consumers are done with its last Q
+                        mbar_wait(qb[1], (uses - 1) % 2)
                     produce_fixed[dtype, D, 1, NC](
-                        qmap, qmap, smem, bars, q0, tile[1], tile[2]
+                        qmap,
+                        qmap,
+                        smem.unsafe_offset((t % QBUF) * Q_ELEMS),
+                        qb[0],
+                        q0,
+                        tile[1],
+                        tile[2],
                     )
                     produce_stream[dtype, D, BN, STAGES, SPLIT](
                         kmap,
@@ -248,7 +262,16 @@ def attention_fwd_kernel[
             var t = 0
             for w in range(block_idx.x, n_qblocks * H * Int(batch), grid_dim.x):
                 it += consume_tile[
-                    dtype, D, BN, STAGES, CAUSAL, VERSION, NC, PERSISTENT, SPLIT
+                    dtype,
+                    D,
+                    BN,
+                    STAGES,
+                    CAUSAL,
+                    VERSION,
+                    NC,
+                    PERSISTENT,
+                    SPLIT,
+                    QBUF,
                 ](
                     smem,
                     bars,
@@ -271,7 +294,16 @@ def attention_fwd_kernel[
                 t += 1
         else:
             _ = consume_tile[
-                dtype, D, BN, STAGES, CAUSAL, VERSION, NC, PERSISTENT, SPLIT
+                dtype,
+                D,
+                BN,
+                STAGES,
+                CAUSAL,
+                VERSION,
+                NC,
+                PERSISTENT,
+                SPLIT,
+                QBUF,
             ](
                 smem,
                 bars,
@@ -300,6 +332,58 @@ def kv_tiles[BM: Int, BN: Int, CAUSAL: Bool](q0: Int, Lk: Int) -> Int:
     return ceildiv(min(Lk, q0 + BM) if CAUSAL else Lk, BN)
 
 
+comptime SMEM_LIMIT = 227 * 1024  # the opt-in maximum per block (attention_gpu.SMEM_LIMIT)
+
+
+def fwd_smem_bytes[
+    dtype: DType,
+    D: Int,
+    BN: Int,
+    STAGES: Int,
+    NC: Int,
+    SPLIT: Bool,
+    QBUF: Int,
+]() -> Int:
+    """QBUF Qs, the K/V stages, the barriers (as `attention_gpu.smem_bytes`)."""
+    comptime q_elems = QBUF * NC * (D // TMA_BK) * BOX
+    return (q_elems + STAGES * 2 * BN * D) * size_of[dtype]() + 8 * (
+        2 * QBUF + (4 if SPLIT else 3) * STAGES
+    )
+
+
+def q_buffers[
+    dtype: DType,
+    D: Int,
+    BN: Int,
+    STAGES: Int,
+    NC: Int,
+    SPLIT: Bool,
+    PERSISTENT: Bool,
+]() -> Int:
+    """Qs in shared memory: 2 in the persistent grid where they fit beside the stages
+    (head_dim 64), else 1 (`attention_gpu.q_buffers`)."""
+    comptime two = fwd_smem_bytes[dtype, D, BN, STAGES, NC, SPLIT, 2]()
+    return 2 if PERSISTENT and two <= SMEM_LIMIT else 1
+
+
+@always_inline
+def q_bars[
+    STAGES: Int, SPLIT: Bool
+](
+    bars: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+    buf: Int,
+) -> Tuple[
+    Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+    Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+]:
+    """(q_full, q_empty) of Q buffer `buf`: the first pair around the stages' barriers,
+    the second after them."""
+    comptime END = 2 + (4 if SPLIT else 3) * STAGES
+    if buf == 0:
+        return (bars, bars.unsafe_offset(1 + 3 * STAGES))
+    return (bars.unsafe_offset(END), bars.unsafe_offset(END + 1))
+
+
 @always_inline
 def consume_tile[
     dtype: DType,
@@ -311,6 +395,7 @@ def consume_tile[
     NC: Int,
     PERSISTENT: Bool,
     SPLIT: Bool,
+    QBUF: Int,
 ](
     smem: Pointer[
         Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
@@ -343,39 +428,49 @@ def consume_tile[
     var b = tile[2]
     var n_tiles = kv_tiles[BM, BN, CAUSAL](q0, Lk)
     var row0 = q0 + cw * 64  # this consumer's first query row
+    # The block streams the tiles its last rows need; this consumer's rows may need
+    # fewer (causal: keys up to its own last row) or none (all past Lq). It multiplies
+    # only its own and passes on the rest (`pass_tiles`).
+    var n_mine = kv_tiles[64, BN, CAUSAL](row0, Lk) if row0 < Lq else 0
     var my_row = row0 + (warp_id() % 4) * 16 + lane_id() // 4
-    var sq = smem.unsafe_offset(cw * DB * BOX)
-    var skv = smem.unsafe_offset(NC * DB * BOX)
+    var sq = smem.unsafe_offset(((t % QBUF) * NC + cw) * DB * BOX)
+    var skv = smem.unsafe_offset(QBUF * NC * DB * BOX)
+    var qb = q_bars[STAGES, SPLIT](bars, t % QBUF)
     var o = SIMD[DType.float32, D // 2](0)
     var m = SIMD[DType.float32, 2](NEG_INF)
     var l = SIMD[DType.float32, 2](0)
-    mbar_wait(bars, t % 2)
-    comptime if VERSION == 1:
-        consume_v1[dtype, D, BN, STAGES, CAUSAL, SPLIT](
-            sq, skv, bars, n_tiles, row0, my_row, Lk, scale_log2, o, m, l
-        )
-    else:
-        consume_v2[dtype, D, BN, STAGES, CAUSAL, VERSION >= 3, NC, SPLIT](
-            sq,
-            skv,
-            bars,
-            n_tiles,
-            row0,
-            my_row,
-            Lk,
-            scale_log2,
-            o,
-            m,
-            l,
-            cw,
-            it,
-            t == 0,
-        )
+    mbar_wait(qb[0], (t // QBUF) % 2)
+    comptime PINGPONG = VERSION >= 3
+    if n_mine > 0:
+        comptime if VERSION == 1:
+            consume_v1[dtype, D, BN, STAGES, CAUSAL, SPLIT](
+                sq, skv, bars, n_mine, row0, my_row, Lk, scale_log2, o, m, l
+            )
+        else:
+            consume_v2[dtype, D, BN, STAGES, CAUSAL, PINGPONG, NC, SPLIT](
+                sq,
+                skv,
+                bars,
+                n_mine,
+                row0,
+                my_row,
+                Lk,
+                scale_log2,
+                o,
+                m,
+                l,
+                cw,
+                it,
+                t == 0,
+            )
+    pass_tiles[STAGES, PINGPONG, NC, SPLIT](
+        bars, cw, it + n_mine, n_tiles - n_mine, t == 0 and n_mine == 0
+    )
     # this Q is read: the producer may load the next one. Every thread arrives: a
     # lane-0 branch here, in the walk's loop, moved the k-loop's stage and descriptor
     # arithmetic off the uniform datapath (ptxas), which cost ~10% of the forward.
     comptime if PERSISTENT:
-        _ = mbarrier_arrive(bars.unsafe_offset(1 + 3 * STAGES))
+        _ = mbarrier_arrive(qb[1])
     store_o_lse[dtype, D](
         o,
         l,

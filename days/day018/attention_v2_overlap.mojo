@@ -47,6 +47,37 @@ def sched_arrive(id: Int):
     )
 
 
+@always_inline
+def pass_tiles[
+    STAGES: Int, PINGPONG: Bool, NC: Int, SPLIT: Bool
+](
+    bars: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+    cw: Int,
+    it0: Int,
+    n: Int,
+    open_turns: Bool,
+):
+    """Consumer cw's part in the block's streamed tiles it0 .. it0 + n - 1, which its
+    rows do not need: it takes its turns (PINGPONG), so that the others' stay in order,
+    and frees each tile once it has landed; a release before that could count toward
+    the stage's previous phase. open_turns: as `consume_v2`'s, when that did not run.
+    """
+    var mine = SCHED_BAR + cw
+    var other = SCHED_BAR + (cw + 1) % NC
+    comptime if PINGPONG:
+        if open_turns and cw == NC - 1:
+            sched_arrive(other)
+    for j in range(n):
+        var slot = ring_slot[STAGES](it0 + j)
+        mbar_wait(bars.unsafe_offset(1 + slot[0]), slot[1])
+        mbar_wait(bars.unsafe_offset(1 + STAGES + slot[0]), slot[1])
+        comptime if PINGPONG:
+            sched_sync(mine)
+            sched_arrive(other)
+        release_s0[STAGES, SPLIT](bars, slot[0])
+        release_s1[STAGES, SPLIT](bars, slot[0])
+
+
 # --8<-- [start:consume]
 @always_inline
 def consume_v2[

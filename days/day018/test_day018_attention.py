@@ -159,14 +159,14 @@ def test_causal_must_be_bool():
 
 def test_launch_plan_on_cpu():
     """The plan's grid, shared memory and tensor maps, without a GPU."""
-    from pytorch_custom_ops.attention_gpu import DEFAULT_VERSION, FWD_KERNEL, attention_gpu, smem_bytes
+    from pytorch_custom_ops.attention_gpu import FWD_KERNEL, attention_gpu, smem_bytes
 
     q, k, v = make(2, 4, 2, 300, 260, 128, BF16, "cpu")
     out, lse = torch.empty_like(q), torch.empty(2, 4, 300)
     (launch,) = attention_gpu([out, lse], [q, k, v], {"CAUSAL": True, "SCALE_LOG2": 0.1})
     assert launch.grid == (3, 4, 2) and launch.block == 384
     assert launch.kernel.family is FWD_KERNEL
-    assert launch.kernel.params[:7] == (BF16, 128, 128, 3, True, DEFAULT_VERSION, 2)
+    assert launch.kernel.params[:7] == (BF16, 128, 128, 3, True, 3, 2)  # "auto" at head_dim 128: version 3
     assert launch.smem == smem_bytes(128, 128, 3) <= 227 * 1024
     q_map, k_map = launch.args[0], launch.args[1]
     assert q_map.dims == (128, 300, 4, 2) and q_map.box == (64, 64, 1, 1)
@@ -189,6 +189,21 @@ def test_launch_plan_on_cpu():
     )
     assert launch.grid == (2, 4, 2) and launch.block == 512 and launch.kernel.params[6] == 3
     assert launch.smem == smem_bytes(64, 128, 4, nc=3)
+    # "auto" with the causal mask at head_dim 64: version 4, persistent, with two Qs
+    (launch,) = attention_gpu(
+        [q64.clone(), lse],
+        [q64, k[..., :64].contiguous(), v[..., :64].contiguous()],
+        {"CAUSAL": True, "SCALE_LOG2": 0.1},
+    )
+    assert launch.kernel.params[5] == 4 and launch.grid == (2 * 4 * 2, 1, 1)
+    assert launch.smem == smem_bytes(64, 128, 4, nc=3, qbuf=2) == smem_bytes(64, 128, 4, nc=3) + 3 * 64 * 64 * 2 + 16
+    with attention_version(3):
+        (launch,) = attention_gpu(
+            [q64.clone(), lse],
+            [q64, k[..., :64].contiguous(), v[..., :64].contiguous()],
+            {"CAUSAL": True, "SCALE_LOG2": 0.1},
+        )
+        assert launch.kernel.params[5] == 3 and launch.grid == (2, 4, 2)
 
 
 @pytest.mark.parametrize("tile", list(FWD_TILES))
@@ -199,7 +214,7 @@ def test_forward_tiles_plan_on_cpu(tile, d):
     from pytorch_custom_ops.attention_gpu import FWD_KERNEL, SMEM_LIMIT, attention_gpu, smem_bytes
 
     q, k, v = make(1, 2, 2, 300, 400, d, BF16, "cpu")
-    with attention_fwd_tile(tile):
+    with attention_fwd_tile(tile), attention_version(3):  # one Q (version 4 at 64: two)
         outs = [torch.empty_like(q), torch.empty(1, 2, 300)]
         (launch,) = attention_gpu(outs, [q, k, v], {"CAUSAL": True, "SCALE_LOG2": 0.1})
     _, dd, bn, stages, _, _, nc, split, smem = launch.kernel.params
@@ -432,6 +447,33 @@ def test_cuda_forward_tiles_match_float64(tile, version, shape, causal):
     with attention_version(version), attention_fwd_tile(tile):
         out, lse = torch.ops.gpu_days.attention(q, k, v, causal, None)
     close(out, reference(q, k, v, causal), FP16)
+    torch.testing.assert_close(lse.double(), lse2_reference(q, k, causal, 1 / math.sqrt(d)), atol=2e-3, rtol=1e-4)
+
+
+@needs_cuda
+@pytest.mark.parametrize("tile", ["128", "128_split"])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (1, 3, 1, 1000, 1000, 64),  # the last block's second and third consumers: no rows
+        (1, 2, 2, 1000, 333, 64),  # causal, Lq > Lk: every consumer past row 333 reads all keys
+        (2, 2, 1, 200, 1000, 64),  # Lq < Lk; causal: the first block's consumers end at 1, 1 and 2 tiles
+        (1, 2, 1, 1000, 1000, 128),
+        (2, 2, 2, 333, 1000, 128),
+    ],
+)
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_consumers_pass_the_tiles_their_rows_do_not_need(tile, version, shape, causal):
+    """A block streams the K/V tiles its last rows need; a consumer whose rows end
+    earlier (causal) or lie past Lq only takes its turns and frees those tiles
+    (`pass_tiles`). Wrong counts would hang the block or let a stage be overwritten
+    while another consumer reads it; wrong tiles would show in the output."""
+    b, hq, hkv, lq, lk, d = shape
+    q, k, v = make(b, hq, hkv, lq, lk, d, BF16, "cuda", seed=5)
+    with attention_version(version), attention_fwd_tile(tile):
+        out, lse = torch.ops.gpu_days.attention(q, k, v, causal, None)
+    close(out, reference(q, k, v, causal), BF16)
     torch.testing.assert_close(lse.double(), lse2_reference(q, k, causal, 1 / math.sqrt(d)), atol=2e-3, rtol=1e-4)
 
 

@@ -95,7 +95,7 @@ def main() -> None:
         help="with --backward: the Mojo backward's versions, each its own column (`mojo_b<N>`)",
     )
     parser.add_argument(
-        "--kernels", action="store_true", help="with --backward: each Mojo kernel's time, seq 8192, every version"
+        "--kernels", action="store_true", help="with --backward: each column's kernels and their times, every shape"
     )
     parser.add_argument(
         "--fwd-tiles",
@@ -146,6 +146,16 @@ def main() -> None:
                 print(f"{d:>4} {causal!s:>6} {shape[2]:>6} " + " ".join(f"{c:>18}" for c in cells))
 
 
+def print_kernels(name: str, step) -> None:
+    """One line per kernel `step` launches, longest first: device µs per call and the
+    kernel's name, cut to its head and tail (Mojo's names carry every parameter)."""
+    times = sorted(kernel_times_us(step).items(), key=lambda kv: -kv[1])
+    print(f"     {name}: {sum(t for _, t in times):8.1f} us in all")
+    for kernel, t in times[:6]:
+        short = kernel if len(kernel) <= 60 else f"{kernel[:36]}..{kernel[-22:]}"
+        print(f"        {t:8.1f} us  {short}")
+
+
 def time_backward(
     quick: bool,
     versions: list[int],
@@ -159,7 +169,7 @@ def time_backward(
     backward version (the version is read when the backward runs, so the context covers
     the autograd call). rounds > 1: every column timed that many times in turns, the
     median printed."""
-    mojo = IMPLS[f"mojo_v{DEFAULT_VERSION}"]
+    mojo = _mojo(DEFAULT_VERSION)
     impls = {f"mojo_b{v}": (mojo, v) for v in versions} | {n: (fn, None) for n, fn in IMPLS_FOR_TIMING.items()}
     print(f"{torch.cuda.get_device_name()}; bf16 forward + backward; TFLOP/s by kernel time (max |dq err| vs fp32)")
     print(f"{'d':>4} {'causal':>6} {'seq':>6} " + " ".join(f"{n:>18}" for n in impls))
@@ -189,10 +199,9 @@ def time_backward(
                 work = flops(shape, causal, True)
                 cells = [f"{work / statistics.median(t) / 1e9:8.1f} ({errs[n]:.0e})" for n, t in times.items()]
                 print(f"{d:>4} {causal!s:>6} {shape[2]:>6} " + " ".join(f"{c:>18}" for c in cells))
-                if kernels and shape[2] == 8192:
-                    for name in (n for n in steps if n.startswith("mojo")):
-                        times = sorted(kernel_times_us(steps[name]).items(), key=lambda kv: -kv[1])
-                        print(f"     {name}: " + ", ".join(f"{t:7.1f} us {k[:30]}..{k[-16:]}" for k, t in times[:4]))
+                if kernels:
+                    for name, step in steps.items():
+                        print_kernels(name, step)
 
 
 if __name__ == "__main__":
