@@ -174,6 +174,9 @@ def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
     version 4 one block per SM (at most one per work tile)."""
     out, lse = outputs
     q, k, v = inputs
+    if out.data_ptr() % 16 or any(s % 8 for s in out.stride()[:3]) or out.stride(3) != 1:
+        # the kernel stores O in 16-byte blocks of 8 columns (store_rows's BLOCKS)
+        raise ValueError(f"attention forward: out needs 16-byte aligned rows, got strides {out.stride()}")
     b, hq, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     causal = params["CAUSAL"]

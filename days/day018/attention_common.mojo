@@ -28,6 +28,7 @@ from std.memory import bitcast
 from std.utils import IndexList
 from std.sys._assembly import inlined_assembly
 
+from days.day014.gemm_common import quad_transpose
 from days.day014.gemm_v3_tma import TMA_BK, mbar_wait, ring_slot, tma_desc
 from days.day018.operand_hold import hold_32, hold_64, hold_96
 from days.day018.pv_wgmma_64x128 import pv_wgmma_issue_64x128, pv_wait_64x128
@@ -169,7 +170,7 @@ def p_fragments[
 
 @always_inline
 def store_rows[
-    dtype: DType, D: Int
+    dtype: DType, D: Int, BLOCKS: Bool = False
 ](
     acc: SIMD[DType.float32, D // 2],
     scale: SIMD[DType.float32, 2],
@@ -179,17 +180,41 @@ def store_rows[
     rs: Int,
 ):
     """acc * scale (per row: g, g + 8) for this thread's rows below `rows`, from the
-    warpgroup's first row row0, into dst (row stride rs, unit column stride)."""
+    warpgroup's first row row0, into dst (row stride rs, unit column stride).
+
+    A thread holds 2 adjacent values of each 8-column block, so a plain store is 4
+    bytes, and a warp's store writes half of each 32-byte sector it touches. BLOCKS:
+    the quad's 4 lanes first swap their pairs of 4 blocks (`quad_transpose`) so that
+    each lane stores one whole block, 16 bytes (dst and rs 16-byte aligned; every lane
+    of the warp must call it)."""
     var g = lane_id() // 4
     var t = lane_id() % 4
     comptime for half in range(2):
         var row = row0 + (warp_id() % 4) * 16 + g + 8 * half
-        if row < rows:
-            comptime for j in range(D // 8):
-                var v = acc.slice[2, offset=4 * j + 2 * half]() * scale[half]
-                dst.unsafe_store[alignment=4](
-                    row * rs + 8 * j + 2 * t, v.cast[dtype]()
-                )
+        comptime if BLOCKS:
+            comptime assert size_of[dtype]() == 2 and D % 32 == 0
+            comptime for jq in range(D // 32):
+                var pairs = SIMD[DType.uint32, 4]()
+                comptime for jj in range(4):
+                    comptime j = 4 * jq + jj
+                    var v = (
+                        acc.slice[2, offset=4 * j + 2 * half]() * scale[half]
+                    )
+                    pairs[jj] = bitcast[DType.uint32, 1](v.cast[dtype]())[0]
+                quad_transpose(pairs, t)  # every lane: shuffles
+                if row < rows:
+                    dst.unsafe_store[alignment=16](
+                        row * rs + 8 * (4 * jq + t), bitcast[dtype, 8](pairs)
+                    )
+        else:
+            if row < rows:
+                comptime for j in range(D // 8):
+                    var v = (
+                        acc.slice[2, offset=4 * j + 2 * half]() * scale[half]
+                    )
+                    dst.unsafe_store[alignment=4](
+                        row * rs + 8 * j + 2 * t, v.cast[dtype]()
+                    )
 
 
 @always_inline
@@ -207,9 +232,11 @@ def store_o_lse[
 ):
     """O / l for this thread's two rows (row0 = the warpgroup's first row) and the
     row log-sum-exp in the log2 domain, m + log2(l) (what the backward reads).
-    `dst` and `lse` point at this (batch, head)'s first row."""
+    `dst` and `lse` point at this (batch, head)'s first row; O goes out in 16-byte
+    blocks (`store_rows`), so dst and o_rs are 16-byte aligned (attention_gpu checks).
+    """
     var lt = SIMD[DType.float32, 2](quad_sum(l[0]), quad_sum(l[1]))
-    store_rows[dtype, D](o, 1.0 / lt, dst, row0, Lq, o_rs)
+    store_rows[dtype, D, True](o, 1.0 / lt, dst, row0, Lq, o_rs)
     if lane_id() % 4 == 0:
         comptime for half in range(2):
             var row = row0 + (warp_id() % 4) * 16 + lane_id() // 4 + 8 * half

@@ -206,6 +206,20 @@ def test_launch_plan_on_cpu():
         assert launch.kernel.params[5] == 3 and launch.grid == (2, 4, 2)
 
 
+def test_forward_plan_refuses_an_out_without_16_byte_rows():
+    """The kernel stores O in 16-byte blocks: an out whose rows are not 16-byte aligned
+    is refused by name, not written out of line (the op always allocates an aligned one)."""
+    from pytorch_custom_ops.attention_gpu import attention_gpu
+
+    q, k, v = make(1, 2, 2, 40, 40, 64, BF16, "cpu")
+    lse = torch.empty(1, 2, 40)
+    shifted = torch.empty(1 * 2 * 40 * 64 + 1, dtype=BF16)[1:].view(1, 2, 40, 64)  # 2 bytes off
+    with pytest.raises(ValueError, match="16-byte aligned rows"):
+        attention_gpu([shifted, lse], [q, k, v], {"CAUSAL": False, "SCALE_LOG2": 0.1})
+    (launch,) = attention_gpu([torch.empty_like(q), lse], [q, k, v], {"CAUSAL": False, "SCALE_LOG2": 0.1})
+    assert launch.grid == (1, 2, 1)
+
+
 @pytest.mark.parametrize("tile", list(FWD_TILES))
 @pytest.mark.parametrize("d", [64, 128])
 def test_forward_tiles_plan_on_cpu(tile, d):
