@@ -43,7 +43,7 @@ def smem_bytes(d: int, bn: int, stages: int, itemsize: int = 2, nc: int = 2, spl
 def q_buffers(d: int, bn: int, stages: int, nc: int, split: bool, version: int) -> int:
     """Qs in the forward's shared memory: 2 for the persistent version 4 where they fit
     beside the stages (head_dim 64), so that the next work tile's Q loads while this
-    one's runs; else 1 (the kernel's `q_buffers`)."""
+    one's runs; else 1. The kernel reads the count from the shared memory it is given."""
     two = smem_bytes(d, bn, stages, nc=nc, split=split, qbuf=2)
     return 2 if version == 4 and two <= SMEM_LIMIT else 1
 
@@ -91,7 +91,7 @@ def fwd_kernel_params(dtype, d: int, causal: bool, version: int, tile: str | Non
 VERSIONS = (1, 2, 3, 4)
 # "auto": version 4 at head_dim 64 with the causal mask, where its two Qs (`q_buffers`)
 # win 2-5% (H200, seq 1024-8192; version 3 by 1-4% without the mask), else version 3,
-# the fastest at head_dim 128 (the journal's "Short causal rows").
+# the fastest at head_dim 128 (the journal's "Short rows").
 DEFAULT_VERSION = "auto"
 VERSION_CHOICES = (*VERSIONS, "auto")
 FWD_KERNEL = KernelFamily(
@@ -174,8 +174,7 @@ def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
     version 4 one block per SM (at most one per work tile)."""
     out, lse = outputs
     q, k, v = inputs
-    if out.data_ptr() % 16 or any(s % 8 for s in out.stride()[:3]) or out.stride(3) != 1:
-        # the kernel stores O in 16-byte blocks of 8 columns (store_rows's BLOCKS)
+    if not tma_ready(out):  # the kernel stores O in 16-byte blocks (store_rows's BLOCKS)
         raise ValueError(f"attention forward: out needs 16-byte aligned rows, got strides {out.stride()}")
     b, hq, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]

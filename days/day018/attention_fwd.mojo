@@ -7,8 +7,9 @@
 #                              version 3 adds the ping-pong between the two consumers
 # Version 4 is version 3 in a persistent grid (one block per SM, each walking work
 # tiles, `work_tile`): the K/V stream and the mbarrier phases go on across a block's
-# tiles. Where shared memory holds two Qs (head_dim 64: `q_buffers`), the next tile's Q
-# loads while the consumers still work on this one; else once they are done with it.
+# tiles. Where shared memory holds two Qs (head_dim 64: attention_gpu.q_buffers), the
+# next tile's Q loads while the consumers still work on this one; else once they are
+# done with it.
 #
 # Builds on day 014's version 3 (TMA into 128-byte swizzled tiles, mbarrier phases,
 # setmaxnreg, the tile descriptors): its helpers are imported, not copied.
@@ -16,7 +17,7 @@
 # Shared memory, 1024-byte aligned pieces (16-bit elements; a 128-byte swizzle span
 # is 64 elements):
 #   Q      NC consumers x D/64 boxes of 64 rows x 64         (k-major A operand),
-#          version 4: `q_buffers` of them
+#          version 4: attention_gpu.q_buffers of them
 #   stage  K: D/64 boxes of BN keys x 64                      (k-major B operand)
 #          V: BN/64 key slices x D/64 boxes of 64 keys x 64   (mn-major B operand)
 #   barriers  q_full, full_k[STAGES], full_v[STAGES], empty[STAGES], q_empty,
@@ -132,7 +133,11 @@ def attention_fwd_kernel[
     comptime Q_ELEMS = NC * DB * BOX
     comptime KV_ELEMS = 2 * BN * D
     comptime PERSISTENT = VERSION == 4
-    comptime QBUF = q_buffers[dtype, D, BN, STAGES, NC, SPLIT, PERSISTENT]()
+    # Qs in shared memory: the host sizes SMEM for two where they fit in version 4
+    # (attention_gpu.q_buffers: head_dim 64), else for one
+    comptime QBUF = 2 if PERSISTENT and SMEM == fwd_smem_bytes[
+        dtype, D, BN, STAGES, NC, SPLIT, 2
+    ]() else 1
     comptime assert D == 64 or D == 128, "head dim 64 or 128"
     comptime assert BN == 128 or (
         BN == 192 and D == 128
@@ -332,9 +337,6 @@ def kv_tiles[BM: Int, BN: Int, CAUSAL: Bool](q0: Int, Lk: Int) -> Int:
     return ceildiv(min(Lk, q0 + BM) if CAUSAL else Lk, BN)
 
 
-comptime SMEM_LIMIT = 227 * 1024  # the opt-in maximum per block (attention_gpu.SMEM_LIMIT)
-
-
 def fwd_smem_bytes[
     dtype: DType,
     D: Int,
@@ -349,21 +351,6 @@ def fwd_smem_bytes[
     return (q_elems + STAGES * 2 * BN * D) * size_of[dtype]() + 8 * (
         2 * QBUF + (4 if SPLIT else 3) * STAGES
     )
-
-
-def q_buffers[
-    dtype: DType,
-    D: Int,
-    BN: Int,
-    STAGES: Int,
-    NC: Int,
-    SPLIT: Bool,
-    PERSISTENT: Bool,
-]() -> Int:
-    """Qs in shared memory: 2 in the persistent grid where they fit beside the stages
-    (head_dim 64), else 1 (`attention_gpu.q_buffers`)."""
-    comptime two = fwd_smem_bytes[dtype, D, BN, STAGES, NC, SPLIT, 2]()
-    return 2 if PERSISTENT and two <= SMEM_LIMIT else 1
 
 
 @always_inline

@@ -8,7 +8,7 @@ second round runs between cudaProfilerStart and Stop.
         python days/day018/ncu_forward.py [--shape 16 32 1024 64] [--causal]
 
 (the metric list of the stored runs is in results/nvidia-h100-80gb-hbm3/day018_ncu.txt
-and results/nvidia-h200/day018_ncu_forward_short.txt).
+and results/nvidia-h200/day018_short_rows.txt, section 3).
 """
 
 import argparse
