@@ -360,10 +360,17 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     kernel, then a third launch that puts dq32's rows in order into dq and casts them
     (`dq_from_pieces` says the order).
     inputs: q, k, v, do, lse2, out (the forward's output; do and out TMA-ready: 16-byte
-    aligned rows); outputs: dq (versions 1, 3-6; version 6: contiguous), dk, dv, pairs,
-    dq32 (versions 2, 6: float32, `dq32_shape`; version 2: zeroed)."""
+    aligned rows); outputs: dq (versions 1, 3-6; version 6: contiguous), dk, dv (all
+    with 16-byte aligned rows; dk and dv with the same strides), pairs, dq32 (versions
+    2, 6: float32, `dq32_shape`; version 2: zeroed)."""
     dq, dk, dv, pairs, dq32 = outputs
     q, k, v, do, lse, out = inputs
+    for name, grad in (("dq", dq), ("dk", dk), ("dv", dv)):
+        # the passes store in 16-byte blocks (store_rows's BLOCKS); dk and dv share strides
+        if grad is not None and not tma_ready(grad):
+            raise ValueError(f"attention backward: {name} needs 16-byte aligned rows, got strides {grad.stride()}")
+    if dk.stride() != dv.stride():
+        raise ValueError(f"attention backward: dk and dv need the same strides, got {dk.stride()} and {dv.stride()}")
     b, hq, lq, d = q.shape
     hkv, lk = k.shape[1], k.shape[2]
     causal, version = params["CAUSAL"], params.get("VERSION", 1)

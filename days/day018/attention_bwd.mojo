@@ -109,7 +109,8 @@ def attention_bwd_kernel[
     """DQ = False: grid (ceil(Lk / 128), kv heads, batch); f0/f1 = K/V, s0/s1 = Q/dO;
     dst0 = dK, dst1 = dV, (batch, kv heads, Lk, D) by d_bs/d_hs/d_rs.
     DQ = True: grid (ceil(Lq / 128), q heads, batch); f0/f1 = Q/dO, s0/s1 = K/V;
-    dst0 = dQ (batch, q heads, Lq, D) by the same strides; dst1 unused.
+    dst0 = dQ (batch, q heads, Lq, D) by the same strides; dst1 unused. Both passes
+    store in 16-byte blocks (`store_rows`'s BLOCKS): dst0, dst1 and d_rs 16-byte aligned.
     lse (the forward's lse2): (batch, q heads, Lq) float32, contiguous. pairs: (batch,
     q heads, ceil(Lq / 64) 64, 2) float32, (lse2, delta) per row and (+inf, 0) past Lq:
     the dQ pass writes it, with delta = rowsum(dO * O) from o and do ((batch, q heads,
@@ -288,7 +289,7 @@ def attention_bwd_kernel[
                     dq,
                     cw,
                 )
-            store_rows[dtype, D](dq, ones, out0, row0, Lq, Int(d_rs))
+            store_rows[dtype, D, True](dq, ones, out0, row0, Lq, Int(d_rs))
         else:
             mbar_wait(bars, 0)
             var first_head = b * n_heads * G + h * G  # the group's first q head
@@ -322,9 +323,9 @@ def attention_bwd_kernel[
                 scale,
                 cw,
             )
-            store_rows[dtype, D](dk, ones, out0, row0, Lk, Int(d_rs))
+            store_rows[dtype, D, True](dk, ones, out0, row0, Lk, Int(d_rs))
             var out1 = dst1.unsafe_offset(b * Int(d_bs) + h * Int(d_hs))
-            store_rows[dtype, D](
+            store_rows[dtype, D, True](
                 dv, SIMD[DType.float32, 2](1), out1, row0, Lk, Int(d_rs)
             )
 

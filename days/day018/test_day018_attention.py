@@ -295,6 +295,27 @@ def test_backward_plan_on_cpu():
     assert dkdv.args[0].dims == (64, 260, 2, 2) and dkdv.args[2].dims == (64, 300, 4, 2)
 
 
+@pytest.mark.parametrize("grad", ["dq", "dk", "dv"])
+def test_backward_plan_refuses_grads_without_16_byte_rows(grad):
+    """Both passes store dQ, dK and dV in 16-byte blocks: a gradient whose rows are not
+    16-byte aligned is refused by name (the op always allocates aligned ones), and so are
+    dk and dv with different strides (the kernel takes one set)."""
+    from pytorch_custom_ops.attention_gpu import attention_bwd_gpu
+
+    q, k, v = make(1, 2, 2, 40, 40, 64, BF16, "cpu")
+    do, lse, delta, out = torch.empty_like(q), torch.empty(1, 2, 40), torch.empty(1, 2, 64, 2), torch.empty_like(q)
+    grads = {"dq": torch.empty_like(q), "dk": torch.empty_like(k), "dv": torch.empty_like(v)}
+    inputs, params = [q, k, v, do, lse, out], {"CAUSAL": False, "SCALE": 0.125, "VERSION": 5}
+    assert len(attention_bwd_gpu([*grads.values(), delta, None], inputs, params)) == 2
+    shifted = torch.empty(1 * 2 * 40 * 64 + 1, dtype=BF16)[1:].view(1, 2, 40, 64)  # 2 bytes off
+    with pytest.raises(ValueError, match=f"{grad} needs 16-byte aligned rows"):
+        attention_bwd_gpu([*{**grads, grad: shifted}.values(), delta, None], inputs, params)
+    if grad != "dq":
+        other = torch.empty(1, 40, 2, 64, dtype=BF16).transpose(1, 2)  # aligned, (B, S, H, D) stored
+        with pytest.raises(ValueError, match="dk and dv need the same strides"):
+            attention_bwd_gpu([*{**grads, grad: other}.values(), delta, None], inputs, params)
+
+
 def test_backward_version_2_plan_on_cpu():
     """Version 2: delta over 64-row blocks of q heads, then one dK/dV pass that adds dQ
     into a float32 tensor (with room for a dS box per consumer)."""
