@@ -20,8 +20,8 @@ FWD_MODULE = "days.day018.attention_fwd"
 BWD_MODULE = "days.day018.attention_bwd"
 DTYPES = (torch.bfloat16, torch.float16)
 HEAD_DIMS = (64, 128)
-THREADS = 3 * 128  # the backward's blocks: a producer warpgroup and two consumer warpgroups
-BLOCK_M = 128  # the backward's fixed rows per block: 64 per consumer
+# The backward's blocks: a producer warpgroup and `nc` consumer warpgroups of 64 fixed rows
+# each (2; 3 in version 7's dQ pass at head_dim 64: `bwd_consumers`).
 BOX = 64  # a TMA box row: 64 16-bit elements = one 128-byte swizzle span
 SMEM_LIMIT = 227 * 1024  # the H100's opt-in maximum per block
 LOG2E = 1.4426950408889634
@@ -215,7 +215,10 @@ def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
 # step: that pass 3-6% faster (the journal's "The backward, part 3").
 # 6: version 2's one pass with dS shared between the consumers and dQ added by whole
 # 16 KB pieces through the TMA unit (days/day018/attention_bwd_tiles.mojo).
-BWD_VERSIONS = (1, 2, 3, 4, 5, 6)
+# 7: version 5 with three consumers in the dQ pass at head_dim 64 (192 queries a block,
+# 512 threads at 128 registers: 12 consumer warps where Triton's dQ kernel has up to 20
+# an SM; the journal's "The backward, part 7"); at head_dim 128, version 5.
+BWD_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 # "auto": version 6 from 4096 keys at head_dim 128, and with the causal mask at head_dim
 # 64; version 5 otherwise. H200, forward + backward, median of 3 rounds
 # (results/nvidia-h200/day018_backward_v6_branch.txt): at head_dim 128 version 6 is
@@ -235,21 +238,28 @@ def bwd_config(version: int, d: int, causal: bool, dq_pass: bool) -> tuple[bool,
         return False, False
     if version == 3:
         return True, False
-    return dq_pass or causal or d != 128, version == 5 and dq_pass
+    return dq_pass or causal or d != 128, version in (5, 7) and dq_pass
+
+
+def bwd_consumers(version: int, d: int, dq_pass: bool) -> int:
+    """Consumer warpgroups of a backward pass: 3 in version 7's dQ pass at head_dim 64."""
+    return 3 if version == 7 and dq_pass and d == 64 else 2
 
 
 BWD_TILE = 64  # rows of a streamed tile
 BWD_STAGES = 4
 
 
-def bwd_smem_bytes(d: int, itemsize: int = 2, fused: int = 0, stages: int = BWD_STAGES, dq_pass: bool = False) -> int:
-    """Two fixed tensors (2 x 64 rows x d each), `stages` x two streamed 64 x d tiles, then
+def bwd_smem_bytes(
+    d: int, itemsize: int = 2, fused: int = 0, stages: int = BWD_STAGES, dq_pass: bool = False, nc: int = 2
+) -> int:
+    """Two fixed tensors (nc x 64 rows x d each), `stages` x two streamed 64 x d tiles, then
     fused 1 (version 2): a 64 x 64 dS box per consumer; fused 2 (version 6): two pairs of
     boxes and a 64 x 64 float32 piece per consumer; the dK/dV pass's (lse2, delta) pairs
     (512 bytes a stage); 1 + 3 stages mbarriers (+ stages for the pairs)."""
     ds = {0: 0, 1: 2 * 64 * 64, 2: 4 * 64 * 64 + 2 * PIECE * PIECE * 4 // itemsize}[fused]
     pairs = 0 if dq_pass else stages * (BWD_TILE * 2 * 4 + 8)
-    return (2 * 2 * 64 * d + stages * 2 * BWD_TILE * d + ds) * itemsize + pairs + 8 * (1 + 3 * stages)
+    return (2 * nc * 64 * d + stages * 2 * BWD_TILE * d + ds) * itemsize + pairs + 8 * (1 + 3 * stages)
 
 
 def bwd_stages(d: int, fused: int) -> int:
@@ -261,12 +271,20 @@ def bwd_stages(d: int, fused: int) -> int:
 
 
 def bwd_kernel_params(dtype, d: int, causal: bool, version: int, dq_pass: bool) -> tuple:
-    """(dtype, D, STAGES, CAUSAL, DQ, FUSED, TURNS, OVERLAP, SMEM) of one pass."""
+    """(dtype, D, STAGES, CAUSAL, DQ, FUSED, TURNS, OVERLAP, NC, SMEM) of one pass."""
     fused = DQ_ADD.get(version, 0)
     stages = bwd_stages(d, fused)
     config = bwd_config(version, d, causal, dq_pass)
-    smem = bwd_smem_bytes(d, fused=fused, stages=stages, dq_pass=dq_pass)
-    return (dtype, d, stages, causal, dq_pass, fused, *config, smem)
+    nc = bwd_consumers(version, d, dq_pass)
+    smem = bwd_smem_bytes(d, fused=fused, stages=stages, dq_pass=dq_pass, nc=nc)
+    return (dtype, d, stages, causal, dq_pass, fused, *config, nc, smem)
+
+
+def one_block_per_sm(params: tuple) -> tuple[str, ...]:
+    """Version 7's three-consumer dQ pass (NC = 3): `.minnctapersm 1`, so that ptxas
+    honours `setmaxnreg` and the consumers grow to 160 registers. Without it they kept 128
+    and the pass spilled 144 bytes with its wgmmas serialized (C7512; ptxas -v)."""
+    return (".minnctapersm 1",) if params[-2] == 3 else ()
 
 
 BWD_KERNEL = KernelFamily(
@@ -275,6 +293,7 @@ BWD_KERNEL = KernelFamily(
     # f0, f1, s0, s1 maps, dst0, dst1, lse, pairs, o, do, dq32, Lq, Lk, group,
     # d_bs, d_hs, d_rs, o_bs, o_hs, o_rs, do_bs, do_hs, do_rs, scale_log2, scale
     args=("tensormap",) * 4 + ("ptr",) * 7 + ("i64",) * 12 + ("f32",) * 2,
+    entry_directives=one_block_per_sm,
     variants=tuple(
         sorted(
             {
@@ -307,7 +326,7 @@ _chosen["backward"] = DEFAULT_BWD_VERSION
 
 
 def attention_bwd_version(version: int | str):
-    """Run backward version `version` (1 to 6, or "auto") inside the block (benchmarks,
+    """Run backward version `version` (1 to 7, or "auto") inside the block (benchmarks,
     tests)."""
     return _choose("backward", "attention_bwd_version", version, BWD_CHOICES)
 
@@ -356,6 +375,8 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     scale * dS K into dq32. Versions 3 to 5:
     version 1's launches, their consumers taking turns to issue products, in version 5
     the dQ pass overlapping its product with the elementwise step (`bwd_config`).
+    Version 7: version 5 with three consumers in the dQ pass at head_dim 64 (192 queries
+    a block, 512 threads: `bwd_consumers`).
     Version 6: version 2's launches, dq32 in pieces (`dq32_shape`), zeroed by the delta
     kernel, then a third launch that puts dq32's rows in order into dq and casts them
     (`dq_from_pieces` says the order).
@@ -385,7 +406,9 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     def one_pass(dq_pass: bool, fixed, streamed, dst0, dst1, rows: int, heads: int) -> direct.Launch:
         args = (*fixed, *streamed, dst0.data_ptr(), dst1.data_ptr(), *tail, *dst0.stride()[:3], *row_strides, *scales)
         kparams = bwd_kernel_params(q.dtype, d, causal, version, dq_pass)
-        return direct.Launch(BWD_KERNEL[kparams], (-(-rows // BLOCK_M), heads, b), THREADS, args, kparams[-1])
+        nc = kparams[-2]
+        grid = (-(-rows // (64 * nc)), heads, b)
+        return direct.Launch(BWD_KERNEL[kparams], grid, 128 * (1 + nc), args, kparams[-1])
 
     dkdv = one_pass(False, maps_kv, maps_q, dk, dv, lk, hkv)
     if not fused:

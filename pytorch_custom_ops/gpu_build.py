@@ -59,7 +59,8 @@ def day_key(day: str, kernels: list[Kernel], sources: bytes | None = None) -> st
     digest = hashlib.sha256(sources if sources is not None else _mojo_sources_digest())
     digest.update(TARGET.encode())
     for k in kernels:
-        digest.update(f"{k.key}|{k.family.module}|{k.mojo}|{','.join(k.family.args)}\n".encode())
+        extra = f"|{';'.join(k.entry_directives)}" if k.entry_directives else ""
+        digest.update(f"{k.key}|{k.family.module}|{k.mojo}|{','.join(k.family.args)}{extra}\n".encode())
     return f"{day}-{digest.hexdigest()[:16]}"
 
 
@@ -160,12 +161,29 @@ def _export(day: str, kernels: list[Kernel], staging: Path, key: str) -> None:
         mismatch = abi_mismatch(k, params)
         if mismatch:
             raise KernelBuildError(f"{day}: ABI mismatch: {mismatch}")
-        (staging / f"{k.key}.ptx").write_text(ptx)
+        (staging / f"{k.key}.ptx").write_text(with_entry_directives(ptx, k.entry_directives, str(k)))
         entries[k.key] = {"entry": entry, "kernel": str(k), "params": params}
     program.unlink()
     binary.unlink()
     manifest = {"day": day, "key": key, "target": TARGET, "mojo": _mojo_version(), "kernels": entries}
     (staging / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+
+
+def with_entry_directives(ptx: str, directives: tuple[str, ...], what: str = "the kernel") -> str:
+    """`ptx` with `directives` after its entry's `.maxntid` line.
+
+    The one in use, `.minnctapersm 1`: Mojo declares a kernel's block size and nothing
+    else, so a kernel that fits in fewer registers than 65536 / threads leaves ptxas
+    unsure how many a thread holds at entry, and ptxas drops every `setmaxnreg` (C7508).
+    One block per SM fixes the count (day 019's part 13). Mojo's own metadata for it
+    crashed the compiler."""
+    if not directives:
+        return ptx
+    lines = ptx.split("\n")
+    at = [i for i, line in enumerate(lines) if line.startswith(".maxntid")]
+    if len(at) != 1:
+        raise KernelBuildError(f"{what}: {len(at)} `.maxntid` lines in its PTX, expected 1 for {directives}")
+    return "\n".join([*lines[: at[0] + 1], *directives, *lines[at[0] + 1 :]])
 
 
 def ptxas_executable() -> str | None:

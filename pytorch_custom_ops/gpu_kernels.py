@@ -18,6 +18,7 @@ The argument kinds and what each must be in the PTX `.entry` parameter list:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -65,6 +66,12 @@ class Kernel:
         return ".".join([day, self.family.function, *(_short(p) for p in self.params)])
 
     @property
+    def entry_directives(self) -> tuple[str, ...]:
+        """PTX lines the build adds after this kernel's `.maxntid` (the family's rule)."""
+        rule = self.family.entry_directives
+        return tuple(rule(self.params)) if rule else ()
+
+    @property
     def mojo(self) -> str:
         """The specialization as a Mojo expression, e.g. `online_softmax_kernel[DType.float32, 256]`."""
         return f"{self.family.function}[{', '.join(mojo_literal(p) for p in self.params)}]"
@@ -79,6 +86,9 @@ class KernelFamily:
     function: str  # the kernel function in it
     args: tuple[str, ...]  # what every launch passes, in order (ARG_KINDS)
     variants: tuple[tuple, ...]  # every compile-time parameter set a launch plan may pick
+    # variant params -> PTX lines for its entry, e.g. (".minnctapersm 1",): what Mojo cannot
+    # declare (gpu_build.with_entry_directives says why that one matters)
+    entry_directives: Callable[[tuple], tuple[str, ...]] | None = field(default=None, repr=False)
     _index: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):

@@ -275,12 +275,18 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         # version 4, persistent: the block walks its work tiles by the grid's size
         "day018.attention_fwd_kernel.*.4.[23].*": (r"mov\.u32\s+%r\d+, %nctaid\.x;",),
         # the backward: the same frame, 64-row streamed tiles (n64 products), P and dS from
-        # registers (m64nDk16 register-A), two consumers
+        # registers (m64nDk16 register-A), two consumers (keys end in NC, SMEM)
         "day018.attention_bwd_kernel.*": (
             r"cp\.async\.bulk\.tensor\.4d\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes",
             r"wgmma\.mma_async\.sync\.aligned\.m64n64k16\.f32\.(bf16\.bf16|f16\.f16)\s*\{[^}]*\},\s*%rd",
-            r"\.maxntid 384",
             r"ex2\.approx",
+        ),
+        "day018.attention_bwd_kernel.*.*.*.*.*.*.*.*.2.*": (r"\.maxntid 384",),
+        # version 7's dQ pass at head_dim 64: three consumers (512 threads) taking turns in a ring
+        "day018.attention_bwd_kernel.*.64.4.*.1.0.1.1.3.*": (
+            r"\.maxntid 512\n\.minnctapersm 1\n",  # so that ptxas honours setmaxnreg
+            r"bar\.sync\s+%r\d+, 256;",
+            r"bar\.arrive\s+%r\d+, 256;",
         ),
         # backward versions 3 and 4 (TURNS, either pass): the consumers' turns through named barriers
         "day018.attention_bwd_kernel.*.*.4.*.*.0.1.*": (r"bar\.sync\s+%r\d+, 256;", r"bar\.arrive\s+%r\d+, 256;"),
@@ -431,3 +437,20 @@ def test_every_mojo_day_has_gpu_kernels_and_ptx_checks():
     declared = {k.family.module.split(".")[1] for k in all_kernels()}
     assert days <= declared, f"days with Mojo kernels but no declared GPU kernels: {sorted(days - declared)}"
     assert days <= set(PTX_FEATURES), f"days without PTX feature checks: {sorted(days - set(PTX_FEATURES))}"
+
+
+def test_entry_directives_go_after_the_entrys_maxntid():
+    """The build adds a family's entry directives (`.minnctapersm 1` for day 018's
+    three-consumer dQ pass) right after `.maxntid`, and refuses PTX without exactly one."""
+    from pytorch_custom_ops.attention_gpu import BWD_KERNEL
+    from pytorch_custom_ops.library import KernelBuildError
+
+    ptx = ".visible .entry k(\n\t.param .u64 p\n)\n.maxntid 512\n{\n\tret;\n}\n"
+    assert gpu_build.with_entry_directives(ptx, ()) == ptx
+    got = gpu_build.with_entry_directives(ptx, (".minnctapersm 1",))
+    assert got == ptx.replace(".maxntid 512\n", ".maxntid 512\n.minnctapersm 1\n")
+    with pytest.raises(KernelBuildError, match="0 `.maxntid` lines"):
+        gpu_build.with_entry_directives(ptx.replace(".maxntid 512\n", ""), (".minnctapersm 1",), "k")
+    three = [k for k in BWD_KERNEL.kernels() if k.params[-2] == 3]
+    assert three and all(k.entry_directives == (".minnctapersm 1",) for k in three)
+    assert all(k.entry_directives == () for k in BWD_KERNEL.kernels() if k.params[-2] == 2)

@@ -37,13 +37,14 @@ from days.day014.gemm_v3_tma import (
     TMA_BK,
     TMA_CONSUMER_REGS,
     TMA_PRODUCER_REGS,
+    TMA3_CONSUMER_REGS,
+    TMA3_PRODUCER_REGS,
     consumer_index,
     fence_mbarrier_init,
     mbar_wait,
     set_max_registers,
 )
 from days.day018.attention_common import (
-    BM,
     BOX,
     CONSUMERS,
     heavy_first,
@@ -62,7 +63,7 @@ comptime BT = 64  # rows of a streamed tile
 # --8<-- [start:kernel]
 @__llvm_metadata(
     MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
-        Int32(WG_THREADS * (1 + CONSUMERS))
+        Int32(WG_THREADS * (1 + NC))
     )
 )
 @__llvm_arg_metadata(f0_map, `nvvm.grid_constant`)
@@ -78,6 +79,7 @@ def attention_bwd_kernel[
     FUSED: Int,
     TURNS: Bool,
     OVERLAP: Bool,
+    NC: Int,
     SMEM: Int,
 ](
     f0_map: TMADescriptor,
@@ -124,15 +126,22 @@ def attention_bwd_kernel[
     TURNS (versions 3 to 5, either pass): the two consumers take turns to issue each
     batch of products. OVERLAP (version 5, the dQ pass, with TURNS): tile j - 1's dQ
     product runs beside tile j's elementwise step (attention_bwd_overlap.mojo).
+    NC: consumer warpgroups of 64 fixed rows each, 2, or 3 in version 7's dQ pass at
+    head_dim 64 (512 threads at 128 registers: more warps for the scheduler to pick
+    from, the journal's "The backward, part 7"); the grid's x counts blocks of 64 NC.
     Maps: 4-D views (head_dim, seq, heads, batch), boxes of 64 x 64."""
     comptime DB = D // TMA_BK
-    comptime F_ELEMS = CONSUMERS * DB * BOX
+    comptime F_ELEMS = NC * DB * BOX
+    comptime BMF = 64 * NC  # fixed rows per block
     comptime T_ELEMS = BT * D
     # dS^T boxes (version 6: two pairs taking turns, then a float32 piece per consumer)
     comptime DS_ELEMS = CONSUMERS * BOX if FUSED == DQ_ATOMIC else (
         2 * CONSUMERS * BOX + CONSUMERS * PIECE * 4 // size_of[dtype]()
     ) if FUSED == DQ_TILES else 0
     comptime assert D == 64 or D == 128, "head dim 64 or 128"
+    comptime assert NC == CONSUMERS or (
+        NC == 3 and DQ and D == 64
+    ), "three consumers: the dQ pass at head_dim 64"
     comptime assert not (FUSED != 0 and DQ), "versions 2 and 6 have no dQ pass"
     comptime assert not OVERLAP or (
         TURNS and DQ
@@ -158,12 +167,12 @@ def attention_bwd_kernel[
     # dK/dV passes gain 2-5%; head_dim 64's dK/dV pass lost 4%
     comptime if CAUSAL and (DQ or D == 128):
         fixed_block, h, b = heavy_first[DQ](n_heads)
-    var r0 = fixed_block * BM  # the block's first fixed row
+    var r0 = fixed_block * BMF  # the block's first fixed row
     var n_tiles: Int
     var per_head: Int
     var s_start: Int
     comptime if DQ:
-        var kv_end = min(Lk, r0 + BM) if CAUSAL else Lk
+        var kv_end = min(Lk, r0 + BMF) if CAUSAL else Lk
         n_tiles = ceildiv(kv_end, BT)
         per_head = max(n_tiles, 1)
         s_start = 0
@@ -185,7 +194,7 @@ def attention_bwd_kernel[
             mbarrier_init(bars.unsafe_offset(1 + s), 1)
             mbarrier_init(bars.unsafe_offset(1 + STAGES + s), 1)
             mbarrier_init(
-                bars.unsafe_offset(1 + 2 * STAGES + s), Int32(CONSUMERS * 4)
+                bars.unsafe_offset(1 + 2 * STAGES + s), Int32(NC * 4)
             )
             comptime if not DQ:
                 mbarrier_init(bars.unsafe_offset(1 + 3 * STAGES + s), 1)
@@ -195,7 +204,9 @@ def attention_bwd_kernel[
     var Lq_pad = ceildiv(Lq, 64) * 64  # rows per head of the pairs buffer
     var wg = thread_idx.x // WG_THREADS
     if wg == 0:
-        set_max_registers[False, TMA_PRODUCER_REGS]()
+        set_max_registers[
+            False, TMA3_PRODUCER_REGS if NC == 3 else TMA_PRODUCER_REGS
+        ]()
         comptime if not DQ:
             if thread_idx.x == 32:  # warp 1: the pairs of each streamed tile
                 produce_pairs[STAGES](
@@ -208,7 +219,7 @@ def attention_bwd_kernel[
                     Lq_pad,
                 )
         if thread_idx.x == 0:
-            produce[dtype, D, BT, STAGES, 2](
+            produce[dtype, D, BT, STAGES, 2, NC](
                 Pointer(to=f0_map).unsafe_bitcast[NoneType](),
                 Pointer(to=f1_map).unsafe_bitcast[NoneType](),
                 Pointer(to=s0_map).unsafe_bitcast[NoneType](),
@@ -225,7 +236,9 @@ def attention_bwd_kernel[
                 per_head,
             )
     else:
-        set_max_registers[True, TMA_CONSUMER_REGS]()
+        set_max_registers[
+            True, TMA3_CONSUMER_REGS if NC == 3 else TMA_CONSUMER_REGS
+        ]()
         var cw = consumer_index(wg)
         var row0 = r0 + cw * 64
         var my_row = row0 + (warp_id() % 4) * 16 + lane_id() // 4
@@ -258,7 +271,7 @@ def attention_bwd_kernel[
             mbar_wait(bars, 0)
             var dq = SIMD[DType.float32, D // 2](0)
             comptime if OVERLAP:
-                consume_dq_overlapped[dtype, D, STAGES, CAUSAL](
+                consume_dq_overlapped[dtype, D, STAGES, CAUSAL, NC](
                     f0,
                     f1,
                     stream,
@@ -274,7 +287,7 @@ def attention_bwd_kernel[
                     cw,
                 )
             else:
-                consume_dq[dtype, D, STAGES, CAUSAL, TURNS](
+                consume_dq[dtype, D, STAGES, CAUSAL, TURNS, NC](
                     f0,
                     f1,
                     stream,

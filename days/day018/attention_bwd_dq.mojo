@@ -20,6 +20,7 @@ from std.sys._assembly import inlined_assembly
 from days.day014.gemm_v3_tma import TMA_BK, mbar_wait, ring_slot, tma_desc
 from days.day018.attention_v2_overlap import sched_arrive, sched_sync
 from days.day018.attention_common import (
+    CONSUMERS,
     hold,
     needs_mask,
     quad_sum,
@@ -36,15 +37,17 @@ comptime BK = 64  # keys per streamed tile
 # The backward's turns (TURNS, versions 3 to 5, both passes): the two consumers take turns
 # to issue each batch of products, so one warpgroup's elementwise step runs beside the
 # other's products.
-comptime TURN_BAR = 4  # the backward's turns: named barriers 4 and 5 (version 2 uses 2, 3)
+# Named barriers 4 and 5 (version 2 uses 2, 3); with three consumers (version 7's dQ
+# pass) 4 to 6, which version 6's pass, another kernel, uses as CONSUMERS_BAR.
+comptime TURN_BAR = 4
 
 
 @always_inline
-def open_turns[ON: Bool](cw: Int):
-    """Consumer 1 opens consumer 0's first turn (its last arrive, at the end, meets
-    no sync: harmless at block exit)."""
+def open_turns[ON: Bool, NC: Int = CONSUMERS](cw: Int):
+    """The last consumer opens consumer 0's first turn (its last arrive, at the end,
+    meets no sync: harmless at block exit)."""
     comptime if ON:
-        if cw == 1:
+        if cw == NC - 1:
             sched_arrive(TURN_BAR)
 
 
@@ -55,9 +58,13 @@ def take_turn[ON: Bool](cw: Int):
 
 
 @always_inline
-def pass_turn[ON: Bool](cw: Int):
+def pass_turn[ON: Bool, NC: Int = CONSUMERS](cw: Int):
+    """Open the next consumer's turn: a ring over the NC consumers."""
     comptime if ON:
-        sched_arrive(TURN_BAR + 1 - cw)
+        comptime if NC == 2:
+            sched_arrive(TURN_BAR + 1 - cw)
+        else:
+            sched_arrive(TURN_BAR + (0 if cw == NC - 1 else cw + 1))
 
 
 # --8<-- [start:row_delta]
@@ -159,7 +166,12 @@ def ds_fragments[
 # --8<-- [start:consume]
 @always_inline
 def consume_dq[
-    dtype: DType, D: Int, STAGES: Int, CAUSAL: Bool, TURNS: Bool = False
+    dtype: DType,
+    D: Int,
+    STAGES: Int,
+    CAUSAL: Bool,
+    TURNS: Bool = False,
+    NC: Int = CONSUMERS,
 ](
     sq: Pointer[
         Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
@@ -182,12 +194,12 @@ def consume_dq[
     cw: Int,
 ):
     """row0: this consumer's first query; lse_r / delta_r: this thread's rows (g,
-    g + 8), +inf / 0 past Lq; cw: this consumer (0 or 1), whose turns TURNS takes as
-    the dK/dV pass does."""
+    g + 8), +inf / 0 past Lq; cw: this consumer (0 to NC - 1), whose turns TURNS
+    takes as the dK/dV pass does."""
     var full0 = bars.unsafe_offset(1)
     var full1 = bars.unsafe_offset(1 + STAGES)
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
-    open_turns[TURNS](cw)
+    open_turns[TURNS, NC](cw)
     for j in range(n_tiles):
         var slot = ring_slot[STAGES](j)
         var s = slot[0]
@@ -203,14 +215,14 @@ def consume_dq[
         comptime if not TURNS:
             mbar_wait(full1.unsafe_offset(s), phase)
         var dp = s_wgmma[dtype, D, BK](sdo, sv)
-        pass_turn[TURNS](cw)
+        pass_turn[TURNS, NC](cw)
         wgmma_wait_group_sync[0]()
         var dsf = ds_fragments[dtype, BK, CAUSAL](
             sc, dp, lse_r, delta_r, scale_log2, row0, my_row, k0, Lk
         )
         take_turn[TURNS](cw)
         dq = pv_issue[dtype, D, BK](dsf, v_descs[dtype, D, BK](sk), dq)
-        pass_turn[TURNS](cw)
+        pass_turn[TURNS, NC](cw)
         dq = pv_wait[D, BK](dsf, dq)
         if lane_id() == 0:
             _ = mbarrier_arrive(empty.unsafe_offset(s))

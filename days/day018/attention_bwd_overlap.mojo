@@ -23,6 +23,7 @@ from days.day018.attention_bwd_dq import (
     take_turn,
 )
 from days.day018.attention_common import (
+    CONSUMERS,
     pv_issue,
     pv_wait,
     s_wgmma,
@@ -59,7 +60,7 @@ def free_stage[
 # --8<-- [start:dq]
 @always_inline
 def consume_dq_overlapped[
-    dtype: DType, D: Int, STAGES: Int, CAUSAL: Bool
+    dtype: DType, D: Int, STAGES: Int, CAUSAL: Bool, NC: Int = CONSUMERS
 ](
     sq: Pointer[
         Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
@@ -82,7 +83,7 @@ def consume_dq_overlapped[
     cw: Int,
 ):
     """`consume_dq` with dQ += dS_{j-1} K_{j-1} running beside tile j's dS."""
-    open_turns[True](cw)
+    open_turns[True, NC](cw)
     if n_tiles == 0:
         return
     var sk = stream
@@ -90,7 +91,7 @@ def consume_dq_overlapped[
     take_turn[True](cw)
     var sc = s_wgmma[dtype, D, BK](sq, sk)
     var dp = s_wgmma[dtype, D, BK](sdo, sk.unsafe_offset(BK * D))
-    pass_turn[True](cw)
+    pass_turn[True, NC](cw)
     wgmma_wait_group_sync[0]()
     var dsf = ds_fragments[dtype, BK, CAUSAL](
         sc, dp, lse_r, delta_r, scale_log2, row0, my_row, 0, Lk
@@ -103,7 +104,7 @@ def consume_dq_overlapped[
         sc = s_wgmma[dtype, D, BK](sq, sk)
         dp = s_wgmma[dtype, D, BK](sdo, sk.unsafe_offset(BK * D))
         dq = pv_issue[dtype, D, BK](dsf, v_descs[dtype, D, BK](sk_prev), dq)
-        pass_turn[True](cw)
+        pass_turn[True, NC](cw)
         # S and dP of tile j are done; dQ's product of tile j - 1 may run on
         wgmma_wait_group_sync[1]()
         var next = ds_fragments[dtype, BK, CAUSAL](
@@ -114,7 +115,7 @@ def consume_dq_overlapped[
         dsf = next
     take_turn[True](cw)
     dq = pv_issue[dtype, D, BK](dsf, v_descs[dtype, D, BK](sk), dq)
-    pass_turn[True](cw)
+    pass_turn[True, NC](cw)
     dq = pv_wait[D, BK](dsf, dq)
     free_stage[STAGES](bars, n_tiles - 1)
 

@@ -285,7 +285,7 @@ def test_backward_plan_on_cpu():
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     dql, dkdv = attention_bwd_gpu([dq, dk, dv, delta, None], [q, k, v, do, lse, out], {"CAUSAL": False, "SCALE": 0.125})
     assert dkdv.grid == (3, 2, 2) and dql.grid == (3, 4, 2)
-    assert dkdv.kernel is BWD_KERNEL[FP16, 64, 4, False, False, False, False, False, bwd_smem_bytes(64)]
+    assert dkdv.kernel is BWD_KERNEL[FP16, 64, 4, False, False, False, False, False, 2, bwd_smem_bytes(64)]
     assert dql.kernel.params[4] is True and dql.smem == bwd_smem_bytes(64, dq_pass=True)
     assert dkdv.smem == bwd_smem_bytes(64) == dql.smem + 4 * (512 + 8)
     assert dkdv.args[4:6] == (dk.data_ptr(), dv.data_ptr()) and dql.args[4] == dq.data_ptr()
@@ -330,7 +330,7 @@ def test_backward_version_2_plan_on_cpu():
     assert dl.args[:5] == (delta.data_ptr(), lse.data_ptr(), out.data_ptr(), do.data_ptr(), dq32.data_ptr())
     assert dl.args[5:] == (300, *out.stride()[:3], *do.stride()[:3])
     smem = bwd_smem_bytes(128, fused=1)
-    assert dkdv.kernel is BWD_KERNEL[BF16, 128, 4, True, False, 1, False, False, smem] and dkdv.grid == (3, 2, 2)
+    assert dkdv.kernel is BWD_KERNEL[BF16, 128, 4, True, False, 1, False, False, 2, smem] and dkdv.grid == (3, 2, 2)
     assert smem == bwd_smem_bytes(128) + 2 * 64 * 64 * 2 and dkdv.smem == smem
     assert dkdv.args[10] == dq32.data_ptr()
 
@@ -363,7 +363,7 @@ def test_backward_version_6_plan_on_cpu(d):
     tiles = 2 * 2 * 64 * d + stages * 2 * 64 * d + 4 * 64 * 64 + 2 * 64 * 64 * 2  # 16-bit elements
     assert smem == tiles * 2 + stages * (512 + 8) + 8 * (1 + 3 * stages)  # pairs, barriers
     assert smem <= SMEM_LIMIT < bwd_smem_bytes(d, fused=2, stages=stages + 1) or d == 64
-    assert dkdv6.kernel is BWD_KERNEL[BF16, d, stages, False, False, 2, False, False, smem] and dkdv6.smem == smem
+    assert dkdv6.kernel is BWD_KERNEL[BF16, d, stages, False, False, 2, False, False, 2, smem] and dkdv6.smem == smem
     assert (dl6.kernel, dl2.kernel) == (DELTA_KERNEL[BF16, d, True], DELTA_KERNEL[BF16, d, False])
     assert (dl6.grid, dl6.args) == (dl2.grid, dl2.args) == ((5, 4, 2), dl6.args) and dl6.args[4] == dq32.data_ptr()
     assert (dkdv6.grid, dkdv6.block, dkdv6.args) == (dkdv2.grid, dkdv2.block, dkdv2.args)
@@ -397,14 +397,16 @@ def test_dq_from_pieces_puts_rows_back():
     torch.testing.assert_close(got, want[:, :, :lq], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("version", [3, 4, 5])
+@pytest.mark.parametrize("version", [3, 4, 5, 7])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_versions_with_turns_plan_on_cpu(version, d, causal):
-    """Versions 3 to 5: version 1's two launches and arguments, with kernels whose
-    consumers take turns (TURNS): both passes in version 3; in versions 4 and 5 all but
-    the dK/dV pass at head_dim 128 without the mask (measured slower with turns).
-    Version 5 also overlaps (OVERLAP) in the dQ pass."""
+    """Versions 3 to 5 and 7: version 1's two launches and arguments, with kernels whose
+    consumers take turns (TURNS): both passes in version 3; in versions 4, 5 and 7 all
+    but the dK/dV pass at head_dim 128 without the mask (measured slower with turns).
+    Versions 5 and 7 also overlap (OVERLAP) in the dQ pass. Version 7's dQ pass at
+    head_dim 64 has three consumers: 192 queries and 512 threads a block, room for a
+    third consumer's fixed Q and dO; elsewhere it is version 5."""
     from pytorch_custom_ops.attention_gpu import BWD_KERNEL, attention_bwd_gpu, bwd_smem_bytes
 
     q, k, v = make(1, 2, 1, 200, 130, d, BF16, "cpu")
@@ -419,11 +421,33 @@ def test_backward_versions_with_turns_plan_on_cpu(version, d, causal):
     for (one, new), dq_pass in zip(zip(plans[1], plans[version], strict=True), (True, False), strict=True):
         smem = bwd_smem_bytes(d, dq_pass=dq_pass)
         turns = True if dq_pass else dkdv_turns
-        overlap = version == 5 and dq_pass
-        assert new.kernel is BWD_KERNEL[BF16, d, 4, causal, dq_pass, False, turns, overlap, smem]
-        assert one.kernel is BWD_KERNEL[BF16, d, 4, causal, dq_pass, False, False, False, smem]
-        assert (new.grid, new.block, new.smem) == (one.grid, one.block, one.smem)
+        overlap = version in (5, 7) and dq_pass
+        nc = 3 if version == 7 and dq_pass and d == 64 else 2
+        smem_nc = bwd_smem_bytes(d, dq_pass=dq_pass, nc=nc)
+        assert new.kernel is BWD_KERNEL[BF16, d, 4, causal, dq_pass, False, turns, overlap, nc, smem_nc]
+        assert one.kernel is BWD_KERNEL[BF16, d, 4, causal, dq_pass, False, False, False, 2, smem]
+        assert smem_nc == smem + (nc - 2) * 2 * 64 * d * 2  # a Q and a dO tile a consumer
+        # 200 queries over 2 q heads, 130 keys over 1 kv head: 2 blocks of 128 or of 192
+        assert one.grid == ((2, 2, 1) if dq_pass else (2, 1, 1)) and one.block == 384
+        assert (new.grid, new.block) == (one.grid, 512 if nc == 3 else 384)
         assert new.args == one.args
+
+
+def test_backward_version_7_dq_blocks_of_192_queries():
+    """Version 7's dQ pass at head_dim 64 covers 192 queries a block (3 blocks for 400,
+    against version 5's 4 of 128); its dK/dV pass is version 5's, launch for launch."""
+    from pytorch_custom_ops.attention_gpu import attention_bwd_gpu
+
+    q, k, v = make(1, 2, 1, 400, 300, 64, BF16, "cpu")
+    do, lse, delta, out = torch.empty_like(q), torch.empty(1, 2, 400), torch.empty(1, 2, 448, 2), torch.empty_like(q)
+    inputs = [q, k, v, do, lse, out]
+    outputs = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), delta, None]
+    (dq7, dkdv7), (dq5, dkdv5) = (
+        attention_bwd_gpu(outputs, inputs, {"CAUSAL": True, "SCALE": 0.1, "VERSION": ver}) for ver in (7, 5)
+    )
+    assert (dq7.grid, dq7.block, dq5.grid, dq5.block) == ((3, 2, 1), 512, (4, 2, 1), 384)
+    assert dq7.kernel.params[-2] == 3 and dq5.kernel.params[-2] == 2 and dq7.args == dq5.args
+    assert (dkdv7.kernel, dkdv7.grid, dkdv7.block, dkdv7.args) == (dkdv5.kernel, dkdv5.grid, dkdv5.block, dkdv5.args)
 
 
 @pytest.mark.parametrize(
@@ -448,8 +472,8 @@ def test_auto_backward_version(d, causal, lk, want):
 def test_unknown_backward_version():
     from pytorch_custom_ops.attention_gpu import attention_bwd_version
 
-    with pytest.raises(ValueError, match="unknown version 7"):
-        with attention_bwd_version(7):
+    with pytest.raises(ValueError, match="unknown version 8"):
+        with attention_bwd_version(8):
             pass
 
 
@@ -625,7 +649,7 @@ def test_cuda_version_6_zero_and_rows_launches(dtype, lq, d):
 
 
 @needs_cuda
-@pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5, 6, "auto"])
+@pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5, 6, 7, "auto"])
 @pytest.mark.parametrize("dtype", [BF16, FP16])
 @pytest.mark.parametrize("shape", SHAPES + [(1, 4, 1, 700, 333, 64), (2, 2, 2, 64, 64, 128)] + LONG_GRAD_SHAPES)
 @pytest.mark.parametrize("causal", [False, True])
@@ -643,7 +667,7 @@ def test_cuda_grads(bwd, dtype, shape, causal):
 
 
 @needs_cuda
-@pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5, 6])
+@pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5, 6, 7])
 @pytest.mark.parametrize("d", [64, 128])
 def test_cuda_grads_of_a_strided_incoming_gradient(bwd, d):
     """The dQ pass reads dO and O by their strides for delta = rowsum(dO * O): a
@@ -662,7 +686,7 @@ def test_cuda_grads_of_a_strided_incoming_gradient(bwd, d):
 
 
 @needs_cuda
-@pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5, 6])
+@pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5, 6, 7])
 def test_cuda_grads_strided_and_graph(bwd):
     """Grads of (batch, seq, heads, head_dim) views, and a captured forward + backward."""
     with attention_bwd_version(bwd):
