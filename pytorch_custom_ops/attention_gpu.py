@@ -216,14 +216,17 @@ def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
 # 6: version 2's one pass with dS shared between the consumers and dQ added by whole
 # 16 KB pieces through the TMA unit (days/day018/attention_bwd_tiles.mojo).
 # 7: version 5 with three consumers in the dQ pass at head_dim 64 (192 queries a block,
-# 512 threads at 128 registers: 12 consumer warps where Triton's dQ kernel has up to 20
-# an SM; the journal's "The backward, part 7"); at head_dim 128, version 5.
+# 512 threads, the consumers at 160 registers: 12 consumer warps where Triton's dQ kernel
+# has up to 20 an SM; the journal's "The backward, parts 7 and 8"); at 128, version 5.
 BWD_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 # "auto": version 6 from 4096 keys at head_dim 128, and with the causal mask at head_dim
 # 64; version 5 otherwise. H200, forward + backward, median of 3 rounds
 # (results/nvidia-h200/day018_backward_v6_branch.txt): at head_dim 128 version 6 is
 # +1-5% from 4096 keys (both masks), -1 to -6% below; at head_dim 64 +2-4% with the mask
-# and -2 to -6% without (the journal's "The backward, part 6").
+# and -2 to -6% without (the journal's "The backward, part 6"). Where version 6 is not
+# taken: version 7 at head_dim 64 (without the mask +3-5% over version 5 from seq 1024 to
+# 8192: results/nvidia-h200/day018_backward_three_consumers.txt; with it version 6 still
+# leads), version 5 at 128.
 DEFAULT_BWD_VERSION = "auto"
 BWD_CHOICES = (*BWD_VERSIONS, "auto")
 # (head_dim, causal): the fewest keys where "auto" takes version 6 (None: never)
@@ -338,7 +341,9 @@ def bwd_version(d: int, causal: bool, lk: int) -> int:
     if chosen != "auto":
         return chosen
     keys = V6_FROM_KEYS[d, causal]
-    return 6 if keys is not None and lk >= keys else 5
+    if keys is not None and lk >= keys:
+        return 6
+    return 7 if d == 64 else 5
 
 
 def pairs_rows(lq: int) -> int:

@@ -271,12 +271,17 @@ def attention_bwd_kernel[
             mbar_wait(bars, 0)
             var dq = SIMD[DType.float32, D // 2](0)
             comptime if OVERLAP:
+                # its own key tiles (the forward's `pass_tiles`): none past Lq and, with
+                # the mask, none after its last row's diagonal
+                var kv_mine = min(Lk, row0 + 64) if CAUSAL else Lk
+                var n_mine = 0 if row0 >= Lq else ceildiv(kv_mine, BT)
                 consume_dq_overlapped[dtype, D, STAGES, CAUSAL, NC](
                     f0,
                     f1,
                     stream,
                     bars,
                     n_tiles,
+                    n_mine,
                     row0,
                     my_row,
                     Lk,

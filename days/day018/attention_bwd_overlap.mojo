@@ -73,6 +73,7 @@ def consume_dq_overlapped[
     ],
     bars: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
     n_tiles: Int,
+    n_mine: Int,
     row0: Int,
     my_row: Int,
     Lk: Int,
@@ -82,9 +83,17 @@ def consume_dq_overlapped[
     mut dq: SIMD[DType.float32, D // 2],
     cw: Int,
 ):
-    """`consume_dq` with dQ += dS_{j-1} K_{j-1} running beside tile j's dS."""
+    """`consume_dq` with dQ += dS_{j-1} K_{j-1} running beside tile j's dS, on this
+    consumer's own tiles 0 <= j < n_mine (n_mine <= n_tiles: none past Lq, and with the
+    mask none after its rows' diagonal); the block's later tiles it only passes
+    (`pass_stages`). Every consumer takes n_tiles + 1 turns."""
     open_turns[True, NC](cw)
     if n_tiles == 0:
+        return
+    if n_mine == 0:  # rows past Lq: the last turn is the one its dQ product would take
+        pass_stages[STAGES, NC](bars, 0, n_tiles, cw)
+        take_turn[True](cw)
+        pass_turn[True, NC](cw)
         return
     var sk = stream
     wait_stage[STAGES](bars, 0)
@@ -96,7 +105,7 @@ def consume_dq_overlapped[
     var dsf = ds_fragments[dtype, BK, CAUSAL](
         sc, dp, lse_r, delta_r, scale_log2, row0, my_row, 0, Lk
     )
-    for j in range(1, n_tiles):
+    for j in range(1, n_mine):
         var sk_prev = sk
         sk = stream.unsafe_offset(ring_slot[STAGES](j)[0] * 2 * BK * D)
         wait_stage[STAGES](bars, j)
@@ -117,7 +126,27 @@ def consume_dq_overlapped[
     dq = pv_issue[dtype, D, BK](dsf, v_descs[dtype, D, BK](sk), dq)
     pass_turn[True, NC](cw)
     dq = pv_wait[D, BK](dsf, dq)
-    free_stage[STAGES](bars, n_tiles - 1)
+    free_stage[STAGES](bars, n_mine - 1)
+    pass_stages[STAGES, NC](bars, n_mine, n_tiles, cw)
 
 
 # --8<-- [end:dq]
+
+
+@always_inline
+def pass_stages[
+    STAGES: Int, NC: Int
+](
+    bars: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+    j0: Int,
+    j1: Int,
+    cw: Int,
+):
+    """Tiles j0 <= j < j1 that this consumer does not multiply: a turn each, so that the
+    ring stays in step, and each stage freed once it has landed (an arrive before then
+    could count towards the stage's previous use)."""
+    for j in range(j0, j1):
+        wait_stage[STAGES](bars, j)
+        take_turn[True](cw)
+        pass_turn[True, NC](cw)
+        free_stage[STAGES](bars, j)

@@ -453,12 +453,13 @@ def test_backward_version_7_dq_blocks_of_192_queries():
 @pytest.mark.parametrize(
     ("d", "causal", "lk", "want"),
     [(64, True, 1, 6), (64, True, 16384, 6)]
-    + [(64, False, lk, 5) for lk in (1, 4096, 16384)]
+    + [(64, False, lk, 7) for lk in (1, 4096, 16384)]
     + [(128, c, lk, 6 if lk >= 4096 else 5) for c in (False, True) for lk in (1, 2048, 4095, 4096, 16384)],
 )
 def test_auto_backward_version(d, causal, lk, want):
     """The default ("auto"): version 6 from 4096 keys at head_dim 128 and with the causal
-    mask at head_dim 64, version 5 otherwise; a version chosen by name is taken as it is."""
+    mask at head_dim 64, else version 7 at head_dim 64 and version 5 at 128; a version
+    chosen by name is taken as it is."""
     from pytorch_custom_ops.attention_gpu import DEFAULT_BWD_VERSION, bwd_version
 
     assert DEFAULT_BWD_VERSION == "auto"
@@ -651,7 +652,11 @@ def test_cuda_version_6_zero_and_rows_launches(dtype, lq, d):
 @needs_cuda
 @pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5, 6, 7, "auto"])
 @pytest.mark.parametrize("dtype", [BF16, FP16])
-@pytest.mark.parametrize("shape", SHAPES + [(1, 4, 1, 700, 333, 64), (2, 2, 2, 64, 64, 128)] + LONG_GRAD_SHAPES)
+# (1, 2, 1, 200, 450, 64): Lq < Lk at head_dim 64, where the dQ passes' consumers (three in
+# version 7) stop at their own diagonal and pass the block's later key tiles
+@pytest.mark.parametrize(
+    "shape", SHAPES + [(1, 4, 1, 700, 333, 64), (1, 2, 1, 200, 450, 64), (2, 2, 2, 64, 64, 128)] + LONG_GRAD_SHAPES
+)
 @pytest.mark.parametrize("causal", [False, True])
 def test_cuda_grads(bwd, dtype, shape, causal):
     b, hq, hkv, lq, lk, d = shape
