@@ -230,7 +230,7 @@ BWD_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 DEFAULT_BWD_VERSION = "auto"
 BWD_CHOICES = (*BWD_VERSIONS, "auto")
 # (head_dim, causal): the fewest keys where "auto" takes version 6 (None: never)
-V6_FROM_KEYS = {(128, False): 4096, (128, True): 4096, (64, False): None, (64, True): 0}
+V6_FROM_KEYS = {(128, False): 4096, (128, True): 4096, (64, False): None, (64, True): None}
 DQ_ADD = {2: 1, 6: 2}  # the kernel's FUSED: how a one-pass version adds dQ (0: a dQ pass)
 PIECE = 64  # version 6's dq32: 64 x 64 float32 pieces
 

@@ -452,8 +452,7 @@ def test_backward_version_7_dq_blocks_of_192_queries():
 
 @pytest.mark.parametrize(
     ("d", "causal", "lk", "want"),
-    [(64, True, 1, 6), (64, True, 16384, 6)]
-    + [(64, False, lk, 7) for lk in (1, 4096, 16384)]
+    [(64, c, lk, 7) for c in (False, True) for lk in (1, 4096, 16384)]
     + [(128, c, lk, 6 if lk >= 4096 else 5) for c in (False, True) for lk in (1, 2048, 4095, 4096, 16384)],
 )
 def test_auto_backward_version(d, causal, lk, want):
