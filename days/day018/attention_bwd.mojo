@@ -193,9 +193,7 @@ def attention_bwd_kernel[
         comptime for s in range(STAGES):
             mbarrier_init(bars.unsafe_offset(1 + s), 1)
             mbarrier_init(bars.unsafe_offset(1 + STAGES + s), 1)
-            mbarrier_init(
-                bars.unsafe_offset(1 + 2 * STAGES + s), Int32(NC * 4)
-            )
+            mbarrier_init(bars.unsafe_offset(1 + 2 * STAGES + s), Int32(NC * 4))
             comptime if not DQ:
                 mbarrier_init(bars.unsafe_offset(1 + 3 * STAGES + s), 1)
         fence_mbarrier_init()

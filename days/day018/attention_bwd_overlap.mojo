@@ -90,7 +90,8 @@ def consume_dq_overlapped[
     open_turns[True, NC](cw)
     if n_tiles == 0:
         return
-    if n_mine == 0:  # rows past Lq: the last turn is the one its dQ product would take
+    # rows past Lq: the last turn is the one its dQ product would take
+    if n_mine == 0:
         pass_stages[STAGES, NC](bars, 0, n_tiles, cw)
         take_turn[True](cw)
         pass_turn[True, NC](cw)
