@@ -219,14 +219,12 @@ def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
 # 512 threads, the consumers at 160 registers: 12 consumer warps where Triton's dQ kernel
 # has up to 20 an SM; the journal's "The backward, parts 7 and 8"); at 128, version 5.
 BWD_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
-# "auto": version 6 from 4096 keys at head_dim 128, and with the causal mask at head_dim
-# 64; version 5 otherwise. H200, forward + backward, median of 3 rounds
-# (results/nvidia-h200/day018_backward_v6_branch.txt): at head_dim 128 version 6 is
-# +1-5% from 4096 keys (both masks), -1 to -6% below; at head_dim 64 +2-4% with the mask
-# and -2 to -6% without (the journal's "The backward, part 6"). Where version 6 is not
-# taken: version 7 at head_dim 64 (without the mask +3-5% over version 5 from seq 1024 to
-# 8192: results/nvidia-h200/day018_backward_three_consumers.txt; with it version 6 still
-# leads), version 5 at 128.
+# "auto": at head_dim 128 version 6 from 4096 keys, version 5 below (H200, forward +
+# backward, median of 3 rounds, results/nvidia-h200/day018_backward_v6_branch.txt:
+# version 6 +1-5% from 4096 keys with either mask, -1 to -6% below; the journal's "The
+# backward, part 6"). At head_dim 64 version 7 with either mask (seq 1024 to 8192, one
+# lease: +3-6% over version 5, and over version 6 +5-10% without the mask and +0.4-2%
+# with it; results/nvidia-h200/day018_backward_three_consumers.txt, "part 8").
 DEFAULT_BWD_VERSION = "auto"
 BWD_CHOICES = (*BWD_VERSIONS, "auto")
 # (head_dim, causal): the fewest keys where "auto" takes version 6 (None: never)
@@ -386,7 +384,7 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     kernel, then a third launch that puts dq32's rows in order into dq and casts them
     (`dq_from_pieces` says the order).
     inputs: q, k, v, do, lse2, out (the forward's output; do and out TMA-ready: 16-byte
-    aligned rows); outputs: dq (versions 1, 3-6; version 6: contiguous), dk, dv (all
+    aligned rows); outputs: dq (versions 1, 3-7; version 6: contiguous), dk, dv (all
     with 16-byte aligned rows; dk and dv with the same strides), pairs, dq32 (versions
     2, 6: float32, `dq32_shape`; version 2: zeroed)."""
     dq, dk, dv, pairs, dq32 = outputs

@@ -110,7 +110,7 @@ def attention_bwd_kernel[
 ):
     """DQ = False: grid (ceil(Lk / 128), kv heads, batch); f0/f1 = K/V, s0/s1 = Q/dO;
     dst0 = dK, dst1 = dV, (batch, kv heads, Lk, D) by d_bs/d_hs/d_rs.
-    DQ = True: grid (ceil(Lq / 128), q heads, batch); f0/f1 = Q/dO, s0/s1 = K/V;
+    DQ = True: grid (ceil(Lq / (64 NC)), q heads, batch); f0/f1 = Q/dO, s0/s1 = K/V;
     dst0 = dQ (batch, q heads, Lq, D) by the same strides; dst1 unused. Both passes
     store in 16-byte blocks (`store_rows`'s BLOCKS): dst0, dst1 and d_rs 16-byte aligned.
     lse (the forward's lse2): (batch, q heads, Lq) float32, contiguous. pairs: (batch,
@@ -127,8 +127,11 @@ def attention_bwd_kernel[
     batch of products. OVERLAP (version 5, the dQ pass, with TURNS): tile j - 1's dQ
     product runs beside tile j's elementwise step (attention_bwd_overlap.mojo).
     NC: consumer warpgroups of 64 fixed rows each, 2, or 3 in version 7's dQ pass at
-    head_dim 64 (512 threads at 128 registers: more warps for the scheduler to pick
-    from, the journal's "The backward, part 7"); the grid's x counts blocks of 64 NC.
+    head_dim 64 (512 threads: more warps for the scheduler to pick from; the build adds
+    `.minnctapersm 1`, so that `setmaxnreg` gives each consumer 160 registers; the
+    journal's "The backward, part 8"); the grid's x counts blocks of 64 NC rows.
+    The overlapped dQ loop (versions 5 and 7) multiplies only each consumer's own key
+    tiles and passes the block's later ones (`pass_stages`).
     Maps: 4-D views (head_dim, seq, heads, batch), boxes of 64 x 64."""
     comptime DB = D // TMA_BK
     comptime F_ELEMS = NC * DB * BOX

@@ -456,9 +456,9 @@ def test_backward_version_7_dq_blocks_of_192_queries():
     + [(128, c, lk, 6 if lk >= 4096 else 5) for c in (False, True) for lk in (1, 2048, 4095, 4096, 16384)],
 )
 def test_auto_backward_version(d, causal, lk, want):
-    """The default ("auto"): version 6 from 4096 keys at head_dim 128 and with the causal
-    mask at head_dim 64, else version 7 at head_dim 64 and version 5 at 128; a version
-    chosen by name is taken as it is."""
+    """The default ("auto"): at head_dim 128 version 6 from 4096 keys and version 5 below,
+    at head_dim 64 version 7 with either mask; a version chosen by name is taken as it
+    is."""
     from pytorch_custom_ops.attention_gpu import DEFAULT_BWD_VERSION, bwd_version
 
     assert DEFAULT_BWD_VERSION == "auto"
