@@ -243,8 +243,8 @@ def bwd_config(version: int, d: int, causal: bool, dq_pass: bool) -> tuple[bool,
 
 
 def bwd_consumers(version: int, d: int, dq_pass: bool) -> int:
-    """Consumer warpgroups of a backward pass: 3 in version 7's dQ pass at head_dim 64."""
-    return 3 if version == 7 and dq_pass and d == 64 else 2
+    """Consumer warpgroups of a backward pass: 3 in version 7's passes at head_dim 64."""
+    return 3 if version == 7 and d == 64 else 2
 
 
 BWD_TILE = 64  # rows of a streamed tile
@@ -282,7 +282,7 @@ def bwd_kernel_params(dtype, d: int, causal: bool, version: int, dq_pass: bool) 
 
 
 def one_block_per_sm(params: tuple) -> tuple[str, ...]:
-    """Version 7's three-consumer dQ pass (NC = 3): `.minnctapersm 1`, so that ptxas
+    """Version 7's three-consumer passes (NC = 3): `.minnctapersm 1`, so that ptxas
     honours `setmaxnreg` and the consumers grow to 160 registers. Without it they kept 128
     and the pass spilled 144 bytes with its wgmmas serialized (C7512; ptxas -v)."""
     return (".minnctapersm 1",) if params[-2] == 3 else ()

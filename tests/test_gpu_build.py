@@ -282,8 +282,8 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
             r"ex2\.approx",
         ),
         "day018.attention_bwd_kernel.*.*.*.*.*.*.*.*.2.*": (r"\.maxntid 384",),
-        # version 7's dQ pass at head_dim 64: three consumers (512 threads) taking turns in a ring
-        "day018.attention_bwd_kernel.*.64.4.*.1.0.1.1.3.*": (
+        # version 7's passes at head_dim 64: three consumers (512 threads) taking turns in a ring
+        "day018.attention_bwd_kernel.*.64.4.*.*.0.1.*.3.*": (
             r"\.maxntid 512\n\.minnctapersm 1\n",  # so that ptxas honours setmaxnreg
             r"bar\.sync\s+%r\d+, 256;",
             r"bar\.arrive\s+%r\d+, 256;",
@@ -441,7 +441,7 @@ def test_every_mojo_day_has_gpu_kernels_and_ptx_checks():
 
 def test_entry_directives_go_after_the_entrys_maxntid():
     """The build adds a family's entry directives (`.minnctapersm 1` for day 018's
-    three-consumer dQ pass) right after `.maxntid`, and refuses PTX without exactly one."""
+    three-consumer passes) right after `.maxntid`, and refuses PTX without exactly one."""
     from pytorch_custom_ops.attention_gpu import BWD_KERNEL
     from pytorch_custom_ops.library import KernelBuildError
 

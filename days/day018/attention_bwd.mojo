@@ -143,8 +143,8 @@ def attention_bwd_kernel[
     ) if FUSED == DQ_TILES else 0
     comptime assert D == 64 or D == 128, "head dim 64 or 128"
     comptime assert NC == CONSUMERS or (
-        NC == 3 and DQ and D == 64
-    ), "three consumers: the dQ pass at head_dim 64"
+        NC == 3 and D == 64
+    ), "three consumers: head_dim 64"
     comptime assert not (FUSED != 0 and DQ), "versions 2 and 6 have no dQ pass"
     comptime assert not OVERLAP or (
         TURNS and DQ
@@ -320,7 +320,7 @@ def attention_bwd_kernel[
             ).unsafe_bitcast[Float32]()
             var dk = SIMD[DType.float32, D // 2](0)
             var dv = SIMD[DType.float32, D // 2](0)
-            consume_dkdv[dtype, D, STAGES, CAUSAL, FUSED, TURNS](
+            consume_dkdv[dtype, D, STAGES, CAUSAL, FUSED, TURNS, NC](
                 f0,
                 f1,
                 stream,
@@ -331,6 +331,7 @@ def attention_bwd_kernel[
                 row0,
                 my_row,
                 Lq,
+                Lk,
                 pair_slots,
                 scale_log2,
                 dk,

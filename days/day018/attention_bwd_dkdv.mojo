@@ -46,6 +46,7 @@ from days.day018.attention_bwd_tiles import (
 )
 from days.day018.attention_common import (
     BOX,
+    CONSUMERS,
     hold,
     opaque_zero,
     p_fragments,
@@ -102,6 +103,7 @@ def consume_dkdv[
     CAUSAL: Bool,
     FUSED: Int = 0,
     TURNS: Bool = False,
+    NC: Int = CONSUMERS,
 ](
     sk: Pointer[
         Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
@@ -119,6 +121,7 @@ def consume_dkdv[
     key0: Int,
     my_key: Int,
     Lq: Int,
+    Lk: Int,
     pair_slots: Pointer[
         Float32, MutUntrackedOrigin, address_space=AddressSpace.SHARED
     ],
@@ -136,8 +139,10 @@ def consume_dkdv[
     scale: Float32,
     cw: Int,
 ):
-    """cw: this consumer (0 or 1), key0 its first key; my_key is this thread's row g
-    (g + 8 is the other); sk is this consumer's 64 keys. pair_slots: each stage's (lse2,
+    """cw: this consumer (0 to NC - 1), key0 its first key; my_key is this thread's row
+    g (g + 8 is the other); sk is this consumer's 64 keys. NC = 3 (version 7 at
+    head_dim 64): each consumer only passes the tiles its keys never see (none past Lk;
+    with the mask, a query tile that ends before key0), taking its turns. pair_slots: each stage's (lse2,
     delta) pairs (attention_bwd_pairs.mojo). FUSED: `dq` points at the group's first
     query head (row 0), its heads dq_rows rows apart (version 6; version 2: Lq);
     ds_boxes are the 64 x 64 dS^T boxes (version 2: one per consumer; version 6: two
@@ -154,7 +159,10 @@ def consume_dkdv[
     comptime OPAQUE = FUSED == DQ_TILES
     # both consumers' keys (version 6's shared dS reads them all)
     var sk_block = sk.unsafe_offset(-cw * (D // 64) * BOX)
-    open_turns[TURNS](cw)
+    comptime assert NC == CONSUMERS or (
+        FUSED == 0 and TURNS
+    ), "three consumers: in turns"
+    open_turns[TURNS, NC](cw)
     for j in range(n_tiles):
         var slot = ring_slot[STAGES](j)
         var s = slot[0]
@@ -163,6 +171,19 @@ def consume_dkdv[
         var sdo = sq.unsafe_offset(BQ * D)
         var q0 = q_start + (j % per_head) * BQ
         var head_off = (j // per_head) * Lq
+        comptime if NC == 3:
+            # a tile none of its keys sees: its two turns, so that the ring stays in
+            # step, and the stage freed once it has landed (consumer 0, whose keys see
+            # every streamed tile, waits for the pairs before the stage is refilled)
+            if key0 >= Lk or (CAUSAL and q0 + BQ <= key0):
+                mbar_wait(full0.unsafe_offset(s), phase)
+                mbar_wait(full1.unsafe_offset(s), phase)
+                comptime for _ in range(2):
+                    take_turn[True](cw)
+                    pass_turn[True, NC](cw)
+                if lane_id() == 0:
+                    _ = mbarrier_arrive(empty.unsafe_offset(s))
+                continue
         # both score-shaped products first, back to back: dP^T = V dO^T does not
         # need P^T, so the tensor cores run two products between the waits
         mbar_wait(full0.unsafe_offset(s), phase)
@@ -174,7 +195,7 @@ def consume_dkdv[
         comptime if not TURNS:
             mbar_wait(full1.unsafe_offset(s), phase)
         var dpt = s_wgmma[dtype, D, BQ](sv.unsafe_offset(z), sdo)
-        pass_turn[TURNS](cw)
+        pass_turn[TURNS, NC](cw)
         wgmma_wait_group_sync[0]()
         st = hold(st) * scale_log2
         dpt = hold(dpt)
@@ -216,7 +237,7 @@ def consume_dkdv[
         take_turn[TURNS](cw)
         dv = pv_issue[dtype, D, BQ](pf, v_descs[dtype, D, BQ](sdo), dv)
         dk = pv_issue[dtype, D, BQ](dsf, v_descs[dtype, D, BQ](sq), dk)
-        pass_turn[TURNS](cw)
+        pass_turn[TURNS, NC](cw)
         comptime if FUSED == DQ_ATOMIC:
             # dS^T to shared memory while dV and dK run (the box's last reader, the
             # previous tile's dQ product, has retired), then dQ's share from it

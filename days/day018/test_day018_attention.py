@@ -404,9 +404,9 @@ def test_backward_versions_with_turns_plan_on_cpu(version, d, causal):
     """Versions 3 to 5 and 7: version 1's two launches and arguments, with kernels whose
     consumers take turns (TURNS): both passes in version 3; in versions 4, 5 and 7 all
     but the dK/dV pass at head_dim 128 without the mask (measured slower with turns).
-    Versions 5 and 7 also overlap (OVERLAP) in the dQ pass. Version 7's dQ pass at
-    head_dim 64 has three consumers: 192 queries and 512 threads a block, room for a
-    third consumer's fixed Q and dO; elsewhere it is version 5."""
+    Versions 5 and 7 also overlap (OVERLAP) in the dQ pass. Version 7's passes at
+    head_dim 64 have three consumers: 192 fixed rows and 512 threads a block, room for a
+    third consumer's fixed Q and dO (K and V); elsewhere it is version 5."""
     from pytorch_custom_ops.attention_gpu import BWD_KERNEL, attention_bwd_gpu, bwd_smem_bytes
 
     q, k, v = make(1, 2, 1, 200, 130, d, BF16, "cpu")
@@ -422,20 +422,22 @@ def test_backward_versions_with_turns_plan_on_cpu(version, d, causal):
         smem = bwd_smem_bytes(d, dq_pass=dq_pass)
         turns = True if dq_pass else dkdv_turns
         overlap = version in (5, 7) and dq_pass
-        nc = 3 if version == 7 and dq_pass and d == 64 else 2
+        nc = 3 if version == 7 and d == 64 else 2
         smem_nc = bwd_smem_bytes(d, dq_pass=dq_pass, nc=nc)
         assert new.kernel is BWD_KERNEL[BF16, d, 4, causal, dq_pass, False, turns, overlap, nc, smem_nc]
         assert one.kernel is BWD_KERNEL[BF16, d, 4, causal, dq_pass, False, False, False, 2, smem]
-        assert smem_nc == smem + (nc - 2) * 2 * 64 * d * 2  # a Q and a dO tile a consumer
-        # 200 queries over 2 q heads, 130 keys over 1 kv head: 2 blocks of 128 or of 192
+        assert smem_nc == smem + (nc - 2) * 2 * 64 * d * 2  # two fixed tiles a consumer
+        # 200 queries over 2 q heads, 130 keys over 1 kv head: 2 blocks of 128 or of 192;
+        # 130 keys are one block of 192
         assert one.grid == ((2, 2, 1) if dq_pass else (2, 1, 1)) and one.block == 384
-        assert (new.grid, new.block) == (one.grid, 512 if nc == 3 else 384)
+        grid = one.grid if nc == 2 or dq_pass else (1, 1, 1)
+        assert (new.grid, new.block) == (grid, 512 if nc == 3 else 384)
         assert new.args == one.args
 
 
-def test_backward_version_7_dq_blocks_of_192_queries():
-    """Version 7's dQ pass at head_dim 64 covers 192 queries a block (3 blocks for 400,
-    against version 5's 4 of 128); its dK/dV pass is version 5's, launch for launch."""
+def test_backward_version_7_blocks_of_192_rows():
+    """Version 7's passes at head_dim 64 cover 192 fixed rows a block: 3 blocks for 400
+    queries and 2 for 300 keys, against version 5's 4 and 3 of 128."""
     from pytorch_custom_ops.attention_gpu import attention_bwd_gpu
 
     q, k, v = make(1, 2, 1, 400, 300, 64, BF16, "cpu")
@@ -446,8 +448,9 @@ def test_backward_version_7_dq_blocks_of_192_queries():
         attention_bwd_gpu(outputs, inputs, {"CAUSAL": True, "SCALE": 0.1, "VERSION": ver}) for ver in (7, 5)
     )
     assert (dq7.grid, dq7.block, dq5.grid, dq5.block) == ((3, 2, 1), 512, (4, 2, 1), 384)
-    assert dq7.kernel.params[-2] == 3 and dq5.kernel.params[-2] == 2 and dq7.args == dq5.args
-    assert (dkdv7.kernel, dkdv7.grid, dkdv7.block, dkdv7.args) == (dkdv5.kernel, dkdv5.grid, dkdv5.block, dkdv5.args)
+    assert (dkdv7.grid, dkdv7.block, dkdv5.grid, dkdv5.block) == ((2, 1, 1), 512, (3, 1, 1), 384)
+    for seven, five in ((dq7, dq5), (dkdv7, dkdv5)):
+        assert seven.kernel.params[-2] == 3 and five.kernel.params[-2] == 2 and seven.args == five.args
 
 
 @pytest.mark.parametrize(
