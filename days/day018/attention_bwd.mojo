@@ -123,15 +123,15 @@ def attention_bwd_kernel[
     no dQ pass. Version 2 (DQ_ATOMIC): dq32 is (batch, q heads, Lq, D) contiguous.
     Version 6 (DQ_TILES): (batch, q heads, ceil(Lq / 64) 64, D), each 64 x 64 piece in
     the order of attention_bwd_tiles.mojo.
-    TURNS (versions 3 to 5, either pass): the two consumers take turns to issue each
-    batch of products. OVERLAP (version 5, the dQ pass, with TURNS): tile j - 1's dQ
-    product runs beside tile j's elementwise step (attention_bwd_overlap.mojo).
-    NC: consumer warpgroups of 64 fixed rows each, 2, or 3 in version 7's dQ pass at
+    TURNS (versions 3 to 5 and 7, either pass): the consumers take turns to issue each
+    batch of products. OVERLAP (versions 5 and 7, the dQ pass, with TURNS): tile j - 1's
+    dQ product runs beside tile j's elementwise step (attention_bwd_overlap.mojo).
+    NC: consumer warpgroups of 64 fixed rows each, 2, or 3 in version 7's passes at
     head_dim 64 (512 threads: more warps for the scheduler to pick from; the build adds
     `.minnctapersm 1`, so that `setmaxnreg` gives each consumer 160 registers; the
-    journal's "The backward, part 8"); the grid's x counts blocks of 64 NC rows.
-    The overlapped dQ loop (versions 5 and 7) multiplies only each consumer's own key
-    tiles and passes the block's later ones (`pass_stages`).
+    journal's "The backward, parts 8 and 9"); the grid's x counts blocks of 64 NC rows.
+    In the two-pass versions each consumer multiplies only the streamed tiles its rows
+    need and passes the others (the forward's `pass_tiles`).
     Maps: 4-D views (head_dim, seq, heads, batch), boxes of 64 x 64."""
     comptime DB = D // TMA_BK
     comptime F_ELEMS = NC * DB * BOX
@@ -271,11 +271,11 @@ def attention_bwd_kernel[
                     )
             mbar_wait(bars, 0)
             var dq = SIMD[DType.float32, D // 2](0)
+            # its own key tiles (the forward's `pass_tiles`): none past Lq and, with the
+            # mask, none after its last row's diagonal
+            var kv_mine = min(Lk, row0 + 64) if CAUSAL else Lk
+            var n_mine = 0 if row0 >= Lq else ceildiv(kv_mine, BT)
             comptime if OVERLAP:
-                # its own key tiles (the forward's `pass_tiles`): none past Lq and, with
-                # the mask, none after its last row's diagonal
-                var kv_mine = min(Lk, row0 + 64) if CAUSAL else Lk
-                var n_mine = 0 if row0 >= Lq else ceildiv(kv_mine, BT)
                 consume_dq_overlapped[dtype, D, STAGES, CAUSAL, NC](
                     f0,
                     f1,
@@ -299,6 +299,7 @@ def attention_bwd_kernel[
                     stream,
                     bars,
                     n_tiles,
+                    n_mine,
                     row0,
                     my_row,
                     Lk,

@@ -30,6 +30,7 @@ from days.day018.attention_bwd_dq import (
     dq_wgmma,
     ds_store,
     open_turns,
+    TURN_BAR,
     pass_turn,
     take_turn,
     warpgroup_sync,
@@ -55,7 +56,7 @@ from days.day018.attention_common import (
     s_wgmma,
     v_descs,
 )
-from days.day018.attention_v2_overlap import sched_sync
+from days.day018.attention_v2_overlap import pass_tiles, sched_sync
 from days.day019.tma_store import (
     bulk_commit,
     bulk_wait_all,
@@ -140,9 +141,9 @@ def consume_dkdv[
     cw: Int,
 ):
     """cw: this consumer (0 to NC - 1), key0 its first key; my_key is this thread's row
-    g (g + 8 is the other); sk is this consumer's 64 keys. NC = 3 (version 7 at
-    head_dim 64): each consumer only passes the tiles its keys never see (none past Lk;
-    with the mask, a query tile that ends before key0), taking its turns. pair_slots: each stage's (lse2,
+    g (g + 8 is the other); sk is this consumer's 64 keys; NC consumers (3 in version
+    7 at head_dim 64). The two-pass versions pass the tiles the consumer's keys never
+    see (none past Lk; with the mask, a query tile that ends before key0). pair_slots: each stage's (lse2,
     delta) pairs (attention_bwd_pairs.mojo). FUSED: `dq` points at the group's first
     query head (row 0), its heads dq_rows rows apart (version 6; version 2: Lq);
     ds_boxes are the 64 x 64 dS^T boxes (version 2: one per consumer; version 6: two
@@ -171,18 +172,14 @@ def consume_dkdv[
         var sdo = sq.unsafe_offset(BQ * D)
         var q0 = q_start + (j % per_head) * BQ
         var head_off = (j // per_head) * Lq
-        comptime if NC == 3:
-            # a tile none of its keys sees: its two turns, so that the ring stays in
-            # step, and the stage freed once it has landed (consumer 0, whose keys see
-            # every streamed tile, waits for the pairs before the stage is refilled)
+        comptime if FUSED == 0:
+            # a tile none of its keys sees: only passed (its two turns, the stage freed
+            # once it has landed; consumer 0, whose keys see every streamed tile, waits
+            # for the pairs before the stage can be refilled)
             if key0 >= Lk or (CAUSAL and q0 + BQ <= key0):
-                mbar_wait(full0.unsafe_offset(s), phase)
-                mbar_wait(full1.unsafe_offset(s), phase)
-                comptime for _ in range(2):
-                    take_turn[True](cw)
-                    pass_turn[True, NC](cw)
-                if lane_id() == 0:
-                    _ = mbarrier_arrive(empty.unsafe_offset(s))
+                pass_tiles[STAGES, TURNS, NC, False, TURN_BAR, 2](
+                    bars, cw, j, 1, False
+                )
                 continue
         # both score-shaped products first, back to back: dP^T = V dO^T does not
         # need P^T, so the tensor cores run two products between the waits

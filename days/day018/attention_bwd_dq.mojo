@@ -18,7 +18,11 @@ from std.math import exp2
 from std.sys._assembly import inlined_assembly
 
 from days.day014.gemm_v3_tma import TMA_BK, mbar_wait, ring_slot, tma_desc
-from days.day018.attention_v2_overlap import sched_arrive, sched_sync
+from days.day018.attention_v2_overlap import (
+    pass_tiles,
+    sched_arrive,
+    sched_sync,
+)
 from days.day018.attention_common import (
     CONSUMERS,
     hold,
@@ -184,6 +188,7 @@ def consume_dq[
     ],
     bars: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
     n_tiles: Int,
+    n_mine: Int,
     row0: Int,
     my_row: Int,
     Lk: Int,
@@ -195,12 +200,14 @@ def consume_dq[
 ):
     """row0: this consumer's first query; lse_r / delta_r: this thread's rows (g,
     g + 8), +inf / 0 past Lq; cw: this consumer (0 to NC - 1), whose turns TURNS
-    takes as the dK/dV pass does."""
+    takes as the dK/dV pass does. It multiplies its own key tiles 0 <= j < n_mine
+    (none past Lq, and with the mask none after its rows' diagonal) and passes the
+    block's later ones (the forward's `pass_tiles`)."""
     var full0 = bars.unsafe_offset(1)
     var full1 = bars.unsafe_offset(1 + STAGES)
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
     open_turns[TURNS, NC](cw)
-    for j in range(n_tiles):
+    for j in range(n_mine):
         var slot = ring_slot[STAGES](j)
         var s = slot[0]
         var phase = slot[1]
@@ -226,6 +233,9 @@ def consume_dq[
         dq = pv_wait[D, BK](dsf, dq)
         if lane_id() == 0:
             _ = mbarrier_arrive(empty.unsafe_offset(s))
+    pass_tiles[STAGES, TURNS, NC, False, TURN_BAR, 2](
+        bars, cw, n_mine, n_tiles - n_mine, False
+    )
 
 
 # --8<-- [end:consume]

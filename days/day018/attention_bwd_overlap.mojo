@@ -17,6 +17,7 @@ from max.gpu.sync import mbarrier_arrive
 from days.day014.gemm_v3_tma import mbar_wait, ring_slot
 from days.day018.attention_bwd_dq import (
     BK,
+    TURN_BAR,
     ds_fragments,
     open_turns,
     pass_turn,
@@ -29,6 +30,7 @@ from days.day018.attention_common import (
     s_wgmma,
     v_descs,
 )
+from days.day018.attention_v2_overlap import pass_tiles
 
 
 @always_inline
@@ -86,13 +88,13 @@ def consume_dq_overlapped[
     """`consume_dq` with dQ += dS_{j-1} K_{j-1} running beside tile j's dS, on this
     consumer's own tiles 0 <= j < n_mine (n_mine <= n_tiles: none past Lq, and with the
     mask none after its rows' diagonal); the block's later tiles it only passes
-    (`pass_stages`). Every consumer takes n_tiles + 1 turns."""
+    (the forward's `pass_tiles`). Every consumer takes n_tiles + 1 turns."""
     open_turns[True, NC](cw)
     if n_tiles == 0:
         return
     # rows past Lq: the last turn is the one its dQ product would take
     if n_mine == 0:
-        pass_stages[STAGES, NC](bars, 0, n_tiles, cw)
+        pass_tiles[STAGES, True, NC, False, TURN_BAR](bars, cw, 0, n_tiles, False)
         take_turn[True](cw)
         pass_turn[True, NC](cw)
         return
@@ -128,26 +130,10 @@ def consume_dq_overlapped[
     pass_turn[True, NC](cw)
     dq = pv_wait[D, BK](dsf, dq)
     free_stage[STAGES](bars, n_mine - 1)
-    pass_stages[STAGES, NC](bars, n_mine, n_tiles, cw)
+    pass_tiles[STAGES, True, NC, False, TURN_BAR](
+        bars, cw, n_mine, n_tiles - n_mine, False
+    )
 
 
 # --8<-- [end:dq]
 
-
-@always_inline
-def pass_stages[
-    STAGES: Int, NC: Int
-](
-    bars: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
-    j0: Int,
-    j1: Int,
-    cw: Int,
-):
-    """Tiles j0 <= j < j1 that this consumer does not multiply: a turn each, so that the
-    ring stays in step, and each stage freed once it has landed (an arrive before then
-    could count towards the stage's previous use)."""
-    for j in range(j0, j1):
-        wait_stage[STAGES](bars, j)
-        take_turn[True](cw)
-        pass_turn[True, NC](cw)
-        free_stage[STAGES](bars, j)

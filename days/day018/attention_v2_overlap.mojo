@@ -49,7 +49,12 @@ def sched_arrive(id: Int):
 
 @always_inline
 def pass_tiles[
-    STAGES: Int, PINGPONG: Bool, NC: Int, SPLIT: Bool
+    STAGES: Int,
+    PINGPONG: Bool,
+    NC: Int,
+    SPLIT: Bool,
+    BAR: Int = SCHED_BAR,
+    TURNS: Int = 1,
 ](
     bars: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
     cw: Int,
@@ -61,9 +66,11 @@ def pass_tiles[
     rows do not need: it takes its turns (PINGPONG), so that the others' stay in order,
     and frees each tile once it has landed; a release before that could count toward
     the stage's previous phase. open_turns: as `consume_v2`'s, when that did not run.
+    BAR: the first of the NC turn barriers (the backward's are TURN_BAR's); TURNS: turns
+    a tile (the backward's loops that do not overlap take two).
     """
-    var mine = SCHED_BAR + cw
-    var other = SCHED_BAR + (cw + 1) % NC
+    var mine = BAR + cw
+    var other = BAR + (cw + 1) % NC
     comptime if PINGPONG:
         if open_turns and cw == NC - 1:
             sched_arrive(other)
@@ -72,8 +79,9 @@ def pass_tiles[
         mbar_wait(bars.unsafe_offset(1 + slot[0]), slot[1])
         mbar_wait(bars.unsafe_offset(1 + STAGES + slot[0]), slot[1])
         comptime if PINGPONG:
-            sched_sync(mine)
-            sched_arrive(other)
+            comptime for _ in range(TURNS):
+                sched_sync(mine)
+                sched_arrive(other)
         release_s0[STAGES, SPLIT](bars, slot[0])
         release_s1[STAGES, SPLIT](bars, slot[0])
 
