@@ -130,8 +130,9 @@ def attention_bwd_kernel[
     head_dim 64 (512 threads: more warps for the scheduler to pick from; the build adds
     `.minnctapersm 1`, so that `setmaxnreg` gives each consumer 160 registers; the
     journal's "The backward, parts 8 and 9"); the grid's x counts blocks of 64 NC rows.
-    In the two-pass versions each consumer multiplies only the streamed tiles its rows
-    need and passes the others (the forward's `pass_tiles`).
+    In the dQ pass each consumer multiplies only the key tiles its rows need, as in
+    version 7's dK/dV pass the query tiles; it passes the others (the forward's
+    `pass_tiles`).
     Maps: 4-D views (head_dim, seq, heads, batch), boxes of 64 x 64."""
     comptime DB = D // TMA_BK
     comptime F_ELEMS = NC * DB * BOX

@@ -142,8 +142,8 @@ def consume_dkdv[
 ):
     """cw: this consumer (0 to NC - 1), key0 its first key; my_key is this thread's row
     g (g + 8 is the other); sk is this consumer's 64 keys; NC consumers (3 in version
-    7 at head_dim 64). The two-pass versions pass the tiles the consumer's keys never
-    see (none past Lk; with the mask, a query tile that ends before key0). pair_slots: each stage's (lse2,
+    7 at head_dim 64, which pass the tiles their keys never see: none past Lk; with the
+    mask, a query tile that ends before key0). pair_slots: each stage's (lse2,
     delta) pairs (attention_bwd_pairs.mojo). FUSED: `dq` points at the group's first
     query head (row 0), its heads dq_rows rows apart (version 6; version 2: Lq);
     ds_boxes are the 64 x 64 dS^T boxes (version 2: one per consumer; version 6: two
@@ -172,10 +172,12 @@ def consume_dkdv[
         var sdo = sq.unsafe_offset(BQ * D)
         var q0 = q_start + (j % per_head) * BQ
         var head_off = (j // per_head) * Lq
-        comptime if FUSED == 0:
+        comptime if NC == 3:
             # a tile none of its keys sees: only passed (its two turns, the stage freed
             # once it has landed; consumer 0, whose keys see every streamed tile, waits
-            # for the pairs before the stage can be refilled)
+            # for the pairs before the stage can be refilled). With two consumers the
+            # branch cost more than it saved (2-3% at head_dim 128; at 64 without the
+            # mask it spilled, +15%; the journal's "The backward, part 9")
             if key0 >= Lk or (CAUSAL and q0 + BQ <= key0):
                 pass_tiles[STAGES, TURNS, NC, False, TURN_BAR, 2](
                     bars, cw, j, 1, False

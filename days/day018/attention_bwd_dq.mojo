@@ -19,6 +19,7 @@ from std.sys._assembly import inlined_assembly
 
 from days.day014.gemm_v3_tma import TMA_BK, mbar_wait, ring_slot, tma_desc
 from days.day018.attention_v2_overlap import (
+    next_consumer,
     pass_tiles,
     sched_arrive,
     sched_sync,
@@ -65,10 +66,7 @@ def take_turn[ON: Bool](cw: Int):
 def pass_turn[ON: Bool, NC: Int = CONSUMERS](cw: Int):
     """Open the next consumer's turn: a ring over the NC consumers."""
     comptime if ON:
-        comptime if NC == 2:
-            sched_arrive(TURN_BAR + 1 - cw)
-        else:
-            sched_arrive(TURN_BAR + (0 if cw == NC - 1 else cw + 1))
+        sched_arrive(TURN_BAR + next_consumer[NC](cw))
 
 
 # --8<-- [start:row_delta]
