@@ -169,7 +169,7 @@ def attention_bwd_kernel[
     var b = Int(block_idx.z)
     # measured (day018_backward_onepass.txt, section 4): the dQ passes and head_dim 128's
     # dK/dV passes gain 2-5%; head_dim 64's dK/dV pass lost 4%
-    comptime if CAUSAL and (DQ or D == 128):
+    comptime if CAUSAL and (DQ or D == 128 or NC == 3):
         fixed_block, h, b = heavy_first[DQ](n_heads)
     var r0 = fixed_block * BMF  # the block's first fixed row
     var n_tiles: Int
