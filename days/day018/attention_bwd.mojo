@@ -168,8 +168,9 @@ def attention_bwd_kernel[
     var h = Int(block_idx.y)  # a kv head (DQ = False) or a q head
     var b = Int(block_idx.z)
     # measured (day018_backward_onepass.txt, section 4): the dQ passes and head_dim 128's
-    # dK/dV passes gain 2-5%; head_dim 64's dK/dV pass lost 4%
-    comptime if CAUSAL and (DQ or D == 128 or NC == 3):
+    # dK/dV passes gain 2-5%; head_dim 64's dK/dV pass lost 4%, and 1.5-2% with three
+    # consumers (version 7; day018_backward_skip_ab.txt, section 3)
+    comptime if CAUSAL and (DQ or D == 128):
         fixed_block, h, b = heavy_first[DQ](n_heads)
     var r0 = fixed_block * BMF  # the block's first fixed row
     var n_tiles: Int
