@@ -21,7 +21,7 @@ BWD_MODULE = "days.day018.attention_bwd"
 DTYPES = (torch.bfloat16, torch.float16)
 HEAD_DIMS = (64, 128)
 # The backward's blocks: a producer warpgroup and `nc` consumer warpgroups of 64 fixed rows
-# each (2; 3 in version 7's dQ pass at head_dim 64: `bwd_consumers`).
+# each (2; 3 in version 7's passes at head_dim 64: `bwd_consumers`).
 BOX = 64  # a TMA box row: 64 16-bit elements = one 128-byte swizzle span
 SMEM_LIMIT = 227 * 1024  # the H100's opt-in maximum per block
 LOG2E = 1.4426950408889634
@@ -215,16 +215,18 @@ def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
 # step: that pass 3-6% faster (the journal's "The backward, part 3").
 # 6: version 2's one pass with dS shared between the consumers and dQ added by whole
 # 16 KB pieces through the TMA unit (days/day018/attention_bwd_tiles.mojo).
-# 7: version 5 with three consumers in the dQ pass at head_dim 64 (192 queries a block,
-# 512 threads, the consumers at 160 registers: 12 consumer warps where Triton's dQ kernel
-# has up to 20 an SM; the journal's "The backward, parts 7 and 8"); at 128, version 5.
+# 7: version 5 with three consumers in both passes at head_dim 64 (192 fixed rows a block,
+# 512 threads, the consumers at 160 registers: 12 consumer warps where Triton's kernels
+# have up to 20 an SM; the dK/dV pass's consumers pass the query tiles their keys never
+# see; the journal's "The backward, parts 7 to 9"); at 128, version 5.
 BWD_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 # "auto": at head_dim 128 version 6 from 4096 keys, version 5 below (H200, forward +
 # backward, median of 3 rounds, results/nvidia-h200/day018_backward_v6_branch.txt:
 # version 6 +1-5% from 4096 keys with either mask, -1 to -6% below; the journal's "The
 # backward, part 6"). At head_dim 64 version 7 with either mask (seq 1024 to 8192, one
-# lease: +3-6% over version 5, and over version 6 +5-10% without the mask and +0.4-2%
-# with it; results/nvidia-h200/day018_backward_three_consumers.txt, "part 8").
+# lease, with three consumers in both passes: +7-12% over version 5, and over version 6
+# +10-14% without the mask and +7-10% with it;
+# results/nvidia-h200/day018_backward_dkdv_three_consumers.txt, "part 9").
 DEFAULT_BWD_VERSION = "auto"
 BWD_CHOICES = (*BWD_VERSIONS, "auto")
 # (head_dim, causal): the fewest keys where "auto" takes version 6 (None: never)
@@ -378,8 +380,8 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     scale * dS K into dq32. Versions 3 to 5:
     version 1's launches, their consumers taking turns to issue products, in version 5
     the dQ pass overlapping its product with the elementwise step (`bwd_config`).
-    Version 7: version 5 with three consumers in the dQ pass at head_dim 64 (192 queries
-    a block, 512 threads: `bwd_consumers`).
+    Version 7: version 5 with three consumers in both passes at head_dim 64 (192 fixed
+    rows a block, 512 threads: `bwd_consumers`).
     Version 6: version 2's launches, dq32 in pieces (`dq32_shape`), zeroed by the delta
     kernel, then a third launch that puts dq32's rows in order into dq and casts them
     (`dq_from_pieces` says the order).

@@ -41,9 +41,10 @@ comptime BK = 64  # keys per streamed tile
 
 # The backward's turns (TURNS, versions 3 to 5 and 7, both passes): the consumers take
 # turns to issue each batch of products, so one warpgroup's elementwise step runs beside
-# another's products (two consumers swap; version 7's three in its dQ pass go round a ring).
-# Named barriers 4 and 5 (version 2 uses 2, 3); with three consumers (version 7's dQ
-# pass) 4 to 6, which version 6's pass, another kernel, uses as CONSUMERS_BAR.
+# another's products (two consumers swap; version 7's three go round a ring: the forward's
+# `next_consumer`). Named barriers 4 and 5 (version 2 uses 2, 3); with three consumers
+# (version 7's passes) 4 to 6, which version 6's pass, another kernel, uses as
+# CONSUMERS_BAR.
 comptime TURN_BAR = 4
 
 

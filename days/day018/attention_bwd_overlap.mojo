@@ -94,7 +94,9 @@ def consume_dq_overlapped[
         return
     # rows past Lq: the last turn is the one its dQ product would take
     if n_mine == 0:
-        pass_tiles[STAGES, True, NC, False, TURN_BAR](bars, cw, 0, n_tiles, False)
+        pass_tiles[STAGES, True, NC, False, TURN_BAR](
+            bars, cw, 0, n_tiles, False
+        )
         take_turn[True](cw)
         pass_turn[True, NC](cw)
         return
@@ -136,4 +138,3 @@ def consume_dq_overlapped[
 
 
 # --8<-- [end:dq]
-

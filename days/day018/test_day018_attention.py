@@ -655,7 +655,9 @@ def test_cuda_version_6_zero_and_rows_launches(dtype, lq, d):
 @pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5, 6, 7, "auto"])
 @pytest.mark.parametrize("dtype", [BF16, FP16])
 # (1, 2, 1, 200, 450, 64): Lq < Lk at head_dim 64, where the dQ passes' consumers (three in
-# version 7) stop at their own diagonal and pass the block's later key tiles
+# version 7) stop at their own diagonal and pass the block's later key tiles. Version 7's
+# dK/dV consumers pass the query tiles before their keys (with the mask; GQA in (2, 3, 1,
+# 77, 77, 64) and (2, 2, 1, 900, 700, 64)) and, past Lk, every tile (128, 77, 450 and 700 keys)
 @pytest.mark.parametrize(
     "shape", SHAPES + [(1, 4, 1, 700, 333, 64), (1, 2, 1, 200, 450, 64), (2, 2, 2, 64, 64, 128)] + LONG_GRAD_SHAPES
 )
