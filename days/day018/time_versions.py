@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import pytorch_custom_ops as pco
-from benchmark.cases.day017 import IMPLS_FOR_TIMING, flops, shapes_for
+from benchmark.cases.day017 import IMPLS_FOR_TIMING, MODEL_DIM, flops, shapes_for
 from benchmark.gpu_script import need_cuda
 from benchmark.timing import kernel_time_ms, kernel_times_us
 from pytorch_custom_ops.attention_gpu import (
@@ -64,6 +64,12 @@ def timed_in_turns(steps: dict, rounds: int) -> dict[str, list[float]]:
         for name, step in steps.items():
             out[name].append(kernel_time_ms(step, reps=20 if rounds == 1 else 10))
     return out
+
+
+def shapes(d: int, lengths) -> list[tuple[int, int, int, int]]:
+    """The benchmark's shapes, or with --lengths batch 16 at each length (to see what a
+    length that leaves a block part-full costs)."""
+    return [(16, MODEL_DIM // d, n, d) for n in lengths] if lengths else shapes_for(d)
 
 
 def wanted(seq: int, quick: bool, seqs) -> bool:
@@ -115,13 +121,23 @@ def main() -> None:
     parser.add_argument("--head-dims", type=int, nargs="+", choices=(128, 64), default=[128, 64])
     parser.add_argument("--seqs", type=int, nargs="+", default=None, help="only these sequence lengths")
     parser.add_argument(
+        "--lengths", type=int, nargs="+", default=None, help="batch 16 at these lengths, not the benchmark's shapes"
+    )
+    parser.add_argument(
         "--masks", nargs="+", choices=("none", "causal"), default=["none", "causal"], help="only these masks"
     )
     args = parser.parse_args()
     need_cuda(None, __file__)
     if args.backward:
         return time_backward(
-            args.quick, args.bwd_versions, args.kernels, args.rounds, args.head_dims, args.seqs, args.masks
+            args.quick,
+            args.bwd_versions,
+            args.kernels,
+            args.rounds,
+            args.head_dims,
+            args.seqs,
+            args.masks,
+            args.lengths,
         )
     impls = tile_impls(args.fwd_tiles, args.versions, args.control) if args.fwd_tiles else IMPLS
     what = "(max |err| vs fp32)" if args.rounds == 1 else f"median of {args.rounds} interleaved rounds [min-max]"
@@ -129,7 +145,7 @@ def main() -> None:
     print(f"{'d':>4} {'causal':>6} {'seq':>6} " + " ".join(f"{n:>18}" for n in impls))
     for d in args.head_dims:
         for causal in causal_flags(args.masks):
-            for shape in shapes_for(d):
+            for shape in shapes(d, args.lengths):
                 if not wanted(shape[2], args.quick, args.seqs):
                     continue
                 q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -164,6 +180,7 @@ def time_backward(
     head_dims=(128, 64),
     seqs=None,
     masks=("none", "causal"),
+    lengths=None,
 ) -> None:
     """Forward + backward; the Mojo columns share the default forward, one column per
     backward version (the version is read when the backward runs, so the context covers
@@ -175,7 +192,7 @@ def time_backward(
     print(f"{'d':>4} {'causal':>6} {'seq':>6} " + " ".join(f"{n:>18}" for n in impls))
     for d in head_dims:
         for causal in causal_flags(masks):
-            for shape in shapes_for(d):
+            for shape in shapes(d, lengths):
                 if not wanted(shape[2], quick, seqs):
                     continue
                 q, k, v, do = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
