@@ -173,23 +173,11 @@ def attention_bwd_kernel[
     comptime if CAUSAL and (DQ or D == 128):
         fixed_block, h, b = heavy_first[DQ](n_heads)
     var r0 = fixed_block * BMF  # the block's first fixed row
-    var rows_here = BMF  # the block's fixed rows
-    comptime if DQ and CAUSAL and NC == 3:
-        # the part-full block goes first, where the mask makes it cheapest: block 0
-        # takes the 64-row tiles past whole blocks, the others whole blocks (a part-full
-        # last block ran every key tile on one consumer; the journal's "The backward,
-        # part 9")
-        var ragged = ceildiv(Lq, 64) % NC
-        if ragged != 0:
-            if fixed_block == 0:
-                rows_here = ragged * 64
-            else:
-                r0 -= BMF - ragged * 64
     var n_tiles: Int
     var per_head: Int
     var s_start: Int
     comptime if DQ:
-        var kv_end = min(Lk, r0 + rows_here) if CAUSAL else Lk
+        var kv_end = min(Lk, r0 + BMF) if CAUSAL else Lk
         n_tiles = ceildiv(kv_end, BT)
         per_head = max(n_tiles, 1)
         s_start = 0
@@ -262,14 +250,6 @@ def attention_bwd_kernel[
         var out0 = dst0.unsafe_offset(b * Int(d_bs) + h * Int(d_hs))
         var ones = SIMD[DType.float32, 2](scale)
         comptime if DQ:
-            # the rows this consumer owns end at Lq (its pairs at Lq_pad); a consumer
-            # past a part-full block 0's rows owns none (they are block 1's)
-            var lq_mine = Lq
-            var pad_mine = Lq_pad
-            comptime if CAUSAL and NC == 3:
-                if cw * 64 >= rows_here:
-                    lq_mine = row0
-                    pad_mine = row0
             var base = (b * n_heads + h) * Lq
             # while the fixed Q and dO tiles land
             var delta_r = row_delta[dtype, D](
@@ -278,15 +258,15 @@ def attention_bwd_kernel[
                 Int(o_rs),
                 Int(do_rs),
                 my_row,
-                lq_mine,
+                Lq,
             )
             var lse_r = SIMD[DType.float32, 2](Float32.MAX)
             var pair_base = (b * n_heads + h) * Lq_pad
             comptime for half in range(2):
                 var row = my_row + 8 * half
-                if row < lq_mine:
+                if row < Lq:
                     lse_r[half] = lse[unsafe_offset=base + row]
-                if row < pad_mine and lane_id() % 4 == 0:  # for the dK/dV pass
+                if row < Lq_pad and lane_id() % 4 == 0:  # for the dK/dV pass
                     pairs.unsafe_store[alignment=8](
                         (pair_base + row) * 2,
                         SIMD[DType.float32, 2](lse_r[half], delta_r[half]),
@@ -296,7 +276,7 @@ def attention_bwd_kernel[
             # its own key tiles (the forward's `pass_tiles`): none past Lq and, with the
             # mask, none after its last row's diagonal
             var kv_mine = min(Lk, row0 + 64) if CAUSAL else Lk
-            var n_mine = 0 if row0 >= lq_mine else ceildiv(kv_mine, BT)
+            var n_mine = 0 if row0 >= Lq else ceildiv(kv_mine, BT)
             comptime if OVERLAP:
                 consume_dq_overlapped[dtype, D, STAGES, CAUSAL, NC](
                     f0,
@@ -331,7 +311,7 @@ def attention_bwd_kernel[
                     dq,
                     cw,
                 )
-            store_rows[dtype, D, True](dq, ones, out0, row0, lq_mine, Int(d_rs))
+            store_rows[dtype, D, True](dq, ones, out0, row0, Lq, Int(d_rs))
         else:
             mbar_wait(bars, 0)
             var first_head = b * n_heads * G + h * G  # the group's first q head
