@@ -244,7 +244,7 @@ def bwd_config(version: int, d: int, causal: bool, dq_pass: bool) -> tuple[bool,
     return dq_pass or causal or d != 128, version in (5, 7) and dq_pass
 
 
-def bwd_consumers(version: int, d: int, dq_pass: bool) -> int:
+def bwd_consumers(version: int, d: int) -> int:
     """Consumer warpgroups of a backward pass: 3 in version 7's passes at head_dim 64."""
     return 3 if version == 7 and d == 64 else 2
 
@@ -278,7 +278,7 @@ def bwd_kernel_params(dtype, d: int, causal: bool, version: int, dq_pass: bool) 
     fused = DQ_ADD.get(version, 0)
     stages = bwd_stages(d, fused)
     config = bwd_config(version, d, causal, dq_pass)
-    nc = bwd_consumers(version, d, dq_pass)
+    nc = bwd_consumers(version, d)
     smem = bwd_smem_bytes(d, fused=fused, stages=stages, dq_pass=dq_pass, nc=nc)
     return (dtype, d, stages, causal, dq_pass, fused, *config, nc, smem)
 
