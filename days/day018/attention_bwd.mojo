@@ -47,8 +47,10 @@ from days.day014.gemm_v3_tma import (
 from days.day018.attention_common import (
     BOX,
     CONSUMERS,
+    block_first_row,
     heavy_first,
     produce,
+    row_bound,
     store_rows,
 )
 from days.day018.attention_bwd_dkdv import consume_dkdv
@@ -172,7 +174,12 @@ def attention_bwd_kernel[
     # consumers (version 7; day018_backward_skip_ab.txt, section 3)
     comptime if CAUSAL and (DQ or D == 128):
         fixed_block, h, b = heavy_first[DQ](n_heads)
-    var r0 = fixed_block * BMF  # the block's first fixed row
+    # the block's first fixed row. With the mask, the dQ pass's query blocks end at the
+    # last row, so its part-full block is the cheapest (`block_first_row`); the dK/dV
+    # pass's part-full key block is already: the last, which the fewest queries see
+    var r0 = block_first_row[BMF, CAUSAL and DQ](
+        fixed_block, Int(grid_dim.x), Lq
+    )
     var n_tiles: Int
     var per_head: Int
     var s_start: Int
@@ -251,6 +258,7 @@ def attention_bwd_kernel[
         var ones = SIMD[DType.float32, 2](scale)
         comptime if DQ:
             var base = (b * n_heads + h) * Lq
+            var rows = row_bound[CAUSAL](row0, Lq)  # 0: rows before row 0
             # while the fixed Q and dO tiles land
             var delta_r = row_delta[dtype, D](
                 o.unsafe_offset(b * Int(o_bs) + h * Int(o_hs)),
@@ -258,15 +266,16 @@ def attention_bwd_kernel[
                 Int(o_rs),
                 Int(do_rs),
                 my_row,
-                Lq,
+                rows,
             )
             var lse_r = SIMD[DType.float32, 2](Float32.MAX)
             var pair_base = (b * n_heads + h) * Lq_pad
+            var pair_rows = row_bound[CAUSAL](row0, Lq_pad)
             comptime for half in range(2):
                 var row = my_row + 8 * half
-                if row < Lq:
+                if row < rows:
                     lse_r[half] = lse[unsafe_offset=base + row]
-                if row < Lq_pad and lane_id() % 4 == 0:  # for the dK/dV pass
+                if row < pair_rows and lane_id() % 4 == 0:  # for the dK/dV pass
                     pairs.unsafe_store[alignment=8](
                         (pair_base + row) * 2,
                         SIMD[DType.float32, 2](lse_r[half], delta_r[half]),
@@ -276,7 +285,7 @@ def attention_bwd_kernel[
             # its own key tiles (the forward's `pass_tiles`): none past Lq and, with the
             # mask, none after its last row's diagonal
             var kv_mine = min(Lk, row0 + 64) if CAUSAL else Lk
-            var n_mine = 0 if row0 >= Lq else ceildiv(kv_mine, BT)
+            var n_mine = 0 if row0 >= rows else ceildiv(kv_mine, BT)
             comptime if OVERLAP:
                 consume_dq_overlapped[dtype, D, STAGES, CAUSAL, NC](
                     f0,
@@ -311,7 +320,7 @@ def attention_bwd_kernel[
                     dq,
                     cw,
                 )
-            store_rows[dtype, D, True](dq, ones, out0, row0, Lq, Int(d_rs))
+            store_rows[dtype, D, True](dq, ones, out0, row0, rows, Int(d_rs))
         else:
             mbar_wait(bars, 0)
             var first_head = b * n_heads * G + h * G  # the group's first q head

@@ -681,6 +681,31 @@ def heavy_first[LAST: Bool](n_heads: Int) -> Tuple[Int, Int, Int]:
 
 
 @always_inline
+def block_first_row[
+    BM: Int, CAUSAL: Bool
+](block: Int, n_blocks: Int, L: Int) -> Int:
+    """The first row of query block `block` (of n_blocks, BM rows each, L rows in all).
+    Causal, the blocks end at L's last 64-row slice instead of starting at row 0: where
+    BM does not divide L, the part-full block is then the first one, whose rows see the
+    fewest keys, instead of the last, whose rows see them all with one or two of its
+    consumers idle. Its idle consumers get whole 64-row slices before row 0: TMA fills
+    their Q with zeros, and `row_bound` drops them."""
+    comptime if CAUSAL:
+        return block * BM - (n_blocks * BM - L) // 64 * 64
+    return block * BM
+
+
+@always_inline
+def row_bound[CAUSAL: Bool](row0: Int, L: Int) -> Int:
+    """The bound of a consumer's `row < bound` checks, its 64 rows from row0: L, or 0
+    where they lie before row 0 (`block_first_row`), so that it reads and writes none.
+    """
+    comptime if CAUSAL:
+        return L if row0 >= 0 else 0
+    return L
+
+
+@always_inline
 def needs_mask[BN: Int, CAUSAL: Bool](kv0: Int, row0: Int, Lk: Int) -> Bool:
     """Whether a tile starting at key kv0 has a key past Lk or, causal, after the
     consumer's first query row0 (its last row is row0 + 63)."""

@@ -55,9 +55,11 @@ from days.day014.gemm_v3_tma import (
 from days.day018.attention_common import (
     BOX,
     NEG_INF,
+    block_first_row,
     produce,
     produce_fixed,
     produce_stream,
+    row_bound,
     store_o_lse,
 )
 from days.day018.attention_v1_serial import consume_v1
@@ -210,7 +212,9 @@ def attention_fwd_kernel[
                     var tile = work_tile[CAUSAL, True](
                         w, n_qblocks, H, Int(batch)
                     )
-                    var q0 = tile[0] * BM
+                    var q0 = block_first_row[BM, CAUSAL](
+                        tile[0], n_qblocks, Lq
+                    )
                     var n_tiles = kv_tiles[BM, BN, CAUSAL](q0, Lk)
                     var qb = q_bars[STAGES, SPLIT](bars, t % QBUF)
                     var uses = t // QBUF  # this Q buffer's earlier tiles
@@ -241,7 +245,7 @@ def attention_fwd_kernel[
                     t += 1
             else:
                 var tile = work_tile[CAUSAL, False](0, n_qblocks, H, Int(batch))
-                var q0 = tile[0] * BM
+                var q0 = block_first_row[BM, CAUSAL](tile[0], n_qblocks, Lq)
                 var n_tiles = kv_tiles[BM, BN, CAUSAL](q0, Lk)
                 produce[dtype, D, BN, STAGES, 1, NC, SPLIT](
                     qmap,
@@ -410,15 +414,16 @@ def consume_tile[
     comptime DB = D // TMA_BK
     comptime BM = 64 * NC
     var tile = work_tile[CAUSAL, PERSISTENT](w, n_qblocks, H, batch)
-    var q0 = tile[0] * BM
+    var q0 = block_first_row[BM, CAUSAL](tile[0], n_qblocks, Lq)
     var h = tile[1]
     var b = tile[2]
     var n_tiles = kv_tiles[BM, BN, CAUSAL](q0, Lk)
     var row0 = q0 + cw * 64  # this consumer's first query row
+    var rows = row_bound[CAUSAL](row0, Lq)
     # The block streams the tiles its last rows need; this consumer's rows may need
-    # fewer (causal: keys up to its own last row) or none (all past Lq). It multiplies
-    # only its own and passes on the rest (`pass_tiles`).
-    var n_mine = kv_tiles[64, BN, CAUSAL](row0, Lk) if row0 < Lq else 0
+    # fewer (causal: keys up to its own last row) or none (all past Lq, or before row
+    # 0). It multiplies only its own and passes on the rest (`pass_tiles`).
+    var n_mine = kv_tiles[64, BN, CAUSAL](row0, Lk) if row0 < rows else 0
     var my_row = row0 + (warp_id() % 4) * 16 + lane_id() // 4
     var sq = smem.unsafe_offset(((t % QBUF) * NC + cw) * DB * BOX)
     var skv = smem.unsafe_offset(QBUF * NC * DB * BOX)
@@ -465,7 +470,7 @@ def consume_tile[
         dst.unsafe_offset(b * o_bs + h * o_hs),
         lse.unsafe_offset((b * H + h) * Lq),
         row0,
-        Lq,
+        rows,
         o_rs,
     )
     return n_tiles

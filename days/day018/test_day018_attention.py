@@ -518,7 +518,7 @@ def test_cuda_forward_tiles_match_float64(tile, version, shape, causal):
 @pytest.mark.parametrize(
     "shape",
     [
-        (1, 3, 1, 1000, 1000, 64),  # the last block's second and third consumers: no rows
+        (1, 3, 1, 1000, 1000, 64),  # two consumers with no rows: past Lq, or causal before row 0
         (1, 2, 2, 1000, 333, 64),  # causal, Lq > Lk: every consumer past row 333 reads all keys
         (2, 2, 1, 200, 1000, 64),  # Lq < Lk; causal: the first block's consumers end at 1, 1 and 2 tiles
         (1, 2, 1, 1000, 1000, 128),
