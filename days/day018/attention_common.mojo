@@ -561,7 +561,9 @@ def produce_fixed[
     f_head: Int,
     b: Int,
 ):
-    """The fixed tiles (`produce`) onto barrier `fixed`."""
+    """The fixed tiles (`produce`) onto barrier `fixed`. A consumer's 64 rows that lie
+    before row 0 (`block_first_row`) load row 0's instead, which it does not read: a
+    box is not started at a negative row."""
     comptime DB = D // TMA_BK
     comptime F_ELEMS = NC * DB * BOX
     mbarrier_arrive_expect_tx_shared(
@@ -575,7 +577,7 @@ def produce_fixed[
                     sfix.unsafe_offset(f * F_ELEMS + (c * DB + db) * BOX),
                     fixed,
                     db * TMA_BK,
-                    f_row + c * 64,
+                    max(f_row + c * 64, 0),
                     f_head,
                     b,
                 )
