@@ -258,7 +258,7 @@ def attention_bwd_kernel[
         var ones = SIMD[DType.float32, 2](scale)
         comptime if DQ:
             var base = (b * n_heads + h) * Lq
-            var rows = row_bound[CAUSAL](row0, Lq)  # 0: rows before row 0
+            var rows = row_bound[CAUSAL](row0, Lq)  # none before row 0
             # while the fixed Q and dO tiles land
             var delta_r = row_delta[dtype, D](
                 o.unsafe_offset(b * Int(o_bs) + h * Int(o_hs)),

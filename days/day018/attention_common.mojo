@@ -690,8 +690,8 @@ def block_first_row[
     Causal, the blocks end at L's last 64-row slice instead of starting at row 0: where
     BM does not divide L, the part-full block is then the first one, whose rows see the
     fewest keys, instead of the last, whose rows see them all with one or two of its
-    consumers idle. Its idle consumers get whole 64-row slices before row 0: TMA fills
-    their Q with zeros, and `row_bound` drops them."""
+    consumers idle. Its idle consumers get whole 64-row slices before row 0: they load
+    row 0's Q (`produce_fixed`), which they do not read, and `row_bound` drops them."""
     comptime if CAUSAL:
         return block * BM - (n_blocks * BM - L) // 64 * 64
     return block * BM
@@ -699,11 +699,12 @@ def block_first_row[
 
 @always_inline
 def row_bound[CAUSAL: Bool](row0: Int, L: Int) -> Int:
-    """The bound of a consumer's `row < bound` checks, its 64 rows from row0: L, or 0
-    where they lie before row 0 (`block_first_row`), so that it reads and writes none.
+    """The bound of a consumer's `row < bound` checks, its 64 rows from row0: L, or
+    where they lie before row 0 (`block_first_row`) row0 itself, which none of them is
+    below, so that it reads and writes none (a bound of 0 would let them all through).
     """
     comptime if CAUSAL:
-        return L if row0 >= 0 else 0
+        return L if row0 >= 0 else row0
     return L
 
 
