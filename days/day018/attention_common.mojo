@@ -691,7 +691,8 @@ def block_first_row[
     BM does not divide L, the part-full block is then the first one, whose rows see the
     fewest keys, instead of the last, whose rows see them all with one or two of its
     consumers idle. Its idle consumers get whole 64-row slices before row 0: they load
-    row 0's Q (`produce_fixed`), which they do not read, and `row_bound` drops them."""
+    row 0's Q (`produce_fixed`), which they do not read, and `row_bound` drops them.
+    """
     comptime if CAUSAL:
         return block * BM - (n_blocks * BM - L) // 64 * 64
     return block * BM

@@ -212,9 +212,7 @@ def attention_fwd_kernel[
                     var tile = work_tile[CAUSAL, True](
                         w, n_qblocks, H, Int(batch)
                     )
-                    var q0 = block_first_row[BM, CAUSAL](
-                        tile[0], n_qblocks, Lq
-                    )
+                    var q0 = block_first_row[BM, CAUSAL](tile[0], n_qblocks, Lq)
                     var n_tiles = kv_tiles[BM, BN, CAUSAL](q0, Lk)
                     var qb = q_bars[STAGES, SPLIT](bars, t % QBUF)
                     var uses = t // QBUF  # this Q buffer's earlier tiles
