@@ -14,7 +14,7 @@ from max.gpu import lane_id
 from max.gpu.compute.mma import wgmma_wait_group_sync
 from max.gpu.sync import mbarrier_arrive
 
-from days.day014.gemm_v3_tma import mbar_wait, ring_slot
+from days.day014.gemm_v3_tma import ring_slot
 from days.day018.attention_bwd_dq import (
     BK,
     TURN_BAR,
@@ -30,20 +30,7 @@ from days.day018.attention_common import (
     s_wgmma,
     v_descs,
 )
-from days.day018.attention_v2_overlap import pass_tiles
-
-
-@always_inline
-def wait_stage[
-    STAGES: Int
-](
-    bars: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
-    j: Int,
-):
-    """Wait until both streamed tiles of the j-th stage have landed."""
-    var slot = ring_slot[STAGES](j)
-    mbar_wait(bars.unsafe_offset(1 + slot[0]), slot[1])
-    mbar_wait(bars.unsafe_offset(1 + STAGES + slot[0]), slot[1])
+from days.day018.attention_v2_overlap import pass_tiles, wait_stage
 
 
 @always_inline
@@ -53,6 +40,11 @@ def free_stage[
     bars: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
     j: Int,
 ):
+    """Free the block's j-th streamed tile: `release_s1[STAGES, False]` on its stage,
+    written with the barrier's address in one offset. Through `release_s1` (two offsets)
+    ptxas scheduled version 5's head_dim 128 dQ loop without the mask with 11 more
+    uniform instructions (499 -> 510 in `sass_kloop.py`, 2026-11-29), so it stays.
+    """
     if lane_id() == 0:
         _ = mbarrier_arrive(
             bars.unsafe_offset(1 + 2 * STAGES + ring_slot[STAGES](j)[0])

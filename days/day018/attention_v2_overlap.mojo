@@ -59,6 +59,19 @@ def next_consumer[NC: Int](cw: Int) -> Int:
 
 
 @always_inline
+def wait_stage[
+    STAGES: Int
+](
+    bars: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+    j: Int,
+):
+    """Wait until both streams of the block's j-th streamed tile have landed."""
+    var slot = ring_slot[STAGES](j)
+    mbar_wait(bars.unsafe_offset(1 + slot[0]), slot[1])
+    mbar_wait(bars.unsafe_offset(1 + STAGES + slot[0]), slot[1])
+
+
+@always_inline
 def pass_tiles[
     STAGES: Int,
     PINGPONG: Bool,
@@ -86,15 +99,14 @@ def pass_tiles[
         if open_turns and cw == NC - 1:
             sched_arrive(other)
     for j in range(n):
-        var slot = ring_slot[STAGES](it0 + j)
-        mbar_wait(bars.unsafe_offset(1 + slot[0]), slot[1])
-        mbar_wait(bars.unsafe_offset(1 + STAGES + slot[0]), slot[1])
+        wait_stage[STAGES](bars, it0 + j)
         comptime if PINGPONG:
             comptime for _ in range(TURNS):
                 sched_sync(mine)
                 sched_arrive(other)
-        release_s0[STAGES, SPLIT](bars, slot[0])
-        release_s1[STAGES, SPLIT](bars, slot[0])
+        var s = ring_slot[STAGES](it0 + j)[0]
+        release_s0[STAGES, SPLIT](bars, s)
+        release_s1[STAGES, SPLIT](bars, s)
 
 
 # --8<-- [start:consume]
