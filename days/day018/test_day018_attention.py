@@ -676,6 +676,27 @@ def test_cuda_grads(bwd, dtype, shape, causal):
 
 
 @needs_cuda
+@pytest.mark.parametrize("lq, d", [(1000, 64), (700, 128)])
+def test_cuda_causal_first_block_idle_consumers_store_nothing(lq, d):
+    """With the mask, the forward's and the dQ pass's query blocks end at the last row
+    (block_first_row): at these lengths the first block's first consumers (two at
+    head_dim 64, one at 128) hold rows before row 0, and must store nothing there. Such
+    rows are the previous head's last ones. With 96 heads, the forward's walk and the dQ
+    pass run those blocks after the rows they could overwrite; a store would show there
+    (in out and lse, or through the (lse2, delta) pairs in dk and dv)."""
+    q, k, v = (t.requires_grad_() for t in make(2, 48, 48, lq, lq, d, BF16, "cuda", seed=7))
+    out, lse = torch.ops.gpu_days.attention(q, k, v, True, None)
+    ref = reference(q, k, v, True)
+    close(out, ref, BF16)
+    torch.testing.assert_close(lse.double(), lse2_reference(q, k, True, 1 / math.sqrt(d)), atol=2e-3, rtol=1e-4)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(pco.attention(q, k, v, causal=True), (q, k, v), g)
+    want = torch.autograd.grad(ref, (q, k, v), g.double())
+    for a, r in zip(got, want, strict=True):
+        close(a, r, BF16, factor=2)
+
+
+@needs_cuda
 @pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5, 6, 7])
 @pytest.mark.parametrize("d", [64, 128])
 def test_cuda_grads_of_a_strided_incoming_gradient(bwd, d):
