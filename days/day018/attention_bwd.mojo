@@ -49,6 +49,7 @@ from days.day018.attention_common import (
     CONSUMERS,
     block_first_row,
     heavy_first,
+    kv_tiles,
     produce,
     row_bound,
     store_rows,
@@ -184,8 +185,7 @@ def attention_bwd_kernel[
     var per_head: Int
     var s_start: Int
     comptime if DQ:
-        var kv_end = min(Lk, r0 + BMF) if CAUSAL else Lk
-        n_tiles = ceildiv(kv_end, BT)
+        n_tiles = kv_tiles[BMF, BT, CAUSAL](r0, Lk)
         per_head = max(n_tiles, 1)
         s_start = 0
     else:
@@ -284,8 +284,9 @@ def attention_bwd_kernel[
             var dq = SIMD[DType.float32, D // 2](0)
             # its own key tiles (the forward's `pass_tiles`): none past Lq and, with the
             # mask, none after its last row's diagonal
-            var kv_mine = min(Lk, row0 + 64) if CAUSAL else Lk
-            var n_mine = 0 if row0 >= rows else ceildiv(kv_mine, BT)
+            var n_mine = 0 if row0 >= rows else kv_tiles[64, BT, CAUSAL](
+                row0, Lk
+            )
             comptime if OVERLAP:
                 consume_dq_overlapped[dtype, D, STAGES, CAUSAL, NC](
                     f0,

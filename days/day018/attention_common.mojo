@@ -23,7 +23,7 @@ from max.gpu.memory import cp_async_bulk_tensor_shared_cluster_global
 from max.gpu.sync import mbarrier_arrive, mbarrier_arrive_expect_tx_shared
 from std.sys import size_of
 from max.gpu.primitives import warp
-from std.math import exp2, log2
+from std.math import ceildiv, exp2, log2
 from std.memory import bitcast
 from std.utils import IndexList
 from std.sys._assembly import inlined_assembly
@@ -696,6 +696,14 @@ def block_first_row[
     comptime if CAUSAL:
         return block * BM - (n_blocks * BM - L) // 64 * 64
     return block * BM
+
+
+@always_inline
+def kv_tiles[BM: Int, BN: Int, CAUSAL: Bool](q0: Int, Lk: Int) -> Int:
+    """K/V tiles of BN keys that BM query rows from q0 read: causal, up to their last
+    row (the forward's work tiles and consumers, the dQ pass's blocks and consumers).
+    """
+    return ceildiv(min(Lk, q0 + BM) if CAUSAL else Lk, BN)
 
 
 @always_inline

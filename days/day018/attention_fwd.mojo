@@ -56,6 +56,7 @@ from days.day018.attention_common import (
     BOX,
     NEG_INF,
     block_first_row,
+    kv_tiles,
     produce,
     produce_fixed,
     produce_stream,
@@ -330,13 +331,6 @@ def attention_fwd_kernel[
                 Int(o_hs),
                 Int(o_rs),
             )
-
-
-@always_inline
-def kv_tiles[BM: Int, BN: Int, CAUSAL: Bool](q0: Int, Lk: Int) -> Int:
-    """K/V tiles a work tile of query rows from q0 reads: causal, up to its last row.
-    """
-    return ceildiv(min(Lk, q0 + BM) if CAUSAL else Lk, BN)
 
 
 def fwd_smem_bytes[
