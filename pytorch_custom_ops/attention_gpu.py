@@ -219,7 +219,10 @@ def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
 # 512 threads, the consumers at 160 registers: 12 consumer warps where Triton's kernels
 # have up to 20 an SM; the dK/dV pass's consumers pass the query tiles their keys never
 # see; the journal's "The backward, parts 7 to 9"); at 128, version 5.
-BWD_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
+# 8: version 7 with its dQ pass in a persistent grid (days/day018/attention_bwd_persistent.mojo:
+# a block per SM walks the work tiles, loading the next one's Q, dO and first K/V tiles
+# while it works on this one); its dK/dV pass is version 7's.
+BWD_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 # "auto": at head_dim 128 version 6 from 4096 keys, version 5 below (H200, forward +
 # backward, median of 3 rounds, results/nvidia-h200/day018_backward_v6_branch.txt:
 # version 6 +1-5% from 4096 keys with either mask, -1 to -6% below; the journal's "The
@@ -241,12 +244,12 @@ def bwd_config(version: int, d: int, causal: bool, dq_pass: bool) -> tuple[bool,
         return False, False
     if version == 3:
         return True, False
-    return dq_pass or causal or d != 128, version in (5, 7) and dq_pass
+    return dq_pass or causal or d != 128, version in (5, 7, 8) and dq_pass
 
 
 def bwd_consumers(version: int, d: int) -> int:
-    """Consumer warpgroups of a backward pass: 3 in version 7's passes at head_dim 64."""
-    return 3 if version == 7 and d == 64 else 2
+    """Consumer warpgroups of a backward pass: 3 in versions 7 and 8 at head_dim 64."""
+    return 3 if version in (7, 8) and d == 64 else 2
 
 
 BWD_TILE = 64  # rows of a streamed tile
@@ -311,6 +314,37 @@ BWD_KERNEL = KernelFamily(
         )
     ),
 )
+DQ_PERSISTENT_MODULE = "days.day018.attention_bwd_persistent"
+DQ_FIXED_BUFFERS = 2  # version 8: the next work tile's Q and dO load beside this one's
+
+
+def dq_persistent_smem_bytes(d: int, stages: int, nc: int, itemsize: int = 2) -> int:
+    """Version 8's dQ pass: two buffers of the fixed Q and dO (nc x 64 rows x d each),
+    `stages` x (K and V: 64 x d each), 2 x 2 + 3 stages mbarriers."""
+    fixed = DQ_FIXED_BUFFERS * 2 * nc * 64 * d
+    return (fixed + stages * 2 * BWD_TILE * d) * itemsize + 8 * (2 * DQ_FIXED_BUFFERS + 3 * stages)
+
+
+def dq_persistent_params(dtype, d: int, causal: bool) -> tuple:
+    """(dtype, D, STAGES, CAUSAL, NC, SMEM) of version 8's dQ pass: version 7's consumers
+    and BWD_STAGES stages, or as many as fit beside two fixed buffers (head_dim 128: 3)."""
+    nc = bwd_consumers(8, d)
+    stages = BWD_STAGES
+    while dq_persistent_smem_bytes(d, stages, nc) > SMEM_LIMIT:
+        stages -= 1
+    return (dtype, d, stages, causal, nc, dq_persistent_smem_bytes(d, stages, nc))
+
+
+DQ_PERSISTENT_KERNEL = KernelFamily(
+    DQ_PERSISTENT_MODULE,
+    "attention_dq_persistent_kernel",
+    # q, do, k, v maps, dq, lse, pairs, o, do, Lq, Lk, heads, batch, group,
+    # d_bs, d_hs, d_rs, o_bs, o_hs, o_rs, do_bs, do_hs, do_rs, scale_log2, scale
+    args=("tensormap",) * 4 + ("ptr",) * 5 + ("i64",) * 14 + ("f32",) * 2,
+    # one block per SM anyway: ptxas then honours setmaxnreg (`one_block_per_sm`)
+    entry_directives=lambda params: (".minnctapersm 1",),
+    variants=tuple(dq_persistent_params(dtype, d, causal) for dtype in DTYPES for d in HEAD_DIMS for causal in (False, True)),
+)
 DELTA_KERNEL = KernelFamily(
     BWD_MODULE,
     "attention_delta_kernel",
@@ -371,7 +405,7 @@ def dq_from_pieces(dq32: torch.Tensor, lq: int) -> torch.Tensor:
     return pieces.permute(0, 1, 2, 5, 8, 6, 3, 4, 7, 9).reshape(b, h, rows, d)[:, :, :lq]
 
 
-@direct.plan(BWD_KERNEL, DELTA_KERNEL, DQ_ROWS_KERNEL)
+@direct.plan(BWD_KERNEL, DQ_PERSISTENT_KERNEL, DELTA_KERNEL, DQ_ROWS_KERNEL)
 def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     """Version 1 (params["VERSION"]): dQ (grid: 128 queries per block, q heads, batch),
     which also writes the (lse2, delta = rowsum(dO * O)) pairs (float32, (b, q heads,
@@ -381,7 +415,8 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     version 1's launches, their consumers taking turns to issue products, in version 5
     the dQ pass overlapping its product with the elementwise step (`bwd_config`).
     Version 7: version 5 with three consumers in both passes at head_dim 64 (192 fixed
-    rows a block, 512 threads: `bwd_consumers`).
+    rows a block, 512 threads: `bwd_consumers`). Version 8: version 7 with its dQ pass
+    in a persistent grid (DQ_PERSISTENT_KERNEL: up to one block per SM).
     Version 6: version 2's launches, dq32 in pieces (`dq32_shape`), zeroed by the delta
     kernel, then a third launch that puts dq32's rows in order into dq and casts them
     (`dq_from_pieces` says the order).
@@ -416,6 +451,13 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
         return direct.Launch(BWD_KERNEL[kparams], grid, 128 * (1 + nc), args, kparams[-1])
 
     dkdv = one_pass(False, maps_kv, maps_q, dk, dv, lk, hkv)
+    if version == 8:
+        kparams = dq_persistent_params(q.dtype, d, causal)
+        work = -(-lq // (64 * kparams[-2])) * hq * b
+        args = (*maps_q, *maps_kv, dq.data_ptr(), *tail[:4], lq, lk, hq, b, hq // hkv)
+        args += (*dq.stride()[:3], *row_strides, *scales)
+        grid = (min(work, sm_count(q.get_device())), 1, 1)
+        return [direct.Launch(DQ_PERSISTENT_KERNEL[kparams], grid, 128 * (1 + kparams[-2]), args, kparams[-1]), dkdv]
     if not fused:
         return [one_pass(True, maps_q, maps_kv, dq, dq, lq, hq), dkdv]
     tiles = (-(-lq // 64), hq, b)

@@ -309,6 +309,16 @@ PTX_FEATURES: dict[str, dict[str, tuple[str, ...]]] = {
         ),
         # at head_dim 128 the consumers share dS: a barrier over both, 3 K/Q stages
         "day018.attention_bwd_kernel.*.128.3.*.0.2.0.0.*": (r"bar\.sync\s+%r\d+, 256;",),
+        # version 8: the dQ pass in a persistent grid (one block per SM: setmaxnreg holds),
+        # walking its work tiles by the grid's size, in turns, overlapped (wait_group 1)
+        "day018.attention_dq_persistent_kernel.*": (
+            r"\.minnctapersm 1\n",
+            r"mov\.u32\s+%r\d+, %nctaid\.x;",
+            r"cp\.async\.bulk\.tensor\.4d\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes",
+            r"bar\.sync\s+%r\d+, 256;",
+            r"wgmma\.wait_group\.sync\.aligned 1;",
+            r"ex2\.approx",
+        ),
         "day018.attention_bwd_kernel.bfloat16.128.*": (
             r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16\s*\{[^}]*\},"
             r"\s*\{%r\d+, %r\d+, %r\d+, %r\d+\}",

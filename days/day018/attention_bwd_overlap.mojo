@@ -54,7 +54,12 @@ def free_stage[
 # --8<-- [start:dq]
 @always_inline
 def consume_dq_overlapped[
-    dtype: DType, D: Int, STAGES: Int, CAUSAL: Bool, NC: Int = CONSUMERS
+    dtype: DType,
+    D: Int,
+    STAGES: Int,
+    CAUSAL: Bool,
+    NC: Int = CONSUMERS,
+    PERSISTENT: Bool = False,
 ](
     sq: Pointer[
         Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
@@ -76,24 +81,35 @@ def consume_dq_overlapped[
     scale_log2: Float32,
     mut dq: SIMD[DType.float32, D // 2],
     cw: Int,
+    it0: Int = 0,
+    first: Bool = True,
 ):
     """`consume_dq` with dQ += dS_{j-1} K_{j-1} running beside tile j's dS, on this
     consumer's own tiles 0 <= j < n_mine (n_mine <= n_tiles: none past Lq, and with the
     mask none after its rows' diagonal); the block's later tiles it only passes
-    (the forward's `pass_tiles`). Every consumer takes n_tiles + 1 turns."""
-    open_turns[True, NC](cw)
+    (the forward's `pass_tiles`). Every consumer takes n_tiles + 1 turns.
+
+    PERSISTENT (version 8): the block streams on across its work tiles, so tile j is
+    its (it0 + j)-th, and only its first work tile opens the turns (`first`): the last
+    consumer's last turn of a work tile opens consumer 0's first of the next. There the
+    previous tile's stage is recomputed each iteration: carried over as a pointer, it
+    landed in vector registers (8 `R2UR` in the loop; sass_kloop.py)."""
+    if first:
+        open_turns[True, NC](cw)
     if n_tiles == 0:
         return
     # rows past Lq: the last turn is the one its dQ product would take
     if n_mine == 0:
         pass_tiles[STAGES, True, NC, False, TURN_BAR](
-            bars, cw, 0, n_tiles, False
+            bars, cw, it0, n_tiles, False
         )
         take_turn[True](cw)
         pass_turn[True, NC](cw)
         return
-    var sk = stream
-    wait_stage[STAGES](bars, 0)
+    var sk = stream.unsafe_offset(
+        ring_slot[STAGES](it0)[0] * 2 * BK * D if PERSISTENT else 0
+    )
+    wait_stage[STAGES](bars, it0)
     take_turn[True](cw)
     var sc = s_wgmma[dtype, D, BK](sq, sk)
     var dp = s_wgmma[dtype, D, BK](sdo, sk.unsafe_offset(BK * D))
@@ -104,8 +120,12 @@ def consume_dq_overlapped[
     )
     for j in range(1, n_mine):
         var sk_prev = sk
-        sk = stream.unsafe_offset(ring_slot[STAGES](j)[0] * 2 * BK * D)
-        wait_stage[STAGES](bars, j)
+        comptime if PERSISTENT:
+            sk_prev = stream.unsafe_offset(
+                ring_slot[STAGES](it0 + j - 1)[0] * 2 * BK * D
+            )
+        sk = stream.unsafe_offset(ring_slot[STAGES](it0 + j)[0] * 2 * BK * D)
+        wait_stage[STAGES](bars, it0 + j)
         take_turn[True](cw)
         sc = s_wgmma[dtype, D, BK](sq, sk)
         dp = s_wgmma[dtype, D, BK](sdo, sk.unsafe_offset(BK * D))
@@ -117,15 +137,15 @@ def consume_dq_overlapped[
             sc, dp, lse_r, delta_r, scale_log2, row0, my_row, j * BK, Lk
         )
         dq = pv_wait[D, BK](dsf, dq)
-        free_stage[STAGES](bars, j - 1)
+        free_stage[STAGES](bars, it0 + j - 1)
         dsf = next
     take_turn[True](cw)
     dq = pv_issue[dtype, D, BK](dsf, v_descs[dtype, D, BK](sk), dq)
     pass_turn[True, NC](cw)
     dq = pv_wait[D, BK](dsf, dq)
-    free_stage[STAGES](bars, n_mine - 1)
+    free_stage[STAGES](bars, it0 + n_mine - 1)
     pass_tiles[STAGES, True, NC, False, TURN_BAR](
-        bars, cw, n_mine, n_tiles - n_mine, False
+        bars, cw, it0 + n_mine, n_tiles - n_mine, False
     )
 
 

@@ -453,6 +453,42 @@ def test_backward_version_7_blocks_of_192_rows():
         assert seven.kernel.params[-2] == 3 and five.kernel.params[-2] == 2 and seven.args == five.args
 
 
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_version_8_persistent_dq_plan_on_cpu(d, causal):
+    """Version 8: version 7's dK/dV launch, and its dQ pass in a persistent grid: one
+    block per SM at most (132 stand in on a CPU), each walking the work tiles of 64 NC
+    query rows, with two buffers of the fixed Q and dO beside the K/V stages."""
+    from pytorch_custom_ops.attention_gpu import (
+        DQ_PERSISTENT_KERNEL,
+        SMEM_LIMIT,
+        attention_bwd_gpu,
+        dq_persistent_smem_bytes,
+    )
+
+    q, k, v = make(2, 6, 3, 1000, 900, d, BF16, "cpu")
+    do, lse, out = torch.empty_like(q), torch.empty(2, 6, 1000), torch.empty_like(q)
+    pairs = torch.empty(2, 6, 1024, 2)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    inputs, outputs = [q, k, v, do, lse, out], [dq, dk, dv, pairs, None]
+    dq8, dkdv8 = attention_bwd_gpu(outputs, inputs, {"CAUSAL": causal, "SCALE": 0.1, "VERSION": 8})
+    dq7, dkdv7 = attention_bwd_gpu(outputs, inputs, {"CAUSAL": causal, "SCALE": 0.1, "VERSION": 7})
+    assert (dkdv8.kernel, dkdv8.grid, dkdv8.args) == (dkdv7.kernel, dkdv7.grid, dkdv7.args)
+    nc, stages = (3, 4) if d == 64 else (2, 3)  # two fixed buffers leave head_dim 128 three stages
+    smem = dq_persistent_smem_bytes(d, stages, nc)
+    assert smem <= SMEM_LIMIT < dq_persistent_smem_bytes(d, stages + 1, nc) or stages == 4
+    assert dq8.kernel is DQ_PERSISTENT_KERNEL[BF16, d, stages, causal, nc, smem]
+    assert dq8.kernel.entry_directives == (".minnctapersm 1",)
+    work = -(-1000 // (64 * nc)) * 6 * 2  # 6 or 8 query blocks x 12 (batch, head) pairs
+    assert (dq8.grid, dq8.block, dq8.smem) == ((min(work, 132), 1, 1), 128 * (1 + nc), smem)
+    # the dQ pass's arguments, reordered: maps (q, do, k, v), dq, lse, pairs, out, do, then
+    # Lq, Lk, heads, batch, group and the strides of dq, out and do, the two scales
+    maps, (dst, _, lse_p, pairs_p, out_p, do_p) = dq7.args[:4], dq7.args[4:10]
+    assert dq8.args[:4] == maps and dq8.args[4:9] == (dst, lse_p, pairs_p, out_p, do_p)
+    assert dq8.args[9:14] == (1000, 900, 6, 2, 2)
+    assert dq8.args[14:] == (*dq.stride()[:3], *out.stride()[:3], *do.stride()[:3], 0.1 * 1.4426950408889634, 0.1)
+
+
 @pytest.mark.parametrize(
     ("d", "causal", "lk", "want"),
     [(64, c, lk, 7) for c in (False, True) for lk in (1, 4096, 16384)]
@@ -475,8 +511,8 @@ def test_auto_backward_version(d, causal, lk, want):
 def test_unknown_backward_version():
     from pytorch_custom_ops.attention_gpu import attention_bwd_version
 
-    with pytest.raises(ValueError, match="unknown version 8"):
-        with attention_bwd_version(8):
+    with pytest.raises(ValueError, match="unknown version 9"):
+        with attention_bwd_version(9):
             pass
 
 
@@ -652,7 +688,7 @@ def test_cuda_version_6_zero_and_rows_launches(dtype, lq, d):
 
 
 @needs_cuda
-@pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5, 6, 7, "auto"])
+@pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5, 6, 7, 8, "auto"])
 @pytest.mark.parametrize("dtype", [BF16, FP16])
 # (1, 2, 1, 200, 450, 64): Lq < Lk at head_dim 64, where the dQ passes' consumers (three in
 # version 7) stop at their own diagonal and pass the block's later key tiles. Version 7's
@@ -676,28 +712,31 @@ def test_cuda_grads(bwd, dtype, shape, causal):
 
 
 @needs_cuda
+@pytest.mark.parametrize("bwd", ["auto", 8])
 @pytest.mark.parametrize("lq, d", [(1000, 64), (700, 128)])
-def test_cuda_causal_first_block_idle_consumers_store_nothing(lq, d):
+def test_cuda_causal_first_block_idle_consumers_store_nothing(lq, d, bwd):
     """With the mask, the forward's and the dQ pass's query blocks end at the last row
     (block_first_row): at these lengths the first block's first consumers (two at
     head_dim 64, one at 128) hold rows before row 0, and must store nothing there. Such
     rows are the previous head's last ones. With 96 heads, the forward's walk and the dQ
     pass run those blocks after the rows they could overwrite; a store would show there
-    (in out and lse, or through the (lse2, delta) pairs in dk and dv)."""
+    (in out and lse, or through the (lse2, delta) pairs in dk and dv). Version 8's
+    persistent dQ pass walks 576 (head_dim 64) or 384 work tiles on at most 132 blocks."""
     q, k, v = (t.requires_grad_() for t in make(2, 48, 48, lq, lq, d, BF16, "cuda", seed=7))
     out, lse = torch.ops.gpu_days.attention(q, k, v, True, None)
     ref = reference(q, k, v, True)
     close(out, ref, BF16)
     torch.testing.assert_close(lse.double(), lse2_reference(q, k, True, 1 / math.sqrt(d)), atol=2e-3, rtol=1e-4)
     g = torch.randn_like(out)
-    got = torch.autograd.grad(pco.attention(q, k, v, causal=True), (q, k, v), g)
+    with attention_bwd_version(bwd):
+        got = torch.autograd.grad(pco.attention(q, k, v, causal=True), (q, k, v), g)
     want = torch.autograd.grad(ref, (q, k, v), g.double())
     for a, r in zip(got, want, strict=True):
         close(a, r, BF16, factor=2)
 
 
 @needs_cuda
-@pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5, 6, 7])
+@pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5, 6, 7, 8])
 @pytest.mark.parametrize("d", [64, 128])
 def test_cuda_grads_of_a_strided_incoming_gradient(bwd, d):
     """The dQ pass reads dO and O by their strides for delta = rowsum(dO * O): a
@@ -716,7 +755,7 @@ def test_cuda_grads_of_a_strided_incoming_gradient(bwd, d):
 
 
 @needs_cuda
-@pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5, 6, 7])
+@pytest.mark.parametrize("bwd", [1, 2, 3, 4, 5, 6, 7, 8])
 def test_cuda_grads_strided_and_graph(bwd):
     """Grads of (batch, seq, heads, head_dim) views, and a captured forward + backward."""
     with attention_bwd_version(bwd):
