@@ -34,6 +34,7 @@ from .attention_gpu import (
     attention_gpu,
     bwd_version,
     dq32_shape,
+    dq_work_counter,
     pairs_rows,
     tma_ready,
 )
@@ -141,7 +142,9 @@ def _backward_cuda(do, q, k, v, out, lse2, causal, scale):
     # launch for the dK/dV pass
     pairs = torch.empty((*q.shape[:2], pairs_rows(q.shape[2]), 2), dtype=torch.float32, device=q.device)
     params = {"CAUSAL": causal, "SCALE": scale, "VERSION": version}
-    launches = attention_bwd_gpu([dq, dk, dv, pairs, dq32], [q, k, v, do, lse2.contiguous(), out], params)
+    work = dq_work_counter(version, q.device)  # version 8's tile scheduler
+    outputs = [dq, dk, dv, pairs, dq32, work]
+    launches = attention_bwd_gpu(outputs, [q, k, v, do, lse2.contiguous(), out], params)
     direct.run(launches, q.get_device())
     if dq is not None:
         return dq, dk, dv

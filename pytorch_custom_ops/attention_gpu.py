@@ -220,8 +220,9 @@ def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
 # have up to 20 an SM; the dK/dV pass's consumers pass the query tiles their keys never
 # see; the journal's "The backward, parts 7 to 9"); at 128, version 5.
 # 8: version 7 with its dQ pass in a persistent grid (days/day018/attention_bwd_persistent.mojo:
-# a block per SM walks the work tiles, loading the next one's Q, dO and first K/V tiles
-# while it works on this one); its dK/dV pass is version 7's.
+# a block per SM takes work tiles from a counter, loading the next one's Q, dO and first
+# K/V tiles, and its rows of O into L2, while it works on this one); its dK/dV pass is
+# version 7's (the journal's "The backward, part 10").
 BWD_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 # "auto": at head_dim 128 version 6 from 4096 keys, version 5 below (H200, forward +
 # backward, median of 3 rounds, results/nvidia-h200/day018_backward_v6_branch.txt:
@@ -229,11 +230,15 @@ BWD_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 # backward, part 6"). At head_dim 64 version 7 with either mask (seq 1024 to 8192, one
 # lease, with three consumers in both passes: +7-12% over version 5, and over version 6
 # +10-14% without the mask and +7-10% with it;
-# results/nvidia-h200/day018_backward_dkdv_three_consumers.txt, "part 9").
+# results/nvidia-h200/day018_backward_dkdv_three_consumers.txt, "part 9"), and version 8
+# below V8_BELOW_KEYS keys (its dQ pass 4-5% faster at 512 and 1024 keys with the mask,
+# 1.6% without it at 1024, level at 2048, 0.6-2.4% slower from 4096;
+# results/nvidia-h200/day018_backward_persistent_dq.txt, "part 10").
 DEFAULT_BWD_VERSION = "auto"
 BWD_CHOICES = (*BWD_VERSIONS, "auto")
 # (head_dim, causal): the fewest keys where "auto" takes version 6 (None: never)
 V6_FROM_KEYS = {(128, False): 4096, (128, True): 4096, (64, False): None, (64, True): None}
+V8_BELOW_KEYS = 2048  # head_dim 64: "auto" takes version 8 below this many keys
 DQ_ADD = {2: 1, 6: 2}  # the kernel's FUSED: how a one-pass version adds dQ (0: a dQ pass)
 PIECE = 64  # version 6's dq32: 64 x 64 float32 pieces
 
@@ -320,9 +325,15 @@ DQ_FIXED_BUFFERS = 2  # version 8: the next work tile's Q and dO load beside thi
 
 def dq_persistent_smem_bytes(d: int, stages: int, nc: int, itemsize: int = 2) -> int:
     """Version 8's dQ pass: two buffers of the fixed Q and dO (nc x 64 rows x d each),
-    `stages` x (K and V: 64 x d each), 2 x 2 + 3 stages mbarriers."""
+    `stages` x (K and V: 64 x d each), 2 x 2 + 3 stages mbarriers, a work slot (8 bytes)
+    per buffer."""
     fixed = DQ_FIXED_BUFFERS * 2 * nc * 64 * d
-    return (fixed + stages * 2 * BWD_TILE * d) * itemsize + 8 * (2 * DQ_FIXED_BUFFERS + 3 * stages)
+    return (fixed + stages * 2 * BWD_TILE * d) * itemsize + 8 * (3 * DQ_FIXED_BUFFERS + 3 * stages)
+
+
+def dq_work_counter(version: int, device) -> torch.Tensor | None:
+    """Version 8's tile scheduler counter: one int32, zeroed (a fill launch), else None."""
+    return torch.zeros(1, dtype=torch.int32, device=device) if version == 8 else None
 
 
 def dq_persistent_params(dtype, d: int, causal: bool) -> tuple:
@@ -338,12 +349,15 @@ def dq_persistent_params(dtype, d: int, causal: bool) -> tuple:
 DQ_PERSISTENT_KERNEL = KernelFamily(
     DQ_PERSISTENT_MODULE,
     "attention_dq_persistent_kernel",
-    # q, do, k, v maps, dq, lse, pairs, o, do, Lq, Lk, heads, batch, group,
-    # d_bs, d_hs, d_rs, o_bs, o_hs, o_rs, do_bs, do_hs, do_rs, scale_log2, scale
-    args=("tensormap",) * 4 + ("ptr",) * 5 + ("i64",) * 14 + ("f32",) * 2,
+    # q, do, k, v, o maps, dq, lse, pairs, o, do, work (the scheduler's int32 counter, 0),
+    # Lq, Lk, heads, batch, group, d_bs, d_hs, d_rs, o_bs, o_hs, o_rs, do_bs, do_hs, do_rs,
+    # scale_log2, scale
+    args=("tensormap",) * 5 + ("ptr",) * 6 + ("i64",) * 14 + ("f32",) * 2,
     # one block per SM anyway: ptxas then honours setmaxnreg (`one_block_per_sm`)
     entry_directives=lambda params: (".minnctapersm 1",),
-    variants=tuple(dq_persistent_params(dtype, d, causal) for dtype in DTYPES for d in HEAD_DIMS for causal in (False, True)),
+    variants=tuple(
+        dq_persistent_params(dtype, d, causal) for dtype in DTYPES for d in HEAD_DIMS for causal in (False, True)
+    ),
 )
 DELTA_KERNEL = KernelFamily(
     BWD_MODULE,
@@ -377,7 +391,9 @@ def bwd_version(d: int, causal: bool, lk: int) -> int:
     keys = V6_FROM_KEYS[d, causal]
     if keys is not None and lk >= keys:
         return 6
-    return 7 if d == 64 else 5
+    if d == 64:
+        return 8 if lk < V8_BELOW_KEYS else 7
+    return 5
 
 
 def pairs_rows(lq: int) -> int:
@@ -421,10 +437,11 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     kernel, then a third launch that puts dq32's rows in order into dq and casts them
     (`dq_from_pieces` says the order).
     inputs: q, k, v, do, lse2, out (the forward's output; do and out TMA-ready: 16-byte
-    aligned rows); outputs: dq (versions 1, 3-7; version 6: contiguous), dk, dv (all
+    aligned rows); outputs: dq (versions 1, 3-8; version 6: contiguous), dk, dv (all
     with 16-byte aligned rows; dk and dv with the same strides), pairs, dq32 (versions
-    2, 6: float32, `dq32_shape`; version 2: zeroed)."""
-    dq, dk, dv, pairs, dq32 = outputs
+    2, 6: float32, `dq32_shape`; version 2: zeroed), and for version 8 its tile
+    scheduler's counter (one int32, zeroed: `dq_work_counter`)."""
+    dq, dk, dv, pairs, dq32, *counter = outputs
     q, k, v, do, lse, out = inputs
     for name, grad in (("dq", dq), ("dk", dk), ("dv", dv)):
         # the passes store in 16-byte blocks (store_rows's BLOCKS); dk and dv share strides
@@ -453,10 +470,24 @@ def attention_bwd_gpu(outputs, inputs, params) -> list[direct.Launch]:
     dkdv = one_pass(False, maps_kv, maps_q, dk, dv, lk, hkv)
     if version == 8:
         kparams = dq_persistent_params(q.dtype, d, causal)
-        work = -(-lq // (64 * kparams[-2])) * hq * b
-        args = (*maps_q, *maps_kv, dq.data_ptr(), *tail[:4], lq, lk, hq, b, hq // hkv)
+        tiles = -(-lq // (64 * kparams[-2])) * hq * b
+        if not counter or counter[0] is None or counter[0].dtype != torch.int32 or counter[0].numel() != 1:
+            raise ValueError("attention backward version 8: outputs need a 6th, its zeroed int32 work counter")
+        args = (
+            *maps_q,
+            *maps_kv,
+            tma_map(out, BOX),
+            dq.data_ptr(),
+            *tail[:4],
+            counter[0].data_ptr(),
+            lq,
+            lk,
+            hq,
+            b,
+            hq // hkv,
+        )
         args += (*dq.stride()[:3], *row_strides, *scales)
-        grid = (min(work, sm_count(q.get_device())), 1, 1)
+        grid = (min(tiles, sm_count(q.get_device())), 1, 1)
         return [direct.Launch(DQ_PERSISTENT_KERNEL[kparams], grid, 128 * (1 + kparams[-2]), args, kparams[-1]), dkdv]
     if not fused:
         return [one_pass(True, maps_q, maps_kv, dq, dq, lq, hq), dkdv]

@@ -669,10 +669,20 @@ def heavy_first[LAST: Bool](n_heads: Int) -> Tuple[Int, Int, Int]:
     (fixed blocks, n_heads, batch); LAST: the last fixed block is the heaviest (query
     blocks), else the first (key blocks)."""
     var n_fixed = Int(grid_dim.x)
-    var heads = n_heads * Int(grid_dim.z)  # (batch, head) pairs
     var linear = Int(block_idx.x) + n_fixed * (
         Int(block_idx.y) + n_heads * Int(block_idx.z)
     )
+    return heavy_first_at[LAST](
+        linear, n_fixed, n_heads, n_heads * Int(grid_dim.z)
+    )
+
+
+@always_inline
+def heavy_first_at[
+    LAST: Bool
+](linear: Int, n_fixed: Int, n_heads: Int, heads: Int) -> Tuple[Int, Int, Int]:
+    """`heavy_first` of the `linear`-th block of n_fixed x heads (batch, head) pairs:
+    also the work order of a persistent grid's tile scheduler (backward version 8)."""
     var group = linear // (HEAD_GROUP * n_fixed)
     var size = min(HEAD_GROUP, heads - group * HEAD_GROUP)
     var within = linear - group * HEAD_GROUP * n_fixed

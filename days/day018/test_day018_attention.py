@@ -457,47 +457,58 @@ def test_backward_version_7_blocks_of_192_rows():
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_version_8_persistent_dq_plan_on_cpu(d, causal):
     """Version 8: version 7's dK/dV launch, and its dQ pass in a persistent grid: one
-    block per SM at most (132 stand in on a CPU), each walking the work tiles of 64 NC
-    query rows, with two buffers of the fixed Q and dO beside the K/V stages."""
+    block per SM at most (132 stand in on a CPU), which take the work tiles of 64 NC
+    query rows from a counter (a 6th output, int32, zeroed), with two buffers of the
+    fixed Q and dO beside the K/V stages."""
     from pytorch_custom_ops.attention_gpu import (
         DQ_PERSISTENT_KERNEL,
         SMEM_LIMIT,
         attention_bwd_gpu,
         dq_persistent_smem_bytes,
+        dq_work_counter,
+        tma_map,
     )
 
     q, k, v = make(2, 6, 3, 1000, 900, d, BF16, "cpu")
     do, lse, out = torch.empty_like(q), torch.empty(2, 6, 1000), torch.empty_like(q)
     pairs = torch.empty(2, 6, 1024, 2)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    inputs, outputs = [q, k, v, do, lse, out], [dq, dk, dv, pairs, None]
-    dq8, dkdv8 = attention_bwd_gpu(outputs, inputs, {"CAUSAL": causal, "SCALE": 0.1, "VERSION": 8})
-    dq7, dkdv7 = attention_bwd_gpu(outputs, inputs, {"CAUSAL": causal, "SCALE": 0.1, "VERSION": 7})
+    work = dq_work_counter(8, "cpu")
+    assert (work.dtype, work.tolist(), dq_work_counter(7, "cpu")) == (torch.int32, [0], None)
+    inputs, outputs = [q, k, v, do, lse, out], [dq, dk, dv, pairs, None, work]
+    params = {"CAUSAL": causal, "SCALE": 0.1, "VERSION": 8}
+    dq8, dkdv8 = attention_bwd_gpu(outputs, inputs, params)
+    dq7, dkdv7 = attention_bwd_gpu(outputs[:5], inputs, {**params, "VERSION": 7})
+    for bad in ([], [None], [torch.zeros(1)], [torch.zeros(2, dtype=torch.int32)]):
+        with pytest.raises(ValueError, match="work counter"):
+            attention_bwd_gpu(outputs[:5] + bad, inputs, params)
     assert (dkdv8.kernel, dkdv8.grid, dkdv8.args) == (dkdv7.kernel, dkdv7.grid, dkdv7.args)
     nc, stages = (3, 4) if d == 64 else (2, 3)  # two fixed buffers leave head_dim 128 three stages
     smem = dq_persistent_smem_bytes(d, stages, nc)
     assert smem <= SMEM_LIMIT < dq_persistent_smem_bytes(d, stages + 1, nc) or stages == 4
     assert dq8.kernel is DQ_PERSISTENT_KERNEL[BF16, d, stages, causal, nc, smem]
     assert dq8.kernel.entry_directives == (".minnctapersm 1",)
-    work = -(-1000 // (64 * nc)) * 6 * 2  # 6 or 8 query blocks x 12 (batch, head) pairs
-    assert (dq8.grid, dq8.block, dq8.smem) == ((min(work, 132), 1, 1), 128 * (1 + nc), smem)
-    # the dQ pass's arguments, reordered: maps (q, do, k, v), dq, lse, pairs, out, do, then
-    # Lq, Lk, heads, batch, group and the strides of dq, out and do, the two scales
+    tiles = -(-1000 // (64 * nc)) * 6 * 2  # 6 or 8 query blocks x 12 (batch, head) pairs
+    assert (dq8.grid, dq8.block, dq8.smem) == ((min(tiles, 132), 1, 1), 128 * (1 + nc), smem)
+    # the dQ pass's arguments, reordered: maps (q, do, k, v, then out's, for L2 prefetches),
+    # dq, lse, pairs, out, do, the counter, then Lq, Lk, heads, batch, group, the strides
+    # of dq, out and do, the scales
     maps, (dst, _, lse_p, pairs_p, out_p, do_p) = dq7.args[:4], dq7.args[4:10]
-    assert dq8.args[:4] == maps and dq8.args[4:9] == (dst, lse_p, pairs_p, out_p, do_p)
-    assert dq8.args[9:14] == (1000, 900, 6, 2, 2)
-    assert dq8.args[14:] == (*dq.stride()[:3], *out.stride()[:3], *do.stride()[:3], 0.1 * 1.4426950408889634, 0.1)
+    assert dq8.args[:5] == (*maps, tma_map(out, 64))
+    assert dq8.args[5:11] == (dst, lse_p, pairs_p, out_p, do_p, work.data_ptr())
+    assert dq8.args[11:16] == (1000, 900, 6, 2, 2)
+    assert dq8.args[16:] == (*dq.stride()[:3], *out.stride()[:3], *do.stride()[:3], 0.1 * 1.4426950408889634, 0.1)
 
 
 @pytest.mark.parametrize(
     ("d", "causal", "lk", "want"),
-    [(64, c, lk, 7) for c in (False, True) for lk in (1, 4096, 16384)]
+    [(64, c, lk, 8 if lk < 2048 else 7) for c in (False, True) for lk in (1, 1024, 2047, 2048, 4096, 16384)]
     + [(128, c, lk, 6 if lk >= 4096 else 5) for c in (False, True) for lk in (1, 2048, 4095, 4096, 16384)],
 )
 def test_auto_backward_version(d, causal, lk, want):
     """The default ("auto"): at head_dim 128 version 6 from 4096 keys and version 5 below,
-    at head_dim 64 version 7 with either mask; a version chosen by name is taken as it
-    is."""
+    at head_dim 64 version 8 below 2048 keys and version 7 from there, with either mask;
+    a version chosen by name is taken as it is."""
     from pytorch_custom_ops.attention_gpu import DEFAULT_BWD_VERSION, bwd_version
 
     assert DEFAULT_BWD_VERSION == "auto"
