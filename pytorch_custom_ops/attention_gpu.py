@@ -231,14 +231,15 @@ BWD_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 # lease, with three consumers in both passes: +7-12% over version 5, and over version 6
 # +10-14% without the mask and +7-10% with it;
 # results/nvidia-h200/day018_backward_dkdv_three_consumers.txt, "part 9"), and version 8
-# below V8_BELOW_KEYS keys (its dQ pass 4-5% faster at 512 and 1024 keys with the mask,
-# 1.6% without it at 1024, level at 2048, 0.6-2.4% slower from 4096;
-# results/nvidia-h200/day018_backward_persistent_dq.txt, "part 10").
+# up to V8_UP_TO_KEYS keys: its dQ pass, against version 7's, with the mask -5.4, -3,
+# -4.4 and -1.8% at 512, 768, 1024 and 1536 keys, level at 2048, +0.6-1.1% from 4096;
+# without it -1 and -1.6% at 768 and 1024, +4.1% at 1536, +2.4% at 4096
+# (results/nvidia-h200/day018_backward_persistent_dq.txt, "part 10").
 DEFAULT_BWD_VERSION = "auto"
 BWD_CHOICES = (*BWD_VERSIONS, "auto")
 # (head_dim, causal): the fewest keys where "auto" takes version 6 (None: never)
 V6_FROM_KEYS = {(128, False): 4096, (128, True): 4096, (64, False): None, (64, True): None}
-V8_BELOW_KEYS = 2048  # head_dim 64: "auto" takes version 8 below this many keys
+V8_UP_TO_KEYS = {False: 1024, True: 1536}  # head_dim 64, by the mask: "auto"'s version 8
 DQ_ADD = {2: 1, 6: 2}  # the kernel's FUSED: how a one-pass version adds dQ (0: a dQ pass)
 PIECE = 64  # version 6's dq32: 64 x 64 float32 pieces
 
@@ -392,7 +393,7 @@ def bwd_version(d: int, causal: bool, lk: int) -> int:
     if keys is not None and lk >= keys:
         return 6
     if d == 64:
-        return 8 if lk < V8_BELOW_KEYS else 7
+        return 8 if lk <= V8_UP_TO_KEYS[causal] else 7
     return 5
 
 

@@ -502,12 +502,13 @@ def test_backward_version_8_persistent_dq_plan_on_cpu(d, causal):
 
 @pytest.mark.parametrize(
     ("d", "causal", "lk", "want"),
-    [(64, c, lk, 8 if lk < 2048 else 7) for c in (False, True) for lk in (1, 1024, 2047, 2048, 4096, 16384)]
+    [(64, c, lk, 8 if lk <= (1536 if c else 1024) else 7) for c in (False, True) for lk in (1, 1024, 1025, 1536, 1537)]
+    + [(64, c, lk, 7) for c in (False, True) for lk in (2048, 4096, 16384)]
     + [(128, c, lk, 6 if lk >= 4096 else 5) for c in (False, True) for lk in (1, 2048, 4095, 4096, 16384)],
 )
 def test_auto_backward_version(d, causal, lk, want):
     """The default ("auto"): at head_dim 128 version 6 from 4096 keys and version 5 below,
-    at head_dim 64 version 8 below 2048 keys and version 7 from there, with either mask;
+    at head_dim 64 version 8 up to 1024 keys (1536 with the mask) and version 7 above;
     a version chosen by name is taken as it is."""
     from pytorch_custom_ops.attention_gpu import DEFAULT_BWD_VERSION, bwd_version
 
