@@ -169,21 +169,6 @@ def tma_ready(t: torch.Tensor) -> bool:
 
 
 @direct.plan(FWD_KERNEL)
-def persistent_grid(n_qblocks: int, heads: int, sms: int, causal: bool) -> int:
-    """Version 4's blocks: one per SM, at most one per work tile. With the mask, a whole
-    number of heads' query blocks where that leaves at most PERSISTENT_IDLE_SMS idle, so
-    that `work_tile` can turn each round's heads (a block's tiles then differ in length);
-    else every SM, and the kernel walks the longest rows of every head first."""
-    grid = min(n_qblocks * heads, sms)
-    whole = sms // n_qblocks * n_qblocks
-    if causal and whole and sms - whole <= PERSISTENT_IDLE_SMS:
-        grid = min(n_qblocks * heads, whole)
-    return grid
-
-
-PERSISTENT_IDLE_SMS = 4  # the SMs a grid of whole heads may leave idle (132: 3% of them)
-
-
 def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
     """One launch: grid (ceil(Lq / (64 consumers)), q heads, batch), or for the persistent
     version 4 one block per SM (at most one per work tile)."""
@@ -215,7 +200,7 @@ def attention_gpu(outputs, inputs, params) -> list[direct.Launch]:
     )
     grid = (-(-lq // (64 * nc)), hq, b)
     if version == 4:
-        grid = (persistent_grid(grid[0], hq * b, sm_count(q.get_device()), causal), 1, 1)
+        grid = (min(grid[0] * hq * b, sm_count(q.get_device())), 1, 1)
     return [direct.Launch(kernel, grid, 128 * (1 + nc), args, smem)]
 
 

@@ -73,29 +73,17 @@ def work_tile[
     CAUSAL: Bool, PERSISTENT: Bool
 ](w: Int, n_qblocks: Int, heads: Int, batch: Int) -> Tuple[Int, Int, Int]:
     """(query block, head, batch) of the block's work tile w. One tile a block: from the
-    grid (w unused). Persistent: tile w of the block's walk over all of them (tiles
-    blockIdx.x, + gridDim.x, ...), a head's query blocks together, so that the blocks
-    at work together read few heads' K and V. Causal, a block's tiles must also differ
-    in length, so each round of the grid turns every head's blocks by one: block b
-    gets rank (b + round) mod n_qblocks, the heaviest rank 0. That needs a grid of
-    whole heads (`attention_gpu.persistent_grid`); on any other grid, the longest
-    rows of every head first (which read ~2x the bytes from DRAM in the backward's dQ
-    pass: the journal's "The backward, part 10")."""
+    grid (w unused). Persistent: tile w of the block's walk over all of them, query
+    blocks fastest (the blocks at work together read the same head's K and V) or,
+    causal, the longest rows first over every head, so that a round of the grid runs
+    tiles of one length and the short ones come last."""
     comptime if not PERSISTENT:
         var qb = n_qblocks - 1 - block_idx.x if CAUSAL else block_idx.x
         return (qb, block_idx.y, block_idx.z)
-    var hb = w // n_qblocks
     comptime if CAUSAL:
-        var grid = Int(grid_dim.x)
-        if grid % n_qblocks == 0:
-            var rank = (w % n_qblocks + w // grid) % n_qblocks
-            return (n_qblocks - 1 - rank, hb % heads, hb // heads)
-        var hb_long = w % (heads * batch)
-        return (
-            n_qblocks - 1 - w // (heads * batch),
-            hb_long % heads,
-            hb_long // heads,
-        )
+        var hb = w % (heads * batch)
+        return (n_qblocks - 1 - w // (heads * batch), hb % heads, hb // heads)
+    var hb = w // n_qblocks
     return (w % n_qblocks, hb % heads, hb // heads)
 
 

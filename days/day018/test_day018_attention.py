@@ -206,23 +206,6 @@ def test_launch_plan_on_cpu():
         assert launch.kernel.params[5] == 3 and launch.grid == (2, 4, 2)
 
 
-@pytest.mark.parametrize(
-    ("seq", "want_causal"),
-    [(512, 132), (960, 130), (1024, 132), (1344, 132), (1536, 128), (8192, 129), (16384, 132)],
-)
-def test_persistent_forward_grid_holds_whole_heads_with_the_mask(seq, want_causal):
-    """Version 4's grid at head_dim 64 (192 query rows a work tile) on 132 SMs, batch x seq
-    = 16384 with 32 heads: with the mask, whole heads' query blocks where at most 4 SMs
-    idle (so `work_tile` turns each round's heads), else every SM; one per tile at most."""
-    from pytorch_custom_ops.attention_gpu import persistent_grid
-
-    blocks, heads = -(-seq // 192), 16384 // seq * 32
-    assert persistent_grid(blocks, heads, 132, True) == want_causal
-    assert persistent_grid(blocks, heads, 132, False) == 132
-    assert want_causal % blocks == 0 or 132 - 132 // blocks * blocks > 4
-    assert persistent_grid(3, 2, 132, True) == persistent_grid(3, 2, 132, False) == 6
-
-
 def test_forward_plan_refuses_an_out_without_16_byte_rows():
     """The kernel stores O in 16-byte blocks: an out whose rows are not 16-byte aligned
     is refused by name, not written out of line (the op always allocates an aligned one)."""
