@@ -110,7 +110,7 @@ def prefetch_box(
     """Ask for one TMA box of a (batch, head, seq, head_dim) tensor in L2 (`load_box`'s
     coordinates), with no shared memory and no barrier: a hint."""
     inlined_assembly[
-        "cp.async.bulk.prefetch.tensor.4d.L2.global.tile [$0, {$1, $2, $3, $4}];",
+        "cp.async.bulk.prefetch.tensor.4d.L2.global.tile [$0, {$1,$2,$3,$4}];",
         NoneType,
         constraints="l,r,r,r,r",
     ](
@@ -133,7 +133,8 @@ def fixed_bars[
     Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
 ]:
     """(fixed_full, fixed_empty) of fixed buffer `buf`: buffer 0's full barrier is
-    the dQ pass's (bars[0], before the stages' barriers), the rest come after them."""
+    the dQ pass's (bars[0], before the stages' barriers), the rest come after them.
+    """
     comptime END = 1 + 3 * STAGES
     if buf == 0:
         return (bars, bars.unsafe_offset(END))
@@ -192,19 +193,20 @@ def attention_dq_persistent_kernel[
     `work`, an int32 counter that is 0 at launch (`work_tile_at` orders them).
     Arguments as the dQ pass's (`attention_bwd_kernel` with DQ): maps of Q, dO (fixed),
     K, V (streamed) and O (prefetched into L2 for delta), 4-D views (head_dim, seq,
-    heads, batch) with boxes of 64 x 64; dq (batch, q heads, Lq, D) by d_bs/d_hs/d_rs, 16-byte aligned rows; lse
-    (the forward's lse2) (batch, q heads, Lq) float32, contiguous; pairs (batch, q
-    heads, ceil(Lq / 64) 64, 2) float32, written here for the dK/dV pass: (lse2, delta)
-    per row, (+inf, 0) past Lq; o and do by their strides, 16-byte aligned rows."""
+    heads, batch) with boxes of 64 x 64; dq (batch, q heads, Lq, D) by d_bs/d_hs/d_rs,
+    16-byte aligned rows; lse (the forward's lse2) (batch, q heads, Lq) float32,
+    contiguous; pairs (batch, q heads, ceil(Lq / 64) 64, 2) float32, written here for
+    the dK/dV pass: (lse2, delta) per row, (+inf, 0) past Lq; o and do by their
+    strides, 16-byte aligned rows."""
     comptime DB = D // TMA_BK
     comptime F_ELEMS = NC * DB * BOX
     comptime BMF = 64 * NC
     comptime assert D == 64 or D == 128, "head dim 64 or 128"
     comptime assert NC == 2 or (NC == 3 and D == 64), "3 consumers: head_dim 64"
     comptime assert STAGES >= 2, "at least two stages"
-    comptime assert SMEM == dq_persistent_smem_bytes[
-        dtype, D, STAGES, NC
-    ](), "fixed buffers, stages, barriers"
+    comptime assert (
+        SMEM == dq_persistent_smem_bytes[dtype, D, STAGES, NC]()
+    ), "fixed buffers, stages, barriers"
     comptime assert TMA_BK * size_of[dtype]() == 128, "16-bit elements"
     # 3 consumers: the forward's version 4 split (its producer walks too); 2: day 014's
     comptime PRODUCER_REGS = 32 if NC == 3 else TMA_PRODUCER_REGS
@@ -251,7 +253,8 @@ def attention_dq_persistent_kernel[
                 if uses > 0:  # the consumers are done with its last Q and dO
                     mbar_wait(fb[1], (uses - 1) % 2)
                 var slot = slots.unsafe_offset(t % FBUF)
-                if w >= n_work:  # no tile left: -1 completes the phase, no bytes
+                # no tile left: -1 completes the phase, no bytes
+                if w >= n_work:
                     slot[] = -1
                     _ = mbarrier_arrive(fb[0])
                     break

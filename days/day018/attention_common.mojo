@@ -682,7 +682,8 @@ def heavy_first_at[
     LAST: Bool
 ](linear: Int, n_fixed: Int, n_heads: Int, heads: Int) -> Tuple[Int, Int, Int]:
     """`heavy_first` of the `linear`-th block of n_fixed x heads (batch, head) pairs:
-    also the work order of a persistent grid's tile scheduler (backward version 8)."""
+    also the work order of a persistent grid's tile scheduler (backward version 8).
+    """
     var group = linear // (HEAD_GROUP * n_fixed)
     var size = min(HEAD_GROUP, heads - group * HEAD_GROUP)
     var within = linear - group * HEAD_GROUP * n_fixed
