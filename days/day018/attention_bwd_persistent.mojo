@@ -3,12 +3,14 @@
 # a work tile is 64 NC query rows of one (batch, head).
 #
 # Why: a dQ block at GPT-2's shape (head_dim 64, causal, seq 1024) lives ~12 us, and
-# about 3 of them went to what every block pays once (its launch, the first loads of Q,
-# dO, K and V, the pipeline's fill and drain): fitted over the lengths of version 7's
-# rows (the journal's "The backward, part 10"). Only one such block fits an SM (512
-# threads at 160 registers), so nothing hid it. Here the producer loads the next work
-# tile's Q and dO into a second buffer, and its first K/V tiles into the ring, while
-# the consumers still work on this one; the consumers' dQ stores overlap those loads.
+# only one fits an SM (512 threads at 160 registers), so nothing hides what every block
+# pays once (its launch, the first loads of Q, dO, K and V, delta's loads, the
+# pipeline's fill and drain). Here the producer loads the next work tile's Q and dO
+# into a second buffer, its first K/V tiles into the ring and its rows of O into L2
+# (for delta), while the consumers still work on this one; the consumers' dQ stores
+# overlap those loads. Measured: that pass 4-5% faster at 512 and 1024 keys with the
+# mask, slower from 4096 (the journal's "The backward, part 10"; a fit over version
+# 7's lengths had promised more).
 #
 # The scheduler: a block's first tile is its own index, every later one the next of a
 # counter in global memory (an atomic add by the producer), in version 7's order (query
@@ -73,7 +75,9 @@ from days.day018.attention_bwd import BT
 from days.day018.attention_bwd_dq import row_delta
 from days.day018.attention_bwd_overlap import consume_dq_overlapped
 
-comptime FBUF = 2  # buffers of the fixed Q and dO (one: level, see the journal)
+# buffers of the fixed Q and dO (one, tried with the static walk only: level without
+# the mask, 4% faster with it; the journal's "The backward, part 10")
+comptime FBUF = 2
 
 
 def dq_persistent_smem_bytes[
