@@ -99,7 +99,7 @@ def check_launch(launch: direct.Launch, m: int, n: int, batch: int):
         else:
             assert grid == (min(units, gemm_gpu.sm_count(None) // cluster) * cluster, 1, 1)
         assert launch.cluster == (cluster if cluster > 1 else None)
-        assert launch.smem == kernel.params[6] and block == (gemm_gpu.PP_THREADS, 1, 1)
+        assert launch.smem == kernel.params[6] and block == (gemm_gpu.pp_threads(bm), 1, 1)
         assert len(launch.args) == len(kernel.family.args)
         return
     assert grid[2] == batch
@@ -417,6 +417,7 @@ def test_forced_versions_apply_where_their_conditions_hold():
         "COOP_MULTICAST_256x128": "coop 256x128",  # 3 tiles of 128 in n: no pairs
         "COOP_256x192": "coop 256x192",
         "COOP_128x192": "coop 128x192",
+        "COOP_192x192": "coop 192x192",
         "COOP_256x64": "coop 256x64",
         "PINGPONG_128x64": "pingpong 128x64",
         "STREAMK_256x128": "streamk 256x128",

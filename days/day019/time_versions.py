@@ -5,6 +5,7 @@
     PYTHONPATH=$PWD python days/day019/time_versions.py --tokens 4096 --width 1024
     PYTHONPATH=$PWD python days/day019/time_versions.py --small --versions AUTO TMA_128x128
     PYTHONPATH=$PWD python days/day019/time_versions.py --one-round --versions AUTO PINGPONG_TMA_128x128
+    PYTHONPATH=$PWD python days/day019/time_versions.py --squares-in-turn 5 --versions AUTO TMA_128x256
 
 The issue's squares and GPT-2 small's linear layers at 8192 tokens (forward, dX, dW);
 `--tokens` times instead every linear layer of a GPT-2 124M step at that many tokens (the
@@ -12,6 +13,9 @@ four layers and the tied head, each forward, dX and dW) and prints what they add
 with `--width` those of one day 016 block of that width (d -> 3d, d -> d, d -> 4d, 4d -> d);
 `--small` times the problems of few output tiles that AUTO's FEW_TILES rule is about,
 `--one-round` those of about one round of 128 x 128 tiles with a long K (weight gradients);
+`--squares-in-turn R` the issue's squares in the benchmark's three layouts, cuBLAS and every
+version timed in turn, R rounds, and the median of the rounds: at 8192^3 the clocks fall as
+the card heats (the power limit), so a version timed after cuBLAS's warm-up pays for it;
 each version is checked on sampled entries against float64, then timed by kernel time
 (CUPTI), as day 014's script does. The stored rows come from
 `python -m benchmark --day day019`; this is the quick look while a kernel changes.
@@ -20,6 +24,7 @@ each version is checked on sampled entries against float64, then timed by kernel
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import torch
 
@@ -59,6 +64,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=None, help="a 124M step's layers at this many tokens")
     parser.add_argument("--small", action="store_true", help="few output tiles (FEW_TILES)")
     parser.add_argument("--one-round", action="store_true", help="about one round of tiles, a long K")
+    parser.add_argument("--squares-in-turn", type=int, default=0, metavar="R", help="squares, R rounds in turn")
     parser.add_argument("--width", type=int, default=None, help="with --tokens: one day 016 block of this width")
     parser.add_argument("--versions", nargs="+", default=list(VERSIONS), choices=list(gemm_gpu.VERSIONS))
     args = parser.parse_args()
@@ -66,6 +72,9 @@ def main() -> None:
     if args.tokens:
         layers = block_layers(args.width) if args.width else STEP_LAYERS
         step_layers(args.tokens, args.versions, layers)
+        return
+    if args.squares_in_turn:
+        squares_in_turn(args.squares_in_turn, args.versions)
         return
     if args.small or args.one_round:
         print(f"{torch.cuda.get_device_name()}; bf16; TFLOP/s (% of torch.matmul)")
@@ -77,6 +86,20 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}; bf16; TFLOP/s (% of torch.matmul)")
     for m, n, k, ta, tb in shapes:
         print_row(m, n, k, ta, tb, time_shape(m, n, k, ta, tb, args.versions, args.quick))
+
+
+def squares_in_turn(rounds: int, versions: list[str]) -> None:
+    """The squares as the benchmark's rows lay them out (forward x W^T, dX, dW), every
+    version and cuBLAS timed once a round in turn; prints each round and the medians."""
+    print(f"{torch.cuda.get_device_name()}; bf16; TFLOP/s (% of torch.matmul), {rounds} rounds in turn")
+    for m, _, _, _, _ in SQUARES[1:]:
+        for name, ta, tb in (("forward", False, True), ("dX", False, False), ("dW", True, False)):
+            per_round = [time_shape(m, m, m, ta, tb, versions, quick=True) for _ in range(rounds)]
+            for times in per_round:
+                print_row(m, m, m, ta, tb, times)
+            medians = {v: statistics.median(t[v] for t in per_round) for v in per_round[0]}
+            print(f"{name} median of {rounds}:", end=" ")
+            print_row(m, m, m, ta, tb, medians)
 
 
 # (m, n, k, ta, tb) with few output tiles: small-output weight gradients, and the linear
