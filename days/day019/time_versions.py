@@ -5,7 +5,7 @@
     PYTHONPATH=$PWD python days/day019/time_versions.py --tokens 4096 --width 1024
     PYTHONPATH=$PWD python days/day019/time_versions.py --small --versions AUTO TMA_128x128
     PYTHONPATH=$PWD python days/day019/time_versions.py --one-round --versions AUTO PINGPONG_TMA_128x128
-    PYTHONPATH=$PWD python days/day019/time_versions.py --squares-in-turn 5 --versions AUTO TMA_128x256
+    PYTHONPATH=$PWD python days/day019/time_versions.py --in-turn 5 --versions AUTO TMA_128x256
 
 The issue's squares and GPT-2 small's linear layers at 8192 tokens (forward, dX, dW);
 `--tokens` times instead every linear layer of a GPT-2 124M step at that many tokens (the
@@ -13,9 +13,10 @@ four layers and the tied head, each forward, dX and dW) and prints what they add
 with `--width` those of one day 016 block of that width (d -> 3d, d -> d, d -> 4d, 4d -> d);
 `--small` times the problems of few output tiles that AUTO's FEW_TILES rule is about,
 `--one-round` those of about one round of 128 x 128 tiles with a long K (weight gradients);
-`--squares-in-turn R` the issue's squares in the benchmark's three layouts, cuBLAS and every
-version timed in turn, R rounds, and the median of the rounds: at 8192^3 the clocks fall as
-the card heats (the power limit), so a version timed after cuBLAS's warm-up pays for it;
+`--in-turn R` the same shapes (the squares in the benchmark's three layouts), each checked
+once, then cuBLAS and every version timed in turn for R rounds, each round in another
+order, and the median of the rounds: at 8192^3 the clocks fall as the card heats (the
+power limit), so whoever runs later pays for it;
 each version is checked on sampled entries against float64, then timed by kernel time
 (CUPTI), as day 014's script does. The stored rows come from
 `python -m benchmark --day day019`; this is the quick look while a kernel changes.
@@ -28,8 +29,10 @@ import statistics
 
 import torch
 
+import pytorch_custom_ops as pco
 from benchmark.gpu_script import need_cuda
-from days.day014.time_versions import GPT2, SQUARES, print_row, time_shape
+from benchmark.timing import kernel_time_ms
+from days.day014.time_versions import GPT2, SQUARES, print_row, sampled_error, time_shape
 from pytorch_custom_ops import gemm_gpu
 
 VERSIONS = (
@@ -64,7 +67,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=None, help="a 124M step's layers at this many tokens")
     parser.add_argument("--small", action="store_true", help="few output tiles (FEW_TILES)")
     parser.add_argument("--one-round", action="store_true", help="about one round of tiles, a long K")
-    parser.add_argument("--squares-in-turn", type=int, default=0, metavar="R", help="squares, R rounds in turn")
+    parser.add_argument("--in-turn", type=int, default=0, metavar="R", help="R rounds in turn, medians")
     parser.add_argument("--width", type=int, default=None, help="with --tokens: one day 016 block of this width")
     parser.add_argument("--versions", nargs="+", default=list(VERSIONS), choices=list(gemm_gpu.VERSIONS))
     args = parser.parse_args()
@@ -73,9 +76,6 @@ def main() -> None:
         layers = block_layers(args.width) if args.width else STEP_LAYERS
         step_layers(args.tokens, args.versions, layers)
         return
-    if args.squares_in_turn:
-        squares_in_turn(args.squares_in_turn, args.versions)
-        return
     if args.small or args.one_round:
         print(f"{torch.cuda.get_device_name()}; bf16; TFLOP/s (% of torch.matmul)")
         for m, n, k, ta, tb in SMALL if args.small else ONE_ROUND:
@@ -83,23 +83,48 @@ def main() -> None:
         return
     gpt2 = [s for s in GPT2 if 8192 in s[:3]]
     shapes = SQUARES[1:2] + gpt2[:3] if args.quick else SQUARES[1:] + gpt2
+    if args.in_turn:
+        squares = [(s, s, s, ta, tb) for s, *_ in SQUARES[1:] for ta, tb in SQUARE_LAYOUTS]
+        shapes = squares[:3] + gpt2[:3] if args.quick else squares + gpt2
     print(f"{torch.cuda.get_device_name()}; bf16; TFLOP/s (% of torch.matmul)")
     for m, n, k, ta, tb in shapes:
-        print_row(m, n, k, ta, tb, time_shape(m, n, k, ta, tb, args.versions, args.quick))
+        if args.in_turn:
+            in_turn(m, n, k, ta, tb, args.in_turn, args.versions)
+        else:
+            print_row(m, n, k, ta, tb, time_shape(m, n, k, ta, tb, args.versions, args.quick))
 
 
-def squares_in_turn(rounds: int, versions: list[str]) -> None:
-    """The squares as the benchmark's rows lay them out (forward x W^T, dX, dW), every
-    version and cuBLAS timed once a round in turn; prints each round and the medians."""
-    print(f"{torch.cuda.get_device_name()}; bf16; TFLOP/s (% of torch.matmul), {rounds} rounds in turn")
-    for m, _, _, _, _ in SQUARES[1:]:
-        for name, ta, tb in (("forward", False, True), ("dX", False, False), ("dW", True, False)):
-            per_round = [time_shape(m, m, m, ta, tb, versions, quick=True) for _ in range(rounds)]
-            for times in per_round:
-                print_row(m, m, m, ta, tb, times)
-            medians = {v: statistics.median(t[v] for t in per_round) for v in per_round[0]}
-            print(f"{name} median of {rounds}:", end=" ")
-            print_row(m, m, m, ta, tb, medians)
+SQUARE_LAYOUTS = ((False, True), (False, False), (True, False))  # the benchmark's forward, dX, dW
+
+
+def in_turn(m: int, n: int, k: int, ta: bool, tb: bool, rounds: int, versions: list[str]) -> None:
+    """Every version checked against float64 once, then cuBLAS and the versions timed once
+    a round, round r starting at the r-th of them (no one always runs first or last);
+    prints each round and the medians."""
+    a = torch.randn(*((k, m) if ta else (m, k)), device="cuda").bfloat16()
+    b = torch.randn(*((n, k) if tb else (k, n)), device="cuda").bfloat16()
+    pa, pb = (a.mT if ta else a), (b.mT if tb else b)
+    calls = {"cuBLAS": lambda: torch.matmul(pa, pb)}
+    for version in versions:
+        with pco.gemm_version(version):
+            err = sampled_error(pco.gemm(a, b, transpose_a=ta, transpose_b=tb), a, b, ta, tb)
+            assert err < 1.6e-2, f"{version} at {m}x{n}x{k}: error {err:.3g} of the scale"
+
+        def call(version=version):
+            with pco.gemm_version(version):
+                return pco.gemm(a, b, transpose_a=ta, transpose_b=tb)
+
+        calls[version] = call
+    names = list(calls)
+    per_round = []
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        times = {name: kernel_time_ms(calls[name], 10) for name in order}
+        per_round.append({name: times[name] for name in names})
+        print(f"round {r + 1}:", end=" ")
+        print_row(m, n, k, ta, tb, per_round[-1])
+    print(f"median of {rounds}:", end=" ")
+    print_row(m, n, k, ta, tb, {name: statistics.median(t[name] for t in per_round) for name in names})
 
 
 # (m, n, k, ta, tb) with few output tiles: small-output weight gradients, and the linear
