@@ -94,31 +94,14 @@ def time_cpu(fns: dict[str, Callable[[], object]], min_reps: int = 5, budget_s: 
     return {name: _summary(v) for name, v in samples.items()}
 
 
-# The GPU's clocks fall while it waits (a check on the host, a new shape's inputs) and
-# take milliseconds of load to rise again: a few calls of a 40-us kernel ran ~20% slower
-# than the same kernel timed after a busy stretch (days/day019/README.md, part 24).
-WARM_UP_S = 0.05
-
-
-def warm_up(fn: Callable[[], object], seconds: float = WARM_UP_S) -> None:
-    """Call fn back to back for `seconds` of wall time (at least 3 calls), then sync."""
-    start = time.perf_counter()
-    calls = 0
-    while calls < 3 or time.perf_counter() - start < seconds:
-        fn()
-        calls += 1
-        if calls % 8 == 0:  # don't let the host run far ahead of the GPU
-            torch.cuda.synchronize()
-    torch.cuda.synchronize()
-
-
 def kernel_times_us(fn: Callable[[], object], reps: int = 20, counts: dict[str, int] | None = None) -> dict[str, float]:
     """Device time per call of each kernel the call launched, by kernel name (CUPTI through
     torch.profiler; self time: no double count). `counts`, when given, receives how many
     times each kernel ran over the `reps` calls."""
     from torch.profiler import ProfilerActivity, profile
 
-    warm_up(fn)
+    fn()
+    torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             fn()

@@ -49,19 +49,7 @@ TC_BN, TC_BK, TC_STAGES, TC_PAD = 128, 32, 4, 8
 WG_BK, WG_STAGES = 64, 4
 TMA_SMEM_BUDGET = 192 * 1024  # stage buffers; the H100 allows 227 KiB
 TMA_SWIZZLE_BYTES = 128  # CU_TENSOR_MAP_SWIZZLE_128B: a box row is one 128-byte span
-
-
-def pp_threads(bm: int) -> int:
-    """Version 4's block: a producer and two consumer warpgroups, or three for the
-    cooperative 192-row tiles (64 rows each; day 019, part 24)."""
-    return WG_THREADS + pp_consumers(bm) * WG_THREADS
-
-
-def pp_consumers(bm: int) -> int:
-    """gemm_v4_pingpong.mojo's pp_consumers: version 4's 192-row tiles are all cooperative."""
-    return 3 if bm == 192 else 2
-
-
+PP_THREADS = 3 * WG_THREADS  # a producer and two consumer warpgroups
 PP_SMEM_BUDGET = 227 * 1024  # stage buffers + barriers: all the H100 allows one block (232448 B)
 
 TC_DTYPES = (torch.bfloat16, torch.float16)
@@ -105,7 +93,7 @@ def tma_stages(dtype: torch.dtype, bm: int, bn: int) -> int:
 def store_box_bytes(dtype: torch.dtype, tma_store: bool, bm: int = 0, bn: int = 0, epi_warps: bool = False) -> int:
     if epi_warps:
         return bm * bn * dtype.itemsize
-    return pp_consumers(bm) * STORE_BOXES * STORE_BOX * STORE_BOX * dtype.itemsize if tma_store else 0
+    return 2 * STORE_BOXES * STORE_BOX * STORE_BOX * dtype.itemsize if tma_store else 0
 
 
 def _pp_fixed_bytes(dtype: torch.dtype, bm: int, bn: int, tma_store: bool, epi_warps: bool) -> int:
@@ -228,11 +216,7 @@ PP_CONFIGS = (
     (64, 64, 1, False, 0),
     (256, 128, 1, True, 1),
     (256, 128, 1, True, 2),
-    (192, 192, 1, True, 0),
 )
-# (192 x 192: three consumers of 64 rows each, 512 threads, day 019 part 24. 192 x 256
-# does not compile: ptxas left a 512-thread kernel's m64n256 wgmma 128 registers a thread,
-# whatever setmaxnreg hands over, and it needs ~154: C7602)
 # (BIAS, GELU, GELU_GRAD) of the fused linear layer: x @ W^T, W stored like nn.Linear's
 PP_LINEAR_EPILOGUES = ((True, False, False), (True, True, False), (False, True, False))
 # ... and of the MLP backward's dH @ W (day 020): W read as stored, (out, in)
@@ -325,9 +309,6 @@ PINGPONG_KERNEL = KernelFamily(
     # m, n, k, batch, c_bs, c_rs, c_cs, store_aux
     args=("tensormap",) * 4 + ("ptr",) * 7 + ("i64",) * 8,
     variants=tuple(v for dtype in TC_DTYPES for config in PP_CONFIGS for v in _pp_variants(dtype, config)),
-    # three consumers: 512 threads leave ptxas 128 registers a thread unless it knows the
-    # block is alone on its SM; then it honours setmaxnreg's 160 (gpu_build.with_entry_directives)
-    entry_directives=lambda params: (".minnctapersm 1",) if pp_consumers(params[3]) == 3 else (),
 )
 SPLIT_K_SUM_THREADS = 256
 SPLIT_K_SUM_KERNEL = KernelFamily(
@@ -365,7 +346,6 @@ VERSIONS = {  # name: (kind, BM, BN)
     "COOP_256x192": ("coop", 256, 192),  # each consumer 128 x 192: 8192 x 768 is 128 tiles, one wave
     "COOP_128x192": ("coop", 128, 192),  # each consumer 64 x 192: a 3072 x 768 dW is 96 tiles, not 72
     "COOP_256x64": ("coop", 256, 64),  # outputs 64 wide (attention's P V): no half-empty tile
-    "COOP_192x192": ("coop", 192, 192),  # three consumers of 64 x 192 (part 24): 8192 x 2304 is 4 rounds, not 5
     "PINGPONG_128x64": ("pingpong", 128, 64),
     "STREAMK_256x128": ("coop_streamk", 256, 128),  # COOP_256x128 with the k-steps shared evenly (stream-K)
     "SPLITK_256x128": ("coop_splitk", 256, 128),  # ... cut into equal pieces per tile, one wave (split-K)
@@ -601,12 +581,14 @@ def vector_friendly(out_ptr: int, a, b, m: int, n: int, k: int, ta: bool, tb: bo
 #   * version 4's cooperative 256 x 128 (both consumers on every tile, 128 x 128 each):
 #     twice the work at ~1.35x the rate, once the epilogue stored whole 16-byte blocks.
 #   * version 4's cooperative 256 x 192 (each consumer 128 x 192, 192 accumulators a
-#     thread): three times the work at ~1.09x the rate (measured: its two wgmma column
-#     parts read A twice, and its epilogue spills). Worth it where it saves a round:
-#     8192 x 768 outputs (GPT-2's projections and dX) are 192 tiles of 256 x 128 (two
-#     rounds on 132 SMs, the second 45% full) but 128 of 256 x 192 (one): 82-86% of
-#     cuBLAS against 72-73% at K = 2304 and 3072, level at K = 768. At 8192 x 2304 it
-#     would save two rounds of five and lose (64% against 76%).
+#     thread): three times the work at ~1.25x the rate (its two wgmma column parts read
+#     A twice). Worth it where it saves a round: 8192 x 768 outputs (GPT-2's projections
+#     and dX) are 192 tiles of 256 x 128 (two rounds on 132 SMs, the second 45% full) but
+#     128 of 256 x 192 (one): 82-86% of cuBLAS against 72-73% at K = 2304 and 3072, level
+#     at K = 768. GPT-2's QKV (8192 x 2304, K = 768) is 3 rounds of them against 5 of
+#     256 x 128: 85-87% of cuBLAS against 82-84% in the stored rows of 5 of the last 6
+#     runs on both chips, 92% against 89% timed in turn (part 24). Part 2 had priced it at
+#     ~1.09x, when it lost there (64% against 76%, before the 16-byte stores).
 #   * version 4's cooperative 128 x 192 (each consumer 64 x 192): 1.5 times the work at
 #     ~1.07x the rate (day 020, 16384 tokens). For outputs whose 256 x 128 tiles leave SMs
 #     idle: a 3072 x 768 dW is 72 of them (55% of 132 SMs) but 96 of these, 72% of cuBLAS
@@ -619,7 +601,7 @@ def vector_friendly(out_ptr: int, a, b, m: int, n: int, k: int, ta: bool, tb: bo
 AUTO_TILES = (
     ("tma", 128, 128, 1.0),
     ("coop_tma", 256, 128, 2 / 1.35),
-    ("coop", 256, 192, 3 / 1.09),
+    ("coop", 256, 192, 3 / 1.25),
     ("coop", 128, 192, 1.5 / 1.07),
 )
 # Outputs at most 64 wide (attention's P V and its gradients, d = 64 heads) fill half of
@@ -899,7 +881,7 @@ def pingpong_launch(
         partials = direct.scratch((pieces, batch, m, n), torch.float32, out.device).data_ptr()
     sums = None
     if column_sums is not None:  # a row per warp of each consumer's rows of a tile (gemm_v4_pingpong)
-        rows = batch * _cdiv(m, bm // pp_consumers(bm) if coop else bm) * 4
+        rows = batch * _cdiv(m, bm // 2 if coop else bm) * 4
         if epi_warps:  # ... or per group of the epilogue warps' rows (gelu_grad_tile)
             rows = batch * _cdiv(m, bm) * epi_sum_groups(dtype, bn)
         sums = direct.scratch((rows, n), torch.float32, out.device)
@@ -917,7 +899,7 @@ def pingpong_launch(
     if gelu_grad:  # GELU_GRAD has no aux of its own: bit 0 asks for the sums, bit 1 says c is pre
         store_aux = (sums is not None) | (2 * gelu_grad_pre)
     args = (a_map, b_map, out_map, aux_map, *ptrs, *sizes, store_aux)
-    launches = [direct.Launch(kernel, grid, pp_threads(bm), args, smem, cluster if cluster > 1 else None)]
+    launches = [direct.Launch(kernel, grid, PP_THREADS, args, smem, cluster if cluster > 1 else None)]
     if sums is not None:
         launches.append(sum_partials_launch(sums, column_sums))
     if split == 2:  # the second kernel: 4 outputs a thread, a few blocks per SM

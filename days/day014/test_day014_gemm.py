@@ -369,9 +369,6 @@ BRANCHES = [
     ("COOP_256x192", FP16, 3, 520, 264, 136, "coop 256x192"),
     ("COOP_128x192", BF16, None, 1000, 1032, 200, "coop 128x192"),  # 8 x 6 tiles, tails in m, n, k
     ("COOP_128x192", FP16, 2, 136, 392, 4104, "coop 128x192"),  # a long K, 2 x 3 tiles per batch
-    # day 019, part 24: three consumers of 64 rows each (512 threads)
-    ("COOP_192x192", BF16, None, 1000, 1032, 200, "coop 192x192"),  # 6 x 6 tiles, tails in m, n, k
-    ("COOP_192x192", FP16, 3, 520, 264, 4104, "coop 192x192"),  # a long K, batched
     ("AUTO", FP16, None, 8000, 768, 72, "coop 256x192"),  # 128 tiles of 256x192: one round
     ("AUTO", BF16, 200, 120, 128, 72, "pingpong 128x128 tma"),  # 200 tiles, K = 72: ping-pong (SHORT_K)
     ("AUTO", FP16, 7, 296, 40, 520, "pingpong 128x64 tma"),  # at most 64 wide (NARROW_TILE)

@@ -99,7 +99,7 @@ def check_launch(launch: direct.Launch, m: int, n: int, batch: int):
         else:
             assert grid == (min(units, gemm_gpu.sm_count(None) // cluster) * cluster, 1, 1)
         assert launch.cluster == (cluster if cluster > 1 else None)
-        assert launch.smem == kernel.params[6] and block == (gemm_gpu.pp_threads(bm), 1, 1)
+        assert launch.smem == kernel.params[6] and block == (gemm_gpu.PP_THREADS, 1, 1)
         assert len(launch.args) == len(kernel.family.args)
         return
     assert grid[2] == batch
@@ -147,7 +147,8 @@ AUTO = [
     ((4096, 4096, 4096, BF16, None), "coop 256x128 tma"),  # 16 x 32 wide tiles: 4 waves (8 of 128x128)
     ((1024, 1024, 1024, BF16, None), "pingpong 128x64 tma"),  # FEW_TILES; 256 of 64 x 64: two rounds
     ((1536, 2816, 64, FP16, None), "coop 256x128 tma"),  # 132 wide tiles: one wave; 264 square: two
-    ((8192, 2304, 768, BF16, None), "coop 256x128 tma"),  # GPT-2's QKV: 576 wide tiles (5 rounds); 384 of 256x192 (3)
+    ((8192, 2304, 768, BF16, None), "coop 256x192"),  # GPT-2's QKV: 384 tiles (3 rounds); 576 of 256x128 (5)
+    ((16384, 2304, 768, BF16, None), "coop 256x128 tma"),  # 1152 of them (9 rounds); 768 of 256x192 (6)
     ((8192, 768, 768, BF16, None), "coop 256x192"),  # 128 tiles: one round; 192 wide: 2, 384 square: 3
     ((1536, 2560, 64, FP16, None), "coop 256x128 tma"),  # 120 wide tiles against 240 square
     ((256, 512, 72, BF16, 33), "coop 256x128 tma"),  # 1 x 4 x 33 = 132: the batch counts
@@ -417,7 +418,6 @@ def test_forced_versions_apply_where_their_conditions_hold():
         "COOP_MULTICAST_256x128": "coop 256x128",  # 3 tiles of 128 in n: no pairs
         "COOP_256x192": "coop 256x192",
         "COOP_128x192": "coop 128x192",
-        "COOP_192x192": "coop 192x192",
         "COOP_256x64": "coop 256x64",
         "PINGPONG_128x64": "pingpong 128x64",
         "STREAMK_256x128": "streamk 256x128",

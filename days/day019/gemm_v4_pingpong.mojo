@@ -62,8 +62,6 @@ from days.day014.gemm_v3_tma import (
     TMA_BOX,
     TMA_PRODUCER_REGS,
     TMA_CONSUMER_REGS,
-    TMA3_PRODUCER_REGS,
-    TMA3_CONSUMER_REGS,
     fence_mbarrier_init,
     mbar_wait,
     ring_slot,
@@ -106,19 +104,9 @@ from days.day014.gemm_v3_tma import (
 comptime PP_GROUP_ROWS = 1024  # output rows walked together (tile_coords), as version 3's 8 x 128
 
 
-@always_inline
-def pp_consumers(coop: Bool, bm: Int) -> Int:
-    """Consumer warpgroups of a variant: two, or three for the cooperative 192-row
-    tiles (64 rows each, part 24), which take 512 threads and version 3's
-    three-consumer register split."""
-    return 3 if coop and bm == 192 else 2
-
-
 # --8<-- [start:pingpong_kernel]
 @__llvm_metadata(
-    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](
-        Int32((1 + pp_consumers(COOP, BM)) * WG_THREADS)
-    ),
+    MAX_THREADS_PER_BLOCK_METADATA=StaticTuple[Int32, 1](Int32(3 * WG_THREADS)),
     `nvvm.cluster_dim`=StaticTuple[Int32, 3](Int32(CLUSTER), 1, 1),
 )
 @__llvm_arg_metadata(a_map, `nvvm.grid_constant`)
@@ -167,7 +155,7 @@ def gemm_pingpong_kernel[
     """out[bt] = act(alpha * op(A[bt]) @ op(B[bt]) + bias) + beta * c[bt].
 
     Each consumer's tile is BM x BN (BM/64 m64 wgmma row blocks). Launch with grid
-    (min(tiles, SMs), 1, 1), (1 + pp_consumers(COOP, BM)) x 128 threads and SMEM bytes of dynamic shared memory:
+    (min(tiles, SMs), 1, 1), 384 threads and SMEM bytes of dynamic shared memory:
     STAGES stage buffers (BM x 64 of A, BN x 64 of B), a `full` and an
     `empty` mbarrier per stage, then the two `turn` mbarriers. `aux` (the GELU input,
     laid out like out) is written when GELU and store_aux != 0: 1 writes the pre-activation,
@@ -179,8 +167,7 @@ def gemm_pingpong_kernel[
     matrix bt (tma_store.mojo); their sum over the rows is the bias gradient.
 
     COOP: the two consumers split every tile by rows instead (BM/2 each), as version 3
-    does, without the turn; the persistent schedule and the early loads stay. A BM of
-    192 has three consumers of 64 rows (no cluster, split or epilogue warps).
+    does, without the turn; the persistent schedule and the early loads stay.
 
     CLUSTER = 2: launch in clusters of 2 along x (grid even). The two CTAs of a cluster
     take the two column halves of a BM x 2BN unit: they share A's tile, and each loads
@@ -225,8 +212,7 @@ def gemm_pingpong_kernel[
     """
     # COOP: both consumers work on every tile, one BM/2-row half each (version 3's
     # cooperative split, kept persistent); else each consumer owns whole tiles (ping-pong)
-    comptime CONSUMERS = pp_consumers(COOP, BM)
-    comptime SHARERS = CONSUMERS if COOP else 1
+    comptime SHARERS = 2 if COOP else 1
     comptime WG_ROWS = BM // SHARERS  # rows of one consumer's accumulator
     comptime ROW_BLOCKS = WG_ROWS // 64
     # BN in column parts of power-of-two widths (SIMD widths): 192 = 128 + 64
@@ -242,7 +228,7 @@ def gemm_pingpong_kernel[
     comptime STAGE_BYTES = (A_ELEMS + B_ELEMS) * size_of[dtype]()
     # the epilogue's boxes: STORE_BOXES per consumer (TMA_STORE), or the whole tile
     # (EPI_WARPS)
-    comptime CONSUMER_BOXES = CONSUMERS * STORE_BOXES * STORE_BOX_ELEMS
+    comptime CONSUMER_BOXES = 2 * STORE_BOXES * STORE_BOX_ELEMS
     comptime EPI_ELEMS = BM * BN if EPI_WARPS else (
         CONSUMER_BOXES if TMA_STORE else 0
     )
@@ -279,9 +265,6 @@ def gemm_pingpong_kernel[
         "epilogue warps: GELU (or its gradient) of cooperative tiles through"
         " TMA stores"
     )
-    comptime assert CONSUMERS == 2 or (
-        CLUSTER == 1 and SPLIT == 0 and not EPI_WARPS
-    ), "three consumers: whole tiles, no cluster, the consumers' epilogue"
     comptime A_PART = BM // CLUSTER  # rows of A's tile this CTA loads for the cluster
     comptime assert CLUSTER == 1 or (
         CLUSTER == 2 and A_PART % 64 == 0
@@ -357,17 +340,12 @@ def gemm_pingpong_kernel[
         barrier()
 
     # setmaxnreg: the epilogue warps take more of the pool (epilogue_warps.mojo)
-    # (three consumers: version 3's split of the pool among four warpgroups)
     comptime producer_regs = (
         EPI_GRAD_PRODUCER_REGS if GELU_GRAD else EPI_PRODUCER_REGS
-    ) if EPI_WARPS else (
-        TMA3_PRODUCER_REGS if CONSUMERS == 3 else TMA_PRODUCER_REGS
-    )
+    ) if EPI_WARPS else TMA_PRODUCER_REGS
     comptime consumer_regs = (
         EPI_GRAD_CONSUMER_REGS if GELU_GRAD else EPI_CONSUMER_REGS
-    ) if EPI_WARPS else (
-        TMA3_CONSUMER_REGS if CONSUMERS == 3 else TMA_CONSUMER_REGS
-    )
+    ) if EPI_WARPS else TMA_CONSUMER_REGS
     var wg = thread_idx.x // WG_THREADS
     if wg == 0:
         set_max_registers[False, producer_regs]()

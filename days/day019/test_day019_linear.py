@@ -444,25 +444,6 @@ def test_cuda_gpt2_mlp_shapes_and_a_broadcast_residual(launched):
 
 
 @needs_cuda
-@pytest.mark.parametrize("bias,activation,residual", CONFIGS)
-def test_cuda_three_consumer_tile(bias, activation, residual, launched):
-    """Day 019, part 24: the cooperative 192 x 192 tile, three consumers of 64 rows, with
-    every fused epilogue, forward and backward (GELU's gradient and the weight gradient on
-    the same tile) against float64. 2 x 211 rows and 424 outputs leave tails in m and n
-    (3 x 3 tiles), K = 200 three k-steps and a bit."""
-    x, w, b, r = inputs((2, 211), 200, 424, BF16, "cuda", seed=5)
-    b = b if bias else None
-    r = r if residual else None
-    leaves = [t.detach().requires_grad_() for t in (x, w, b, r) if t is not None]
-    xs, ws, bs, rs = _rebuild(leaves, bias, residual)
-    with pco.gemm_version("COOP_192x192"):
-        y = pco.linear(xs, ws, bs, activation, rs)
-        assert ".192.192." in launched[-1], launched
-        close(y, reference(x, w, b, activation, r), BF16)
-        check_grads(y, leaves, bias, activation, residual, BF16)
-
-
-@needs_cuda
 @pytest.mark.parametrize("activation,residual", [("gelu_tanh", False), (None, True)])
 def test_cuda_projection_shape_takes_the_256x192_tile(activation, residual, launched):
     """8000 x 768 outputs: 128 tiles of 256 x 192 (two column parts, 128 + 64, in one

@@ -13,11 +13,11 @@ four layers and the tied head, each forward, dX and dW) and prints what they add
 with `--width` those of one day 016 block of that width (d -> 3d, d -> d, d -> 4d, 4d -> d);
 `--small` times the problems of few output tiles that AUTO's FEW_TILES rule is about,
 `--one-round` those of about one round of 128 x 128 tiles with a long K (weight gradients);
-`--in-turn R` the same shapes (the squares in the benchmark's three layouts), each checked
-once, then cuBLAS and every version timed in turn for R rounds, each round in another
-order, and the median of the rounds: at 8192^3 the clocks fall as the card heats (the
-power limit), so whoever runs later pays for it;
-each version is checked on sampled entries against float64, then timed by kernel time
+`--in-turn R` the same shapes (the squares in the benchmark's three layouts; or the
+`--tokens` layers), cuBLAS and every version timed in turn for R rounds, each round in
+another order, and the median of the rounds: after the 8192^3 products the card runs at
+its power limit for a while, and whoever is timed first then pays for it (part 24).
+Each version is checked on sampled entries against float64, then timed by kernel time
 (CUPTI), as day 014's script does. The stored rows come from
 `python -m benchmark --day day019`; this is the quick look while a kernel changes.
 """
@@ -74,7 +74,7 @@ def main() -> None:
     need_cuda(None, __file__)
     if args.tokens:
         layers = block_layers(args.width) if args.width else STEP_LAYERS
-        step_layers(args.tokens, args.versions, layers)
+        step_layers(args.tokens, args.versions, layers, args.in_turn)
         return
     if args.small or args.one_round:
         print(f"{torch.cuda.get_device_name()}; bf16; TFLOP/s (% of torch.matmul)")
@@ -97,10 +97,10 @@ def main() -> None:
 SQUARE_LAYOUTS = ((False, True), (False, False), (True, False))  # the benchmark's forward, dX, dW
 
 
-def in_turn(m: int, n: int, k: int, ta: bool, tb: bool, rounds: int, versions: list[str]) -> None:
+def in_turn(m: int, n: int, k: int, ta: bool, tb: bool, rounds: int, versions: list[str]) -> dict[str, float]:
     """Every version checked against float64 once, then cuBLAS and the versions timed once
     a round, round r starting at the r-th of them (no one always runs first or last);
-    prints each round and the medians."""
+    prints each round and the medians, and returns the medians (ms)."""
     a = torch.randn(*((k, m) if ta else (m, k)), device="cuda").bfloat16()
     b = torch.randn(*((n, k) if tb else (k, n)), device="cuda").bfloat16()
     pa, pb = (a.mT if ta else a), (b.mT if tb else b)
@@ -123,8 +123,10 @@ def in_turn(m: int, n: int, k: int, ta: bool, tb: bool, rounds: int, versions: l
         per_round.append({name: times[name] for name in names})
         print(f"round {r + 1}:", end=" ")
         print_row(m, n, k, ta, tb, per_round[-1])
+    medians = {name: statistics.median(t[name] for t in per_round) for name in names}
     print(f"median of {rounds}:", end=" ")
-    print_row(m, n, k, ta, tb, {name: statistics.median(t[name] for t in per_round) for name in names})
+    print_row(m, n, k, ta, tb, medians)
+    return medians
 
 
 # (m, n, k, ta, tb) with few output tiles: small-output weight gradients, and the linear
@@ -173,9 +175,10 @@ def block_layers(d: int) -> tuple[tuple[int, int, int], ...]:
     return ((d, 3 * d, 1), (d, d, 1), (d, 4 * d, 1), (4 * d, d, 1))
 
 
-def step_layers(tokens: int, versions: list[str], layers=STEP_LAYERS) -> None:
+def step_layers(tokens: int, versions: list[str], layers=STEP_LAYERS, rounds: int = 0) -> None:
     """Every GEMM of `layers` at `tokens` tokens: per shape and pass the % of cuBLAS, and
-    the total GEMM time per version (the versions' sum of calls)."""
+    the total GEMM time per version (the versions' sum of calls); `rounds`: each shape
+    timed in turn (`in_turn`), its medians counted."""
     print(f"{torch.cuda.get_device_name()}; bf16; {tokens} tokens; TFLOP/s (% of torch.matmul)")
     totals: dict[str, float] = {"best version per shape": 0.0}
     for d_in, d_out, calls in layers:
@@ -185,8 +188,11 @@ def step_layers(tokens: int, versions: list[str], layers=STEP_LAYERS) -> None:
             (d_out, d_in, tokens, True, False),  # dW = dY^T X
         )
         for m, n, k, ta, tb in passes:
-            times = time_shape(m, n, k, ta, tb, versions, quick=True)
-            print_row(m, n, k, ta, tb, times)
+            if rounds:
+                times = in_turn(m, n, k, ta, tb, rounds, versions)
+            else:
+                times = time_shape(m, n, k, ta, tb, versions, quick=True)
+                print_row(m, n, k, ta, tb, times)
             for name, ms in times.items():
                 totals[name] = totals.get(name, 0.0) + calls * ms
             totals["best version per shape"] += calls * min(ms for name, ms in times.items() if name != "cuBLAS")
