@@ -235,7 +235,6 @@ PP_TMA_STORE_CONFIGS = (
     (128, 128, 1, False, 0),
     (128, 64, 1, False, 0),
     (64, 64, 1, False, 0),
-    (256, 192, 1, True, 0),
 )
 STORE_BOXES, STORE_BOX = 2, 64  # days/day019/tma_store.mojo
 # where these flags sit in a variant (below)
@@ -292,8 +291,7 @@ def _pp_variants(dtype: torch.dtype, config: tuple, tma_store: bool = False):
     yield from (variant(pair, PLAIN_EPILOGUE) for pair in PAIRS)
     if not split:  # the fused epilogues: split tiles serve the long-K backward's plain products only
         yield from (variant((False, True), epilogue) for epilogue in PP_LINEAR_EPILOGUES)
-        if not (tma_store and bn % 128):  # GELU_GRAD's column sums take TMA stores of one column part
-            yield variant((False, False), PP_GELU_GRAD)
+        yield variant((False, False), PP_GELU_GRAD)
         yield from (variant((False, True), epilogue, c_blocks=True) for epilogue in PP_C_BLOCKS_EPILOGUES)
         if tma_store and config in PP_EPI_WARPS_CONFIGS:
             yield from (variant((False, True), epilogue, epi_warps=True) for epilogue in PP_GELU_EPILOGUES)
@@ -346,7 +344,6 @@ VERSIONS = {  # name: (kind, BM, BN)
     "PINGPONG_TMA_64x64": ("pingpong_tma", 64, 64),
     "COOP_MULTICAST_256x128": ("coop_multicast", 256, 128),  # ... in clusters of 2 sharing A
     "COOP_256x192": ("coop", 256, 192),  # each consumer 128 x 192: 8192 x 768 is 128 tiles, one wave
-    "COOP_TMA_256x192": ("coop_tma", 256, 192),  # ... its two column parts stored by TMA (part 25)
     "COOP_128x192": ("coop", 128, 192),  # each consumer 64 x 192: a 3072 x 768 dW is 96 tiles, not 72
     "COOP_256x64": ("coop", 256, 64),  # outputs 64 wide (attention's P V): no half-empty tile
     "PINGPONG_128x64": ("pingpong", 128, 64),

@@ -367,9 +367,6 @@ BRANCHES = [
     ("COOP_MULTICAST_256x128", BF16, 2, 200, 264, 136, "coop 256x128"),  # 3 tiles in n: no pairs
     ("COOP_256x192", BF16, None, 1000, 1032, 200, "coop 256x192"),  # 1032 = 5 x 192 + 72
     ("COOP_256x192", FP16, 3, 520, 264, 136, "coop 256x192"),
-    # day 019, part 25: both column parts (128 + 64) stored by TMA; tails in m, n, k
-    ("COOP_TMA_256x192", BF16, None, 1000, 1032, 200, "coop 256x192 tma"),
-    ("COOP_TMA_256x192", FP16, 3, 520, 264, 136, "coop 256x192 tma"),
     ("COOP_128x192", BF16, None, 1000, 1032, 200, "coop 128x192"),  # 8 x 6 tiles, tails in m, n, k
     ("COOP_128x192", FP16, 2, 136, 392, 4104, "coop 128x192"),  # a long K, 2 x 3 tiles per batch
     ("AUTO", FP16, None, 8000, 768, 72, "coop 256x192"),  # 128 tiles of 256x192: one round

@@ -417,7 +417,6 @@ def test_forced_versions_apply_where_their_conditions_hold():
         "PINGPONG_TMA_64x64": "pingpong 64x64 tma",
         "COOP_MULTICAST_256x128": "coop 256x128",  # 3 tiles of 128 in n: no pairs
         "COOP_256x192": "coop 256x192",
-        "COOP_TMA_256x192": "coop 256x192 tma",
         "COOP_128x192": "coop 128x192",
         "COOP_256x64": "coop 256x64",
         "PINGPONG_128x64": "pingpong 128x64",

@@ -249,8 +249,8 @@ def gemm_pingpong_kernel[
         + 8 * EPI_BARS
     ), "stages + the epilogue's boxes + mbarriers"
     comptime assert not TMA_STORE or (
-        SPLIT == 0 and not F32_OUT and (BN1 == 0 or not GELU_GRAD)
-    ), "TMA stores: whole tiles, 16-bit outputs, GELU_GRAD's sums in one column part"
+        SPLIT == 0 and BN1 == 0 and not F32_OUT
+    ), "TMA stores: whole tiles, one column part, 16-bit outputs"
     comptime assert (
         TMA_BK * size_of[dtype]() == 128
     ), "one 128-byte swizzle span"
@@ -623,34 +623,6 @@ def gemm_pingpong_kernel[
                         1 + me,  # named barrier 0 is the block's
                         col_sums,
                     )
-                    comptime if BN1 > 0:  # the second column part: its own boxes
-                        var no_sums = SIMD[DType.float32, BN1 // 32](0)
-                        wg_store_acc_tma[
-                            dtype, BN1, BIAS, GELU, GELU_GRAD, C_BLOCKS
-                        ](
-                            rebind[SIMD[DType.float32, BN1 // 2]](
-                                acc1.slice[FRAG1, offset=r * FRAG1]()
-                            ),
-                            my_boxes,
-                            Pointer(to=out_map).unsafe_bitcast[NoneType](),
-                            Pointer(to=aux_map).unsafe_bitcast[NoneType](),
-                            c.unsafe_offset(bt * Int(c_bs)),
-                            alpha,
-                            beta,
-                            tile[0] * BM + row_off + r * 64,
-                            tn * BN + BN0,
-                            bt,
-                            M,
-                            N,
-                            Int(c_rs),
-                            Int(c_cs),
-                            bias,
-                            Int(store_aux),
-                            piece,
-                            storer,
-                            1 + me,
-                            no_sums,
-                        )
                 comptime if GELU_GRAD:
                     # one row of partials per warp of each consumer's rows: 4 per
                     # WG_ROWS rows of each matrix (rows past M sum to 0, and are stored)
