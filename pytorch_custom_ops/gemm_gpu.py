@@ -216,6 +216,8 @@ PP_CONFIGS = (
     (64, 64, 1, False, 0),
     (256, 128, 1, True, 1),
     (256, 128, 1, True, 2),
+    (128, 128, 1, True, 0),
+    (128, 128, 2, True, 0),
 )
 # (BIAS, GELU, GELU_GRAD) of the fused linear layer: x @ W^T, W stored like nn.Linear's
 PP_LINEAR_EPILOGUES = ((True, False, False), (True, True, False), (False, True, False))
@@ -345,6 +347,8 @@ VERSIONS = {  # name: (kind, BM, BN)
     "COOP_MULTICAST_256x128": ("coop_multicast", 256, 128),  # ... in clusters of 2 sharing A
     "COOP_256x192": ("coop", 256, 192),  # each consumer 128 x 192: 8192 x 768 is 128 tiles, one wave
     "COOP_128x192": ("coop", 128, 192),  # each consumer 64 x 192: a 3072 x 768 dW is 96 tiles, not 72
+    "COOP_128x128": ("coop", 128, 128),  # two consumers of 64 x 128 (part 25)
+    "COOP_MULTICAST_128x128": ("coop_multicast", 128, 128),  # ... in clusters of 2 sharing A
     "COOP_256x64": ("coop", 256, 64),  # outputs 64 wide (attention's P V): no half-empty tile
     "PINGPONG_128x64": ("pingpong", 128, 64),
     "STREAMK_256x128": ("coop_streamk", 256, 128),  # COOP_256x128 with the k-steps shared evenly (stream-K)

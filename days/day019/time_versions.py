@@ -14,7 +14,7 @@ with `--width` those of one day 016 block of that width (d -> 3d, d -> d, d -> 4
 `--small` times the problems of few output tiles that AUTO's FEW_TILES rule is about,
 `--one-round` those of about one round of 128 x 128 tiles with a long K (weight gradients);
 `--in-turn R` the same shapes (the squares in the benchmark's three layouts; or the
-`--tokens` layers), cuBLAS and every version timed in turn for R rounds, each round in
+`--tokens`, `--small` or `--one-round` ones), cuBLAS and every version timed in turn for R rounds, each round in
 another order, and the median of the rounds: after the 8192^3 products the card runs at
 its power limit for a while, and whoever is timed first then pays for it (part 24).
 Each version is checked on sampled entries against float64, then timed by kernel time
@@ -79,7 +79,10 @@ def main() -> None:
     if args.small or args.one_round:
         print(f"{torch.cuda.get_device_name()}; bf16; TFLOP/s (% of torch.matmul)")
         for m, n, k, ta, tb in SMALL if args.small else ONE_ROUND:
-            print_row(m, n, k, ta, tb, time_shape(m, n, k, ta, tb, args.versions, quick=True))
+            if args.in_turn:
+                in_turn(m, n, k, ta, tb, args.in_turn, args.versions)
+            else:
+                print_row(m, n, k, ta, tb, time_shape(m, n, k, ta, tb, args.versions, quick=True))
         return
     gpt2 = [s for s in GPT2 if 8192 in s[:3]]
     shapes = SQUARES[1:2] + gpt2[:3] if args.quick else SQUARES[1:] + gpt2
