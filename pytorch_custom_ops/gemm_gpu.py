@@ -216,8 +216,6 @@ PP_CONFIGS = (
     (64, 64, 1, False, 0),
     (256, 128, 1, True, 1),
     (256, 128, 1, True, 2),
-    (128, 128, 1, True, 0),
-    (128, 128, 2, True, 0),
 )
 # (BIAS, GELU, GELU_GRAD) of the fused linear layer: x @ W^T, W stored like nn.Linear's
 PP_LINEAR_EPILOGUES = ((True, False, False), (True, True, False), (False, True, False))
@@ -235,6 +233,7 @@ PP_TMA_STORE_CONFIGS = (
     (256, 128, 1, True, 0),
     (128, 256, 1, True, 0),
     (128, 128, 1, False, 0),
+    (128, 128, 2, False, 0),
     (128, 64, 1, False, 0),
     (64, 64, 1, False, 0),
 )
@@ -336,6 +335,7 @@ VERSIONS = {  # name: (kind, BM, BN)
     "PINGPONG_64x256": ("pingpong", 64, 256),  # version 4 (day 019): persistent, ping-pong
     "PINGPONG_128x128": ("pingpong", 128, 128),
     "MULTICAST_128x128": ("multicast", 128, 128),  # version 4 in clusters of 2 sharing A (TMA multicast)
+    "MULTICAST_TMA_128x128": ("multicast_tma", 128, 128),  # ... its epilogue stored by TMA (part 25)
     "COOP_128x256": ("coop", 128, 256),  # version 4's schedule, both consumers on each tile (as v3)
     "COOP_256x128": ("coop", 256, 128),  # each consumer 128 x 128: cuBLAS's tile on the H100
     "COOP_TMA_256x128": ("coop_tma", 256, 128),  # ... its epilogue stored by TMA from shared memory
@@ -347,8 +347,6 @@ VERSIONS = {  # name: (kind, BM, BN)
     "COOP_MULTICAST_256x128": ("coop_multicast", 256, 128),  # ... in clusters of 2 sharing A
     "COOP_256x192": ("coop", 256, 192),  # each consumer 128 x 192: 8192 x 768 is 128 tiles, one wave
     "COOP_128x192": ("coop", 128, 192),  # each consumer 64 x 192: a 3072 x 768 dW is 96 tiles, not 72
-    "COOP_128x128": ("coop", 128, 128),  # two consumers of 64 x 128 (part 25)
-    "COOP_MULTICAST_128x128": ("coop_multicast", 128, 128),  # ... in clusters of 2 sharing A
     "COOP_256x64": ("coop", 256, 64),  # outputs 64 wide (attention's P V): no half-empty tile
     "PINGPONG_128x64": ("pingpong", 128, 64),
     "STREAMK_256x128": ("coop_streamk", 256, 128),  # COOP_256x128 with the k-steps shared evenly (stream-K)
@@ -367,6 +365,7 @@ V4_KINDS = (
     "coop_splitk",
     "coop_tma",
     "pingpong_tma",
+    "multicast_tma",
 )
 _version = direct.PlanSetting("AUTO")
 _c_blocks = direct.PlanSetting(True)  # C_BLOCKS where its promise holds (pingpong_launch)
@@ -822,7 +821,7 @@ def pingpong_launch(
     tiles = _cdiv(m, bm) * _cdiv(n, bn) * batch
     coop = kind.startswith("coop")
     split = {"coop_streamk": 1, "coop_splitk": 2}.get(kind, 0)
-    cluster = 2 if kind.endswith("multicast") and _cdiv(n, bn) % 2 == 0 else 1
+    cluster = 2 if kind.removesuffix("_tma").endswith("multicast") and _cdiv(n, bn) % 2 == 0 else 1
     # a cluster's CTAs load half of A's tile each, in 64-row boxes
     a_map = operand_tma_map(a, not ta, 64 if cluster > 1 else bm, batch, m, k)
     b_map = operand_tma_map(b, tb, bn, batch, n, k)
