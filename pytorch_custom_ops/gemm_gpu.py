@@ -233,7 +233,6 @@ PP_TMA_STORE_CONFIGS = (
     (256, 128, 1, True, 0),
     (128, 256, 1, True, 0),
     (128, 128, 1, False, 0),
-    (128, 128, 2, False, 0),
     (128, 64, 1, False, 0),
     (64, 64, 1, False, 0),
 )
@@ -335,7 +334,6 @@ VERSIONS = {  # name: (kind, BM, BN)
     "PINGPONG_64x256": ("pingpong", 64, 256),  # version 4 (day 019): persistent, ping-pong
     "PINGPONG_128x128": ("pingpong", 128, 128),
     "MULTICAST_128x128": ("multicast", 128, 128),  # version 4 in clusters of 2 sharing A (TMA multicast)
-    "MULTICAST_TMA_128x128": ("multicast_tma", 128, 128),  # ... its epilogue stored by TMA (part 25)
     "COOP_128x256": ("coop", 128, 256),  # version 4's schedule, both consumers on each tile (as v3)
     "COOP_256x128": ("coop", 256, 128),  # each consumer 128 x 128: cuBLAS's tile on the H100
     "COOP_TMA_256x128": ("coop_tma", 256, 128),  # ... its epilogue stored by TMA from shared memory
@@ -365,7 +363,6 @@ V4_KINDS = (
     "coop_splitk",
     "coop_tma",
     "pingpong_tma",
-    "multicast_tma",
 )
 _version = direct.PlanSetting("AUTO")
 _c_blocks = direct.PlanSetting(True)  # C_BLOCKS where its promise holds (pingpong_launch)
@@ -821,7 +818,7 @@ def pingpong_launch(
     tiles = _cdiv(m, bm) * _cdiv(n, bn) * batch
     coop = kind.startswith("coop")
     split = {"coop_streamk": 1, "coop_splitk": 2}.get(kind, 0)
-    cluster = 2 if kind.removesuffix("_tma").endswith("multicast") and _cdiv(n, bn) % 2 == 0 else 1
+    cluster = 2 if kind.endswith("multicast") and _cdiv(n, bn) % 2 == 0 else 1
     # a cluster's CTAs load half of A's tile each, in 64-row boxes
     a_map = operand_tma_map(a, not ta, 64 if cluster > 1 else bm, batch, m, k)
     b_map = operand_tma_map(b, tb, bn, batch, n, k)

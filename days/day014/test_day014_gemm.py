@@ -348,10 +348,6 @@ BRANCHES = [
     ("MULTICAST_128x128", BF16, None, 1000, 1024, 200, "pingpong 128x128 cluster 2"),
     ("MULTICAST_128x128", FP16, 3, 520, 512, 136, "pingpong 128x128 cluster 2"),
     ("MULTICAST_128x128", BF16, 2, 200, 264, 136, "pingpong 128x128"),  # 3 tiles in n: no pairs
-    # day 019, part 25: ... with the epilogue stored by TMA
-    ("MULTICAST_TMA_128x128", BF16, None, 1000, 1024, 200, "pingpong 128x128 cluster 2 tma"),
-    ("MULTICAST_TMA_128x128", FP16, 3, 520, 512, 136, "pingpong 128x128 cluster 2 tma"),
-    ("MULTICAST_TMA_128x128", BF16, 2, 200, 264, 136, "pingpong 128x128 tma"),  # 3 tiles in n: no pairs
     ("COOP_128x256", BF16, None, 1000, 1032, 200, "coop 128x256"),
     ("COOP_128x256", FP16, 3, 520, 264, 136, "coop 128x256"),
     ("COOP_256x128", BF16, None, 1000, 1032, 200, "coop 256x128"),

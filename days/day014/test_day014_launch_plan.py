@@ -407,7 +407,6 @@ def test_forced_versions_apply_where_their_conditions_hold():
         "PINGPONG_128x128": "pingpong 128x128",
         "PINGPONG_64x256": "pingpong 64x256",
         "MULTICAST_128x128": "pingpong 128x128",  # n = 264: 3 tiles of 128, an odd count: no pairs
-        "MULTICAST_TMA_128x128": "pingpong 128x128 tma",
         "COOP_128x256": "coop 128x256",
         "COOP_256x128": "coop 256x128",
         "COOP_TMA_256x128": "coop 256x128 tma",
