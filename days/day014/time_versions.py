@@ -13,6 +13,7 @@ the host instead (day 019 saw every version drop 20 points on a slower host).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import torch
 
@@ -46,21 +47,33 @@ def sampled_error(y, a, b, ta, tb) -> float:
     return ((y.double()[rows, cols] - ref).abs() / scale).max().item()
 
 
-def time_shape(m, n, k, ta, tb, versions, quick: bool = False) -> dict[str, float]:
-    """Check every version on one problem against float64, then time it next to
-    torch.matmul (cuBLAS): device (kernel) ms per call from CUPTI, so the host's cost per
-    call (planning, the version switch) cannot hide in the number. "cuBLAS" comes first."""
+def checked_calls(m, n, k, ta, tb, versions) -> dict[str, Callable[[], torch.Tensor]]:
+    """One problem's calls on random bf16 operands: torch.matmul (cuBLAS) first, then
+    every version, each checked against float64 on sampled entries before it is returned
+    (a version's call runs under its gemm_version)."""
     a = torch.randn(*((k, m) if ta else (m, k)), device="cuda").bfloat16()
     b = torch.randn(*((n, k) if tb else (k, n)), device="cuda").bfloat16()
     pa, pb = (a.mT if ta else a), (b.mT if tb else b)
-    reps = 10 if quick else 30
-    times = {"cuBLAS": kernel_time_ms(lambda: torch.matmul(pa, pb), reps)}
+    calls = {"cuBLAS": lambda: torch.matmul(pa, pb)}
     for version in versions:
         with pco.gemm_version(version):
             err = sampled_error(pco.gemm(a, b, transpose_a=ta, transpose_b=tb), a, b, ta, tb)
             assert err < 1.6e-2, f"{version} at {m}x{n}x{k}: error {err:.3g} of the scale"
-            times[version] = kernel_time_ms(lambda: pco.gemm(a, b, transpose_a=ta, transpose_b=tb), reps)
-    return times
+
+        def call(version=version):
+            with pco.gemm_version(version):
+                return pco.gemm(a, b, transpose_a=ta, transpose_b=tb)
+
+        calls[version] = call
+    return calls
+
+
+def time_shape(m, n, k, ta, tb, versions, quick: bool = False) -> dict[str, float]:
+    """Check every version on one problem against float64, then time each next to
+    torch.matmul (cuBLAS): device (kernel) ms per call from CUPTI, so the host's cost per
+    call (planning, the version switch) cannot hide in the number. "cuBLAS" comes first."""
+    reps = 10 if quick else 30
+    return {name: kernel_time_ms(call, reps) for name, call in checked_calls(m, n, k, ta, tb, versions).items()}
 
 
 def print_row(m, n, k, ta, tb, times: dict[str, float]) -> None:

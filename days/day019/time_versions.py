@@ -14,9 +14,10 @@ with `--width` those of one day 016 block of that width (d -> 3d, d -> d, d -> 4
 `--small` times the problems of few output tiles that AUTO's FEW_TILES rule is about,
 `--one-round` those of about one round of 128 x 128 tiles with a long K (weight gradients);
 `--in-turn R` the same shapes (the squares in the benchmark's three layouts; or the
-`--tokens`, `--small` or `--one-round` ones), cuBLAS and every version timed in turn for R rounds, each round in
-another order, and the median of the rounds: after the 8192^3 products the card runs at
-its power limit for a while, and whoever is timed first then pays for it (part 24).
+`--tokens`, `--small` or `--one-round` ones), cuBLAS and every version timed in turn for
+R rounds, each round in another order, and the median of the rounds: after the 8192^3
+products the card runs at its power limit for a while, and whoever is timed first then
+pays for it (part 24).
 Each version is checked on sampled entries against float64, then timed by kernel time
 (CUPTI), as day 014's script does. The stored rows come from
 `python -m benchmark --day day019`; this is the quick look while a kernel changes.
@@ -29,10 +30,9 @@ import statistics
 
 import torch
 
-import pytorch_custom_ops as pco
 from benchmark.gpu_script import need_cuda
 from benchmark.timing import kernel_time_ms
-from days.day014.time_versions import GPT2, SQUARES, print_row, sampled_error, time_shape
+from days.day014.time_versions import GPT2, SQUARES, checked_calls, print_row, time_shape
 from pytorch_custom_ops import gemm_gpu
 
 VERSIONS = (
@@ -79,10 +79,7 @@ def main() -> None:
     if args.small or args.one_round:
         print(f"{torch.cuda.get_device_name()}; bf16; TFLOP/s (% of torch.matmul)")
         for m, n, k, ta, tb in SMALL if args.small else ONE_ROUND:
-            if args.in_turn:
-                in_turn(m, n, k, ta, tb, args.in_turn, args.versions)
-            else:
-                print_row(m, n, k, ta, tb, time_shape(m, n, k, ta, tb, args.versions, quick=True))
+            timed(m, n, k, ta, tb, args.versions, args.in_turn, quick=True)
         return
     gpt2 = [s for s in GPT2 if 8192 in s[:3]]
     shapes = SQUARES[1:2] + gpt2[:3] if args.quick else SQUARES[1:] + gpt2
@@ -91,33 +88,29 @@ def main() -> None:
         shapes = squares[:3] + gpt2[:3] if args.quick else squares + gpt2
     print(f"{torch.cuda.get_device_name()}; bf16; TFLOP/s (% of torch.matmul)")
     for m, n, k, ta, tb in shapes:
-        if args.in_turn:
-            in_turn(m, n, k, ta, tb, args.in_turn, args.versions)
-        else:
-            print_row(m, n, k, ta, tb, time_shape(m, n, k, ta, tb, args.versions, args.quick))
+        timed(m, n, k, ta, tb, args.versions, args.in_turn, args.quick)
 
 
 SQUARE_LAYOUTS = ((False, True), (False, False), (True, False))  # the benchmark's forward, dX, dW
 
 
+def timed(
+    m: int, n: int, k: int, ta: bool, tb: bool, versions: list[str], rounds: int, quick: bool
+) -> dict[str, float]:
+    """One problem's row, printed and returned (ms): timed once (day 014's time_shape),
+    or in turn for `rounds` rounds (`in_turn`, its medians)."""
+    if rounds:
+        return in_turn(m, n, k, ta, tb, rounds, versions)
+    times = time_shape(m, n, k, ta, tb, versions, quick)
+    print_row(m, n, k, ta, tb, times)
+    return times
+
+
 def in_turn(m: int, n: int, k: int, ta: bool, tb: bool, rounds: int, versions: list[str]) -> dict[str, float]:
-    """Every version checked against float64 once, then cuBLAS and the versions timed once
-    a round, round r starting at the r-th of them (no one always runs first or last);
+    """Every version checked against float64 once (day 014's checked_calls), then cuBLAS
+    and the versions timed once a round, round r starting at the r-th of them (no one always runs first or last);
     prints each round and the medians, and returns the medians (ms)."""
-    a = torch.randn(*((k, m) if ta else (m, k)), device="cuda").bfloat16()
-    b = torch.randn(*((n, k) if tb else (k, n)), device="cuda").bfloat16()
-    pa, pb = (a.mT if ta else a), (b.mT if tb else b)
-    calls = {"cuBLAS": lambda: torch.matmul(pa, pb)}
-    for version in versions:
-        with pco.gemm_version(version):
-            err = sampled_error(pco.gemm(a, b, transpose_a=ta, transpose_b=tb), a, b, ta, tb)
-            assert err < 1.6e-2, f"{version} at {m}x{n}x{k}: error {err:.3g} of the scale"
-
-        def call(version=version):
-            with pco.gemm_version(version):
-                return pco.gemm(a, b, transpose_a=ta, transpose_b=tb)
-
-        calls[version] = call
+    calls = checked_calls(m, n, k, ta, tb, versions)
     names = list(calls)
     per_round = []
     for r in range(rounds):
@@ -191,11 +184,7 @@ def step_layers(tokens: int, versions: list[str], layers=STEP_LAYERS, rounds: in
             (d_out, d_in, tokens, True, False),  # dW = dY^T X
         )
         for m, n, k, ta, tb in passes:
-            if rounds:
-                times = in_turn(m, n, k, ta, tb, rounds, versions)
-            else:
-                times = time_shape(m, n, k, ta, tb, versions, quick=True)
-                print_row(m, n, k, ta, tb, times)
+            times = timed(m, n, k, ta, tb, versions, rounds, quick=True)
             for name, ms in times.items():
                 totals[name] = totals.get(name, 0.0) + calls * ms
             totals["best version per shape"] += calls * min(ms for name, ms in times.items() if name != "cuBLAS")
