@@ -108,8 +108,9 @@ def timed(
 
 def in_turn(m: int, n: int, k: int, ta: bool, tb: bool, rounds: int, versions: list[str]) -> dict[str, float]:
     """Every version checked against float64 once (day 014's checked_calls), then cuBLAS
-    and the versions timed once a round, round r starting at the r-th of them (no one always runs first or last);
-    prints each round and the medians, and returns the medians (ms)."""
+    and the versions timed once a round, round r starting at the r-th of them (no one
+    always runs first or last); prints each round and the medians, and returns the
+    medians (ms)."""
     calls = checked_calls(m, n, k, ta, tb, versions)
     names = list(calls)
     per_round = []
