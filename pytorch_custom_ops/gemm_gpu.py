@@ -587,8 +587,8 @@ def vector_friendly(out_ptr: int, a, b, m: int, n: int, k: int, ta: bool, tb: bo
 #     128 of 256 x 192 (one): 82-86% of cuBLAS against 72-73% at K = 2304 and 3072, level
 #     at K = 768. GPT-2's QKV (8192 x 2304, K = 768) is 3 rounds of them against 5 of
 #     256 x 128: 85-87% of cuBLAS against 82-84% in the stored rows of 5 of the last 6
-#     runs on both chips, 86-87% against 83% timed in turn (part 24). Part 2 had priced it at
-#     ~1.09x, when it lost there (64% against 76%, before the 16-byte stores).
+#     runs on both chips, 86-87% against 83% timed in turn (part 24). Part 2 had priced
+#     it at ~1.09x, when it lost there (64% against 76%, before the 16-byte stores).
 #   * version 4's cooperative 128 x 192 (each consumer 64 x 192): 1.5 times the work at
 #     ~1.07x the rate (day 020, 16384 tokens). For outputs whose 256 x 128 tiles leave SMs
 #     idle: a 3072 x 768 dW is 72 of them (55% of 132 SMs) but 96 of these, 72% of cuBLAS
