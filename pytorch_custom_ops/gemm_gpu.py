@@ -102,14 +102,18 @@ def _pp_fixed_bytes(dtype: torch.dtype, bm: int, bn: int, tma_store: bool, epi_w
 
 
 def pp_stages(dtype: torch.dtype, bm: int, bn: int, tma_store: bool = False, epi_warps: bool = False) -> int:
+    """The most stages that fit in PP_SMEM_BUDGET."""
     fixed = _pp_fixed_bytes(dtype, bm, bn, tma_store, epi_warps)
     return (PP_SMEM_BUDGET - fixed) // (tma_stage_bytes(dtype, bm, bn) + 16)
 
 
-def pp_smem_bytes(dtype: torch.dtype, bm: int, bn: int, tma_store: bool = False, epi_warps: bool = False) -> int:
-    """The stage buffers, the epilogue's boxes (TMA_STORE), a `full` and an `empty`
-    mbarrier per stage, two `turn` mbarriers (and EPI_WARPS' `epi_full`, `epi_empty`)."""
-    stages = pp_stages(dtype, bm, bn, tma_store, epi_warps)
+def pp_smem_bytes(
+    dtype: torch.dtype, bm: int, bn: int, tma_store: bool = False, epi_warps: bool = False, stages: int | None = None
+) -> int:
+    """The stage buffers (`stages`, by default pp_stages'), the epilogue's boxes (TMA_STORE),
+    a `full` and an `empty` mbarrier per stage, two `turn` mbarriers (and EPI_WARPS'
+    `epi_full`, `epi_empty`)."""
+    stages = stages or pp_stages(dtype, bm, bn, tma_store, epi_warps)
     return stages * (tma_stage_bytes(dtype, bm, bn) + 16) + _pp_fixed_bytes(dtype, bm, bn, tma_store, epi_warps)
 
 
@@ -282,13 +286,15 @@ def _pp_variants(dtype: torch.dtype, config: tuple, tma_store: bool = False):
     BIAS, GELU, GELU_GRAD, CLUSTER, COOP, SPLIT, F32_OUT, TMA_STORE, C_BLOCKS, EPI_WARPS)."""
     bm, bn, cluster, coop, split = config
 
-    def variant(pair, epilogue, f32_out=False, c_blocks=False, epi_warps=False):
-        stages = pp_stages(dtype, bm, bn, tma_store, epi_warps)
-        smem = pp_smem_bytes(dtype, bm, bn, tma_store, epi_warps)
+    def variant(pair, epilogue, f32_out=False, c_blocks=False, epi_warps=False, stages=None):
+        stages = stages or pp_stages(dtype, bm, bn, tma_store, epi_warps)
+        smem = pp_smem_bytes(dtype, bm, bn, tma_store, epi_warps, stages)
         flags = (cluster, coop, split, f32_out, tma_store, c_blocks, epi_warps)
         return (dtype, *pair, bm, bn, stages, smem, *epilogue, *flags)
 
     yield from (variant(pair, PLAIN_EPILOGUE) for pair in PAIRS)
+    if tma_store and config == ONE_ROUND_CONFIG:
+        yield from (variant(pair, PLAIN_EPILOGUE, stages=ONE_ROUND_STAGES) for pair in PAIRS)
     if not split:  # the fused epilogues: split tiles serve the long-K backward's plain products only
         yield from (variant((False, True), epilogue) for epilogue in PP_LINEAR_EPILOGUES)
         yield variant((False, False), PP_GELU_GRAD)
@@ -300,6 +306,39 @@ def _pp_variants(dtype: torch.dtype, config: tuple, tma_store: bool = False):
         yield variant((True, False), PLAIN_EPILOGUE, f32_out=True)
     if config in PP_TMA_STORE_CONFIGS and not tma_store:
         yield from _pp_variants(dtype, config, tma_store=True)
+
+
+# One round of ping-pong 128 x 128 tiles with TMA stores and a long K (AUTO's
+# ONE_ROUND_LONG_K_TILE: weight gradients) runs 4 stages, not the 6 that fit. Measured on
+# the H200 (bf16, % of cuBLAS, in turn; days/day019/README.md, part 26): GPT-2's dW
+# 2304 x 768 x 8192 84-85 -> 89-90%, 1280 x 1280 x 8192 84 -> 90%, 2048 x 1024 x 4096
+# 82-83 -> 90%, 1024 x 1536 x 4096 68-69 -> 74%. 5 stages were level with 6, 3 far behind
+# (66%). With 6 stages the same kernel moved 23% more bytes through L2 (Nsight Compute:
+# 382 against 311 MB, the same 50 MB from DRAM) and kept the tensor pipe busy 76% of the
+# time against 81%. At K = 16384 the 4 stages also beat split-K, which AUTO took there
+# (2304 x 768 89 against 85%, 1280 x 1280 89 against 86%): auto_tile no longer splits
+# these.
+ONE_ROUND_CONFIG = (128, 128, 1, False, 0)
+ONE_ROUND_STAGES = 4
+_one_round_stages = direct.PlanSetting(ONE_ROUND_STAGES)
+
+
+def one_round_stages(
+    m: int, n: int, k: int, batch: int, sms: int, config: tuple, tma_store: bool, epilogue
+) -> int | None:
+    """The stages of a version 4 launch where ONE_ROUND_STAGES applies (None elsewhere:
+    every stage that fits)."""
+    if _one_round_stages.value is None or not tma_store or config != ONE_ROUND_CONFIG or epilogue != PLAIN_EPILOGUE:
+        return None
+    if _cdiv(m, 128) * _cdiv(n, 128) * batch > sms or k < ONE_ROUND_LONG_K:
+        return None
+    return _one_round_stages.value
+
+
+def all_stages():
+    """Inside the block, version 4 runs every stage that fits on one round of long-K
+    tiles too (ONE_ROUND_STAGES off, as before day 019's part 26): an A/B in one process."""
+    return _one_round_stages.set_to(None)
 
 
 PINGPONG_KERNEL = KernelFamily(
@@ -711,16 +750,18 @@ def auto_tile(
             tiles = (*tiles, ONE_ROUND_TILE)  # last: near-ties go to the others
     cost = [_cdiv(_cdiv(m, bm) * _cdiv(n, bn) * batch, sms) * t for _, bm, bn, t in tiles]
     best = min(cost)
-    if plain_epilogue:
+    kind, bm, bn, _ = tiles[next(i for i, c in enumerate(cost) if c <= 1.02 * best)]
+    tiles128 = _cdiv(m, 128) * _cdiv(n, 128) * batch
+    few = kind == "tma" and bm == 128 and tiles128 <= FEW_TILES * sms
+    one_round_long_k = kind == "tma" and bm == 128 and not few and tiles128 <= sms and k >= ONE_ROUND_LONG_K
+    if plain_epilogue and not one_round_long_k:  # there the ping-pong's 4 stages beat split-K (part 26)
         s, split_cost = split_k(m, n, k, batch, sms)
         if s > 1 and split_cost < SPLIT_K_MARGIN * best:
             return "coop_splitk", 256, 128
-    kind, bm, bn, _ = tiles[next(i for i, c in enumerate(cost) if c <= 1.02 * best)]
-    tiles128 = _cdiv(m, 128) * _cdiv(n, 128) * batch
-    if kind == "tma" and bm == 128 and tiles128 <= FEW_TILES * sms:
+    if few:
         return few_tiles_tile(m, n, batch, sms)  # under half a round: more tiles, every SM busy
-    if kind == "tma" and bm == 128 and tiles128 <= sms and k >= ONE_ROUND_LONG_K:
-        return ONE_ROUND_LONG_K_TILE  # one round, long k-loops
+    if one_round_long_k:
+        return ONE_ROUND_LONG_K_TILE  # one round, long k-loops (with ONE_ROUND_STAGES)
     if kind == "tma" and k <= SHORT_K and tiles128 > sms:
         return SHORT_K_TILE  # more than a round of short tiles: overlap their epilogues
     return kind, bm, bn
@@ -855,8 +896,11 @@ def pingpong_launch(
         out_map = aux_map = output_tma_map(out, batch, m, n)
         if aux is not None:
             aux_map = output_tma_map(aux, batch, m, n)
-    smem = pp_smem_bytes(dtype, bm, bn, tma_store, epi_warps)
-    stages = pp_stages(dtype, bm, bn, tma_store, epi_warps)
+    config = (bm, bn, cluster, coop, split)
+    stages = one_round_stages(m, n, k, batch, sms, config, tma_store, epilogue) or pp_stages(
+        dtype, bm, bn, tma_store, epi_warps
+    )
+    smem = pp_smem_bytes(dtype, bm, bn, tma_store, epi_warps, stages)
     flags = (*epilogue, cluster, coop, split, f32_out, tma_store)
     # c in 16-byte blocks where it fits and the variant exists (PP_C_BLOCKS_EPILOGUES)
     c_blocks = c_fits_blocks(c, *sizes[4:7], n) and not epi_warps

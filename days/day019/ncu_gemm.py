@@ -12,30 +12,33 @@ projection's forward, K = 3072: 92%):
 tokens (768 x 768, split-K, 65% of cuBLAS; 2304 x 768, one round of tiles, 84%): a split call
 is the split GEMM and the sum kernel (results/nvidia-h100-80gb-hbm3/day019_ncu_weight_grads.txt).
 `--names` prints each call's kernels and their CUPTI times instead (no ncu needed);
-`--versions` runs those forced versions of gemm_version instead of AUTO, in that order.
+`--versions` runs those forced versions of gemm_version instead of AUTO, in that order;
+`--all-stages` runs ours under gemm_gpu.all_stages (every stage that fits: part 26's A/B).
 """
 
 import argparse
+import contextlib
 
 import torch
 
 import pytorch_custom_ops as pco
 from benchmark.gpu_script import need_cuda
 from benchmark.timing import kernel_times_us
+from pytorch_custom_ops import gemm_gpu
 
 FORWARDS = ((16384, 2304, 768), (16384, 768, 3072))  # (tokens, out, in): y = x W^T
 WEIGHT_GRADS = ((8192, 768, 768), (8192, 768, 2304))  # (tokens, in, out): dW = dY^T X, (out, in)
 
 
-def forced(version: str, fn):
+def forced(version: str, fn, all_stages: bool = False):
     def run():
-        with pco.gemm_version(version):
+        with pco.gemm_version(version), gemm_gpu.all_stages() if all_stages else contextlib.nullcontext():
             return fn()
 
     return run
 
 
-def calls(weight_grads: bool, versions: list[str]) -> list[tuple[str, object, object]]:
+def calls(weight_grads: bool, versions: list[str], all_stages: bool = False) -> list[tuple[str, object, object]]:
     """(label, ours, cuBLAS's) for each shape and version."""
     out = []
     for m, n, k in WEIGHT_GRADS if weight_grads else FORWARDS:
@@ -49,7 +52,7 @@ def calls(weight_grads: bool, versions: list[str]) -> list[tuple[str, object, ob
             w = torch.randn(n, k, device="cuda").bfloat16()
             label = f"y {m}x{n}, K={k}"
             ours, theirs = (lambda x=x, w=w: pco.gemm(x, w, transpose_b=True)), (lambda x=x, w=w: x @ w.t())
-        out.extend((f"{label} {v}", forced(v, ours), theirs) for v in versions)
+        out.extend((f"{label} {v}", forced(v, ours, all_stages), theirs) for v in versions)
     return out
 
 
@@ -58,8 +61,9 @@ def main() -> None:
     parser.add_argument("--weight-grads", action="store_true", help="the split-K weight gradients")
     parser.add_argument("--names", action="store_true", help="print each call's kernels (CUPTI), no ncu")
     parser.add_argument("--versions", nargs="+", default=["AUTO"], help="gemm_version names")
+    parser.add_argument("--all-stages", action="store_true", help="ours with every stage that fits (part 26)")
     args = parser.parse_args()
-    todo = calls(args.weight_grads, args.versions)
+    todo = calls(args.weight_grads, args.versions, args.all_stages)
     if args.names:
         print(torch.cuda.get_device_name())
         for label, ours, cublas in todo:

@@ -70,16 +70,17 @@ def main() -> None:
     parser.add_argument("--in-turn", type=int, default=0, metavar="R", help="R rounds in turn, medians")
     parser.add_argument("--width", type=int, default=None, help="with --tokens: one day 016 block of this width")
     parser.add_argument("--versions", nargs="+", default=list(VERSIONS), choices=list(gemm_gpu.VERSIONS))
+    parser.add_argument("--all-stages-too", action="store_true", help=f"in turn: also {ALL_STAGES} (part 26)")
     args = parser.parse_args()
     need_cuda(None, __file__)
     if args.tokens:
         layers = block_layers(args.width) if args.width else STEP_LAYERS
-        step_layers(args.tokens, args.versions, layers, args.in_turn)
+        step_layers(args.tokens, args.versions, layers, args.in_turn, args.all_stages_too)
         return
     if args.small or args.one_round:
         print(f"{torch.cuda.get_device_name()}; bf16; TFLOP/s (% of torch.matmul)")
         for m, n, k, ta, tb in SMALL if args.small else ONE_ROUND:
-            timed(m, n, k, ta, tb, args.versions, args.in_turn, quick=True)
+            timed(m, n, k, ta, tb, args.versions, args.in_turn, quick=True, all_stages_too=args.all_stages_too)
         return
     gpt2 = [s for s in GPT2 if 8192 in s[:3]]
     shapes = SQUARES[1:2] + gpt2[:3] if args.quick else SQUARES[1:] + gpt2
@@ -88,30 +89,43 @@ def main() -> None:
         shapes = squares[:3] + gpt2[:3] if args.quick else squares + gpt2
     print(f"{torch.cuda.get_device_name()}; bf16; TFLOP/s (% of torch.matmul)")
     for m, n, k, ta, tb in shapes:
-        timed(m, n, k, ta, tb, args.versions, args.in_turn, args.quick)
+        timed(m, n, k, ta, tb, args.versions, args.in_turn, args.quick, args.all_stages_too)
 
 
 SQUARE_LAYOUTS = ((False, True), (False, False), (True, False))  # the benchmark's forward, dX, dW
 
 
 def timed(
-    m: int, n: int, k: int, ta: bool, tb: bool, versions: list[str], rounds: int, quick: bool
+    m: int, n: int, k: int, ta: bool, tb: bool, versions: list[str], rounds: int, quick: bool, all_stages_too=False
 ) -> dict[str, float]:
     """One problem's row, printed and returned (ms): timed once (day 014's time_shape),
     or in turn for `rounds` rounds (`in_turn`, its medians)."""
     if rounds:
-        return in_turn(m, n, k, ta, tb, rounds, versions)
+        return in_turn(m, n, k, ta, tb, rounds, versions, all_stages_too)
     times = time_shape(m, n, k, ta, tb, versions, quick)
     print_row(m, n, k, ta, tb, times)
     return times
 
 
-def in_turn(m: int, n: int, k: int, ta: bool, tb: bool, rounds: int, versions: list[str]) -> dict[str, float]:
+# AUTO with every stage that fits (gemm_gpu.all_stages: ONE_ROUND_STAGES off), for part 26's A/B
+ALL_STAGES = "AUTO_ALL_STAGES"
+
+
+def in_turn(
+    m: int, n: int, k: int, ta: bool, tb: bool, rounds: int, versions: list[str], all_stages_too=False
+) -> dict[str, float]:
     """Every version checked against float64 once (day 014's checked_calls), then cuBLAS
     and the versions timed once a round, round r starting at the r-th of them (no one
     always runs first or last); prints each round and the medians, and returns the
     medians (ms)."""
     calls = checked_calls(m, n, k, ta, tb, versions)
+    if all_stages_too and "AUTO" in calls:
+
+        def all_stages(auto=calls["AUTO"]):
+            with gemm_gpu.all_stages():
+                return auto()
+
+        calls[ALL_STAGES] = all_stages
     names = list(calls)
     per_round = []
     for r in range(rounds):
@@ -151,13 +165,18 @@ SMALL = (
 # a block has one tile: GPT-2's weight gradients at 8192 and 16384 tokens and others
 # (results/nvidia-h100-80gb-hbm3/day019_one_round_tiles.txt)
 ONE_ROUND = (
+    (3072, 768, 8192, True, False),  # GPT-2's fc dW: 96 tiles of 192 x 128
+    (768, 3072, 8192, True, False),  # ... and fc2's
     (2304, 768, 8192, True, False),
     (2304, 768, 16384, True, False),
     (768, 2304, 8192, True, False),
+    (768, 2304, 16384, True, False),
     (768, 768, 8192, True, False),
     (768, 768, 16384, True, False),
     (1536, 1024, 8192, True, False),
     (1280, 1280, 8192, True, False),
+    (1280, 1280, 16384, True, False),
+    (1536, 1024, 16384, True, False),
     (2048, 1024, 4096, True, False),
     (1024, 1536, 4096, False, True),
 )
@@ -172,7 +191,7 @@ def block_layers(d: int) -> tuple[tuple[int, int, int], ...]:
     return ((d, 3 * d, 1), (d, d, 1), (d, 4 * d, 1), (4 * d, d, 1))
 
 
-def step_layers(tokens: int, versions: list[str], layers=STEP_LAYERS, rounds: int = 0) -> None:
+def step_layers(tokens: int, versions: list[str], layers=STEP_LAYERS, rounds: int = 0, all_stages_too=False) -> None:
     """Every GEMM of `layers` at `tokens` tokens: per shape and pass the % of cuBLAS, and
     the total GEMM time per version (the versions' sum of calls); `rounds`: each shape
     timed in turn (`in_turn`), its medians counted."""
@@ -185,7 +204,7 @@ def step_layers(tokens: int, versions: list[str], layers=STEP_LAYERS, rounds: in
             (d_out, d_in, tokens, True, False),  # dW = dY^T X
         )
         for m, n, k, ta, tb in passes:
-            times = timed(m, n, k, ta, tb, versions, rounds, quick=True)
+            times = timed(m, n, k, ta, tb, versions, rounds, quick=True, all_stages_too=all_stages_too)
             for name, ms in times.items():
                 totals[name] = totals.get(name, 0.0) + calls * ms
             totals["best version per shape"] += calls * min(ms for name, ms in times.items() if name != "cuBLAS")
