@@ -308,18 +308,19 @@ def _pp_variants(dtype: torch.dtype, config: tuple, tma_store: bool = False):
         yield from _pp_variants(dtype, config, tma_store=True)
 
 
-# One round of ping-pong 128 x 128 tiles with TMA stores and a long K (AUTO's
-# ONE_ROUND_LONG_K_TILE: weight gradients) runs 4 stages, not the 6 that fit. Measured on
-# the H200 (bf16, % of cuBLAS, in turn; days/day019/README.md, part 26): GPT-2's dW
-# 2304 x 768 x 8192 84-85 -> 89-90%, 1280 x 1280 x 8192 84 -> 90%, 2048 x 1024 x 4096
-# 82-83 -> 90%, 1024 x 1536 x 4096 68-69 -> 74%. 5 stages were level with 6, 3 far behind
-# (66%). With 6 stages the same kernel moved 23% more bytes through L2 (Nsight Compute:
-# 382 against 311 MB, the same 50 MB from DRAM) and kept the tensor pipe busy 76% of the
-# time against 81%. At K = 16384 the 4 stages also beat split-K, which AUTO took there
-# (2304 x 768 89 against 85%, 1280 x 1280 89 against 86%): auto_tile no longer splits
-# these.
+# One round of ping-pong 128 x 128 tiles with TMA stores and a very long K (AUTO's
+# ONE_ROUND_LONG_K_TILE from ONE_ROUND_SHALLOW_K: weight gradients at 16384 tokens) runs 4
+# stages, not the 6 that fit, and AUTO does not split K there. Measured on the H200 (bf16,
+# % of cuBLAS; days/day019/README.md, part 26): by kernel time (operands warm in L2)
+# 4 stages beat 6 and split-K (2304 x 768 x 16384 89 against 85 and 85%, 1280 x 1280 x
+# 16384 89 against 86 and 86%); end to end from a flushed L2, the benchmark's timer, they
+# are level with split-K (88 against 87%, 89 against 89-90%) and ahead of 6 stages
+# (84, 86%). At K = 4096-8192 the two timers disagree: 4 stages win by 5-7 points by
+# kernel time and lose by 3-7 from a flushed L2 (2304 x 768 x 8192: 89-90 against 84-85%,
+# 83 against 87%), so there the 6 stages stay. 5 stages were level with 6, 3 far behind.
 ONE_ROUND_CONFIG = (128, 128, 1, False, 0)
 ONE_ROUND_STAGES = 4
+ONE_ROUND_SHALLOW_K = 16384
 _one_round_stages = direct.PlanSetting(ONE_ROUND_STAGES)
 
 
@@ -330,13 +331,13 @@ def one_round_stages(
     every stage that fits)."""
     if _one_round_stages.value is None or not tma_store or config != ONE_ROUND_CONFIG or epilogue != PLAIN_EPILOGUE:
         return None
-    if _cdiv(m, 128) * _cdiv(n, 128) * batch > sms or k < ONE_ROUND_LONG_K:
+    if _cdiv(m, 128) * _cdiv(n, 128) * batch > sms or k < ONE_ROUND_SHALLOW_K:
         return None
     return _one_round_stages.value
 
 
 def all_stages():
-    """Inside the block, version 4 runs every stage that fits on one round of long-K
+    """Inside the block, version 4 runs every stage that fits on one round of very long-K
     tiles too (ONE_ROUND_STAGES off, as before day 019's part 26): an A/B in one process."""
     return _one_round_stages.set_to(None)
 
@@ -754,14 +755,15 @@ def auto_tile(
     tiles128 = _cdiv(m, 128) * _cdiv(n, 128) * batch
     few = kind == "tma" and bm == 128 and tiles128 <= FEW_TILES * sms
     one_round_long_k = kind == "tma" and bm == 128 and not few and tiles128 <= sms and k >= ONE_ROUND_LONG_K
-    if plain_epilogue and not one_round_long_k:  # there the ping-pong's 4 stages beat split-K (part 26)
+    shallow = one_round_long_k and k >= ONE_ROUND_SHALLOW_K  # ONE_ROUND_STAGES beat split-K there (part 26)
+    if plain_epilogue and not shallow:
         s, split_cost = split_k(m, n, k, batch, sms)
         if s > 1 and split_cost < SPLIT_K_MARGIN * best:
             return "coop_splitk", 256, 128
     if few:
         return few_tiles_tile(m, n, batch, sms)  # under half a round: more tiles, every SM busy
     if one_round_long_k:
-        return ONE_ROUND_LONG_K_TILE  # one round, long k-loops (with ONE_ROUND_STAGES)
+        return ONE_ROUND_LONG_K_TILE  # one round, long k-loops (ONE_ROUND_STAGES from ONE_ROUND_SHALLOW_K)
     if kind == "tma" and k <= SHORT_K and tiles128 > sms:
         return SHORT_K_TILE  # more than a round of short tiles: overlap their epilogues
     return kind, bm, bn

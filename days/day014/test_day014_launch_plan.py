@@ -158,11 +158,11 @@ AUTO = [
     ((8192, 3072, 3072, BF16, None), "coop 256x128 tma"),
     # GPT-2's dW (part 3): few tiles and a long K: split-K (stream-K's kernel, tiles x S blocks)
     ((768, 768, 8192, BF16, None), "splitk 256x128"),  # 18 wide tiles x 7 pieces: 126 blocks
-    ((768, 2304, 8192, BF16, None), "pingpong 128x128 tma 4 stages"),  # 108 square tiles, one wave: 2 pieces
-    # do not pay; K >= 4096: ONE_ROUND_LONG_K, with ONE_ROUND_STAGES
+    ((768, 2304, 8192, BF16, None), "pingpong 128x128 tma"),  # 108 square tiles, one wave: 2 pieces do not
+    # pay; K >= 4096: ONE_ROUND_LONG_K
     ((2304, 768, 1024, BF16, None), "tma 128x128"),  # the same tiles, a short K: version 3
     ((768, 2304, 16384, BF16, None), "pingpong 128x128 tma 4 stages"),  # ... and at twice the K (the 124M
-    # step), where split-K lost to the 4 stages (part 26)
+    # step) with ONE_ROUND_STAGES, level with split-K from a flushed L2 and ahead by kernel time (part 26)
     ((768, 1024, 16384, BF16, None), "splitk 256x128"),  # 48 square tiles: FEW_TILES; 2 x 8 wide ones, split
     # one round of version 3's three-consumer 192 x 128 tiles where K is long (part 12)
     ((3072, 768, 8192, BF16, None), "tma 192x128"),  # 96 tiles; 72 wide ones (55% of the SMs)
@@ -445,17 +445,17 @@ def test_forced_versions_apply_where_their_conditions_hold():
 
 def test_one_round_of_long_k_tiles_runs_fewer_stages():
     # ONE_ROUND_STAGES (day 019, part 26): one round of ping-pong 128 x 128 tiles with TMA
-    # stores and K >= ONE_ROUND_LONG_K, under AUTO or forced; all_stages() turns it off
+    # stores and K >= ONE_ROUND_SHALLOW_K, under AUTO or forced; all_stages() turns it off
     for ta, tb in PAIRS:
-        assert choice(plan(768, 2304, 8192, BF16, ta, tb)) == "pingpong 128x128 tma 4 stages"
+        assert choice(plan(768, 2304, 16384, BF16, ta, tb)) == "pingpong 128x128 tma 4 stages"
         with gemm_gpu.all_stages():
-            assert choice(plan(768, 2304, 8192, BF16, ta, tb)) == "pingpong 128x128 tma"
+            assert choice(plan(768, 2304, 16384, BF16, ta, tb)) == "pingpong 128x128 tma"
     with gemm_version("PINGPONG_TMA_128x128"):
-        assert choice(plan(1000, 520, 4104, FP16, batch=2)) == "pingpong 128x128 tma 4 stages"
-        assert choice(plan(768, 2304, 4088, BF16, True, False)) == "pingpong 128x128 tma"  # K < 4096
-        assert choice(plan(1536, 2304, 8192, BF16, True, False)) == "pingpong 128x128 tma"  # 216 tiles
+        assert choice(plan(1000, 520, 16392, FP16, batch=2)) == "pingpong 128x128 tma 4 stages"
+        assert choice(plan(768, 2304, 16376, BF16, True, False)) == "pingpong 128x128 tma"  # K < 16384
+        assert choice(plan(1536, 2304, 16384, BF16, True, False)) == "pingpong 128x128 tma"  # 216 tiles
     with gemm_version("PINGPONG_128x128"):  # the register epilogue: every stage
-        assert choice(plan(768, 2304, 8192, BF16, True, False)) == "pingpong 128x128"
+        assert choice(plan(768, 2304, 16384, BF16, True, False)) == "pingpong 128x128"
     assert gemm_gpu.ONE_ROUND_STAGES < gemm_gpu.pp_stages(BF16, 128, 128, tma_store=True)
 
 

@@ -26,12 +26,13 @@ Each version is checked on sampled entries against float64, then timed by kernel
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 
 import torch
 
 from benchmark.gpu_script import need_cuda
-from benchmark.timing import kernel_time_ms
+from benchmark.timing import kernel_time_ms, time_cuda
 from days.day014.time_versions import GPT2, SQUARES, checked_calls, print_row, time_shape
 from pytorch_custom_ops import gemm_gpu
 
@@ -71,8 +72,17 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=None, help="with --tokens: one day 016 block of this width")
     parser.add_argument("--versions", nargs="+", default=list(VERSIONS), choices=list(gemm_gpu.VERSIONS))
     parser.add_argument("--all-stages-too", action="store_true", help=f"in turn: also {ALL_STAGES} (part 26)")
+    parser.add_argument("--all-stages", action="store_true", help="the whole run under gemm_gpu.all_stages")
+    parser.add_argument("--flushed", action="store_true", help="in turn: end to end from a flushed L2 (time_cuda)")
     args = parser.parse_args()
     need_cuda(None, __file__)
+    global FLUSHED
+    FLUSHED = args.flushed
+    with gemm_gpu.all_stages() if args.all_stages else contextlib.nullcontext():
+        run(args)
+
+
+def run(args) -> None:
     if args.tokens:
         layers = block_layers(args.width) if args.width else STEP_LAYERS
         step_layers(args.tokens, args.versions, layers, args.in_turn, args.all_stages_too)
@@ -109,6 +119,7 @@ def timed(
 
 # AUTO with every stage that fits (gemm_gpu.all_stages: ONE_ROUND_STAGES off), for part 26's A/B
 ALL_STAGES = "AUTO_ALL_STAGES"
+FLUSHED = False  # --flushed: in_turn times end to end from a flushed L2 instead
 
 
 def in_turn(
@@ -127,6 +138,11 @@ def in_turn(
 
         calls[ALL_STAGES] = all_stages
     names = list(calls)
+    if FLUSHED:  # the benchmark's timer: L2 flushed before each call, CUDA events, interleaved
+        medians = {name: t.median_ms for name, t in time_cuda(calls).items()}
+        print("flushed L2, end to end:", end=" ")
+        print_row(m, n, k, ta, tb, medians)
+        return medians
     per_round = []
     for r in range(rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
