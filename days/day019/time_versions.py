@@ -6,6 +6,8 @@
     PYTHONPATH=$PWD python days/day019/time_versions.py --small --versions AUTO TMA_128x128
     PYTHONPATH=$PWD python days/day019/time_versions.py --one-round --versions AUTO PINGPONG_TMA_128x128
     PYTHONPATH=$PWD python days/day019/time_versions.py --in-turn 5 --versions AUTO TMA_128x256
+    PYTHONPATH=$PWD python days/day019/time_versions.py --one-round --in-turn 3 --all-stages-too --versions AUTO
+    PYTHONPATH=$PWD python days/day019/time_versions.py --one-round --in-turn 1 --flushed [--all-stages]
 
 The issue's squares and GPT-2 small's linear layers at 8192 tokens (forward, dX, dW);
 `--tokens` times instead every linear layer of a GPT-2 124M step at that many tokens (the
@@ -17,7 +19,10 @@ with `--width` those of one day 016 block of that width (d -> 3d, d -> d, d -> 4
 `--tokens`, `--small` or `--one-round` ones), cuBLAS and every version timed in turn for
 R rounds, each round in another order, and the median of the rounds: after the 8192^3
 products the card runs at its power limit for a while, and whoever is timed first then
-pays for it (part 24).
+pays for it (part 24). `--all-stages-too` adds AUTO with every stage that fits
+(`gemm_gpu.all_stages`, part 26) to each turn, `--all-stages` runs everything so, and
+`--flushed` times each shape once in turn with the benchmark's timer (L2 flushed before
+every call, CUDA events) instead of back-to-back kernel time.
 Each version is checked on sampled entries against float64, then timed by kernel time
 (CUPTI), as day 014's script does. The stored rows come from
 `python -m benchmark --day day019`; this is the quick look while a kernel changes.
