@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+from dataclasses import dataclass
 
 import torch
 
@@ -81,21 +82,20 @@ def main() -> None:
     parser.add_argument("--flushed", action="store_true", help="in turn: end to end from a flushed L2 (time_cuda)")
     args = parser.parse_args()
     need_cuda(None, __file__)
-    global FLUSHED
-    FLUSHED = args.flushed
     with gemm_gpu.all_stages() if args.all_stages else contextlib.nullcontext():
         run(args)
 
 
 def run(args) -> None:
+    turns = Turns(args.all_stages_too, args.flushed)
     if args.tokens:
         layers = block_layers(args.width) if args.width else STEP_LAYERS
-        step_layers(args.tokens, args.versions, layers, args.in_turn, args.all_stages_too)
+        step_layers(args.tokens, args.versions, layers, args.in_turn, turns)
         return
     if args.small or args.one_round:
         print(f"{torch.cuda.get_device_name()}; bf16; TFLOP/s (% of torch.matmul)")
         for m, n, k, ta, tb in SMALL if args.small else ONE_ROUND:
-            timed(m, n, k, ta, tb, args.versions, args.in_turn, quick=True, all_stages_too=args.all_stages_too)
+            timed(m, n, k, ta, tb, args.versions, args.in_turn, quick=True, turns=turns)
         return
     gpt2 = [s for s in GPT2 if 8192 in s[:3]]
     shapes = SQUARES[1:2] + gpt2[:3] if args.quick else SQUARES[1:] + gpt2
@@ -104,19 +104,19 @@ def run(args) -> None:
         shapes = squares[:3] + gpt2[:3] if args.quick else squares + gpt2
     print(f"{torch.cuda.get_device_name()}; bf16; TFLOP/s (% of torch.matmul)")
     for m, n, k, ta, tb in shapes:
-        timed(m, n, k, ta, tb, args.versions, args.in_turn, args.quick, args.all_stages_too)
+        timed(m, n, k, ta, tb, args.versions, args.in_turn, args.quick, turns)
 
 
 SQUARE_LAYOUTS = ((False, True), (False, False), (True, False))  # the benchmark's forward, dX, dW
 
 
 def timed(
-    m: int, n: int, k: int, ta: bool, tb: bool, versions: list[str], rounds: int, quick: bool, all_stages_too=False
+    m: int, n: int, k: int, ta: bool, tb: bool, versions: list[str], rounds: int, quick: bool, turns=None
 ) -> dict[str, float]:
     """One problem's row, printed and returned (ms): timed once (day 014's time_shape),
     or in turn for `rounds` rounds (`in_turn`, its medians)."""
     if rounds:
-        return in_turn(m, n, k, ta, tb, rounds, versions, all_stages_too)
+        return in_turn(m, n, k, ta, tb, rounds, versions, turns or Turns())
     times = time_shape(m, n, k, ta, tb, versions, quick)
     print_row(m, n, k, ta, tb, times)
     return times
@@ -124,18 +124,26 @@ def timed(
 
 # AUTO with every stage that fits (gemm_gpu.all_stages: ONE_ROUND_STAGES off), for part 26's A/B
 ALL_STAGES = "AUTO_ALL_STAGES"
-FLUSHED = False  # --flushed: in_turn times end to end from a flushed L2 instead
+
+
+@dataclass(frozen=True)
+class Turns:
+    """in_turn's options: `all_stages_too` adds ALL_STAGES to each turn; `flushed` times
+    end to end from a flushed L2 (the benchmark's time_cuda) instead of kernel time."""
+
+    all_stages_too: bool = False
+    flushed: bool = False
 
 
 def in_turn(
-    m: int, n: int, k: int, ta: bool, tb: bool, rounds: int, versions: list[str], all_stages_too=False
+    m: int, n: int, k: int, ta: bool, tb: bool, rounds: int, versions: list[str], turns: Turns
 ) -> dict[str, float]:
     """Every version checked against float64 once (day 014's checked_calls), then cuBLAS
     and the versions timed once a round, round r starting at the r-th of them (no one
     always runs first or last); prints each round and the medians, and returns the
     medians (ms)."""
     calls = checked_calls(m, n, k, ta, tb, versions)
-    if all_stages_too and "AUTO" in calls:
+    if turns.all_stages_too and "AUTO" in calls:
 
         def all_stages(auto=calls["AUTO"]):
             with gemm_gpu.all_stages():
@@ -143,7 +151,7 @@ def in_turn(
 
         calls[ALL_STAGES] = all_stages
     names = list(calls)
-    if FLUSHED:  # the benchmark's timer: L2 flushed before each call, CUDA events, interleaved
+    if turns.flushed:  # the benchmark's timer: L2 flushed before each call, CUDA events, interleaved
         medians = {name: t.median_ms for name, t in time_cuda(calls).items()}
         print("flushed L2, end to end:", end=" ")
         print_row(m, n, k, ta, tb, medians)
@@ -212,7 +220,7 @@ def block_layers(d: int) -> tuple[tuple[int, int, int], ...]:
     return ((d, 3 * d, 1), (d, d, 1), (d, 4 * d, 1), (4 * d, d, 1))
 
 
-def step_layers(tokens: int, versions: list[str], layers=STEP_LAYERS, rounds: int = 0, all_stages_too=False) -> None:
+def step_layers(tokens: int, versions: list[str], layers=STEP_LAYERS, rounds: int = 0, turns=None) -> None:
     """Every GEMM of `layers` at `tokens` tokens: per shape and pass the % of cuBLAS, and
     the total GEMM time per version (the versions' sum of calls); `rounds`: each shape
     timed in turn (`in_turn`), its medians counted."""
@@ -225,7 +233,7 @@ def step_layers(tokens: int, versions: list[str], layers=STEP_LAYERS, rounds: in
             (d_out, d_in, tokens, True, False),  # dW = dY^T X
         )
         for m, n, k, ta, tb in passes:
-            times = timed(m, n, k, ta, tb, versions, rounds, quick=True, all_stages_too=all_stages_too)
+            times = timed(m, n, k, ta, tb, versions, rounds, quick=True, turns=turns)
             for name, ms in times.items():
                 totals[name] = totals.get(name, 0.0) + calls * ms
             totals["best version per shape"] += calls * min(ms for name, ms in times.items() if name != "cuBLAS")
