@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import torch
 
 from . import direct
-from .gemm_gpu import TensorMapSpec, sm_count
+from .gemm_gpu import TensorMapSpec, operand_l2_promotion, sm_count
 from .gpu_kernels import KernelFamily
 
 FWD_MODULE = "days.day018.attention_fwd"
@@ -154,7 +154,10 @@ def tma_map(t: torch.Tensor, box_rows: int) -> TensorMapSpec:
     b, h, n, d = t.shape
     size = t.element_size()
     strides = (t.stride(2) * size, t.stride(1) * size, t.stride(0) * size)
-    return TensorMapSpec(t.dtype, t.data_ptr(), (d, n, h, b), strides, (BOX, box_rows, 1, 1), what="attention operand")
+    dims, box = (d, n, h, b), (BOX, box_rows, 1, 1)
+    return TensorMapSpec(
+        t.dtype, t.data_ptr(), dims, strides, box, what="attention operand", l2_promotion=operand_l2_promotion()
+    )
 
 
 def tma_ready(t: torch.Tensor) -> bool:

@@ -235,13 +235,25 @@ CU_TENSOR_MAP_DATA_TYPE_FLOAT16 = 6
 CU_TENSOR_MAP_DATA_TYPE_FLOAT32 = 7
 CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9
 CU_TENSOR_MAP_SWIZZLE_128B = 3
-CU_TENSOR_MAP_L2_PROMOTION_NONE = 0
+# CUtensorMapL2promotion: none, or each L2 request widened to 64, 128 or 256 bytes
+CU_TENSOR_MAP_L2_PROMOTION = {0: 0, 64: 1, 128: 2, 256: 3}
+CU_TENSOR_MAP_L2_PROMOTION_NONE = CU_TENSOR_MAP_L2_PROMOTION[0]
 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0
 
 
-def encode_tiled_tensor_map(data_type: int, address: int, dims, byte_strides, box, swizzle: int, what: str) -> bytes:
+def encode_tiled_tensor_map(
+    data_type: int,
+    address: int,
+    dims,
+    byte_strides,
+    box,
+    swizzle: int,
+    what: str,
+    l2_promotion: int = CU_TENSOR_MAP_L2_PROMOTION_NONE,
+) -> bytes:
     """A CUtensorMap (128 bytes) for a tiled TMA view; `dims`/`box` innermost first,
-    `byte_strides` for every dim but the innermost."""
+    `byte_strides` for every dim but the innermost; `l2_promotion` one of
+    CU_TENSOR_MAP_L2_PROMOTION's values."""
     rank = len(dims)
     storage = ctypes.create_string_buffer(128 + 64)  # the driver wants 64-byte alignment
     aligned = (ctypes.addressof(storage) + 63) & ~63
@@ -256,12 +268,13 @@ def encode_tiled_tensor_map(data_type: int, address: int, dims, byte_strides, bo
         (ctypes.c_uint32 * rank)(*([1] * rank)),
         0,
         swizzle,
-        CU_TENSOR_MAP_L2_PROMOTION_NONE,
+        l2_promotion,
         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
     )
     check(
         code,
         f"cuTensorMapEncodeTiled ({what}: dims {tuple(dims)}, byte strides {tuple(byte_strides)}, box {tuple(box)}, "
+        f"L2 promotion {l2_promotion}, "
         f"address {address:#x}, {address % 16} bytes past a 16-byte boundary)",
     )
     return ctypes.string_at(aligned, 128)

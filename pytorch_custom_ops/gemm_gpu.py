@@ -336,6 +336,25 @@ def one_round_stages(
     return _one_round_stages.value
 
 
+# The operand loads' L2 promotion (TensorMapSpec.l2_promotion), in bytes: none so far (what
+# MAX passed). Others use 256 (DeepGEMM, for instance); `l2_promotion` is the A/B switch.
+# Not measured yet (day 019, part 26's "What is left").
+_l2_promotion = direct.PlanSetting(0)
+
+
+def l2_promotion(nbytes: int):
+    """Inside the block, the operand tensor maps of versions 3 and 4 and of day 018's
+    attention widen each L2 request to `nbytes` (0, 64, 128 or 256)."""
+    if nbytes not in cuda_driver.CU_TENSOR_MAP_L2_PROMOTION:
+        raise ValueError(f"l2_promotion: {nbytes!r} bytes; one of {sorted(cuda_driver.CU_TENSOR_MAP_L2_PROMOTION)}")
+    return _l2_promotion.set_to(nbytes)
+
+
+def operand_l2_promotion() -> int:
+    """The CU_TENSOR_MAP_L2_PROMOTION value operand maps take now (l2_promotion)."""
+    return cuda_driver.CU_TENSOR_MAP_L2_PROMOTION[_l2_promotion.value]
+
+
 def all_stages():
     """Inside the block, version 4 runs every stage that fits on one round of very long-K
     tiles too (ONE_ROUND_STAGES off, as before day 019's part 26): an A/B in one process."""
@@ -512,8 +531,9 @@ _TMA_DTYPES = {
 class TensorMapSpec:
     """A tiled TMA descriptor to encode at launch time (`direct` calls `encode`), so the
     plan makes no driver call and runs on a CPU. Sizes innermost first, as the driver
-    takes them; `byte_strides` for every dim but the innermost. Interleave none, L2
-    promotion none, no NaN fill: what MAX's `create_tma_descriptor` passed (26.7)."""
+    takes them; `byte_strides` for every dim but the innermost. Interleave none, no NaN
+    fill and by default no L2 promotion: what MAX's `create_tma_descriptor` passed (26.7).
+    `l2_promotion` (a CU_TENSOR_MAP_L2_PROMOTION value) widens each L2 request."""
 
     dtype: torch.dtype
     address: int
@@ -522,6 +542,7 @@ class TensorMapSpec:
     box: tuple[int, ...]
     swizzle: int = cuda_driver.CU_TENSOR_MAP_SWIZZLE_128B
     what: str = field(default="gemm operand", compare=False)  # for the driver's error message
+    l2_promotion: int = cuda_driver.CU_TENSOR_MAP_L2_PROMOTION_NONE
 
     def encode(self) -> bytes:
         # A pure function of the fields: in a model the weights (and, through torch's
@@ -537,6 +558,7 @@ class TensorMapSpec:
                 self.box,
                 self.swizzle,
                 self.what,
+                self.l2_promotion,
             )
             if len(_ENCODED) >= 4096:
                 _ENCODED.clear()
@@ -566,7 +588,8 @@ def operand_tma_map(
     box_rows, box_cols = (bmn, bk) if k_contiguous else (bk, bk)
     size = t.dtype.itemsize
     ld, bs = (cols if ld is None else ld), (bs or rows * cols)
-    return TensorMapSpec(t.dtype, t.data_ptr(), (cols, rows, batch), (ld * size, bs * size), (box_cols, box_rows, 1))
+    strides, box = (ld * size, bs * size), (box_cols, box_rows, 1)
+    return TensorMapSpec(t.dtype, t.data_ptr(), (cols, rows, batch), strides, box, l2_promotion=operand_l2_promotion())
 
 
 def output_tma_map(t: torch.Tensor, batch: int, m: int, n: int) -> TensorMapSpec:

@@ -459,6 +459,21 @@ def test_one_round_of_long_k_tiles_runs_fewer_stages():
     assert gemm_gpu.ONE_ROUND_STAGES < gemm_gpu.pp_stages(BF16, 128, 128, tma_store=True)
 
 
+def test_l2_promotion_widens_the_operand_loads_only():
+    # gemm_gpu.l2_promotion: the A/B switch for the operand maps' L2 promotion (day 019, part 26)
+    a_map, b_map, out_map = plan(768, 2304, 16384, BF16, True, False).args[:3]  # ping-pong, TMA stores
+    assert a_map.l2_promotion == b_map.l2_promotion == out_map.l2_promotion == 0  # none, as MAX passed
+    with gemm_gpu.l2_promotion(256):
+        a_map, b_map, out_map = plan(768, 2304, 16384, BF16, True, False).args[:3]
+        assert a_map.l2_promotion == b_map.l2_promotion == 3  # CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+        assert out_map.l2_promotion == 0  # the epilogue's stores
+        with gemm_version("TMA_128x128"):
+            assert plan(300, 264, 136, BF16).args[0].l2_promotion == 3  # version 3 too
+    assert plan(768, 2304, 16384, BF16, True, False).args[0].l2_promotion == 0
+    with pytest.raises(ValueError, match=r"l2_promotion: 100 bytes; one of \[0, 64, 128, 256\]"):
+        gemm_gpu.l2_promotion(100)
+
+
 def test_multicast_pairs_tiles_along_n_in_clusters_of_two():
     with gemm_version("MULTICAST_128x128"):
         for ta, tb in PAIRS:

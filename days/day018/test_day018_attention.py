@@ -272,6 +272,17 @@ def test_tma_ready_layouts():
     assert not tma_ready(torch.randn(1, 1, 9, 72, dtype=BF16)[..., 4:68])  # rows of 144 B, base off by 8 B
 
 
+def test_l2_promotion_reaches_the_attention_maps():
+    # gemm_gpu.l2_promotion, the A/B switch of day 019's part 26, covers attention's loads too
+    from pytorch_custom_ops.attention_gpu import tma_map
+    from pytorch_custom_ops.gemm_gpu import l2_promotion
+
+    q = torch.randn(2, 4, 50, 64, dtype=BF16)
+    assert tma_map(q, 128).l2_promotion == 0
+    with l2_promotion(128):
+        assert tma_map(q, 128).l2_promotion == 2  # CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+
+
 def test_backward_plan_on_cpu():
     """dQ over 128-query blocks of q heads (it writes the (lse2, delta) pairs), then dK/dV
     over 128-key blocks of kv heads (their producer copies each tile's pairs into shared

@@ -22,7 +22,8 @@ products the card runs at its power limit for a while, and whoever is timed firs
 pays for it (part 24). `--all-stages-too` adds AUTO with every stage that fits
 (`gemm_gpu.all_stages`, part 26) to each turn, `--all-stages` runs everything so, and
 `--flushed` times each shape once in turn with the benchmark's timer (L2 flushed before
-every call, CUDA events) instead of back-to-back kernel time.
+every call, CUDA events) instead of back-to-back kernel time. `--l2-promotion 256` has
+the operand tensor maps widen each L2 request to 256 bytes (`gemm_gpu.l2_promotion`).
 Each version is checked on sampled entries against float64, then timed by kernel time
 (CUPTI), as day 014's script does. The stored rows come from
 `python -m benchmark --day day019`; this is the quick look while a kernel changes.
@@ -80,9 +81,13 @@ def main() -> None:
     parser.add_argument("--all-stages-too", action="store_true", help=f"in turn: also {ALL_STAGES} (part 26)")
     parser.add_argument("--all-stages", action="store_true", help="the whole run under gemm_gpu.all_stages")
     parser.add_argument("--flushed", action="store_true", help="in turn: end to end from a flushed L2 (time_cuda)")
+    parser.add_argument("--l2-promotion", type=int, default=0, help="the operand maps' L2 promotion, bytes")
     args = parser.parse_args()
     need_cuda(None, __file__)
-    with gemm_gpu.all_stages() if args.all_stages else contextlib.nullcontext():
+    with (
+        gemm_gpu.all_stages() if args.all_stages else contextlib.nullcontext(),
+        gemm_gpu.l2_promotion(args.l2_promotion),
+    ):
         run(args)
 
 
