@@ -33,6 +33,7 @@ from pytorch_custom_ops.attention_gpu import (
     attention_fwd_tile,
     attention_version,
 )
+from pytorch_custom_ops.gemm_gpu import l2_promotion
 
 
 def _mojo(version, tile=DEFAULT_FWD_TILE):
@@ -126,8 +127,14 @@ def main() -> None:
     parser.add_argument(
         "--masks", nargs="+", choices=("none", "causal"), default=["none", "causal"], help="only these masks"
     )
+    parser.add_argument("--l2-promotion", type=int, default=0, help="the operand maps' L2 promotion, bytes")
     args = parser.parse_args()
     need_cuda(None, __file__)
+    with l2_promotion(args.l2_promotion):  # gemm_gpu's A/B switch (day 019, part 26)
+        time_all(args)
+
+
+def time_all(args) -> None:
     if args.backward:
         return time_backward(
             args.quick,
