@@ -336,6 +336,12 @@ def one_round_stages(
     return _one_round_stages.value
 
 
+def all_stages():
+    """Inside the block, version 4 runs every stage that fits on one round of very long-K
+    tiles too (ONE_ROUND_STAGES off, as before day 019's part 26): an A/B in one process."""
+    return _one_round_stages.set_to(None)
+
+
 # The operand loads' L2 promotion (TensorMapSpec.l2_promotion), in bytes: none so far (what
 # MAX passed). Others use 256 (DeepGEMM, for instance); `l2_promotion` is the A/B switch.
 # Not measured yet (day 019, part 26's "What is left").
@@ -353,12 +359,6 @@ def l2_promotion(nbytes: int):
 def operand_l2_promotion() -> int:
     """The CU_TENSOR_MAP_L2_PROMOTION value operand maps take now (l2_promotion)."""
     return cuda_driver.CU_TENSOR_MAP_L2_PROMOTION[_l2_promotion.value]
-
-
-def all_stages():
-    """Inside the block, version 4 runs every stage that fits on one round of very long-K
-    tiles too (ONE_ROUND_STAGES off, as before day 019's part 26): an A/B in one process."""
-    return _one_round_stages.set_to(None)
 
 
 PINGPONG_KERNEL = KernelFamily(
