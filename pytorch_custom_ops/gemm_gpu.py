@@ -312,8 +312,8 @@ def _pp_variants(dtype: torch.dtype, config: tuple, tma_store: bool = False):
 # ONE_ROUND_LONG_K_TILE from ONE_ROUND_SHALLOW_K: weight gradients at 16384 tokens) runs 4
 # stages, not the 6 that fit, and AUTO does not split K there. Measured on the H200 (bf16,
 # % of cuBLAS; days/day019/README.md, part 26): by kernel time (operands warm in L2)
-# 4 stages beat 6 and split-K (2304 x 768 x 16384 89 against 85 and 85%, 1280 x 1280 x
-# 16384 89 against 86 and 86%); end to end from a flushed L2, the benchmark's timer, they
+# 4 stages beat split-K (2304 x 768 x 16384 89 against 85%, 1280 x 1280 x 16384 89 against
+# 86%) and 6 stages (81%); end to end from a flushed L2, the benchmark's timer, they
 # are level with split-K (88 against 87%, 89 against 89-90%) and ahead of 6 stages
 # (84, 86%). At K = 4096-8192 the two timers disagree: 4 stages win by 5-7 points by
 # kernel time and lose by 3-7 from a flushed L2 (2304 x 768 x 8192: 89-90 against 84-85%,
