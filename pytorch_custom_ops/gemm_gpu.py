@@ -1232,7 +1232,8 @@ def tf32_planes(x: torch.Tensor, k_contiguous: bool, mn: int, k: int, batch: int
     grid = (_cdiv(k, TF32_SPLIT_TILE), _cdiv(mn, TF32_SPLIT_TILE), batch)
     args = (planes.data_ptr(), x.data_ptr(), mn, k, kp, bs)
     split = direct.Launch(TF32_SPLIT_KERNEL[k_contiguous], grid, TF32_SPLIT_THREADS, args)
-    spec = TensorMapSpec(torch.float32, planes.data_ptr(), (k, mn, 2 * batch), (kp * 4, mn * kp * 4), (32, bmn, 1))
+    dims, strides, box = (k, mn, 2 * batch), (kp * 4, mn * kp * 4), (32, bmn, 1)
+    spec = TensorMapSpec(torch.float32, planes.data_ptr(), dims, strides, box, l2_promotion=operand_l2_promotion())
     return split, spec
 
 

@@ -469,6 +469,8 @@ def test_l2_promotion_widens_the_operand_loads_only():
         assert out_map.l2_promotion == 0  # the epilogue's stores
         with gemm_version("TMA_128x128"):
             assert plan(300, 264, 136, BF16).args[0].l2_promotion == 3  # version 3 too
+        tf32 = plan(2056, 2056, 1032, FP32)  # 3xTF32: version 3 on the tf32 planes
+        assert tf32.args[0].l2_promotion == tf32.args[1].l2_promotion == 3
     assert plan(768, 2304, 16384, BF16, True, False).args[0].l2_promotion == 0
     with pytest.raises(ValueError, match=r"l2_promotion: 100 bytes; one of \[0, 64, 128, 256\]"):
         gemm_gpu.l2_promotion(100)

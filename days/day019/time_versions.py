@@ -69,6 +69,19 @@ VERSIONS = (
 )
 
 
+# AUTO with every stage that fits (gemm_gpu.all_stages: ONE_ROUND_STAGES off), for part 26's A/B
+ALL_STAGES = "AUTO_ALL_STAGES"
+
+
+@dataclass(frozen=True)
+class Turns:
+    """in_turn's options: `all_stages_too` adds ALL_STAGES to each turn; `flushed` times
+    end to end from a flushed L2 (the benchmark's time_cuda) instead of kernel time."""
+
+    all_stages_too: bool = False
+    flushed: bool = False
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer shapes, shorter timing")
@@ -116,28 +129,15 @@ SQUARE_LAYOUTS = ((False, True), (False, False), (True, False))  # the benchmark
 
 
 def timed(
-    m: int, n: int, k: int, ta: bool, tb: bool, versions: list[str], rounds: int, quick: bool, turns=None
+    m: int, n: int, k: int, ta: bool, tb: bool, versions: list[str], rounds: int, quick: bool, turns=Turns()
 ) -> dict[str, float]:
     """One problem's row, printed and returned (ms): timed once (day 014's time_shape),
     or in turn for `rounds` rounds (`in_turn`, its medians)."""
     if rounds:
-        return in_turn(m, n, k, ta, tb, rounds, versions, turns or Turns())
+        return in_turn(m, n, k, ta, tb, rounds, versions, turns)
     times = time_shape(m, n, k, ta, tb, versions, quick)
     print_row(m, n, k, ta, tb, times)
     return times
-
-
-# AUTO with every stage that fits (gemm_gpu.all_stages: ONE_ROUND_STAGES off), for part 26's A/B
-ALL_STAGES = "AUTO_ALL_STAGES"
-
-
-@dataclass(frozen=True)
-class Turns:
-    """in_turn's options: `all_stages_too` adds ALL_STAGES to each turn; `flushed` times
-    end to end from a flushed L2 (the benchmark's time_cuda) instead of kernel time."""
-
-    all_stages_too: bool = False
-    flushed: bool = False
 
 
 def in_turn(
@@ -225,7 +225,7 @@ def block_layers(d: int) -> tuple[tuple[int, int, int], ...]:
     return ((d, 3 * d, 1), (d, d, 1), (d, 4 * d, 1), (4 * d, d, 1))
 
 
-def step_layers(tokens: int, versions: list[str], layers=STEP_LAYERS, rounds: int = 0, turns=None) -> None:
+def step_layers(tokens: int, versions: list[str], layers=STEP_LAYERS, rounds: int = 0, turns=Turns()) -> None:
     """Every GEMM of `layers` at `tokens` tokens: per shape and pass the % of cuBLAS, and
     the total GEMM time per version (the versions' sum of calls); `rounds`: each shape
     timed in turn (`in_turn`), its medians counted."""
