@@ -75,11 +75,21 @@ ALL_STAGES = "AUTO_ALL_STAGES"
 
 @dataclass(frozen=True)
 class Turns:
-    """in_turn's options: `all_stages_too` adds ALL_STAGES to each turn; `flushed` times
-    end to end from a flushed L2 (the benchmark's time_cuda) instead of kernel time."""
+    """in_turn's options: `all_stages_too` adds ALL_STAGES to each turn; `l2_promotion_too`
+    (bytes) adds AUTO with the operand maps' L2 promotion at that width (`AUTO_L2_256`);
+    `flushed` times end to end from a flushed L2 (the benchmark's time_cuda) instead of
+    kernel time."""
 
     all_stages_too: bool = False
     flushed: bool = False
+    l2_promotion_too: int = 0
+
+    def extra_autos(self) -> dict[str, object]:
+        """AUTO's A/B twins: name -> a context manager factory to run AUTO inside."""
+        extra = {ALL_STAGES: gemm_gpu.all_stages} if self.all_stages_too else {}
+        if self.l2_promotion_too:
+            extra[f"AUTO_L2_{self.l2_promotion_too}"] = lambda: gemm_gpu.l2_promotion(self.l2_promotion_too)
+        return extra
 
 
 def main() -> None:
@@ -95,6 +105,7 @@ def main() -> None:
     parser.add_argument("--all-stages", action="store_true", help="the whole run under gemm_gpu.all_stages")
     parser.add_argument("--flushed", action="store_true", help="in turn: end to end from a flushed L2 (time_cuda)")
     parser.add_argument("--l2-promotion", type=int, default=0, help="the operand maps' L2 promotion, bytes")
+    parser.add_argument("--l2-promotion-too", type=int, default=0, help="in turn: also AUTO with this promotion")
     args = parser.parse_args()
     need_cuda(None, __file__)
     with (
@@ -105,7 +116,7 @@ def main() -> None:
 
 
 def run(args) -> None:
-    turns = Turns(args.all_stages_too, args.flushed)
+    turns = Turns(args.all_stages_too, args.flushed, args.l2_promotion_too)
     if args.tokens:
         layers = block_layers(args.width) if args.width else STEP_LAYERS
         step_layers(args.tokens, args.versions, layers, args.in_turn, turns)
@@ -148,13 +159,13 @@ def in_turn(
     always runs first or last); prints each round and the medians, and returns the
     medians (ms)."""
     calls = checked_calls(m, n, k, ta, tb, versions)
-    if turns.all_stages_too and "AUTO" in calls:
+    for name, inside in turns.extra_autos().items() if "AUTO" in calls else ():
 
-        def all_stages(auto=calls["AUTO"]):
-            with gemm_gpu.all_stages():
+        def twin(auto=calls["AUTO"], inside=inside):
+            with inside():
                 return auto()
 
-        calls[ALL_STAGES] = all_stages
+        calls[name] = twin
     names = list(calls)
     if turns.flushed:  # the benchmark's timer: L2 flushed before each call, CUDA events, interleaved
         medians = {name: t.median_ms for name, t in time_cuda(calls).items()}
