@@ -90,8 +90,7 @@ def check_launch(launch: direct.Launch, m: int, n: int, batch: int):
     if kernel.family is gemm_gpu.PINGPONG_KERNEL:  # persistent: one block per SM at most
         bm, bn = kernel.params[3], kernel.params[4]
         cluster, split = kernel.params[PP_CLUSTER], kernel.params[PP_SPLIT]
-        cm, cn = (2, 2) if cluster == 4 else (1, cluster)  # CLUSTER 4: 2 x 2 tiles a cluster
-        units = -(-m // (bm * cm)) * -(-n // (bn * cn)) * batch
+        units = -(-m // bm) * -(-n // (bn * cluster)) * batch
         if split:  # stream-K: one block per SM or per k-step; split-K: tiles x S blocks, one wave
             k_steps = -(-launch.args[13] // 64)
             assert grid[0] in (min(units * k_steps, gemm_gpu.sm_count(None)), units) or (
