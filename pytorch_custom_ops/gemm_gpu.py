@@ -247,9 +247,6 @@ PP_CLUSTER, PP_SPLIT, PP_TMA_STORE, PP_C_BLOCKS, PP_EPI_WARPS = 10, 12, 14, 15, 
 # part 22): GELU applied and stored by the producer warpgroup's idle warps, while the
 # consumers run the next tile. Cooperative TMA-store tiles, no residual (beta 0).
 PP_EPI_WARPS_CONFIGS = ((256, 128, 1, True, 0),)
-# The ping-pong 128 x 128 with TMA stores in clusters of 2 sharing A and of 2 x 2 sharing
-# A and B (day 019, part 27): plain epilogue only, for the one-round weight gradients
-PP_CLUSTER_TMA_CONFIGS = ((128, 128, 2, False, 0), (128, 128, 4, False, 0))
 # AUTO's rule for them (H200, bf16, kernel time; results/nvidia-h200/day019_gelu_warps.txt):
 # at K = 768 and 1024 they win (GPT-2's MLP: 79.0 -> 72.3 us); at K = 3072 the k-loop hides
 # the consumers' GELU and the fourth stage they cost shows (73.7 -> 77.4)
@@ -332,8 +329,7 @@ def one_round_stages(
 ) -> int | None:
     """The stages of a version 4 launch where ONE_ROUND_STAGES applies (None elsewhere:
     every stage that fits)."""
-    tile = (*config[:2], 1, *config[3:])  # in clusters too (PP_CLUSTER_TMA_CONFIGS)
-    if _one_round_stages.value is None or not tma_store or tile != ONE_ROUND_CONFIG or epilogue != PLAIN_EPILOGUE:
+    if _one_round_stages.value is None or not tma_store or config != ONE_ROUND_CONFIG or epilogue != PLAIN_EPILOGUE:
         return None
     if _cdiv(m, 128) * _cdiv(n, 128) * batch > sms or k < ONE_ROUND_SHALLOW_K:
         return None
@@ -371,15 +367,7 @@ PINGPONG_KERNEL = KernelFamily(
     # a_map, b_map, out_map, aux_map, dst, c, alpha_beta, bias, aux, partials, counters,
     # m, n, k, batch, c_bs, c_rs, c_cs, store_aux
     args=("tensormap",) * 4 + ("ptr",) * 7 + ("i64",) * 8,
-    variants=tuple(v for dtype in TC_DTYPES for config in PP_CONFIGS for v in _pp_variants(dtype, config))
-    + tuple(
-        (dtype, *pair, bm, bn, stages, pp_smem_bytes(dtype, bm, bn, True, False, stages), *PLAIN_EPILOGUE)
-        + (cluster, coop, split, False, True, False, False)
-        for dtype in TC_DTYPES
-        for bm, bn, cluster, coop, split in PP_CLUSTER_TMA_CONFIGS
-        for stages in (pp_stages(dtype, bm, bn, True), ONE_ROUND_STAGES)
-        for pair in PAIRS
-    ),
+    variants=tuple(v for dtype in TC_DTYPES for config in PP_CONFIGS for v in _pp_variants(dtype, config)),
 )
 SPLIT_K_SUM_THREADS = 256
 SPLIT_K_SUM_KERNEL = KernelFamily(
@@ -414,8 +402,6 @@ VERSIONS = {  # name: (kind, BM, BN)
     "PINGPONG_64x64": ("pingpong", 64, 64),  # a few tokens: no half-empty 128-row tile
     "PINGPONG_TMA_64x64": ("pingpong_tma", 64, 64),
     "COOP_MULTICAST_256x128": ("coop_multicast", 256, 128),  # ... in clusters of 2 sharing A
-    "MULTICAST_TMA_128x128": ("multicast_tma", 128, 128),  # PINGPONG_TMA_128x128 in clusters of 2 sharing A
-    "CLUSTER2x2_TMA_128x128": ("cluster2x2_tma", 128, 128),  # ... of 2 x 2 sharing A and B (part 27)
     "COOP_256x192": ("coop", 256, 192),  # each consumer 128 x 192: 8192 x 768 is 128 tiles, one wave
     "COOP_128x192": ("coop", 128, 192),  # each consumer 64 x 192: a 3072 x 768 dW is 96 tiles, not 72
     "COOP_256x64": ("coop", 256, 64),  # outputs 64 wide (attention's P V): no half-empty tile
@@ -436,8 +422,6 @@ V4_KINDS = (
     "coop_splitk",
     "coop_tma",
     "pingpong_tma",
-    "multicast_tma",
-    "cluster2x2_tma",
 )
 _version = direct.PlanSetting("AUTO")
 _c_blocks = direct.PlanSetting(True)  # C_BLOCKS where its promise holds (pingpong_launch)
@@ -852,17 +836,6 @@ def c_fits_blocks(c: torch.Tensor, c_bs: int, c_rs: int, c_cs: int, n: int) -> b
     )
 
 
-def cluster_shape(kind: str, m: int, n: int, bm: int, bn: int) -> tuple[int, int]:
-    """(CM, CN): the tiles a cluster of version 4 takes along m and n (its CLUSTER is
-    CM x CN, 2 x 2 as 4). A cluster's tiles must pair up: else fewer CTAs share."""
-    pairs_n, pairs_m = _cdiv(n, bn) % 2 == 0, _cdiv(m, bm) % 2 == 0
-    if kind == "cluster2x2_tma" and pairs_n:
-        return (2 if pairs_m else 1), 2
-    if kind in ("multicast", "coop_multicast", "multicast_tma") and pairs_n:
-        return 1, 2
-    return 1, 1
-
-
 def pingpong_launch(
     a,
     b,
@@ -888,11 +861,9 @@ def pingpong_launch(
     (m, n, k, batch, c_bs, c_rs, c_cs); `bias` and `aux` may be None (not read/written).
     With `gelu`, aux gets the pre-activation, or with `aux_derivative` GELU's derivative
     there; `gelu_grad` multiplies the product by c (such a derivative) instead of adding c.
-    `kind` is one of V4_KINDS: "multicast", "coop_multicast" and "multicast_tma" ask for
-    clusters of 2 CTAs sharing A's tile, where the tiles along n pair up (an even count;
-    else one CTA per cluster), "cluster2x2_tma" for 2 x 2 sharing A and B where the tiles
-    pair up both ways (`cluster_shape`); "coop" and "coop_multicast" have both consumers
-    split every tile;
+    `kind` is one of V4_KINDS: "multicast" and "coop_multicast" ask for clusters of 2 CTAs
+    sharing A's tile, where the tiles along n pair up (an even count; else one CTA per
+    cluster); "coop" and "coop_multicast" have both consumers split every tile;
     "coop_streamk" shares the k-steps of all tiles evenly among one block per SM
     (stream-K: a float32 workspace for the pieces of split tiles, a zeroed counter per
     tile and warp), "coop_splitk" cuts each tile's into `split_k`'s S pieces on a grid
@@ -913,11 +884,10 @@ def pingpong_launch(
     tiles = _cdiv(m, bm) * _cdiv(n, bn) * batch
     coop = kind.startswith("coop")
     split = {"coop_streamk": 1, "coop_splitk": 2}.get(kind, 0)
-    cm, cn = cluster_shape(kind, m, n, bm, bn)
-    cluster = cm * cn
-    # a cluster's CTAs load half of a shared tile each, in 64-row boxes
-    a_map = operand_tma_map(a, not ta, 64 if cn > 1 else bm, batch, m, k)
-    b_map = operand_tma_map(b, tb, 64 if cm > 1 else bn, batch, n, k)
+    cluster = 2 if kind.endswith("multicast") and _cdiv(n, bn) % 2 == 0 else 1
+    # a cluster's CTAs load half of A's tile each, in 64-row boxes
+    a_map = operand_tma_map(a, not ta, 64 if cluster > 1 else bm, batch, m, k)
+    b_map = operand_tma_map(b, tb, bn, batch, n, k)
     epilogue = (bias is not None, gelu, gelu_grad)
     f32_out = out.dtype == torch.float32 and split != 2  # split-K: the sum kernel writes out
     # TMA stores write 16-bit outputs only (the 16-byte row pitch their maps need, N % 8
@@ -961,7 +931,7 @@ def pingpong_launch(
     c_blocks = c_fits_blocks(c, *sizes[4:7], n) and not epi_warps
     c_blocks = c_blocks and (dtype, ta, tb, bm, bn, stages, smem, *flags, True, False) in PINGPONG_KERNEL
     kernel = PINGPONG_KERNEL[dtype, ta, tb, bm, bn, stages, smem, *flags, c_blocks, epi_warps]
-    units = _cdiv(m, bm * cm) * _cdiv(n, bn * cn) * batch  # what one cluster takes at a time
+    units = _cdiv(m, bm) * _cdiv(n, bn * cluster) * batch  # what one cluster takes at a time
     blocks = sms  # at most one per SM
     pieces = 1
     if split == 2:  # tiles x S blocks: the even shares fall on the split points

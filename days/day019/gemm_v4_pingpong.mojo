@@ -172,9 +172,7 @@ def gemm_pingpong_kernel[
     CLUSTER = 2: launch in clusters of 2 along x (grid even). The two CTAs of a cluster
     take the two column halves of a BM x 2BN unit: they share A's tile, and each loads
     half of it (BM/2 rows, in 64-row boxes) and multicasts it to both, so A crosses L2
-    once for both. CLUSTER = 4: 2 x 2 (rank = 2 rm + rn) on a 2BM x 2BN unit: the two
-    CTAs of a tile row share A as above, the two of a tile column share B the same way
-    (each loads BN/2 columns of it), so both operands cross L2 once per two tiles.
+    once for both.
 
     SPLIT (with COOP, CLUSTER = 1; days/day019/stream_k.mojo): 1, stream-K: the blocks
     share the tiles' k-steps evenly instead of whole tiles, and the last piece of a
@@ -222,10 +220,7 @@ def gemm_pingpong_kernel[
     comptime BN1 = BN - BN0  # 0 when BN is a power of two
     comptime FRAG0 = BN0 // 2  # fp32 accumulators a thread holds per m64 row block
     comptime FRAG1 = BN1 // 2 if BN1 > 0 else 1  # (a 1-wide placeholder when unused)
-    # CLUSTER = 4 is 2 x 2: CN CTAs along n share A's tile, CM along m share B's
-    comptime CN = 2 if CLUSTER >= 2 else 1
-    comptime CM = CLUSTER // CN
-    comptime GROUP_M = PP_GROUP_ROWS // (BM * CM)
+    comptime GROUP_M = PP_GROUP_ROWS // BM
     comptime A_KC = not TA  # A is k-contiguous when stored (M, K)
     comptime B_KC = TB  # B is k-contiguous when stored (N, K)
     comptime A_ELEMS = BM * TMA_BK
@@ -270,11 +265,10 @@ def gemm_pingpong_kernel[
         "epilogue warps: GELU (or its gradient) of cooperative tiles through"
         " TMA stores"
     )
-    comptime A_PART = BM // CN  # rows of A's tile this CTA loads for its tile row
-    comptime B_PART = BN // CM  # columns of B's tile it loads for its tile column
+    comptime A_PART = BM // CLUSTER  # rows of A's tile this CTA loads for the cluster
     comptime assert CLUSTER == 1 or (
-        (CLUSTER == 2 or CLUSTER == 4) and A_PART % 64 == 0 and B_PART % 64 == 0
-    ), "clusters of 2 or 2 x 2 split the shared tiles into halves of whole 64-row boxes"
+        CLUSTER == 2 and A_PART % 64 == 0
+    ), "clusters of 2 split A's tile into halves of whole 64-row boxes"
     comptime STREAM_K = SPLIT != 0  # the Units walk k-step ranges
     comptime assert SPLIT == 0 or (
         COOP
@@ -297,17 +291,14 @@ def gemm_pingpong_kernel[
     var M = Int(m)
     var N = Int(n)
     var num_m = ceildiv(M, BM)
-    # the schedule's unit: CM x CN tiles, one per CTA of a cluster
-    var num_mu = ceildiv(num_m, CM)
-    var num_n = ceildiv(ceildiv(N, BN), CN)
-    var per_batch = num_mu * num_n
+    # the schedule's unit: CLUSTER tiles side by side in n, one per CTA of a cluster
+    var num_n = ceildiv(ceildiv(N, BN), CLUSTER)
+    var per_batch = num_m * num_n
     var tiles = per_batch * Int(batch)
     var num_k = ceildiv(Int(k), TMA_BK)
     var rank = 0
     comptime if CLUSTER > 1:
         rank = Int(block_rank_in_cluster())
-    var rm = rank // CN  # this CTA's tile row and column in its cluster's unit
-    var rn = rank % CN
     var first = block_idx.x // CLUSTER  # this cluster's first unit
     var stride = grid_dim.x // CLUSTER  # clusters in the grid
     # what the block walks: whole tiles first, first + stride, ... or, stream-K, an
@@ -366,9 +357,8 @@ def gemm_pingpong_kernel[
             while units.next():  # k-steps [kb, ke) of tile t
                 var t = units.t
                 var bt = t // per_batch
-                var tile = tile_coords[GROUP_M](t % per_batch, num_mu, num_n)
-                var tm = tile[0] * CM + rm
-                var tn = tile[1] * CN + rn
+                var tile = tile_coords[GROUP_M](t % per_batch, num_m, num_n)
+                var tn = tile[1] * CLUSTER + rank
                 for kt in range(units.kb, units.ke):
                     var s = ring_slot[STAGES](it)[0]
                     if it >= STAGES:  # the consumers released round r-1
@@ -379,46 +369,41 @@ def gemm_pingpong_kernel[
                     mbarrier_arrive_expect_tx_shared(
                         full.unsafe_offset(s), Int32(STAGE_BYTES)
                     )
-                    comptime if CN == 1:
+                    comptime if CLUSTER == 1:
                         tma_load_operand[dtype, A_KC, BM](
                             a_ptr,
                             sa.unsafe_offset(s * A_ELEMS),
                             full.unsafe_offset(s),
-                            tm * BM,
+                            tile[0] * BM,
                             kt * TMA_BK,
                             bt,
                         )
-                    else:  # my part of A's tile, to the CTAs of my tile row
-                        multicast_part[dtype, A_KC, A_PART](
-                            a_ptr,
-                            sa.unsafe_offset(s * A_ELEMS),
-                            full.unsafe_offset(s),
-                            tm * BM,
-                            rn,
-                            kt * TMA_BK,
-                            bt,
-                            UInt16(((1 << CN) - 1) << (rm * CN)),
-                        )
-                    comptime if CM == 1:
-                        tma_load_operand[dtype, B_KC, BN](
-                            b_ptr,
-                            sb.unsafe_offset(s * B_ELEMS),
-                            full.unsafe_offset(s),
-                            tn * BN,
-                            kt * TMA_BK,
-                            bt,
-                        )
-                    else:  # my part of B's tile, to the CTAs of my tile column
-                        multicast_part[dtype, B_KC, B_PART](
-                            b_ptr,
-                            sb.unsafe_offset(s * B_ELEMS),
-                            full.unsafe_offset(s),
-                            tn * BN,
-                            rm,
-                            kt * TMA_BK,
-                            bt,
-                            UInt16(column_mask[CM, CN]() << rn),
-                        )
+                    else:
+                        # rows [A_PART rank, A_PART (rank + 1)) of A's tile, to both
+                        # CTAs, in 64 x 64 boxes at the same place in either layout
+                        var k0 = kt * TMA_BK
+                        comptime for j in range(A_PART // 64):
+                            var row = tile[0] * BM + rank * A_PART + j * 64
+                            tma_multicast_box[dtype](
+                                a_ptr,
+                                sa.unsafe_offset(
+                                    s * A_ELEMS
+                                    + (rank * A_PART + j * 64) * TMA_BK
+                                ),
+                                full.unsafe_offset(s),
+                                k0 if A_KC else row,
+                                row if A_KC else k0,
+                                bt,
+                                UInt16((1 << CLUSTER) - 1),
+                            )
+                    tma_load_operand[dtype, B_KC, BN](
+                        b_ptr,
+                        sb.unsafe_offset(s * B_ELEMS),
+                        full.unsafe_offset(s),
+                        tn * BN,
+                        kt * TMA_BK,
+                        bt,
+                    )
                     it += 1
         comptime if EPI_WARPS:
             if thread_idx.x >= WARP_SIZE:  # warps 1-3: GELU and the stores
@@ -427,7 +412,7 @@ def gemm_pingpong_kernel[
                 var units = Units[False](begin, end, stride, num_k)
                 while units.next():
                     var t = units.t
-                    var tile = tile_coords[GROUP_M](t % per_batch, num_mu, num_n)
+                    var tile = tile_coords[GROUP_M](t % per_batch, num_m, num_n)
                     mbar_wait(epi_full, epi_round % 2)
                     var bt = t // per_batch
                     comptime if GELU_GRAD:  # c: full rows
@@ -503,9 +488,8 @@ def gemm_pingpong_kernel[
             var kb = units.kb
             var ke = units.ke
             var bt = t // per_batch
-            var tile = tile_coords[GROUP_M](t % per_batch, num_mu, num_n)
-            var tm = tile[0] * CM + rm
-            var tn = tile[1] * CN + rn
+            var tile = tile_coords[GROUP_M](t % per_batch, num_m, num_n)
+            var tn = tile[1] * CLUSTER + rank
             # --8<-- [start:turn]
             # wait for the turn: consumer 1's round r follows consumer 0's round r,
             # consumer 0's round r follows consumer 1's round r - 1
@@ -524,7 +508,7 @@ def gemm_pingpong_kernel[
             comptime if GELU_GRAD or C_BLOCKS:  # the epilogue reads a tile of c: to L2 now
                 prefetch_l2_rows[dtype, WG_ROWS, BN](
                     c.unsafe_offset(bt * Int(c_bs)),
-                    tm * BM + row_off,
+                    tile[0] * BM + row_off,
                     tn * BN,
                     M,
                     N,
@@ -575,7 +559,7 @@ def gemm_pingpong_kernel[
                 store_piece[BN0](
                     acc0,
                     partials.unsafe_offset((piece * Int(batch) + bt) * M * N),
-                    tm * BM + row_off,
+                    tile[0] * BM + row_off,
                     tn * BN,
                     M,
                     N,
@@ -625,7 +609,7 @@ def gemm_pingpong_kernel[
                         c.unsafe_offset(bt * Int(c_bs)),
                         alpha,
                         beta,
-                        tm * BM + row_off + r * 64,
+                        tile[0] * BM + row_off + r * 64,
                         tn * BN,
                         bt,
                         M,
@@ -642,7 +626,7 @@ def gemm_pingpong_kernel[
                 comptime if GELU_GRAD:
                     # one row of partials per warp of each consumer's rows: 4 per
                     # WG_ROWS rows of each matrix (rows past M sum to 0, and are stored)
-                    var row_base = tm * BM + row_off
+                    var row_base = tile[0] * BM + row_off
                     if store_aux != 0 and row_base < M:
                         var prow = (
                             bt * ceildiv(M, WG_ROWS) + row_base // WG_ROWS
@@ -660,7 +644,7 @@ def gemm_pingpong_kernel[
                     c.unsafe_offset(bt * Int(c_bs)),
                     alpha,
                     beta,
-                    tm * BM + row_off + r * 64,
+                    tile[0] * BM + row_off + r * 64,
                     tn * BN,
                     M,
                     N,
@@ -681,7 +665,7 @@ def gemm_pingpong_kernel[
                         c.unsafe_offset(bt * Int(c_bs)),
                         alpha,
                         beta,
-                        tm * BM + row_off + r * 64,
+                        tile[0] * BM + row_off + r * 64,
                         tn * BN + BN0,
                         M,
                         N,
@@ -750,46 +734,6 @@ def mma_rows[
             )
         )
     return out
-
-
-@always_inline
-def column_mask[CM: Int, CN: Int]() -> Int:
-    """The ranks of a cluster's tile column 0 (rank = CN rm + rn) as a CTA mask."""
-    var mask = 0
-    comptime for x in range(CM):
-        mask |= 1 << (x * CN)
-    return mask
-
-
-@always_inline
-def multicast_part[
-    dtype: DType, K_CONTIG: Bool, PART: Int
-](
-    tma_map: OpaquePointer[mut=False, _],
-    tile: Pointer[
-        Scalar[dtype], MutUntrackedOrigin, address_space=AddressSpace.SHARED
-    ],
-    bar: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
-    mn0: Int,
-    part: Int,
-    k0: Int,
-    bt: Int,
-    cta_mask: UInt16,
-):
-    """Rows [PART part, PART (part + 1)) of a shared operand tile that starts at row
-    `mn0`, in 64 x 64 boxes, to the same place in every CTA of `cta_mask` (in either
-    layout a tile's 64-row boxes lie one after another, as tma_load_operand puts them)."""
-    comptime for j in range(PART // 64):
-        var row = part * PART + j * 64
-        tma_multicast_box[dtype](
-            tma_map,
-            tile.unsafe_offset(row * TMA_BK),
-            bar,
-            k0 if K_CONTIG else mn0 + row,
-            mn0 + row if K_CONTIG else k0,
-            bt,
-            cta_mask,
-        )
 
 
 @always_inline
