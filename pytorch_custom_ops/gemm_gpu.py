@@ -342,9 +342,11 @@ def all_stages():
     return _one_round_stages.set_to(None)
 
 
-# The operand loads' L2 promotion (TensorMapSpec.l2_promotion), in bytes: none so far (what
-# MAX passed). Others use 256 (DeepGEMM, for instance); `l2_promotion` is the A/B switch.
-# Not measured yet (day 019, part 26's "What is left").
+# The operand loads' L2 promotion (TensorMapSpec.l2_promotion), in bytes: none (what MAX
+# passed). Others use 256 (DeepGEMM, for instance); `l2_promotion` is the A/B switch.
+# Measured on the H200 (day 019, part 27; results/nvidia-h200/day019_l2_promotion.txt):
+# 256 moved nothing by kernel time (a 124M step's GEMMs 9.37 against 9.38 ms) and gained
+# 1-2 points from a flushed L2 on one round at K = 16384 only, so none stays.
 _l2_promotion = direct.PlanSetting(0)
 
 
