@@ -1,10 +1,11 @@
-"""Seeded random problems for the GPU ops (gemm, linear, attention) across their plans' regimes.
+"""Seeded random problems for the GPU ops (gemm, linear, mlp, attention) across their plans' regimes.
 
 The days' tests pin one problem per branch of a launch plan. Here each seed draws a
 problem inside one regime of AUTO's rules (few tiles, one round with a long K, split-K,
 short K, narrow outputs, a few tokens, big grids, tiny sizes), then random sizes (odd, or
 multiples of 8 where the TMA paths take them), dtype, transposes, batch and epilogue, and
-checks it against float64 with the days' own checks (gradients too for linear and attention).
+checks it against float64 with the days' own checks (gradients too for linear, mlp and
+attention).
 
 CPU (CI): the draws reach every regime's kernel (the launch plan runs on CPU tensors).
 CUDA (strict): every draw against float64.
@@ -24,6 +25,8 @@ from days.day018.test_day018_attention import close as attention_close
 from days.day018.test_day018_attention import make, reference
 from days.day019.test_day019_linear import check_grads, close, inputs
 from days.day019.test_day019_linear import reference as linear_reference
+from days.day020.test_day020_mlp import check as mlp_check
+from days.day020.test_day020_mlp import make as mlp_make
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -104,14 +107,17 @@ def test_cuda_gemm_random_problem(seed):
 
 
 def linear_draw(seed: int) -> dict:
+    """Every third draw is big (thousands of tokens, wide outputs: two rounds of tiles and
+    more, where the GELU epilogue moves to the producer's idle warps)."""
     r = random.Random(1000 + seed)
     aligned = r.random() < 0.7
-    tokens = _size(r, 1, 8192, aligned)
+    big = seed % 3 == 0
+    tokens = _size(r, 4096, 8192, aligned) if big else _size(r, 1, 8192, aligned)
     split = r.choice([1, 2, 3]) if tokens % 3 == 0 else 1
     return {
         "lead": (split, tokens // split) if split > 1 else (tokens,),
-        "d_in": _size(r, 16, 3072, aligned),
-        "d_out": _size(r, 16, 3072, aligned),
+        "d_in": _size(r, 256, 1024, aligned) if big else _size(r, 16, 3072, aligned),
+        "d_out": _size(r, 2048, 4096, aligned) if big else _size(r, 16, 3072, aligned),
         "dtype": r.choice([BF16, FP16, FP32]),
         "bias": r.random() < 0.7,
         "activation": r.choice([None, "gelu_tanh"]),
@@ -130,6 +136,30 @@ def test_cuda_linear_random_problem_with_grads(seed):
     y = pco.linear(x, w, b, d["activation"], res)
     close(y, linear_reference(x, w, b, d["activation"], res), d["dtype"])
     check_grads(y, leaves, d["bias"], d["activation"], d["residual"], d["dtype"])
+
+
+def mlp_draw(seed: int) -> dict:
+    """Every other draw is big: GPT-2's MLP at thousands of tokens (the epilogue warps)."""
+    r = random.Random(3000 + seed)
+    aligned = r.random() < 0.8  # the fused path needs 16-byte rows; others take the composition
+    big = seed % 2 == 0
+    d = _size(r, 512, 1024, aligned) if big else _size(r, 64, 1024, aligned)
+    return {
+        "lead": (_size(r, 4096, 8192, aligned) if big else _size(r, 1, 4096, aligned),),
+        "d_in": d,
+        "hidden": 4 * d if r.random() < 0.7 else _size(r, 64, 4096, aligned),
+        "d_out": d if r.random() < 0.7 else _size(r, 64, 1024, aligned),
+        "dtype": r.choice([BF16, FP16]),
+        "bias": r.random() < 0.8,
+    }
+
+
+@needs_cuda
+@pytest.mark.parametrize("seed", range(16))
+def test_cuda_mlp_random_problem_with_grads(seed):
+    d = mlp_draw(seed)
+    leaves = mlp_make(d["lead"], d["d_in"], d["hidden"], d["d_out"], d["dtype"], "cuda", seed=seed, bias=d["bias"])
+    mlp_check(leaves, d["dtype"])
 
 
 def attention_draw(seed: int) -> dict:
