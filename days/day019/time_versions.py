@@ -24,7 +24,7 @@ pays for it (part 24). `--all-stages-too` adds AUTO with every stage that fits
 `--flushed` times each shape once in turn with the benchmark's timer (L2 flushed before
 every call, CUDA events) instead of back-to-back kernel time. `--l2-promotion 256` has
 the operand tensor maps widen each L2 request to 256 bytes (`gemm_gpu.l2_promotion`), and
-`--l2-promotion-too 256` adds AUTO so to each turn (part 27).
+`--l2-promotion-too 256` adds AUTO with it to each turn (part 27).
 Each version is checked on sampled entries against float64, then timed by kernel time
 (CUPTI), as day 014's script does. The stored rows come from
 `python -m benchmark --day day019`; this is the quick look while a kernel changes.
