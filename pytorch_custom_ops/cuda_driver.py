@@ -105,6 +105,7 @@ _SIGNATURES = {
         ctypes.c_void_p,
     ],
     "cuLaunchKernelEx": [ctypes.POINTER(_LaunchConfig), CUfunction, ctypes.c_void_p, ctypes.c_void_p],
+    "cuOccupancyMaxActiveClusters": [ctypes.POINTER(ctypes.c_int), CUfunction, ctypes.POINTER(_LaunchConfig)],
     "cuTensorMapEncodeTiled": [
         ctypes.c_void_p,  # CUtensorMap* (128 bytes, 64-byte aligned)
         ctypes.c_int,  # data type
@@ -239,6 +240,23 @@ CU_TENSOR_MAP_SWIZZLE_128B = 3
 CU_TENSOR_MAP_L2_PROMOTION = {0: 0, 64: 1, 128: 2, 256: 3}
 CU_TENSOR_MAP_L2_PROMOTION_NONE = CU_TENSOR_MAP_L2_PROMOTION[0]
 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0
+
+
+def max_active_clusters(function: int, cluster: int, block: int, smem: int, what: str) -> int:
+    """How many clusters of `cluster` CTAs (along x) of `function`, `block` threads and
+    `smem` bytes of dynamic shared memory each, fit on the device at once: a cluster sits
+    inside one GPC, so fewer than SMs / cluster may (the function's dynamic shared memory
+    limit must already allow `smem`)."""
+    attr = _LaunchAttr()
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim[0], attr.value.clusterDim[1], attr.value.clusterDim[2] = cluster, 1, 1
+    config = _LaunchConfig(cluster, 1, 1, block, 1, 1, smem, None, ctypes.pointer(attr), 1)
+    count = ctypes.c_int()
+    check(
+        _lib().cuOccupancyMaxActiveClusters(ctypes.byref(count), function, ctypes.byref(config)),
+        f"cuOccupancyMaxActiveClusters(cluster {cluster}, block {block}, {smem} B shared) for {what}",
+    )
+    return count.value
 
 
 def encode_tiled_tensor_map(

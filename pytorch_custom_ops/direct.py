@@ -139,6 +139,17 @@ class LoadedKernel:
                     cu.set_max_dynamic_shared_memory(self.function, smem, self.name)
                     self.max_smem = smem
 
+    def max_active_clusters(self, cluster: int, block: int, smem: int) -> int:
+        """cuOccupancyMaxActiveClusters for launches of this kernel in clusters of `cluster`."""
+        self.ensure_smem(smem)
+        try:
+            return cu.max_active_clusters(self.function, cluster, block, smem, self.name)
+        except cu.CudaDriverError as exc:
+            if exc.code not in (cu.CUDA_ERROR_INVALID_CONTEXT, cu.CUDA_ERROR_INVALID_HANDLE):
+                raise
+            cu.make_current(self.device_index)
+            return cu.max_active_clusters(self.function, cluster, block, smem, self.name)
+
     def enqueue(self, grid, block, smem: int, stream: int, cluster: int | None, args: tuple) -> None:
         args = resolve_tensormaps(self.letters, args)
         launch = launcher()

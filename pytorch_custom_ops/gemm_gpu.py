@@ -96,25 +96,40 @@ def store_box_bytes(dtype: torch.dtype, tma_store: bool, bm: int = 0, bn: int = 
     return 2 * STORE_BOXES * STORE_BOX * STORE_BOX * dtype.itemsize if tma_store else 0
 
 
-def _pp_fixed_bytes(dtype: torch.dtype, bm: int, bn: int, tma_store: bool, epi_warps: bool) -> int:
-    """All but the stages: the epilogue's boxes, two `turn` mbarriers and, EPI_WARPS, two more."""
-    return store_box_bytes(dtype, tma_store, bm, bn, epi_warps) + 16 + (16 if epi_warps else 0)
+def cluster_split_bytes(bm: int, bn: int, cluster: int) -> int:
+    """Split-K in a cluster (SPLIT = 3, ping-pong tiles; days/day019/cluster_split.mojo):
+    what a CTA receives from the other cluster - 1, its share of the tile's units of 64
+    rows x 32 columns (8 KB of float32 each), and the `red_full` mbarrier."""
+    units = (bm // 64) * (bn // 32)
+    return (cluster - 1) * -(-units // cluster) * 8192 + 8
 
 
-def pp_stages(dtype: torch.dtype, bm: int, bn: int, tma_store: bool = False, epi_warps: bool = False) -> int:
+def _pp_fixed_bytes(dtype: torch.dtype, bm: int, bn: int, tma_store: bool, epi_warps: bool, red: int = 0) -> int:
+    """All but the stages: the epilogue's boxes, two `turn` mbarriers and, EPI_WARPS, two
+    more; `red`, split-K in a cluster's (cluster_split_bytes)."""
+    return store_box_bytes(dtype, tma_store, bm, bn, epi_warps) + 16 + (16 if epi_warps else 0) + red
+
+
+def pp_stages(dtype: torch.dtype, bm: int, bn: int, tma_store: bool = False, epi_warps: bool = False, red: int = 0) -> int:
     """The most stages that fit in PP_SMEM_BUDGET."""
-    fixed = _pp_fixed_bytes(dtype, bm, bn, tma_store, epi_warps)
+    fixed = _pp_fixed_bytes(dtype, bm, bn, tma_store, epi_warps, red)
     return (PP_SMEM_BUDGET - fixed) // (tma_stage_bytes(dtype, bm, bn) + 16)
 
 
 def pp_smem_bytes(
-    dtype: torch.dtype, bm: int, bn: int, tma_store: bool = False, epi_warps: bool = False, stages: int | None = None
+    dtype: torch.dtype,
+    bm: int,
+    bn: int,
+    tma_store: bool = False,
+    epi_warps: bool = False,
+    stages: int | None = None,
+    red: int = 0,
 ) -> int:
     """The stage buffers (`stages`, by default pp_stages'), the epilogue's boxes (TMA_STORE),
-    a `full` and an `empty` mbarrier per stage, two `turn` mbarriers (and EPI_WARPS'
-    `epi_full`, `epi_empty`)."""
-    stages = stages or pp_stages(dtype, bm, bn, tma_store, epi_warps)
-    return stages * (tma_stage_bytes(dtype, bm, bn) + 16) + _pp_fixed_bytes(dtype, bm, bn, tma_store, epi_warps)
+    what split-K in a cluster receives (`red`), a `full` and an `empty` mbarrier per stage,
+    two `turn` mbarriers (and EPI_WARPS' `epi_full`, `epi_empty`)."""
+    stages = stages or pp_stages(dtype, bm, bn, tma_store, epi_warps, red)
+    return stages * (tma_stage_bytes(dtype, bm, bn) + 16) + _pp_fixed_bytes(dtype, bm, bn, tma_store, epi_warps, red)
 
 
 def tma_smem_bytes(dtype: torch.dtype, bm: int, bn: int) -> int:
@@ -205,7 +220,8 @@ TF32_SPLIT_KERNEL = KernelFamily(
 # tile, whether both consumers split each tile (COOP) or take turns with whole tiles
 # (ping-pong), and how tiles split along K: 0 not, 1 stream-K (the k-steps of all tiles
 # shared evenly, the last piece of a tile sums it), 2 split-K (S aligned pieces per tile,
-# summed by SPLIT_K_SUM_KERNEL)
+# summed by SPLIT_K_SUM_KERNEL), 3 split-K in a cluster (its CLUSTER CTAs split one tile's
+# K and add their sums in shared memory: CLUSTER_SPLIT_CONFIGS)
 PP_CONFIGS = (
     (64, 256, 1, False, 0),
     (128, 128, 1, False, 0),
@@ -221,6 +237,14 @@ PP_CONFIGS = (
     (256, 128, 1, True, 1),
     (256, 128, 1, True, 2),
 )
+# Split-K in a cluster (day 019, part 28): ping-pong 128 x 128 tiles, one tile a cluster of
+# 2, 3 or 4 CTAs, each CTA a share of the k-steps; the shares are added through
+# distributed shared memory (days/day019/cluster_split.mojo). For few output tiles and a
+# long K, where split-K's workspace and second kernel cost (GPT-2's 768 x 768 weight
+# gradient: 36 tiles of 128 x 128, 108 CTAs in clusters of 3).
+CLUSTER_SPLITS = (2, 3, 4)
+CLUSTER_SPLIT_CONFIGS = tuple((128, 128, s, False, 3) for s in CLUSTER_SPLITS)
+PP_CONFIGS += CLUSTER_SPLIT_CONFIGS
 # (BIAS, GELU, GELU_GRAD) of the fused linear layer: x @ W^T, W stored like nn.Linear's
 PP_LINEAR_EPILOGUES = ((True, False, False), (True, True, False), (False, True, False))
 # ... and of the MLP backward's dH @ W (day 020): W read as stored, (out, in)
@@ -285,10 +309,11 @@ def _pp_variants(dtype: torch.dtype, config: tuple, tma_store: bool = False):
     """Version 4's variants of one PP_CONFIGS tile: (dtype, TA, TB, BM, BN, STAGES, SMEM,
     BIAS, GELU, GELU_GRAD, CLUSTER, COOP, SPLIT, F32_OUT, TMA_STORE, C_BLOCKS, EPI_WARPS)."""
     bm, bn, cluster, coop, split = config
+    red = cluster_split_bytes(bm, bn, cluster) if split == 3 else 0
 
     def variant(pair, epilogue, f32_out=False, c_blocks=False, epi_warps=False, stages=None):
-        stages = stages or pp_stages(dtype, bm, bn, tma_store, epi_warps)
-        smem = pp_smem_bytes(dtype, bm, bn, tma_store, epi_warps, stages)
+        stages = stages or pp_stages(dtype, bm, bn, tma_store, epi_warps, red)
+        smem = pp_smem_bytes(dtype, bm, bn, tma_store, epi_warps, stages, red)
         flags = (cluster, coop, split, f32_out, tma_store, c_blocks, epi_warps)
         return (dtype, *pair, bm, bn, stages, smem, *epilogue, *flags)
 
@@ -302,7 +327,7 @@ def _pp_variants(dtype: torch.dtype, config: tuple, tma_store: bool = False):
         if tma_store and config in PP_EPI_WARPS_CONFIGS:
             yield from (variant((False, True), epilogue, epi_warps=True) for epilogue in PP_GELU_EPILOGUES)
             yield variant((False, False), PP_GELU_GRAD, epi_warps=True)
-    if config in PP_F32_CONFIGS and not tma_store:
+    if (config in PP_F32_CONFIGS or split == 3) and not tma_store:
         yield variant((True, False), PLAIN_EPILOGUE, f32_out=True)
     if config in PP_TMA_STORE_CONFIGS and not tma_store:
         yield from _pp_variants(dtype, config, tma_store=True)
@@ -410,6 +435,8 @@ VERSIONS = {  # name: (kind, BM, BN)
     "PINGPONG_128x64": ("pingpong", 128, 64),
     "STREAMK_256x128": ("coop_streamk", 256, 128),  # COOP_256x128 with the k-steps shared evenly (stream-K)
     "SPLITK_256x128": ("coop_splitk", 256, 128),  # ... cut into equal pieces per tile, one wave (split-K)
+    # ping-pong 128 x 128, a tile's K split among the CTAs of a cluster, summed in shared memory
+    "CLUSTER_SPLITK_128x128": ("cluster_splitk", 128, 128),
     # float32 only (other names leave float32 to AUTO: 3xTF32 where it fits and pays, float_kernel)
     "SIMT": ("simt", 0, 0),  # version 1's SIMT kernel: IEEE float32 products
     "TF32X3_128x128": ("tf32x3", 128, 128),  # 3xTF32 on version 3's kernel (day 019, part 9)
@@ -422,6 +449,7 @@ V4_KINDS = (
     "coop_multicast",
     "coop_streamk",
     "coop_splitk",
+    "cluster_splitk",
     "coop_tma",
     "pingpong_tma",
 )
@@ -753,6 +781,53 @@ def split_k(m: int, n: int, k: int, batch: int, sms: int) -> tuple[int, float]:
     return best, cost[best]
 
 
+# Split-K in a cluster (day 019, part 28; CLUSTER_SPLIT_CONFIGS): one round of clusters,
+# each one tile whose k-steps its S CTAs share, summed through shared memory. Each CTA
+# walks ceil(num_k / S) k-steps; CLUSTER_SPLIT_FIXED k-steps more pay for the exchange
+# and the pipeline's fill. A cluster sits inside one GPC, so not every SMs / S clusters
+# fit at once: cluster_fit asks the driver (cuOccupancyMaxActiveClusters). Plans made
+# without a GPU (tests) take CLUSTER_FIT_PLANNED, the H200's answer for these kernels
+# (results/nvidia-h200/day019_cluster_split.txt).
+CLUSTER_SPLIT_FIXED = 4.0
+CLUSTER_SPLIT_MIN_STEPS = 8  # each CTA walks at least this many k-steps
+CLUSTER_SPLIT_MIN_K = 2048  # AUTO's: below it, FEW_TILES' 64-wide tiles
+CLUSTER_SPLIT_MARGIN = 0.9  # only where it clearly wins
+CLUSTER_FIT_PLANNED = {2: 66, 3: 40, 4: 30}
+
+
+@cache
+def cluster_fit(cluster: int, device_index: int | None) -> int:
+    """How many clusters of `cluster` CTAs of split-K in a cluster fit on the device at
+    once (CLUSTER_FIT_PLANNED without a GPU)."""
+    if device_index is None or device_index < 0 or not torch.cuda.is_available():
+        return CLUSTER_FIT_PLANNED[cluster]
+    config = next(c for c in CLUSTER_SPLIT_CONFIGS if c[2] == cluster)
+    dtype = TC_DTYPES[0]
+    red = cluster_split_bytes(128, 128, cluster)
+    stages = pp_stages(dtype, 128, 128, red=red)
+    smem = pp_smem_bytes(dtype, 128, 128, stages=stages, red=red)
+    flags = (*PLAIN_EPILOGUE, *config[2:], False, False, False, False)
+    kernel = PINGPONG_KERNEL[dtype, False, False, 128, 128, stages, smem, *flags]
+    return direct.loaded(kernel, device_index).max_active_clusters(cluster, PP_THREADS, smem)
+
+
+def cluster_split(m: int, n: int, k: int, batch: int, sms: int, device_index: int | None = None) -> int:
+    """S for split-K in a cluster: the largest of CLUSTER_SPLITS whose clusters of 128 x 128
+    tiles make one round (tiles x S CTAs on the SMs, the clusters all resident at once),
+    each CTA keeping CLUSTER_SPLIT_MIN_STEPS k-steps; 1 where none does."""
+    tiles, num_k = _cdiv(m, 128) * _cdiv(n, 128) * batch, _cdiv(k, 64)
+    for s in sorted(CLUSTER_SPLITS, reverse=True):
+        if tiles * s <= sms and num_k >= CLUSTER_SPLIT_MIN_STEPS * s and tiles <= cluster_fit(s, device_index):
+            return s
+    return 1
+
+
+def cluster_split_cost(k: int, s: int) -> float:
+    """Split-K in a cluster's time in AUTO_TILES' unit (a 128 x 128 tile over the whole K)."""
+    num_k = _cdiv(k, 64)
+    return (_cdiv(num_k, s) + CLUSTER_SPLIT_FIXED) / num_k
+
+
 # Version 3 with three consumers, 192 x 128 (day 019, part 12): 1.5 times the work of a
 # 128 x 128 tile at ~1.2x the rate, but only where its tiles fit one round and K is long.
 # Measured on the H100 (bf16, % of cuBLAS): dW 3072 x 1024 x 4096 97% (128 tiles; 256 x 128:
@@ -764,14 +839,23 @@ ONE_ROUND_MIN_K = 2048
 
 
 def auto_tile(
-    m: int, n: int, k: int, batch: int, sms: int, plain_epilogue: bool = True, tiles=AUTO_TILES
+    m: int,
+    n: int,
+    k: int,
+    batch: int,
+    sms: int,
+    plain_epilogue: bool = True,
+    tiles=AUTO_TILES,
+    device_index: int | None = None,
 ) -> tuple[str, int, int]:
     """(kind, BM, BN) of the TMA kernel AUTO runs for this problem. `plain_epilogue`:
     out = alpha A B + beta c, which split-K and version 3 also serve (the fused linear
-    layer's epilogues are version 4's only); `tiles`: the candidates."""
+    layer's epilogues are version 4's only); `tiles`: the candidates; `device_index`:
+    whose clusters split-K in a cluster counts (cluster_fit)."""
     if n <= NARROW_TILE[2] and tiles is AUTO_TILES:
         return NARROW_TILE
-    if plain_epilogue and (tiles is AUTO_TILES or tiles is F32_AUTO_TILES) and k >= ONE_ROUND_MIN_K:
+    plain_auto = plain_epilogue and (tiles is AUTO_TILES or tiles is F32_AUTO_TILES)
+    if plain_auto and k >= ONE_ROUND_MIN_K:
         if _cdiv(m, ONE_ROUND_TILE[1]) * _cdiv(n, ONE_ROUND_TILE[2]) * batch <= sms:
             tiles = (*tiles, ONE_ROUND_TILE)  # last: near-ties go to the others
     cost = [_cdiv(_cdiv(m, bm) * _cdiv(n, bn) * batch, sms) * t for _, bm, bn, t in tiles]
@@ -781,10 +865,14 @@ def auto_tile(
     few = kind == "tma" and bm == 128 and tiles128 <= FEW_TILES * sms
     one_round_long_k = kind == "tma" and bm == 128 and not few and tiles128 <= sms and k >= ONE_ROUND_LONG_K
     shallow = one_round_long_k and k >= ONE_ROUND_SHALLOW_K  # ONE_ROUND_STAGES beat split-K there (part 26)
+    cs = cluster_split(m, n, k, batch, sms, device_index) if plain_auto and k >= CLUSTER_SPLIT_MIN_K else 1
+    cluster_cost = cluster_split_cost(k, cs) if cs > 1 else best
     if plain_epilogue and not shallow:
         s, split_cost = split_k(m, n, k, batch, sms)
-        if s > 1 and split_cost < SPLIT_K_MARGIN * best:
+        if s > 1 and split_cost < SPLIT_K_MARGIN * best and split_cost < cluster_cost:
             return "coop_splitk", 256, 128
+    if cs > 1 and cluster_cost < CLUSTER_SPLIT_MARGIN * best:
+        return "cluster_splitk", 128, 128
     if few:
         return few_tiles_tile(m, n, batch, sms)  # under half a round: more tiles, every SM busy
     if one_round_long_k:
@@ -869,7 +957,9 @@ def pingpong_launch(
     "coop_streamk" shares the k-steps of all tiles evenly among one block per SM
     (stream-K: a float32 workspace for the pieces of split tiles, a zeroed counter per
     tile and warp), "coop_splitk" cuts each tile's into `split_k`'s S pieces on a grid
-    of tiles x S and adds the launch that sums them. A float32 `out` (16-bit operands)
+    of tiles x S and adds the launch that sums them; "cluster_splitk" (plain epilogue)
+    gives each tile a cluster of `cluster_split`'s S CTAs that share its k-steps and sum
+    in shared memory, or where no S makes one round, runs the cooperative 256 x 128. A float32 `out` (16-bit operands)
     takes the F32_OUT variants (PP_F32_CONFIGS) or, split, the sum kernel's.
     `column_sums`, an (n,) vector (float32 or out's dtype): with `gelu_grad` and kind
     "coop_tma" or "pingpong_tma" only, it gets out's column sums over all rows and matrices (a bias
@@ -883,12 +973,19 @@ def pingpong_launch(
     m, n, k, batch = sizes[:4]
     dtype = a.dtype
     sms = sm_count(out.get_device())
+    cluster = 2 if kind.endswith("multicast") and _cdiv(n, bn) % 2 == 0 else 1
+    if kind == "cluster_splitk":
+        if bias is not None or gelu or gelu_grad:
+            raise ValueError("pingpong_launch: split-K in a cluster has the plain epilogue only")
+        cluster = cluster_split(m, n, k, batch, sms, out.get_device())
+        if cluster == 1:  # no cluster of it makes one round: whole tiles
+            kind, bm, bn = "coop", 256, 128
     tiles = _cdiv(m, bm) * _cdiv(n, bn) * batch
     coop = kind.startswith("coop")
-    split = {"coop_streamk": 1, "coop_splitk": 2}.get(kind, 0)
-    cluster = 2 if kind.endswith("multicast") and _cdiv(n, bn) % 2 == 0 else 1
-    # a cluster's CTAs load half of A's tile each, in 64-row boxes
-    a_map = operand_tma_map(a, not ta, 64 if cluster > 1 else bm, batch, m, k)
+    split = {"coop_streamk": 1, "coop_splitk": 2, "cluster_splitk": 3}.get(kind, 0)
+    red = cluster_split_bytes(bm, bn, cluster) if split == 3 else 0
+    # a multicast cluster's CTAs load half of A's tile each, in 64-row boxes
+    a_map = operand_tma_map(a, not ta, 64 if cluster > 1 and split != 3 else bm, batch, m, k)
     b_map = operand_tma_map(b, tb, bn, batch, n, k)
     epilogue = (bias is not None, gelu, gelu_grad)
     f32_out = out.dtype == torch.float32 and split != 2  # split-K: the sum kernel writes out
@@ -925,9 +1022,9 @@ def pingpong_launch(
             aux_map = output_tma_map(aux, batch, m, n)
     config = (bm, bn, cluster, coop, split)
     stages = one_round_stages(m, n, k, batch, sms, config, tma_store, epilogue) or pp_stages(
-        dtype, bm, bn, tma_store, epi_warps
+        dtype, bm, bn, tma_store, epi_warps, red
     )
-    smem = pp_smem_bytes(dtype, bm, bn, tma_store, epi_warps, stages)
+    smem = pp_smem_bytes(dtype, bm, bn, tma_store, epi_warps, stages, red)
     flags = (*epilogue, cluster, coop, split, f32_out, tma_store)
     # c in 16-byte blocks where it fits and the variant exists (PP_C_BLOCKS_EPILOGUES)
     c_blocks = c_fits_blocks(c, *sizes[4:7], n) and not epi_warps
@@ -942,6 +1039,8 @@ def pingpong_launch(
         blocks = units
     elif split == 1:  # every SM, each with at least one k-step
         units *= _cdiv(k, tma_bk(dtype))
+    elif split == 3:  # a cluster a tile (cluster_split made sure they fit)
+        units = tiles
     grid = min(units, blocks // cluster) * cluster
     dummy = out.data_ptr()  # a pointer the kernel's compile-time flags say it never touches
     partials = counters = dummy
@@ -1307,7 +1406,7 @@ def gemm_gpu(outputs, inputs, params) -> list[direct.Launch]:
         if pieces > 1:
             return tma_split_launches(out, a, b, c, alpha_beta, (m, n, k, c_bs, c_rs, c_cs), ta, tb, pieces)
     if kind == "auto" and tma:
-        kind, bm, bn = auto_tile(m, n, k, batch, sm_count(out.get_device()))
+        kind, bm, bn = auto_tile(m, n, k, batch, sm_count(out.get_device()), device_index=out.get_device())
     if kind in V4_KINDS and tma:
         sizes = (m, n, k, batch, c_bs, c_rs, c_cs)
         return pingpong_launch(a, b, out, c, alpha_beta, None, None, sizes, ta, tb, kind, bm, bn)

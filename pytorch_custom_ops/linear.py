@@ -98,6 +98,8 @@ def linear_tile(
     kind, bm, bn = VERSIONS[current_version()]
     if kind in ("coop_streamk", "coop_splitk"):  # no fused epilogue with split tiles: the tile, whole
         return "coop", bm, bn
+    if kind == "cluster_splitk":
+        return "pingpong", bm, bn
     if kind in V4_KINDS:
         return kind, bm, bn
     kind, bm, bn = auto_tile(m, n, k, 1, sm_count(device_index), plain_epilogue=False)

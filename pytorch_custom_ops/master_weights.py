@@ -50,10 +50,11 @@ from .gemm_gpu import (
 from .mojo_op import MojoOp
 
 # the forced versions that have a float32 form: version 4's cooperative tiles with an
-# F32_OUT variant, split-K (whose sum kernel writes float32) and version 3's three-consumer
-# tile (day 019, part 12)
+# F32_OUT variant, split-K (whose sum kernel writes float32), split-K in a cluster and
+# version 3's three-consumer tile (day 019, part 12)
 _F32_KINDS = {("coop", bm, bn) for bm, bn, *_ in PP_F32_CONFIGS} | {
     VERSIONS["SPLITK_256x128"],
+    VERSIONS["CLUSTER_SPLITK_128x128"],
     ("tma", *TMA_F32_TILE),
 }
 
@@ -117,7 +118,7 @@ def weight_grad_tile(m: int, n: int, k: int, device_index: int | None) -> tuple[
     forced = VERSIONS[current_version()]
     if forced in _F32_KINDS:
         return forced
-    return auto_tile(m, n, k, 1, sm_count(device_index), tiles=F32_AUTO_TILES)
+    return auto_tile(m, n, k, 1, sm_count(device_index), tiles=F32_AUTO_TILES, device_index=device_index)
 
 
 @direct.plan(PINGPONG_KERNEL, SPLIT_K_SUM_KERNEL, TMA_KERNEL)

@@ -388,6 +388,12 @@ BRANCHES = [
     ("STREAMK_256x128", BF16, None, 296, 264, 4104, "streamk 256x128"),  # 6 tiles x 65 k-steps
     ("SPLITK_256x128", FP16, None, 296, 264, 4104, "splitk 256x128"),  # 6 tiles x 22 pieces
     ("AUTO", BF16, None, 776, 520, 16392, "splitk 256x128"),  # a dW's shape: 12 tiles, split in pieces
+    # day 019, part 28: split-K in a cluster; tails in m, n, k, uneven shares of the k-steps
+    ("CLUSTER_SPLITK_128x128", BF16, None, 296, 264, 4104, "clustersplit 128x128 cluster 4"),  # 9 tiles
+    ("CLUSTER_SPLITK_128x128", FP16, 3, 200, 136, 2056, "clustersplit 128x128 cluster 4"),  # 2 x 2 x 3 tiles
+    ("CLUSTER_SPLITK_128x128", BF16, None, 520, 776, 4104, "clustersplit 128x128 cluster 3"),  # 5 x 7 tiles
+    ("CLUSTER_SPLITK_128x128", FP16, None, 904, 776, 1032, "clustersplit 128x128 cluster 2"),  # 56 tiles
+    ("AUTO", BF16, None, 776, 776, 8200, "clustersplit 128x128 cluster 2"),  # a dW's shape: 49 tiles
     # float32: 3xTF32 (day 019, part 9) where it fits (N even) and its cost model says so
     ("TF32X3_128x128", FP32, None, 300, 200, 136, "tf32x3 128x128"),
     ("TF32X3_128x128", FP32, 3, 301, 202, 37, "tf32x3 128x128"),  # K = 37: the planes' rows padded to 40

@@ -91,7 +91,11 @@ def check_launch(launch: direct.Launch, m: int, n: int, batch: int):
         bm, bn = kernel.params[3], kernel.params[4]
         cluster, split = kernel.params[PP_CLUSTER], kernel.params[PP_SPLIT]
         units = -(-m // bm) * -(-n // (bn * cluster)) * batch
-        if split:  # stream-K: one block per SM or per k-step; split-K: tiles x S blocks, one wave
+        if split == 3:  # split-K in a cluster: a cluster of S CTAs a tile, one round
+            tiles = -(-m // bm) * -(-n // bn) * batch
+            assert grid == (tiles * cluster, 1, 1) and tiles * cluster <= gemm_gpu.sm_count(None)
+            assert tiles <= gemm_gpu.CLUSTER_FIT_PLANNED[cluster]  # all resident at once
+        elif split:  # stream-K: one block per SM or per k-step; split-K: tiles x S blocks, one wave
             k_steps = -(-launch.args[13] // 64)
             assert grid[0] in (min(units * k_steps, gemm_gpu.sm_count(None)), units) or (
                 grid[0] % units == 0 and grid[0] <= min(units * k_steps, gemm_gpu.sm_count(None))
@@ -133,10 +137,11 @@ def choice(launch) -> str:
         return f"wgmma {p[3]}x{p[4]}"
     if family is gemm_gpu.PINGPONG_KERNEL:  # ... CLUSTER, COOP, SPLIT, F32_OUT, TMA_STORE, C_BLOCKS, EPI_WARPS
         cluster, coop, split, f32, tma_store, c_blocks, epi_warps = p[PP_CLUSTER:]
-        kind = {1: "streamk", 2: "splitk"}.get(split) or ("coop" if coop else "pingpong")
+        kind = {1: "streamk", 2: "splitk", 3: "clustersplit"}.get(split) or ("coop" if coop else "pingpong")
         extra = (f" cluster {cluster}" if cluster > 1 else "") + (" f32" if f32 else "") + (" tma" if tma_store else "")
         extra += (" c_blocks" if c_blocks else "") + (" epi_warps" if epi_warps else "")
-        if p[5] != gemm_gpu.pp_stages(p[0], p[3], p[4], tma_store, epi_warps):  # ONE_ROUND_STAGES
+        red = gemm_gpu.cluster_split_bytes(p[3], p[4], cluster) if split == 3 else 0
+        if p[5] != gemm_gpu.pp_stages(p[0], p[3], p[4], tma_store, epi_warps, red):  # ONE_ROUND_STAGES
             extra += f" {p[5]} stages"
         return f"{kind} {p[3]}x{p[4]}" + extra
     vec = "vec" if p[3] else "novec"
@@ -156,8 +161,15 @@ AUTO = [
     ((256, 512, 72, BF16, 33), "coop 256x128 tma"),  # 1 x 4 x 33 = 132: the batch counts
     ((256, 512, 72, BF16, 32), "coop 256x128 tma"),
     ((8192, 3072, 3072, BF16, None), "coop 256x128 tma"),
-    # GPT-2's dW (part 3): few tiles and a long K: split-K (stream-K's kernel, tiles x S blocks)
-    ((768, 768, 8192, BF16, None), "splitk 256x128"),  # 18 wide tiles x 7 pieces: 126 blocks
+    # GPT-2's dW: few tiles and a long K: split-K in a cluster (part 28), 36 square tiles in
+    # clusters of 3 (108 CTAs), each CTA a third of the k-steps
+    ((768, 768, 8192, BF16, None), "clustersplit 128x128 cluster 3"),
+    ((768, 768, 8192, BF16, 4), "tma 192x128"),  # 144 square tiles: no cluster makes one round
+    ((1024, 1024, 8192, FP16, None), "clustersplit 128x128 cluster 2"),  # 64 tiles: 3 x 64 > 132
+    ((512, 512, 8192, BF16, 2), "clustersplit 128x128 cluster 3"),  # 32 tiles: 30 clusters of 4 fit
+    ((256, 512, 8192, BF16, 2), "clustersplit 128x128 cluster 4"),  # 16 tiles
+    ((768, 768, 2048, BF16, None), "clustersplit 128x128 cluster 3"),  # CLUSTER_SPLIT_MIN_K
+    ((768, 768, 2040, BF16, None), "pingpong 128x64 tma"),  # below it: FEW_TILES' 72 tiles of 128 x 64
     ((768, 2304, 8192, BF16, None), "pingpong 128x128 tma"),  # 108 square tiles, one wave: 2 pieces do not
     # pay; K >= 4096: ONE_ROUND_LONG_K
     ((2304, 768, 1024, BF16, None), "tma 128x128"),  # the same tiles, a short K: version 3
@@ -230,7 +242,7 @@ def test_every_shape_transpose_and_alignment_gives_a_valid_launch(dtype):
             continue
         assert ("novec" not in kind) == vec, (m, n, k, ta, tb, kind)
         if dtype in (BF16, FP16):
-            assert kind.startswith(("tma", "pingpong", "coop", "streamk", "splitk")) == (vec and k > 0)
+            assert kind.startswith(("tma", "pingpong", "coop", "streamk", "splitk", "clustersplit")) == (vec and k > 0)
         # an unaligned a (one element into its storage) never takes the vector paths
         assert "novec" in choice(plan(m, n, k, dtype, ta, tb, a_offset=1))
 
@@ -426,6 +438,7 @@ def test_forced_versions_apply_where_their_conditions_hold():
         "PINGPONG_128x64": "pingpong 128x64",
         "STREAMK_256x128": "streamk 256x128",
         "SPLITK_256x128": "splitk 256x128",
+        "CLUSTER_SPLITK_128x128": "coop 256x128",  # 3 k-steps cannot be split: the whole tile
         "SIMT": "mma 64 vec",  # float32's names: 16-bit operands take mma.sync
         "TF32X3_128x128": "mma 64 vec",
     }
@@ -514,7 +527,15 @@ def test_gpt2_linear_layers_take_tensor_cores():
         ):
             kind, where = choice(plan(m, n, k, BF16, ta, tb)), (tokens, d_in, d_out, ta, tb)
             assert kind.startswith(
-                ("tma", "coop", "splitk", "pingpong 128x64 tma", "pingpong 64x64 tma", "pingpong 128x128 tma")
+                (
+                    "tma",
+                    "coop",
+                    "splitk",
+                    "clustersplit",
+                    "pingpong 128x64 tma",
+                    "pingpong 64x64 tma",
+                    "pingpong 128x128 tma",
+                )
             ), where
             if tokens >= 8192 and k <= 1024:  # short K, many tiles: day 019's version 4
                 assert kind.startswith("coop 256x"), where

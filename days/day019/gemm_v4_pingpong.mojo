@@ -38,6 +38,7 @@ from days.day014.gemm_common import (
     wg_store_acc,
 )
 from days.day019.cluster_tma import mbar_arrive_cta, tma_multicast_box
+from days.day019.cluster_split import reduce_in_cluster
 from days.day019.stream_k import Units, finish_piece, iter_start, store_piece
 from days.day019.epilogue_warps import (
     EPI_CONSUMER_REGS,
@@ -182,6 +183,16 @@ def gemm_pingpong_kernel[
     split_k_sum_kernel; `counters` unused. 0: neither is touched (but GELU_GRAD's
     column sums, above, write `partials`).
 
+    SPLIT = 3, split-K in a cluster (part 28; ping-pong, plain epilogue, one column
+    part, 2 <= CLUSTER <= 4): the CLUSTER CTAs of a cluster take the same tile, CTA r
+    the k-steps [r num_k / CLUSTER, (r + 1) num_k / CLUSTER), with no multicast. After
+    the k-loop each CTA sends the parts of its accumulator that others own into their
+    shared memory (after the epilogue's boxes, before the mbarriers: (CLUSTER - 1) x
+    ceil(units / CLUSTER) x 8 KB), units of 64 rows x 32 columns, unit u owned by CTA
+    u % CLUSTER; each owner adds what it received and stores its units. No workspace,
+    no second kernel. Launch with grid tiles x CLUSTER in clusters of CLUSTER: one tile
+    a cluster (the receiving area is used once).
+
     F32_OUT: dst holds float32 (passed as a pointer like the others), the plain
     epilogue only: a weight gradient written in its float32 master weight's dtype, so
     that no kernel converts it afterwards (day 020). Split-K pieces are float32 anyway:
@@ -213,6 +224,8 @@ def gemm_pingpong_kernel[
     # COOP: both consumers work on every tile, one BM/2-row half each (version 3's
     # cooperative split, kept persistent); else each consumer owns whole tiles (ping-pong)
     comptime SHARERS = 2 if COOP else 1
+    comptime K_CLUSTER = SPLIT == 3  # the CTAs of a cluster split each tile's K
+    comptime N_SHARE = 1 if K_CLUSTER else CLUSTER  # CTAs side by side in n, sharing A
     comptime WG_ROWS = BM // SHARERS  # rows of one consumer's accumulator
     comptime ROW_BLOCKS = WG_ROWS // 64
     # BN in column parts of power-of-two widths (SIMD widths): 192 = 128 + 64
@@ -233,6 +246,14 @@ def gemm_pingpong_kernel[
         CONSUMER_BOXES if TMA_STORE else 0
     )
     comptime EPI_BARS = 2 if EPI_WARPS else 0  # epi_full, epi_empty
+    # K_CLUSTER: what a CTA receives, (CLUSTER - 1) senders x RED_PER_OWNER units x 4
+    # chunks of WG_THREADS x 16 bytes (conflict-free v4 stores); `red_full` counts them
+    comptime RED_UNITS = (WG_ROWS // 64) * (BN // 32)
+    comptime RED_PER_OWNER = (RED_UNITS + CLUSTER - 1) // CLUSTER
+    comptime RED_BYTES = (
+        (CLUSTER - 1) * RED_PER_OWNER * 16 * WG_THREADS * 4 if K_CLUSTER else 0
+    )
+    comptime RED_BARS = 1 if K_CLUSTER else 0
     comptime assert (
         WG_ROWS % 64 == 0 and BN % 64 == 0 and BN <= 256
     ), "tile shape"
@@ -245,9 +266,11 @@ def gemm_pingpong_kernel[
         SMEM
         == STAGES * (STAGE_BYTES + 16)
         + EPI_ELEMS * size_of[dtype]()
+        + RED_BYTES
         + 16
         + 8 * EPI_BARS
-    ), "stages + the epilogue's boxes + mbarriers"
+        + 8 * RED_BARS
+    ), "stages + the epilogue's boxes + what a cluster's split sends + mbarriers"
     comptime assert not TMA_STORE or (
         SPLIT == 0 and BN1 == 0 and not F32_OUT
     ), "TMA stores: whole tiles, one column part, 16-bit outputs"
@@ -265,12 +288,26 @@ def gemm_pingpong_kernel[
         "epilogue warps: GELU (or its gradient) of cooperative tiles through"
         " TMA stores"
     )
-    comptime A_PART = BM // CLUSTER  # rows of A's tile this CTA loads for the cluster
-    comptime assert CLUSTER == 1 or (
-        CLUSTER == 2 and A_PART % 64 == 0
+    comptime A_PART = BM // N_SHARE  # rows of A's tile this CTA loads for the cluster
+    comptime assert N_SHARE == 1 or (
+        N_SHARE == 2 and A_PART % 64 == 0
     ), "clusters of 2 split A's tile into halves of whole 64-row boxes"
-    comptime STREAM_K = SPLIT != 0  # the Units walk k-step ranges
-    comptime assert SPLIT == 0 or (
+    comptime STREAM_K = SPLIT == 1 or SPLIT == 2  # the Units walk k-step ranges
+    comptime assert not K_CLUSTER or (
+        CLUSTER >= 2
+        and CLUSTER <= 4
+        and not COOP
+        and BN1 == 0
+        and not BIAS
+        and not GELU
+        and not GELU_GRAD
+        and not C_BLOCKS
+        and not EPI_WARPS
+    ), (
+        "split-K in a cluster: clusters of 2-4, the ping-pong schedule, one column part,"
+        " the plain epilogue from registers"
+    )
+    comptime assert SPLIT == 0 or K_CLUSTER or (
         COOP
         and CLUSTER == 1
         and BN1 == 0
@@ -292,13 +329,21 @@ def gemm_pingpong_kernel[
     var N = Int(n)
     var num_m = ceildiv(M, BM)
     # the schedule's unit: CLUSTER tiles side by side in n, one per CTA of a cluster
-    var num_n = ceildiv(ceildiv(N, BN), CLUSTER)
+    var num_n = ceildiv(ceildiv(N, BN), N_SHARE)
     var per_batch = num_m * num_n
     var tiles = per_batch * Int(batch)
     var num_k = ceildiv(Int(k), TMA_BK)
     var rank = 0
     comptime if CLUSTER > 1:
         rank = Int(block_rank_in_cluster())
+    var n_rank = rank  # the CTA's tile in its cluster's unit, along n
+    # the k-steps this CTA walks in each of its tiles: [k_first, k_first + my_k)
+    var k_first = 0
+    var my_k = num_k
+    comptime if K_CLUSTER:
+        n_rank = 0
+        k_first = rank * num_k // CLUSTER
+        my_k = (rank + 1) * num_k // CLUSTER - k_first
     var first = block_idx.x // CLUSTER  # this cluster's first unit
     var stride = grid_dim.x // CLUSTER  # clusters in the grid
     # what the block walks: whole tiles first, first + stride, ... or, stream-K, an
@@ -316,23 +361,27 @@ def gemm_pingpong_kernel[
     var sa = smem
     var sb = smem.unsafe_offset(STAGES * A_ELEMS)
     var boxes = smem.unsafe_offset(STAGES * (A_ELEMS + B_ELEMS))
-    var full = boxes.unsafe_offset(EPI_ELEMS).unsafe_bitcast[Int64]()
+    var red = boxes.unsafe_offset(EPI_ELEMS).unsafe_bitcast[Float32]()
+    var full = red.unsafe_offset(RED_BYTES // 4).unsafe_bitcast[Int64]()
     var empty = full.unsafe_offset(STAGES)
     var turn = empty.unsafe_offset(STAGES)  # turn[w]: consumer w may start
     # EPI_WARPS: the tile's staged copy is written (epi_full) / stored (epi_empty)
     var epi_full = turn.unsafe_offset(2)
     var epi_empty = turn.unsafe_offset(3)
+    var red_full = turn.unsafe_offset(2 + EPI_BARS)  # K_CLUSTER: the peers' parts are in
     if thread_idx.x == 0:
         comptime for s in range(STAGES):
             mbarrier_init(full.unsafe_offset(s), 1)
             # the 4 warps of one consumer, in every CTA of the cluster: a stage's A
             # half is written into both CTAs, so both must have released it
-            mbarrier_init(empty.unsafe_offset(s), Int32(4 * SHARERS * CLUSTER))
+            mbarrier_init(empty.unsafe_offset(s), Int32(4 * SHARERS * N_SHARE))
         mbarrier_init(turn, 4)
         mbarrier_init(turn.unsafe_offset(1), 4)
         comptime if EPI_WARPS:
             mbarrier_init(epi_full, Int32(2 * WG_THREADS))
             mbarrier_init(epi_empty, Int32(EPI_THREADS))
+        comptime if K_CLUSTER:
+            mbarrier_init(red_full, Int32((CLUSTER - 1) * WG_THREADS))
         fence_mbarrier_init()
     comptime if CLUSTER > 1:
         cluster_sync()  # the peer's barriers exist before anything lands in them
@@ -353,12 +402,12 @@ def gemm_pingpong_kernel[
             var a_ptr = Pointer(to=a_map).unsafe_bitcast[NoneType]()
             var b_ptr = Pointer(to=b_map).unsafe_bitcast[NoneType]()
             var it = 0
-            var units = Units[STREAM_K](begin, end, stride, num_k)
+            var units = Units[STREAM_K](begin, end, stride, my_k)
             while units.next():  # k-steps [kb, ke) of tile t
                 var t = units.t
                 var bt = t // per_batch
                 var tile = tile_coords[GROUP_M](t % per_batch, num_m, num_n)
-                var tn = tile[1] * CLUSTER + rank
+                var tn = tile[1] * N_SHARE + n_rank
                 for kt in range(units.kb, units.ke):
                     var s = ring_slot[STAGES](it)[0]
                     if it >= STAGES:  # the consumers released round r-1
@@ -369,13 +418,13 @@ def gemm_pingpong_kernel[
                     mbarrier_arrive_expect_tx_shared(
                         full.unsafe_offset(s), Int32(STAGE_BYTES)
                     )
-                    comptime if CLUSTER == 1:
+                    comptime if N_SHARE == 1:
                         tma_load_operand[dtype, A_KC, BM](
                             a_ptr,
                             sa.unsafe_offset(s * A_ELEMS),
                             full.unsafe_offset(s),
                             tile[0] * BM,
-                            kt * TMA_BK,
+                            (k_first + kt) * TMA_BK,
                             bt,
                         )
                     else:
@@ -401,7 +450,7 @@ def gemm_pingpong_kernel[
                         sb.unsafe_offset(s * B_ELEMS),
                         full.unsafe_offset(s),
                         tn * BN,
-                        kt * TMA_BK,
+                        (k_first + kt) * TMA_BK,
                         bt,
                     )
                     it += 1
@@ -481,7 +530,7 @@ def gemm_pingpong_kernel[
             begin if COOP else begin + me * stride,
             end,
             stride if COOP else 2 * stride,
-            num_k,
+            my_k,
         )
         while units.next():
             var t = units.t
@@ -489,7 +538,7 @@ def gemm_pingpong_kernel[
             var ke = units.ke
             var bt = t // per_batch
             var tile = tile_coords[GROUP_M](t % per_batch, num_m, num_n)
-            var tn = tile[1] * CLUSTER + rank
+            var tn = tile[1] * N_SHARE + n_rank
             # --8<-- [start:turn]
             # wait for the turn: consumer 1's round r follows consumer 0's round r,
             # consumer 0's round r follows consumer 1's round r - 1
@@ -499,7 +548,7 @@ def gemm_pingpong_kernel[
                 elif round > 0:
                     mbar_wait(turn, (round - 1) % 2)
             # --8<-- [end:turn]
-            var it0 = (round if COOP else 2 * round + me) * num_k
+            var it0 = (round if COOP else 2 * round + me) * my_k
             comptime if STREAM_K:
                 it0 = done
             # Mojo's SIMD widths are powers of two, so a BN of 192 is two column parts
@@ -539,7 +588,7 @@ def gemm_pingpong_kernel[
                 wgmma_commit_group_sync()
                 wgmma_wait_group_sync[1]()
                 if kt > kb and lane_id() == 0:
-                    release[CLUSTER](
+                    release[N_SHARE](
                         empty.unsafe_offset(ring_slot[STAGES](it - 1)[0])
                     )
             # every wgmma of this tile is issued: the other consumer may start
@@ -547,8 +596,11 @@ def gemm_pingpong_kernel[
                 if lane_id() == 0:
                     _ = mbarrier_arrive(turn.unsafe_offset(1 - me))
             wgmma_wait_group_sync[0]()
-            if lane_id() == 0:
-                release[CLUSTER](
+            var any_k = True
+            comptime if K_CLUSTER:
+                any_k = ke > kb  # a cluster wider than K's steps leaves a CTA none
+            if lane_id() == 0 and any_k:
+                release[N_SHARE](
                     empty.unsafe_offset(ring_slot[STAGES](it0 + ke - kb - 1)[0])
                 )
             round += 1
@@ -578,6 +630,28 @@ def gemm_pingpong_kernel[
                     .unsafe_offset(bt * M * N)
                     .unsafe_bitcast[Scalar[dtype]]()
                 )
+            comptime if K_CLUSTER:
+                reduce_in_cluster[
+                    dtype, BN, F32_OUT, CLUSTER, RED_UNITS, RED_PER_OWNER, 32
+                ](
+                    acc0,
+                    red,
+                    red_full,
+                    rank,
+                    out_t,
+                    c.unsafe_offset(bt * Int(c_bs)),
+                    alpha,
+                    beta,
+                    tile[0] * BM,
+                    tn * BN,
+                    M,
+                    N,
+                    Int(c_rs),
+                    Int(c_cs),
+                    bias,
+                    aux,
+                )
+                continue
             comptime if EPI_WARPS:
                 # hand the tile to the epilogue warps once they have stored the last
                 if round > 1:

@@ -8,13 +8,15 @@
     PYTHONPATH=$PWD python days/day019/time_versions.py --in-turn 5 --versions AUTO TMA_128x256
     PYTHONPATH=$PWD python days/day019/time_versions.py --one-round --in-turn 3 --all-stages-too --versions AUTO
     PYTHONPATH=$PWD python days/day019/time_versions.py --one-round --in-turn 1 --flushed [--all-stages]
+    PYTHONPATH=$PWD python days/day019/time_versions.py --cluster-split --in-turn 3 --versions AUTO SPLITK_256x128
 
 The issue's squares and GPT-2 small's linear layers at 8192 tokens (forward, dX, dW);
 `--tokens` times instead every linear layer of a GPT-2 124M step at that many tokens (the
 four layers and the tied head, each forward, dX and dW) and prints what they add up to, or
 with `--width` those of one day 016 block of that width (d -> 3d, d -> d, d -> 4d, 4d -> d);
 `--small` times the problems of few output tiles that AUTO's FEW_TILES rule is about,
-`--one-round` those of about one round of 128 x 128 tiles with a long K (weight gradients);
+`--one-round` those of about one round of 128 x 128 tiles with a long K (weight gradients),
+`--cluster-split` those of fewer tiles than SMs that split-K in a cluster is for (part 28);
 `--in-turn R` the same shapes (the squares in the benchmark's three layouts; or the
 `--tokens`, `--small` or `--one-round` ones), cuBLAS and every version timed in turn for
 R rounds, each round in another order, and the median of the rounds: after the 8192^3
@@ -66,6 +68,7 @@ VERSIONS = (
     "COOP_256x64",
     "STREAMK_256x128",
     "SPLITK_256x128",
+    "CLUSTER_SPLITK_128x128",
     "AUTO",
 )
 
@@ -99,6 +102,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=None, help="a 124M step's layers at this many tokens")
     parser.add_argument("--small", action="store_true", help="few output tiles (FEW_TILES)")
     parser.add_argument("--one-round", action="store_true", help="about one round of tiles, a long K")
+    parser.add_argument("--cluster-split", action="store_true", help="few tiles: split-K in a cluster (part 28)")
     parser.add_argument("--in-turn", type=int, default=0, metavar="R", help="R rounds in turn, medians")
     parser.add_argument("--width", type=int, default=None, help="with --tokens: one day 016 block of this width")
     parser.add_argument("--versions", nargs="+", default=list(VERSIONS), choices=list(gemm_gpu.VERSIONS))
@@ -122,9 +126,9 @@ def run(args) -> None:
         layers = block_layers(args.width) if args.width else STEP_LAYERS
         step_layers(args.tokens, args.versions, layers, args.in_turn, turns)
         return
-    if args.small or args.one_round:
+    if args.small or args.one_round or args.cluster_split:
         print(f"{torch.cuda.get_device_name()}; bf16; TFLOP/s (% of torch.matmul)")
-        for m, n, k, ta, tb in SMALL if args.small else ONE_ROUND:
+        for m, n, k, ta, tb in SMALL if args.small else ONE_ROUND if args.one_round else CLUSTER_SPLIT:
             timed(m, n, k, ta, tb, args.versions, args.in_turn, quick=True, turns=turns)
         return
     gpt2 = [s for s in GPT2 if 8192 in s[:3]]
@@ -225,6 +229,27 @@ ONE_ROUND = (
     (1536, 1024, 16384, True, False),
     (2048, 1024, 4096, True, False),
     (1024, 1536, 4096, False, True),
+)
+
+
+# (m, n, k, ta, tb): fewer 128 x 128 tiles than SMs (16 to 64), K from 1024 up: split-K in
+# a cluster against split-K and the FEW_TILES tiles (part 28). GPT-2's attention
+# projection dW at 8192 and 16384 tokens, day 016's d = 1024 block's, and smaller K.
+CLUSTER_SPLIT = (
+    (768, 768, 8192, True, False),
+    (768, 768, 16384, True, False),
+    (768, 768, 4096, True, False),
+    (768, 768, 2048, True, False),
+    (768, 768, 1024, True, False),
+    (1024, 1024, 8192, True, False),
+    (1024, 1024, 4096, True, False),
+    (1024, 1024, 2048, True, False),
+    (1024, 1024, 1024, True, False),
+    (1024, 768, 2304, False, False),
+    (1024, 768, 3072, False, False),
+    (512, 512, 8192, True, False),
+    (768, 1024, 16384, True, False),
+    (1000, 1000, 1000, False, True),
 )
 
 
