@@ -110,7 +110,9 @@ def _pp_fixed_bytes(dtype: torch.dtype, bm: int, bn: int, tma_store: bool, epi_w
     return store_box_bytes(dtype, tma_store, bm, bn, epi_warps) + 16 + (16 if epi_warps else 0) + red
 
 
-def pp_stages(dtype: torch.dtype, bm: int, bn: int, tma_store: bool = False, epi_warps: bool = False, red: int = 0) -> int:
+def pp_stages(
+    dtype: torch.dtype, bm: int, bn: int, tma_store: bool = False, epi_warps: bool = False, red: int = 0
+) -> int:
     """The most stages that fit in PP_SMEM_BUDGET."""
     fixed = _pp_fixed_bytes(dtype, bm, bn, tma_store, epi_warps, red)
     return (PP_SMEM_BUDGET - fixed) // (tma_stage_bytes(dtype, bm, bn) + 16)

@@ -121,7 +121,8 @@ def test_cuda_weight_grad_matches_float64(version, rows, out_f, in_f, launched):
     float32_v3 = launched[-1].startswith("day014.gemm_tma_kernel.bfloat16.1.0.192.128.1.")
     # ping-pong keys end in ...CLUSTER.COOP.SPLIT.F32_OUT...: cooperative, split-K's sum, or split-K in a cluster
     cluster_split = re.search(r"\.[234]\.0\.3\.1\.0\.0\.0$", launched[-1]) is not None
-    assert float32_v3 or cluster_split or launched[-1].endswith((".1.1.0.1.0.0.0", "split_k_sum_kernel.bfloat16.float32"))
+    ends = (".1.1.0.1.0.0.0", "split_k_sum_kernel.bfloat16.float32")
+    assert float32_v3 or cluster_split or launched[-1].endswith(ends), launched
     if version == "CLUSTER_SPLITK_128x128":  # every problem here but the 168-tile one makes one round of clusters
         assert cluster_split == (out_f != 3000), launched
     if (version, out_f) in (("AUTO", 3000), ("TMA_192x128", out_f)):
