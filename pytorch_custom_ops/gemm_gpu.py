@@ -784,17 +784,22 @@ def split_k(m: int, n: int, k: int, batch: int, sms: int) -> tuple[int, float]:
 
 
 # Split-K in a cluster (day 019, part 28; CLUSTER_SPLIT_CONFIGS): one round of clusters,
-# each one tile whose k-steps its S CTAs share, summed through shared memory. Each CTA
-# walks ceil(num_k / S) k-steps; CLUSTER_SPLIT_FIXED k-steps more pay for the exchange
-# and the pipeline's fill. A cluster sits inside one GPC, so not every SMs / S clusters
-# fit at once: cluster_fit asks the driver (cuOccupancyMaxActiveClusters). Plans made
-# without a GPU (tests) take CLUSTER_FIT_PLANNED, the H200's answer for these kernels
-# (results/nvidia-h200/day019_cluster_split.txt).
-CLUSTER_SPLIT_FIXED = 4.0
+# each one tile whose k-steps its S CTAs share, summed through shared memory. Fitted to
+# the H200 (bf16, kernel time, in turn; results/nvidia-h200/day019_cluster_split.txt): a
+# CTA's k-step takes CLUSTER_SPLIT_STEP of AUTO_TILES' k-step (K_STEP_US), and a fixed
+# CLUSTER_SPLIT_FIXED k-steps more (~7 us: the pipeline's fill, the exchange, the
+# epilogue), so that its ratio to split-K's model matches the measured one at 768 x 768 x
+# 8192 (23.1 against 25.8 us) and x 16384 (39.8 against 38.0). Below CLUSTER_SPLIT_MIN_K
+# the FEW_TILES tiles won on every measured problem (768 x 768 x 2048: 62 against 57% of
+# cuBLAS; 1024 x 768 x 2304: 72 against 60%). A cluster sits inside one GPC, so not every
+# SMs / S clusters fit at once: cluster_fit asks the driver (cuOccupancyMaxActiveClusters);
+# plans made without a GPU (tests) take CLUSTER_FIT_PLANNED, the H200's answer.
+CLUSTER_SPLIT_STEP = 0.87
+CLUSTER_SPLIT_FIXED = 18.0
 CLUSTER_SPLIT_MIN_STEPS = 8  # each CTA walks at least this many k-steps
-CLUSTER_SPLIT_MIN_K = 2048  # AUTO's: below it, FEW_TILES' 64-wide tiles
+CLUSTER_SPLIT_MIN_K = 4096
 CLUSTER_SPLIT_MARGIN = 0.9  # only where it clearly wins
-CLUSTER_FIT_PLANNED = {2: 66, 3: 40, 4: 30}
+CLUSTER_FIT_PLANNED = {2: 66, 3: 39, 4: 30}
 
 
 @cache
@@ -827,7 +832,7 @@ def cluster_split(m: int, n: int, k: int, batch: int, sms: int, device_index: in
 def cluster_split_cost(k: int, s: int) -> float:
     """Split-K in a cluster's time in AUTO_TILES' unit (a 128 x 128 tile over the whole K)."""
     num_k = _cdiv(k, 64)
-    return (_cdiv(num_k, s) + CLUSTER_SPLIT_FIXED) / num_k
+    return (_cdiv(num_k, s) * CLUSTER_SPLIT_STEP + CLUSTER_SPLIT_FIXED) / num_k
 
 
 # Version 3 with three consumers, 192 x 128 (day 019, part 12): 1.5 times the work of a

@@ -36,6 +36,7 @@ RUNGS = {
     "v4_coop_256x192": "COOP_256x192",
     "v4_streamk_256x128": "STREAMK_256x128",  # part 3
     "v4_splitk_256x128": "SPLITK_256x128",
+    "v4_cluster_splitk_128x128": "CLUSTER_SPLITK_128x128",  # part 28: split-K in a cluster
 }
 LADDER_SHAPES = {
     "quick": LINEAR_SHAPES["quick"],

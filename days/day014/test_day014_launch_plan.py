@@ -167,9 +167,10 @@ AUTO = [
     ((768, 768, 8192, BF16, 4), "tma 192x128"),  # 144 square tiles: no cluster makes one round
     ((1024, 1024, 8192, FP16, None), "clustersplit 128x128 cluster 2"),  # 64 tiles: 3 x 64 > 132
     ((512, 512, 8192, BF16, 2), "clustersplit 128x128 cluster 3"),  # 32 tiles: 30 clusters of 4 fit
-    ((256, 512, 8192, BF16, 2), "clustersplit 128x128 cluster 4"),  # 16 tiles
-    ((768, 768, 2048, BF16, None), "clustersplit 128x128 cluster 3"),  # CLUSTER_SPLIT_MIN_K
-    ((768, 768, 2040, BF16, None), "pingpong 128x64 tma"),  # below it: FEW_TILES' 72 tiles of 128 x 64
+    ((256, 512, 8192, BF16, 2), "splitk 256x128"),  # 16 tiles: clusters of 4 level (512^2 x 8192: 63 against 64%)
+    ((768, 768, 4096, BF16, None), "clustersplit 128x128 cluster 3"),  # CLUSTER_SPLIT_MIN_K
+    ((768, 768, 4032, BF16, None), "pingpong 128x64 tma"),  # below it: FEW_TILES' 72 tiles of 128 x 64
+    ((768, 768, 16384, BF16, None), "splitk 256x128"),  # a long K: split-K's second kernel costs less
     ((768, 2304, 8192, BF16, None), "pingpong 128x128 tma"),  # 108 square tiles, one wave: 2 pieces do not
     # pay; K >= 4096: ONE_ROUND_LONG_K
     ((2304, 768, 1024, BF16, None), "tma 128x128"),  # the same tiles, a short K: version 3
