@@ -88,7 +88,7 @@ def test_gemm_draws_reach_every_regimes_kernels():
         m, n, k = d["sizes"]
         launch = plan(m, n, k, d["dtype"], d["ta"], d["tb"], d["batch"], _c_shape(d))
         seen.add(choice(launch).split()[0])
-    assert {"splitk", "pingpong", "coop", "tma", "tf32x3", "mma", "simt"} <= seen, seen
+    assert {"splitk", "clustersplit", "pingpong", "coop", "tma", "tf32x3", "mma", "simt"} <= seen, seen
 
 
 @needs_cuda

@@ -387,7 +387,7 @@ BRANCHES = [
     ("STREAMK_256x128", FP16, 3, 520, 264, 136, "streamk 256x128"),  # 27 tiles x 3: a block each
     ("STREAMK_256x128", BF16, None, 296, 264, 4104, "streamk 256x128"),  # 6 tiles x 65 k-steps
     ("SPLITK_256x128", FP16, None, 296, 264, 4104, "splitk 256x128"),  # 6 tiles x 22 pieces
-    ("AUTO", BF16, None, 776, 520, 16392, "splitk 256x128"),  # a dW's shape: 12 tiles, split in pieces
+    ("AUTO", BF16, None, 776, 520, 16392, "clustersplit 128x128 cluster 3"),  # a dW's shape: 35 tiles, 105 CTAs
     # day 019, part 28: split-K in a cluster; tails in m, n, k, uneven shares of the k-steps
     ("CLUSTER_SPLITK_128x128", BF16, None, 296, 264, 4104, "clustersplit 128x128 cluster 4"),  # 9 tiles
     ("CLUSTER_SPLITK_128x128", FP16, 3, 200, 136, 2056, "clustersplit 128x128 cluster 4"),  # 2 x 2 x 3 tiles

@@ -169,7 +169,7 @@ AUTO = [
     ((512, 512, 8192, BF16, 2), "clustersplit 128x128 cluster 3"),  # 32 tiles: 30 clusters of 4 fit
     ((256, 512, 8192, BF16, 2), "splitk 256x128"),  # 16 tiles: clusters of 4 level (512^2 x 8192: 63 against 64%)
     ((768, 768, 4096, BF16, None), "clustersplit 128x128 cluster 3"),  # CLUSTER_SPLIT_MIN_K
-    ((768, 768, 4032, BF16, None), "pingpong 128x64 tma"),  # below it: FEW_TILES' 72 tiles of 128 x 64
+    ((768, 768, 4032, BF16, None), "splitk 256x128"),  # below it: split-K, as before
     ((768, 768, 16384, BF16, None), "splitk 256x128"),  # a long K: split-K's second kernel costs less
     ((768, 2304, 8192, BF16, None), "pingpong 128x128 tma"),  # 108 square tiles, one wave: 2 pieces do not
     # pay; K >= 4096: ONE_ROUND_LONG_K

@@ -2,73 +2,41 @@
 # The CTAs of a cluster walk different k-steps of the same output tile, then add
 # their partial sums through each other's shared memory (distributed shared memory):
 # no float32 workspace in global memory and no second kernel, which is what day 019's
-# split-K (part 3) pays for. Here: the PTX for a store into another CTA's shared
-# memory, the release/acquire pair that publishes it, and the reduction itself.
+# split-K (part 3) pays for. Here: the PTX for an asynchronous store into another CTA's
+# shared memory that its mbarrier counts, and the reduction itself.
 
 from max.gpu import thread_idx
 from std.sys._assembly import inlined_assembly
 
+from max.gpu.sync import mbarrier_arrive_expect_tx_shared
+
 from days.day014.gemm_common import wg_store_acc
 from days.day014.gemm_v2_wgmma import WG_THREADS
+from days.day014.gemm_v3_tma import mbar_wait
 
 
 # --8<-- [start:dsmem]
 @always_inline
-def store_cta_f32x4(
+def store_cta_async_f32x4(
     dst: Pointer[Float32, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+    bar: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
     cta: Int,
     v: SIMD[DType.float32, 4],
 ):
-    """Write 16 bytes at `dst`'s offset in CTA `cta`'s shared memory (a plain store;
-    the arrive below publishes it)."""
+    """Write 16 bytes at `dst`'s offset in CTA `cta`'s shared memory, asynchronously:
+    when they have landed, that CTA's mbarrier at `bar`'s offset counts 16 bytes of its
+    transaction (complete_tx), as a TMA copy does. Its waiters then see them; no fence
+    and no arrive by the sender."""
     inlined_assembly[
         """{
-        .reg .b32 remote;
-        mapa.shared::cluster.u32 remote, $0, $1;
-        st.shared::cluster.v4.f32 [remote], {$2, $3, $4, $5};
+        .reg .b32 rdst, rbar;
+        mapa.shared::cluster.u32 rdst, $0, $2;
+        mapa.shared::cluster.u32 rbar, $1, $2;
+        st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [rdst], {$3, $4, $5, $6}, [rbar];
         }""",
         NoneType,
-        constraints="r,r,f,f,f,f",
-    ](Int32(Int(dst)), Int32(cta), v[0], v[1], v[2], v[3])
-
-
-@always_inline
-def mbar_arrive_cta_release(
-    bar: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
-    cta: Int,
-):
-    """Arrive on CTA `cta`'s mbarrier at `bar`'s offset with release at cluster scope:
-    this thread's earlier stores into that CTA are visible to whoever waits on it
-    (mbar_wait_cluster). Once per tile, after the k-loop, so the cost mbar_arrive_cta
-    avoids in the k-loop does not matter here."""
-    inlined_assembly[
-        """{
-        .reg .b32 remote;
-        mapa.shared::cluster.u32 remote, $0, $1;
-        mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];
-        }""",
-        NoneType,
-        constraints="r,r",
-    ](Int32(Int(bar)), Int32(cta))
-
-
-@always_inline
-def mbar_wait_cluster(
-    bar: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
-    parity: Int,
-):
-    """mbar_wait with acquire at cluster scope: the other CTAs' stores published by
-    mbar_arrive_cta_release are visible after it."""
-    inlined_assembly[
-        """{
-        .reg .pred done;
-        WAIT:
-        mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [$0], $1;
-        @!done bra WAIT;
-        }""",
-        NoneType,
-        constraints="r,r",
-    ](Int32(Int(bar)), Int32(parity))
+        constraints="r,r,r,f,f,f,f",
+    ](Int32(Int(dst)), Int32(Int(bar)), Int32(cta), v[0], v[1], v[2], v[3])
 
 
 # --8<-- [end:dsmem]
@@ -111,13 +79,14 @@ def reduce_in_cluster[
     The tile is cut into UNITS units of 64 rows x UNIT_COLS (32: whole groups of 4
     column blocks, wg_store_acc's) columns: unit u is row block u // (BN / 32), columns
     32 (u % (BN / 32)) on, 16 accumulators a thread at acc[16 u:], and belongs to CTA
-    u % CLUSTER. Every CTA's thread t holds the same
-    positions of the tile, so a unit travels as 4 chunks of 4 floats a thread and is
-    added elementwise: no index arithmetic. Each thread sends the units it does not own
-    to their owners (slot (sender's distance - 1, u // CLUSTER) of the owner's `red`),
-    arrives on each owner's `red_full` with release at cluster scope, waits for its
-    own, adds, and stores its units with wg_store_acc (the plain epilogue: alpha, beta
-    c, F32_OUT). Call it from all 128 threads of the consumer warpgroup, once a tile.
+    u % CLUSTER. Every CTA's thread t holds the same positions of the tile, so a unit
+    travels as 4 chunks of 4 floats a thread and is added elementwise: no index
+    arithmetic. Each thread sends the units it does not own
+    to their owners (slot (sender's distance - 1, u // CLUSTER) of the owner's `red`)
+    with st.async, whose bytes the owner's `red_full` counts as for a TMA copy (the
+    owner expects them); then it waits for its own, adds, and stores its units with
+    wg_store_acc (the plain epilogue: alpha, beta c, F32_OUT). Call it from all 128
+    threads of the consumer warpgroup, once a tile.
     """
     comptime assert UNIT_COLS == 32, "units of 4 column blocks"
     comptime QN = BN // UNIT_COLS  # units across a row block
@@ -132,14 +101,18 @@ def reduce_in_cluster[
                 (sender * PER_OWNER + u // CLUSTER) * UNIT + tid * 4
             )
             comptime for ch in range(4):
-                store_cta_f32x4(
+                store_cta_async_f32x4(
                     slot.unsafe_offset(ch * CHUNK),
+                    red_full,
                     owner,
                     acc.slice[4, offset=u * 16 + ch * 4](),
                 )
-    comptime for d in range(1, CLUSTER):
-        mbar_arrive_cta_release(red_full, (rank + d) % CLUSTER)
-    mbar_wait_cluster(red_full, 0)
+    if tid == 0:  # the bytes this CTA's units receive, from the CLUSTER - 1 others
+        var owned = (UNITS - rank + CLUSTER - 1) // CLUSTER
+        mbarrier_arrive_expect_tx_shared(
+            red_full, Int32((CLUSTER - 1) * owned * UNIT * 4)
+        )
+    mbar_wait(red_full, 0)
     comptime for u in range(UNITS):
         if u % CLUSTER == rank:
             var part = acc.slice[16, offset=u * 16]()

@@ -1,7 +1,8 @@
 """Day 019, part 3: stream-K (version 4's cooperative 256 x 128 tile with the k-steps of
 all tiles shared evenly among the blocks, the last piece of a tile summing it) and
 split-K (S aligned pieces per tile, summed by a second kernel; AUTO's choice for GPT-2's
-weight gradients).
+weight gradients until part 28), and on the GPU split-K in a cluster (part 28: a tile's
+k-steps shared by the CTAs of a cluster, summed in shared memory).
 
 CPU: the split of the iterations and the fix-up's bookkeeping, emulated with the
 kernel's own formulas (days/day019/stream_k.mojo), for many grids and problem sizes: every
@@ -98,8 +99,8 @@ def test_plan_sizes_the_workspace_and_zeroes_the_counters():
     with pco.gemm_version("STREAMK_256x128"):
         launch = plan(768, 768, 8192, BF16, True, False)  # a dW: 18 tiles x 128 k-steps
     assert launch.grid == 132 and launch.kernel.params[PP_SPLIT] == 1
-    launch = plan(768, 768, 8192, BF16, True, False)  # AUTO: split-K, then its sum (checked in `plan`)
-    assert launch.grid == 18 * gemm_gpu.split_k(768, 768, 8192, 1, 132)[0] and launch.kernel.params[PP_SPLIT] == 2
+    launch = plan(768, 768, 16384, BF16, True, False)  # AUTO: split-K, then its sum (checked in `plan`)
+    assert launch.grid == 18 * gemm_gpu.split_k(768, 768, 16384, 1, 132)[0] and launch.kernel.params[PP_SPLIT] == 2
     assert gemm_gpu.split_k(768, 2304, 16384, 1, 132)[0] == 2  # 54 tiles: 2 pieces, 108 blocks
     launch = plan(256, 128, 128, BF16)  # AUTO: one tile, 2 k-steps: too small for stream-K
     assert launch.kernel.family is not gemm_gpu.PINGPONG_KERNEL or launch.kernel.params[PP_SPLIT] == 0
@@ -109,7 +110,7 @@ def test_plan_sizes_the_workspace_and_zeroes_the_counters():
 
 
 # -- on the GPU -----------------------------------------------------------------------------
-DW_SHAPES = [(768, 768, 8192), (768, 1024, 16384), (600, 392, 12296)]  # AUTO: split-K (tails in m, n, k)
+DW_SHAPES = [(768, 768, 16384), (768, 1024, 16384), (600, 392, 12296)]  # AUTO: split-K (tails in m, n, k)
 
 
 @needs_cuda
@@ -124,7 +125,9 @@ def test_cuda_weight_gradient_shapes_take_stream_k_and_match_float64(m, n, k):
     check(pco.gemm(x, dy, c, alpha=0.5, beta=2.0, transpose_a=True), x, dy, c, 0.5, 2.0, ta=True)
 
 
-SPLITS = ["STREAMK_256x128", "SPLITK_256x128"]
+# ... and split-K in a cluster (part 28): the owner of a unit adds the other CTAs' sums in
+# a fixed order, so its bits repeat too
+SPLITS = ["STREAMK_256x128", "SPLITK_256x128", "CLUSTER_SPLITK_128x128"]
 
 
 @needs_cuda
@@ -177,16 +180,17 @@ def test_cuda_split_tiles_batched_with_a_broadcast_c(version, ta, tb):
     a, b = rand(3, 200, 2104, device="cuda", dtype=BF16), rand(3, 2104, 136, device="cuda", dtype=BF16)
     c = rand(1, 1, 136, device="cuda", dtype=BF16)
     with pco.gemm_version(version):
-        assert _planned(stored(a, ta), stored(b, tb), c, ta, tb).split()[0] == version.split("_")[0].lower()
+        kind = {"STREAMK": "streamk", "SPLITK": "splitk", "CLUSTER": "clustersplit"}[version.split("_")[0]]
+        assert _planned(stored(a, ta), stored(b, tb), c, ta, tb).split()[0] == kind
         y = pco.gemm_batched(stored(a, ta), stored(b, tb), c, alpha=1.5, beta=-1.0, transpose_a=ta, transpose_b=tb)
     check(y, a, b, c, 1.5, -1.0)
 
 
 @needs_cuda
-def test_cuda_linear_weight_gradient_through_split_k():
+def test_cuda_linear_weight_gradient_through_a_split():
     torch.manual_seed(5)
     layer = pco.MojoGEMM(768, 768, device="cuda", dtype=BF16)
-    x = rand(8, 1024, 768, device="cuda", dtype=BF16).requires_grad_()  # dW: K = 8192, 7 pieces
+    x = rand(8, 1024, 768, device="cuda", dtype=BF16).requires_grad_()  # dW: K = 8192 (clusters of 3)
     y = layer(x)
     g = rand(*y.shape, device="cuda", dtype=BF16)
     y.backward(g)
