@@ -1,6 +1,6 @@
 # Day 019: the two thread-block-cluster primitives version 4's cluster option needs, as
 # PTX: a TMA copy multicast to several CTAs of the cluster, and an mbarrier arrive on
-# another CTA's barrier; and a tensor map's prefetch (part 28). (The standard library's multicast copy takes rank 1-2 tensor
+# another CTA's barrier. (The standard library's multicast copy takes rank 1-2 tensor
 # maps; day 014's maps are rank 3: (col, row, batch).)
 
 from std.sys._assembly import inlined_assembly
@@ -67,12 +67,3 @@ def mbar_arrive_cta(
 
 
 # --8<-- [end:arrive]
-
-
-@always_inline
-def prefetch_tensormap(tma_map: OpaquePointer[mut=False, _]):
-    """Fetch a tensor map (a grid-constant kernel parameter) into the TMA unit's cache
-    now, at the kernel's start, instead of at its first copy (part 28)."""
-    inlined_assembly["prefetch.tensormap [$0];", NoneType, constraints="l"](
-        tma_map
-    )

@@ -37,11 +37,7 @@ from days.day014.gemm_common import (
     tile_coords,
     wg_store_acc,
 )
-from days.day019.cluster_tma import (
-    mbar_arrive_cta,
-    prefetch_tensormap,
-    tma_multicast_box,
-)
+from days.day019.cluster_tma import mbar_arrive_cta, tma_multicast_box
 from days.day019.cluster_split import reduce_in_cluster
 from days.day019.stream_k import Units, finish_piece, iter_start, store_piece
 from days.day019.epilogue_warps import (
@@ -57,7 +53,7 @@ from days.day019.epilogue_warps import (
 from days.day019.tma_store import (
     STORE_BOXES,
     STORE_BOX_ELEMS,
-    bulk_wait_read,
+    bulk_wait_all,
     store_column_sums,
     wg_store_acc_tma,
 )
@@ -374,11 +370,6 @@ def gemm_pingpong_kernel[
     var epi_empty = turn.unsafe_offset(3)
     var red_full = turn.unsafe_offset(2 + EPI_BARS)  # K_CLUSTER: the peers' parts are in
     if thread_idx.x == 0:
-        # the maps' descriptors travel while the barriers are set up (part 28)
-        prefetch_tensormap(Pointer(to=a_map).unsafe_bitcast[NoneType]())
-        prefetch_tensormap(Pointer(to=b_map).unsafe_bitcast[NoneType]())
-        comptime if TMA_STORE and not EPI_WARPS:
-            prefetch_tensormap(Pointer(to=out_map).unsafe_bitcast[NoneType]())
         comptime for s in range(STAGES):
             mbarrier_init(full.unsafe_offset(s), 1)
             # the 4 warps of one consumer, in every CTA of the cluster: a stage's A
@@ -759,11 +750,8 @@ def gemm_pingpong_kernel[
                         Int(store_aux),
                     )
         comptime if TMA_STORE and not EPI_WARPS:
-            # its boxes stay allocated until TMA has read them; the writes need not
-            # land before the block exits (the kernel's end orders them, as CUTLASS's
-            # epilogue relies on): waiting for them cost ~1 us a call (part 28)
-            if storer:
-                bulk_wait_read()
+            if storer:  # its boxes stay allocated until TMA is done with them
+                bulk_wait_all()
     comptime if CLUSTER > 1:
         cluster_sync()  # no CTA leaves while its peer may still write into it
 

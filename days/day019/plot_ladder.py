@@ -28,6 +28,7 @@ RUNG_ORDER = (
     "v4_coop_256x192",
     "v4_streamk_256x128",
     "v4_splitk_256x128",
+    "v4_cluster_splitk_128x128",
     "mojo_gemm",
 )
 

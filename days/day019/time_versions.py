@@ -236,15 +236,8 @@ ONE_ROUND = (
 # a cluster against split-K and the FEW_TILES tiles (part 28). GPT-2's attention
 # projection dW at 8192 and 16384 tokens, day 016's d = 1024 block's, and smaller K.
 CLUSTER_SPLIT = (
-    (768, 768, 8192, True, False),
-    (768, 768, 16384, True, False),
-    (768, 768, 4096, True, False),
-    (768, 768, 2048, True, False),
-    (768, 768, 1024, True, False),
-    (1024, 1024, 8192, True, False),
-    (1024, 1024, 4096, True, False),
-    (1024, 1024, 2048, True, False),
-    (1024, 1024, 1024, True, False),
+    *((768, 768, k, True, False) for k in (8192, 16384, 4096, 2048, 1024)),
+    *((1024, 1024, k, True, False) for k in (8192, 4096, 2048, 1024)),
     (1024, 768, 2304, False, False),
     (1024, 768, 3072, False, False),
     (512, 512, 8192, True, False),
