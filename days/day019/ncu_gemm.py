@@ -13,7 +13,8 @@ tokens (768 x 768, split-K, 65% of cuBLAS; 2304 x 768, one round of tiles, 84%):
 is the split GEMM and the sum kernel (results/nvidia-h100-80gb-hbm3/day019_ncu_weight_grads.txt).
 `--names` prints each call's kernels and their CUPTI times instead (no ncu needed);
 `--versions` runs those forced versions of gemm_version instead of AUTO, in that order;
-`--all-stages` runs ours under gemm_gpu.all_stages (every stage that fits: part 26's A/B).
+`--all-stages` runs ours under gemm_gpu.all_stages (every stage that fits: part 26's A/B);
+`--tokens T` sets the weight gradients' K (part 28's fixed cost: T = 64 is one k-step).
 """
 
 import argparse
@@ -38,10 +39,13 @@ def forced(version: str, fn, all_stages: bool = False):
     return run
 
 
-def calls(weight_grads: bool, versions: list[str], all_stages: bool = False) -> list[tuple[str, object, object]]:
-    """(label, ours, cuBLAS's) for each shape and version."""
+def calls(
+    weight_grads: bool, versions: list[str], all_stages: bool = False, tokens: int = 8192
+) -> list[tuple[str, object, object]]:
+    """(label, ours, cuBLAS's) for each shape and version; the weight gradients at `tokens`."""
     out = []
-    for m, n, k in WEIGHT_GRADS if weight_grads else FORWARDS:
+    shapes = [(tokens, n, k) for _, n, k in WEIGHT_GRADS] if weight_grads else FORWARDS
+    for m, n, k in shapes:
         if weight_grads:  # m tokens; dY (m, k) and X (m, n): dW (k, n), K = m
             dy = torch.randn(m, k, device="cuda").bfloat16()
             x = torch.randn(m, n, device="cuda").bfloat16()
@@ -62,8 +66,9 @@ def main() -> None:
     parser.add_argument("--names", action="store_true", help="print each call's kernels (CUPTI), no ncu")
     parser.add_argument("--versions", nargs="+", default=["AUTO"], help="gemm_version names")
     parser.add_argument("--all-stages", action="store_true", help="ours with every stage that fits (part 26)")
+    parser.add_argument("--tokens", type=int, default=8192, help="the weight gradients' K")
     args = parser.parse_args()
-    todo = calls(args.weight_grads, args.versions, args.all_stages)
+    todo = calls(args.weight_grads, args.versions, args.all_stages, args.tokens)
     if args.names:
         print(torch.cuda.get_device_name())
         for label, ours, cublas in todo:
