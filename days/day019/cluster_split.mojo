@@ -18,7 +18,9 @@ from days.day014.gemm_v3_tma import mbar_wait
 # --8<-- [start:dsmem]
 @always_inline
 def store_cta_async_f32x4(
-    dst: Pointer[Float32, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+    dst: Pointer[
+        Float32, MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
     bar: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
     cta: Int,
     v: SIMD[DType.float32, 4],
@@ -54,7 +56,9 @@ def reduce_in_cluster[
     UNIT_COLS: Int,
 ](
     acc: SIMD[DType.float32, _],
-    red: Pointer[Float32, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
+    red: Pointer[
+        Float32, MutUntrackedOrigin, address_space=AddressSpace.SHARED
+    ],
     red_full: Pointer[
         Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED
     ],
@@ -96,7 +100,8 @@ def reduce_in_cluster[
     comptime for u in range(UNITS):
         var owner = u % CLUSTER
         if owner != rank:
-            var sender = (rank - owner + CLUSTER) % CLUSTER - 1  # 0 .. CLUSTER - 2
+            # this CTA's place among the owner's senders: 0 .. CLUSTER - 2
+            var sender = (rank - owner + CLUSTER) % CLUSTER - 1
             var slot = red.unsafe_offset(
                 (sender * PER_OWNER + u // CLUSTER) * UNIT + tid * 4
             )
@@ -107,7 +112,8 @@ def reduce_in_cluster[
                     owner,
                     acc.slice[4, offset=u * 16 + ch * 4](),
                 )
-    if tid == 0:  # the bytes this CTA's units receive, from the CLUSTER - 1 others
+    # one thread announces the bytes this CTA's units receive from the others
+    if tid == 0:
         var owned = (UNITS - rank + CLUSTER - 1) // CLUSTER
         mbarrier_arrive_expect_tx_shared(
             red_full, Int32((CLUSTER - 1) * owned * UNIT * 4)

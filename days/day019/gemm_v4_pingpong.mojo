@@ -270,7 +270,10 @@ def gemm_pingpong_kernel[
         + 16
         + 8 * EPI_BARS
         + 8 * RED_BARS
-    ), "stages + the epilogue's boxes + what a cluster's split sends + mbarriers"
+    ), (
+        "stages + the epilogue's boxes + what a cluster's split sends +"
+        " mbarriers"
+    )
     comptime assert not TMA_STORE or (
         SPLIT == 0 and BN1 == 0 and not F32_OUT
     ), "TMA stores: whole tiles, one column part, 16-bit outputs"
@@ -304,16 +307,20 @@ def gemm_pingpong_kernel[
         and not C_BLOCKS
         and not EPI_WARPS
     ), (
-        "split-K in a cluster: clusters of 2-4, the ping-pong schedule, one column part,"
-        " the plain epilogue from registers"
+        "split-K in a cluster: clusters of 2-4, the ping-pong schedule, one"
+        " column part, the plain epilogue from registers"
     )
-    comptime assert SPLIT == 0 or K_CLUSTER or (
-        COOP
-        and CLUSTER == 1
-        and BN1 == 0
-        and not BIAS
-        and not GELU
-        and not GELU_GRAD
+    comptime assert (
+        SPLIT == 0
+        or K_CLUSTER
+        or (
+            COOP
+            and CLUSTER == 1
+            and BN1 == 0
+            and not BIAS
+            and not GELU
+            and not GELU_GRAD
+        )
     ), (
         "split tiles: the cooperative schedule, no cluster, one column part,"
         " plain epilogue"
@@ -368,7 +375,8 @@ def gemm_pingpong_kernel[
     # EPI_WARPS: the tile's staged copy is written (epi_full) / stored (epi_empty)
     var epi_full = turn.unsafe_offset(2)
     var epi_empty = turn.unsafe_offset(3)
-    var red_full = turn.unsafe_offset(2 + EPI_BARS)  # K_CLUSTER: the peers' parts are in
+    # K_CLUSTER: the other CTAs' parts have landed
+    var red_full = turn.unsafe_offset(2 + EPI_BARS)
     if thread_idx.x == 0:
         comptime for s in range(STAGES):
             mbarrier_init(full.unsafe_offset(s), 1)
@@ -381,7 +389,8 @@ def gemm_pingpong_kernel[
             mbarrier_init(epi_full, Int32(2 * WG_THREADS))
             mbarrier_init(epi_empty, Int32(EPI_THREADS))
         comptime if K_CLUSTER:
-            mbarrier_init(red_full, 1)  # the owner's expect_tx; st.async counts bytes
+            # the owner's expect_tx; the st.async stores count bytes
+            mbarrier_init(red_full, 1)
         fence_mbarrier_init()
     comptime if CLUSTER > 1:
         cluster_sync()  # the peer's barriers exist before anything lands in them
@@ -598,7 +607,8 @@ def gemm_pingpong_kernel[
             wgmma_wait_group_sync[0]()
             var any_k = True
             comptime if K_CLUSTER:
-                any_k = ke > kb  # a cluster wider than K's steps leaves a CTA none
+                # a cluster wider than K's steps leaves a CTA none
+                any_k = ke > kb
             if lane_id() == 0 and any_k:
                 release[N_SHARE](
                     empty.unsafe_offset(ring_slot[STAGES](it0 + ke - kb - 1)[0])
