@@ -809,13 +809,11 @@ def cluster_fit(cluster: int, device_index: int | None) -> int:
     if device_index is None or device_index < 0 or not torch.cuda.is_available():
         return CLUSTER_FIT_PLANNED[cluster]
     config = next(c for c in CLUSTER_SPLIT_CONFIGS if c[2] == cluster)
-    dtype = TC_DTYPES[0]
-    red = cluster_split_bytes(128, 128, cluster)
-    stages = pp_stages(dtype, 128, 128, red=red)
-    smem = pp_smem_bytes(dtype, 128, 128, stages=stages, red=red)
-    flags = (*PLAIN_EPILOGUE, *config[2:], False, False, False, False)
-    kernel = PINGPONG_KERNEL[dtype, False, False, 128, 128, stages, smem, *flags]
-    return direct.loaded(kernel, device_index).max_active_clusters(cluster, PP_THREADS, smem)
+    # its first variant (bf16, no transposes, the plain epilogue): every variant of a
+    # config takes the same shared memory and threads
+    variant = next(_pp_variants(TC_DTYPES[0], config))
+    smem = variant[6]
+    return direct.loaded(PINGPONG_KERNEL[variant], device_index).max_active_clusters(cluster, PP_THREADS, smem)
 
 
 def cluster_split(m: int, n: int, k: int, batch: int, sms: int, device_index: int | None = None) -> int:
