@@ -394,61 +394,75 @@ def wg_store_acc[
     var t = lane_id() % 4
     var wrow = row0 + (warp_id() % 4) * 16 + g
     var out = scaled_with_bias[dtype, BN, BIAS](acc, alpha, bias, n0, N)
-    var with_c = beta != 0
-    # GELU goes pair by pair: applied to all 128 values at once it needed three times
-    # their registers and spilled.
-    comptime for half in range(2):
-        var row = wrow + half * 8
-        var row_in = row < M
-        var cq: SIMD[DType.uint32, BN // 8]
-        # (C_BLOCKS loads each half's c here: both halves first measured 7% slower on
-        # the 256 x 192 tile, whose epilogue spills; day 019, part 16)
-        comptime if C_BLOCKS:
-            cq = SIMD[DType.uint32, BN // 8]()
-            if with_c:  # beta: the same in every lane
-                cq = load_c_blocks[dtype, BN // 8](c_t, row, n0, M, N, c_rs)
-        else:
-            cq = load_c_pairs[dtype, BN // 8, GELU_GRAD](
-                c_t, row, n0, M, N, c_rs, c_cs, with_c
-            )
-        comptime for jq in range(BN // 32):
-            var res = SIMD[DType.uint32, 4]()
-            var pre = SIMD[DType.uint32, 4]()  # GELU's input, for aux
-            comptime for jj in range(4):
-                comptime j = 4 * jq + jj
-                var col = n0 + j * 8 + 2 * t
-                var kept = UInt32(0)
-                var v = epilogue_pair[dtype, GELU, GELU_GRAD](
-                    out.slice[2, offset=4 * j + 2 * half](),
-                    cq[j],
-                    beta,
-                    with_c,
-                    aux,
-                    kept,
+
+    # beta == 0 compiles without c (tma_store.mojo's wg_store_acc_tma says why)
+    @always_inline
+    @__parameter
+    def epilogue[WITH_C: Bool]():
+        # GELU goes pair by pair: applied to all 128 values at once it needed three times
+        # their registers and spilled.
+        comptime for half in range(2):
+            var row = wrow + half * 8
+            var row_in = row < M
+            var cq: SIMD[DType.uint32, BN // 8]
+            # (C_BLOCKS loads each half's c here: both halves first measured 7% slower on
+            # the 256 x 192 tile, whose epilogue spills; day 019, part 16)
+            comptime if C_BLOCKS:
+                cq = SIMD[DType.uint32, BN // 8]()
+                comptime if WITH_C:
+                    cq = load_c_blocks[dtype, BN // 8](c_t, row, n0, M, N, c_rs)
+            else:
+                cq = load_c_pairs[dtype, BN // 8, GELU_GRAD](
+                    c_t, row, n0, M, N, c_rs, c_cs, WITH_C
                 )
-                pre[jj] = kept
-                comptime if F32_OUT:
-                    if row_in and col < N:
-                        store_streaming(o32.unsafe_offset(row * N + col), v)
-                else:
-                    res[jj] = _packed[dtype](v)
-            comptime if not F32_OUT:  # (float32 pairs were stored above)
-                quad_transpose(res, t)
-                comptime if GELU:
-                    if aux != 0:  # a kernel argument: the same in every lane
-                        quad_transpose(pre, t)
-                var col = n0 + (4 * jq + t) * 8  # this lane's whole block
-                if (
-                    row_in and col < N
-                ):  # N % 8 == 0: a block is all in or all out
-                    o_t.unsafe_store[alignment=16](
-                        row * N + col, bitcast[dtype, 8](res)
+            comptime for jq in range(BN // 32):
+                var res = SIMD[DType.uint32, 4]()
+                var pre = SIMD[DType.uint32, 4]()  # GELU's input, for aux
+                comptime for jj in range(4):
+                    comptime j = 4 * jq + jj
+                    var col = n0 + j * 8 + 2 * t
+                    var kept = UInt32(0)
+                    var v = epilogue_pair[dtype, GELU, GELU_GRAD](
+                        out.slice[2, offset=4 * j + 2 * half](),
+                        cq[j],
+                        beta,
+                        WITH_C,
+                        aux,
+                        kept,
                     )
+                    pre[jj] = kept
+                    comptime if F32_OUT:
+                        if row_in and col < N:
+                            store_streaming(o32.unsafe_offset(row * N + col), v)
+                    else:
+                        res[jj] = _packed[dtype](v)
+                comptime if not F32_OUT:  # (float32 pairs were stored above)
+                    quad_transpose(res, t)
                     comptime if GELU:
-                        if aux != 0:
-                            aux_t.unsafe_store[alignment=16](
-                                row * N + col, bitcast[dtype, 8](pre)
-                            )
+                        if (
+                            aux != 0
+                        ):  # a kernel argument: the same in every lane
+                            quad_transpose(pre, t)
+                    var col = n0 + (4 * jq + t) * 8  # this lane's whole block
+                    if (
+                        row_in and col < N
+                    ):  # N % 8 == 0: a block is all in or all out
+                        o_t.unsafe_store[alignment=16](
+                            row * N + col, bitcast[dtype, 8](res)
+                        )
+                        comptime if GELU:
+                            if aux != 0:
+                                aux_t.unsafe_store[alignment=16](
+                                    row * N + col, bitcast[dtype, 8](pre)
+                                )
+
+    comptime if GELU_GRAD:  # c is GELU's derivative, whatever beta
+        epilogue[False]()
+    else:
+        if beta != 0:  # a kernel argument: the same in every lane
+            epilogue[True]()
+        else:
+            epilogue[False]()
 
 
 @always_inline

@@ -113,6 +113,33 @@ def ring_slot[STAGES: Int](i: Int) -> Tuple[Int, Int]:
     return (Int(u % UInt32(STAGES)), Int((u // UInt32(STAGES)) % 2))
 
 
+struct RingCursor[STAGES: Int](Movable):
+    """ring_slot's (stage, phase) of one use of the ring, stepped to the next use by
+    adding one: a k-loop that divides its index by STAGES in every iteration spent
+    ~a fifth of its stall samples on that multiply-high (day 019, part 28's profile);
+    a cursor divides once, where its walk starts."""
+
+    var stage: Int
+    var phase: Int
+
+    @always_inline
+    def __init__(out self, i: Int):
+        var slot = ring_slot[Self.STAGES](i)
+        self.stage, self.phase = slot[0], slot[1]
+
+    @always_inline
+    def advance(mut self):
+        if self.stage == Self.STAGES - 1:
+            self.stage, self.phase = 0, self.phase ^ 1
+        else:
+            self.stage += 1
+
+    @always_inline
+    def before(self) -> Int:
+        """The stage of the use before this one."""
+        return self.stage - 1 if self.stage > 0 else Self.STAGES - 1
+
+
 @always_inline
 def consumer_index(wg: Int) -> Int:
     """A consumer warpgroup's index (wg - 1), broadcast from lane 0.

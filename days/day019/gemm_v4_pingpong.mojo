@@ -64,8 +64,8 @@ from days.day014.gemm_v3_tma import (
     TMA_PRODUCER_REGS,
     TMA_CONSUMER_REGS,
     fence_mbarrier_init,
+    RingCursor,
     mbar_wait,
-    ring_slot,
     set_max_registers,
     tma_desc,
     tma_load_operand,
@@ -411,6 +411,7 @@ def gemm_pingpong_kernel[
             var a_ptr = Pointer(to=a_map).unsafe_bitcast[NoneType]()
             var b_ptr = Pointer(to=b_map).unsafe_bitcast[NoneType]()
             var it = 0
+            var ring = RingCursor[STAGES](0)
             var units = Units[STREAM_K](begin, end, stride, my_k)
             while units.next():  # k-steps [kb, ke) of tile t
                 var t = units.t
@@ -418,12 +419,9 @@ def gemm_pingpong_kernel[
                 var tile = tile_coords[GROUP_M](t % per_batch, num_m, num_n)
                 var tn = tile[1] * N_SHARE + n_rank
                 for kt in range(units.kb, units.ke):
-                    var s = ring_slot[STAGES](it)[0]
+                    var s = ring.stage
                     if it >= STAGES:  # the consumers released round r-1
-                        mbar_wait(
-                            empty.unsafe_offset(s),
-                            ring_slot[STAGES](it - STAGES)[1],
-                        )
+                        mbar_wait(empty.unsafe_offset(s), ring.phase ^ 1)
                     mbarrier_arrive_expect_tx_shared(
                         full.unsafe_offset(s), Int32(STAGE_BYTES)
                     )
@@ -463,6 +461,7 @@ def gemm_pingpong_kernel[
                         bt,
                     )
                     it += 1
+                    ring.advance()
         comptime if EPI_WARPS:
             if thread_idx.x >= WARP_SIZE:  # warps 1-3: GELU and the stores
                 var etid = thread_idx.x - WARP_SIZE
@@ -575,11 +574,10 @@ def gemm_pingpong_kernel[
                 )
             var acc0 = SIMD[DType.float32, ROW_BLOCKS * FRAG0](0)
             var acc1 = SIMD[DType.float32, ROW_BLOCKS * FRAG1](0)
+            var ring = RingCursor[STAGES](it0)
             for kt in range(kb, ke):
-                var it = it0 + kt - kb
-                var slot = ring_slot[STAGES](it)
-                var s = slot[0]
-                mbar_wait(full.unsafe_offset(s), slot[1])
+                var s = ring.stage
+                mbar_wait(full.unsafe_offset(s), ring.phase)
                 var sa_k = sa.unsafe_offset(s * A_ELEMS)
                 var sb_k = sb.unsafe_offset(s * B_ELEMS)
                 # one descriptor per operand and k-step; each wgmma adds a constant
@@ -597,9 +595,8 @@ def gemm_pingpong_kernel[
                 wgmma_commit_group_sync()
                 wgmma_wait_group_sync[1]()
                 if kt > kb and lane_id() == 0:
-                    release[N_SHARE](
-                        empty.unsafe_offset(ring_slot[STAGES](it - 1)[0])
-                    )
+                    release[N_SHARE](empty.unsafe_offset(ring.before()))
+                ring.advance()
             # every wgmma of this tile is issued: the other consumer may start
             comptime if not COOP:
                 if lane_id() == 0:
@@ -610,9 +607,7 @@ def gemm_pingpong_kernel[
                 # a cluster wider than K's steps leaves a CTA none
                 any_k = ke > kb
             if lane_id() == 0 and any_k:
-                release[N_SHARE](
-                    empty.unsafe_offset(ring_slot[STAGES](it0 + ke - kb - 1)[0])
-                )
+                release[N_SHARE](empty.unsafe_offset(ring.before()))
             round += 1
             comptime if STREAM_K:
                 done += ke - kb

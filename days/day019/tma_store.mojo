@@ -267,80 +267,109 @@ def wg_store_acc_tma[
     var g = lane_id() // 4
     var wrow = row0 + (warp_id() % 4) * 16 + g
     var out = scaled_with_bias[dtype, BN, BIAS](acc, alpha, bias, n0, N)
-    var with_c = beta != 0
-    # C_BLOCKS: every box's c first, so that one wait covers them all (loads issued
-    # between the boxes' stores made a trip to memory per box and half)
-    var c_all = SIMD[DType.uint32, BN // 4]()
-    comptime if C_BLOCKS:
-        if with_c:
-            comptime for h in range(BN // STORE_BOX):
-                comptime for half in range(2):
-                    c_all = c_all.insert[offset=(2 * h + half) * 8](
-                        load_c_blocks[dtype, 8](
-                            c_t, wrow + half * 8, n0 + h * STORE_BOX, M, N, c_rs
+
+    # beta == 0 (a plain product) compiles without c: a per-pair `if beta != 0`
+    # still unpacked c's zeros and kept the selects, about a fifth of the epilogue's
+    # instructions, run by one warp per SM sub-partition after the last k-step
+    # (day 019, part 29)
+    @always_inline
+    @__parameter
+    def epilogue[WITH_C: Bool]():
+        # C_BLOCKS: every box's c first, so that one wait covers them all (loads issued
+        # between the boxes' stores made a trip to memory per box and half)
+        var c_all = SIMD[DType.uint32, BN // 4]()
+        comptime if C_BLOCKS:
+            comptime if WITH_C:
+                comptime for h in range(BN // STORE_BOX):
+                    comptime for half in range(2):
+                        c_all = c_all.insert[offset=(2 * h + half) * 8](
+                            load_c_blocks[dtype, 8](
+                                c_t,
+                                wrow + half * 8,
+                                n0 + h * STORE_BOX,
+                                M,
+                                N,
+                                c_rs,
+                            )
                         )
+        comptime for h in range(BN // STORE_BOX):
+            comptime J0 = h * (STORE_BOX // 8)  # the box's first column block
+            var res = SIMD[DType.uint32, 16]()
+            # GELU's input (or derivative), for aux
+            var pre = SIMD[DType.uint32, 16]()
+            var cs = SIMD[
+                DType.float32, 16
+            ]()  # GELU_GRAD: its column sums, by pair
+            comptime for half in range(2):
+                var row_in = wrow + half * 8 < M
+                var cq: SIMD[DType.uint32, 8]
+                comptime if C_BLOCKS:  # c in 16-byte blocks (gemm_common's load_c_blocks)
+                    cq = c_all.slice[8, offset=(2 * h + half) * 8]()
+                else:
+                    cq = load_c_pairs[dtype, 8, GELU_GRAD](
+                        c_t,
+                        wrow + half * 8,
+                        n0 + h * STORE_BOX,
+                        M,
+                        N,
+                        c_rs,
+                        c_cs,
+                        WITH_C,
                     )
-    comptime for h in range(BN // STORE_BOX):
-        comptime J0 = h * (STORE_BOX // 8)  # the box's first column block
-        var res = SIMD[DType.uint32, 16]()
-        # GELU's input (or derivative), for aux
-        var pre = SIMD[DType.uint32, 16]()
-        var cs = SIMD[
-            DType.float32, 16
-        ]()  # GELU_GRAD: its column sums, by pair
-        comptime for half in range(2):
-            var row_in = wrow + half * 8 < M
-            var cq: SIMD[DType.uint32, 8]
-            comptime if C_BLOCKS:  # c in 16-byte blocks (gemm_common's load_c_blocks)
-                cq = c_all.slice[8, offset=(2 * h + half) * 8]()
-            else:
-                cq = load_c_pairs[dtype, 8, GELU_GRAD](
-                    c_t,
-                    wrow + half * 8,
-                    n0 + h * STORE_BOX,
-                    M,
-                    N,
-                    c_rs,
-                    c_cs,
-                    with_c,
-                )
-            comptime for jc in range(8):
-                comptime j = J0 + jc
-                var kept = UInt32(0)
-                var v = epilogue_pair[dtype, GELU, GELU_GRAD](
-                    out.slice[2, offset=4 * j + 2 * half](),
-                    cq[jc],
-                    beta,
-                    with_c,
-                    aux,
-                    kept,
-                )
-                res[half * 8 + jc] = _packed[dtype](v)
-                pre[half * 8 + jc] = kept
-                comptime if GELU_GRAD:
-                    cs[2 * jc] += v[0] if row_in else 0
-                    cs[2 * jc + 1] += v[1] if row_in else 0
-        comptime if GELU_GRAD:
-            if aux != 0:  # a kernel argument: the same in every lane
-                col_sums = col_sums.insert[offset=2 * h](
-                    col_sums.slice[2, offset=2 * h]() + reduce_scatter_rows(cs)
-                )
-        var box = boxes.unsafe_offset((piece % STORE_BOXES) * STORE_BOX_ELEMS)
-        write_box_pairs[dtype](box, res)
-        publish_box[dtype](
-            out_map, box, n0 + h * STORE_BOX, row0, bt, storer, bar_id
-        )
-        piece += 1
-        comptime if GELU:
-            if aux != 0:  # a kernel argument: the same in every lane
-                box = boxes.unsafe_offset(
-                    (piece % STORE_BOXES) * STORE_BOX_ELEMS
-                )
-                write_box_pairs[dtype](box, pre)
-                publish_box[dtype](
-                    aux_map, box, n0 + h * STORE_BOX, row0, bt, storer, bar_id
-                )
-                piece += 1
+                comptime for jc in range(8):
+                    comptime j = J0 + jc
+                    var kept = UInt32(0)
+                    var v = epilogue_pair[dtype, GELU, GELU_GRAD](
+                        out.slice[2, offset=4 * j + 2 * half](),
+                        cq[jc],
+                        beta,
+                        WITH_C,
+                        aux,
+                        kept,
+                    )
+                    res[half * 8 + jc] = _packed[dtype](v)
+                    pre[half * 8 + jc] = kept
+                    comptime if GELU_GRAD:
+                        cs[2 * jc] += v[0] if row_in else 0
+                        cs[2 * jc + 1] += v[1] if row_in else 0
+            comptime if GELU_GRAD:
+                if aux != 0:  # a kernel argument: the same in every lane
+                    col_sums = col_sums.insert[offset=2 * h](
+                        col_sums.slice[2, offset=2 * h]()
+                        + reduce_scatter_rows(cs)
+                    )
+            var box = boxes.unsafe_offset(
+                (piece % STORE_BOXES) * STORE_BOX_ELEMS
+            )
+            write_box_pairs[dtype](box, res)
+            publish_box[dtype](
+                out_map, box, n0 + h * STORE_BOX, row0, bt, storer, bar_id
+            )
+            piece += 1
+            comptime if GELU:
+                if aux != 0:  # a kernel argument: the same in every lane
+                    box = boxes.unsafe_offset(
+                        (piece % STORE_BOXES) * STORE_BOX_ELEMS
+                    )
+                    write_box_pairs[dtype](box, pre)
+                    publish_box[dtype](
+                        aux_map,
+                        box,
+                        n0 + h * STORE_BOX,
+                        row0,
+                        bt,
+                        storer,
+                        bar_id,
+                    )
+                    piece += 1
+
+    comptime if GELU_GRAD:  # c is GELU's derivative, whatever beta
+        epilogue[False]()
+    else:
+        if beta != 0:  # a kernel argument: the same in every lane
+            epilogue[True]()
+        else:
+            epilogue[False]()
 
 
 # --8<-- [end:smem_epilogue]
