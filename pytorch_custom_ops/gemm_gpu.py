@@ -313,15 +313,13 @@ def _pp_variants(dtype: torch.dtype, config: tuple, tma_store: bool = False):
     bm, bn, cluster, coop, split = config
     red = cluster_split_bytes(bm, bn, cluster) if split == 3 else 0
 
-    def variant(pair, epilogue, f32_out=False, c_blocks=False, epi_warps=False, stages=None):
-        stages = stages or pp_stages(dtype, bm, bn, tma_store, epi_warps, red)
+    def variant(pair, epilogue, f32_out=False, c_blocks=False, epi_warps=False):
+        stages = pp_stages(dtype, bm, bn, tma_store, epi_warps, red)
         smem = pp_smem_bytes(dtype, bm, bn, tma_store, epi_warps, stages, red)
         flags = (cluster, coop, split, f32_out, tma_store, c_blocks, epi_warps)
         return (dtype, *pair, bm, bn, stages, smem, *epilogue, *flags)
 
     yield from (variant(pair, PLAIN_EPILOGUE) for pair in PAIRS)
-    if tma_store and config == ONE_ROUND_CONFIG:
-        yield from (variant(pair, PLAIN_EPILOGUE, stages=ONE_ROUND_STAGES) for pair in PAIRS)
     if not split:  # the fused epilogues: split tiles serve the long-K backward's plain products only
         yield from (variant((False, True), epilogue) for epilogue in PP_LINEAR_EPILOGUES)
         yield variant((False, False), PP_GELU_GRAD)
@@ -336,37 +334,14 @@ def _pp_variants(dtype: torch.dtype, config: tuple, tma_store: bool = False):
 
 
 # One round of ping-pong 128 x 128 tiles with TMA stores and a very long K (AUTO's
-# ONE_ROUND_LONG_K_TILE from ONE_ROUND_SHALLOW_K: weight gradients at 16384 tokens) runs 4
-# stages, not the 6 that fit, and AUTO does not split K there. Measured on the H200 (bf16,
-# % of cuBLAS; days/day019/README.md, part 26): by kernel time (operands warm in L2)
-# 4 stages beat split-K (2304 x 768 x 16384 89 against 85%, 1280 x 1280 x 16384 89 against
-# 86%) and 6 stages (81%); end to end from a flushed L2, the benchmark's timer, they
-# are level with split-K (88 against 87%, 89 against 89-90%) and ahead of 6 stages
-# (84, 86%). At K = 4096-8192 the two timers disagree: 4 stages win by 5-7 points by
-# kernel time and lose by 3-7 from a flushed L2 (2304 x 768 x 8192: 89-90 against 84-85%,
-# 83 against 87%), so there the 6 stages stay. 5 stages were level with 6, 3 far behind.
-ONE_ROUND_CONFIG = (128, 128, 1, False, 0)
-ONE_ROUND_STAGES = 4
-ONE_ROUND_SHALLOW_K = 16384
-_one_round_stages = direct.PlanSetting(ONE_ROUND_STAGES)
-
-
-def one_round_stages(
-    m: int, n: int, k: int, batch: int, sms: int, config: tuple, tma_store: bool, epilogue
-) -> int | None:
-    """The stages of a version 4 launch where ONE_ROUND_STAGES applies (None elsewhere:
-    every stage that fits)."""
-    if _one_round_stages.value is None or not tma_store or config != ONE_ROUND_CONFIG or epilogue != PLAIN_EPILOGUE:
-        return None
-    if _cdiv(m, 128) * _cdiv(n, 128) * batch > sms or k < ONE_ROUND_SHALLOW_K:
-        return None
-    return _one_round_stages.value
-
-
-def all_stages():
-    """Inside the block, version 4 runs every stage that fits on one round of very long-K
-    tiles too (ONE_ROUND_STAGES off, as before day 019's part 26): an A/B in one process."""
-    return _one_round_stages.set_to(None)
+# ONE_ROUND_LONG_K_TILE) is not split along K from ONE_ROUND_UNSPLIT_K on: at 16384
+# tokens it beats split-K by kernel time and from a flushed L2 (H200, bf16, % of cuBLAS;
+# days/day019/README.md, parts 26 and 29: 2304 x 768 x 16384 93% against 85%, 97% against
+# 87% flushed). Part 26 ran it with 4 stages, which then beat the 6 that fit; part 29
+# found why (the k-loop divided its index by 6 in every step, by 4 a shift) and with the
+# division gone the 6 stages win everywhere (89 -> 93%, flushed 89 -> 97%), so every
+# stage that fits runs again.
+ONE_ROUND_UNSPLIT_K = 16384
 
 
 # The operand loads' L2 promotion (TensorMapSpec.l2_promotion), in bytes: none (what MAX
@@ -869,10 +844,10 @@ def auto_tile(
     tiles128 = _cdiv(m, 128) * _cdiv(n, 128) * batch
     few = kind == "tma" and bm == 128 and tiles128 <= FEW_TILES * sms
     one_round_long_k = kind == "tma" and bm == 128 and not few and tiles128 <= sms and k >= ONE_ROUND_LONG_K
-    shallow = one_round_long_k and k >= ONE_ROUND_SHALLOW_K  # ONE_ROUND_STAGES beat split-K there (part 26)
+    unsplit = one_round_long_k and k >= ONE_ROUND_UNSPLIT_K  # one round beats split-K there (parts 26, 29)
     cs = cluster_split(m, n, k, batch, sms, device_index) if plain_auto and k >= CLUSTER_SPLIT_MIN_K else 1
     cluster_cost = cluster_split_cost(k, cs) if cs > 1 else best
-    if plain_epilogue and not shallow:
+    if plain_epilogue and not unsplit:
         s, split_cost = split_k(m, n, k, batch, sms)
         if s > 1 and split_cost < SPLIT_K_MARGIN * best and split_cost < cluster_cost:
             return "coop_splitk", 256, 128
@@ -881,7 +856,7 @@ def auto_tile(
     if few:
         return few_tiles_tile(m, n, batch, sms)  # under half a round: more tiles, every SM busy
     if one_round_long_k:
-        return ONE_ROUND_LONG_K_TILE  # one round, long k-loops (ONE_ROUND_STAGES from ONE_ROUND_SHALLOW_K)
+        return ONE_ROUND_LONG_K_TILE  # one round, long k-loops
     if kind == "tma" and k <= SHORT_K and tiles128 > sms:
         return SHORT_K_TILE  # more than a round of short tiles: overlap their epilogues
     return kind, bm, bn
@@ -1025,10 +1000,7 @@ def pingpong_launch(
         out_map = aux_map = output_tma_map(out, batch, m, n)
         if aux is not None:
             aux_map = output_tma_map(aux, batch, m, n)
-    config = (bm, bn, cluster, coop, split)
-    stages = one_round_stages(m, n, k, batch, sms, config, tma_store, epilogue) or pp_stages(
-        dtype, bm, bn, tma_store, epi_warps, red
-    )
+    stages = pp_stages(dtype, bm, bn, tma_store, epi_warps, red)
     smem = pp_smem_bytes(dtype, bm, bn, tma_store, epi_warps, stages, red)
     flags = (*epilogue, cluster, coop, split, f32_out, tma_store)
     # c in 16-byte blocks where it fits and the variant exists (PP_C_BLOCKS_EPILOGUES)

@@ -325,8 +325,8 @@ BRANCHES = [
     ("AUTO", BF16, None, 200, 264, 136, "pingpong 64x64 tma"),  # 6 square tiles: FEW_TILES, 20 of 64 x 64
     ("AUTO", BF16, None, 1160, 1160, 136, "tma 128x128"),  # 81 square tiles: more than half a round
     ("AUTO", FP16, None, 1160, 1160, 4104, "pingpong 128x128 tma"),  # the same, K >= 4096: ONE_ROUND_LONG_K
-    ("AUTO", BF16, None, 1160, 1160, 16392, "pingpong 128x128 tma 4 stages"),  # K >= 16384: ONE_ROUND_STAGES
-    ("PINGPONG_TMA_128x128", FP16, 2, 1000, 520, 16392, "pingpong 128x128 tma 4 stages"),  # 8 x 5 x 2 tiles
+    ("AUTO", BF16, None, 1160, 1160, 16392, "pingpong 128x128 tma"),  # K >= 16384: not split (ONE_ROUND_UNSPLIT_K)
+    ("PINGPONG_TMA_128x128", FP16, 2, 1000, 520, 16392, "pingpong 128x128 tma"),  # 8 x 5 x 2 tiles, K past 2^14
     ("AUTO", FP16, None, 1536, 2816, 72, "coop 256x128 tma"),  # 6 x 22 = 132 wide tiles: version 4
     ("AUTO", BF16, 33, 200, 264, 72, "coop 128x192"),  # 132 tiles of 128 x 192 fill the grid (99 of 256 x 128)
     ("AUTO", BF16, None, 201, 135, 77, "mma 64 novec"),

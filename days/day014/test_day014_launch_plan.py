@@ -141,8 +141,7 @@ def choice(launch) -> str:
         extra = (f" cluster {cluster}" if cluster > 1 else "") + (" f32" if f32 else "") + (" tma" if tma_store else "")
         extra += (" c_blocks" if c_blocks else "") + (" epi_warps" if epi_warps else "")
         red = gemm_gpu.cluster_split_bytes(p[3], p[4], cluster) if split == 3 else 0
-        if p[5] != gemm_gpu.pp_stages(p[0], p[3], p[4], tma_store, epi_warps, red):  # ONE_ROUND_STAGES
-            extra += f" {p[5]} stages"
+        assert p[5] == gemm_gpu.pp_stages(p[0], p[3], p[4], tma_store, epi_warps, red)  # every stage that fits
         return f"{kind} {p[3]}x{p[4]}" + extra
     vec = "vec" if p[3] else "novec"
     return f"{'mma' if family is gemm_gpu.TC_KERNEL else 'simt'} {p[4]} {vec}"
@@ -174,8 +173,8 @@ AUTO = [
     ((768, 2304, 8192, BF16, None), "pingpong 128x128 tma"),  # 108 square tiles, one wave: 2 pieces do not
     # pay; K >= 4096: ONE_ROUND_LONG_K
     ((2304, 768, 1024, BF16, None), "tma 128x128"),  # the same tiles, a short K: version 3
-    ((768, 2304, 16384, BF16, None), "pingpong 128x128 tma 4 stages"),  # ... and at twice the K (the 124M
-    # step) with ONE_ROUND_STAGES, level with split-K from a flushed L2 and ahead by kernel time (part 26)
+    ((768, 2304, 16384, BF16, None), "pingpong 128x128 tma"),  # ... and at twice the K (the 124M step),
+    # not split: ahead of split-K by kernel time and from a flushed L2 (parts 26, 29)
     ((768, 1024, 16384, BF16, None), "splitk 256x128"),  # 48 square tiles: FEW_TILES; 2 x 8 wide ones, split
     # one round of version 3's three-consumer 192 x 128 tiles where K is long (part 12)
     ((3072, 768, 8192, BF16, None), "tma 192x128"),  # 96 tiles; 72 wide ones (55% of the SMs)
@@ -457,20 +456,15 @@ def test_forced_versions_apply_where_their_conditions_hold():
     assert gemm_gpu.current_version() == "AUTO"
 
 
-def test_one_round_of_long_k_tiles_runs_fewer_stages():
-    # ONE_ROUND_STAGES (day 019, part 26): one round of ping-pong 128 x 128 tiles with TMA
-    # stores and K >= ONE_ROUND_SHALLOW_K, under AUTO or forced; all_stages() turns it off
+def test_every_version_4_launch_runs_every_stage_that_fits():
+    # day 019, part 29: one round of ping-pong 128 x 128 tiles with a very long K runs its 6
+    # stages again (part 26's 4 lost once the k-loop stopped dividing by 6), and is not split
     for ta, tb in PAIRS:
-        assert choice(plan(768, 2304, 16384, BF16, ta, tb)) == "pingpong 128x128 tma 4 stages"
-        with gemm_gpu.all_stages():
-            assert choice(plan(768, 2304, 16384, BF16, ta, tb)) == "pingpong 128x128 tma"
+        assert choice(plan(768, 2304, 16384, BF16, ta, tb)) == "pingpong 128x128 tma"
     with gemm_version("PINGPONG_TMA_128x128"):
-        assert choice(plan(1000, 520, 16392, FP16, batch=2)) == "pingpong 128x128 tma 4 stages"
-        assert choice(plan(768, 2304, 16376, BF16, True, False)) == "pingpong 128x128 tma"  # K < 16384
-        assert choice(plan(1536, 2304, 16384, BF16, True, False)) == "pingpong 128x128 tma"  # 216 tiles
-    with gemm_version("PINGPONG_128x128"):  # the register epilogue: every stage
-        assert choice(plan(768, 2304, 16384, BF16, True, False)) == "pingpong 128x128"
-    assert gemm_gpu.ONE_ROUND_STAGES < gemm_gpu.pp_stages(BF16, 128, 128, tma_store=True)
+        assert choice(plan(1000, 520, 16392, FP16, batch=2)) == "pingpong 128x128 tma"
+    stages = {v[5] for v in gemm_gpu.PINGPONG_KERNEL.variants if v[3:5] == (128, 128) and v[14] and v[12] == 0}
+    assert stages == {gemm_gpu.pp_stages(BF16, 128, 128, tma_store=True)} == {6}
 
 
 def test_l2_promotion_widens_the_operand_loads_only():

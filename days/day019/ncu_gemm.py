@@ -13,35 +13,30 @@ tokens (768 x 768, split-K, 65% of cuBLAS; 2304 x 768, one round of tiles, 84%):
 is the split GEMM and the sum kernel (results/nvidia-h100-80gb-hbm3/day019_ncu_weight_grads.txt).
 `--names` prints each call's kernels and their CUPTI times instead (no ncu needed);
 `--versions` runs those forced versions of gemm_version instead of AUTO, in that order;
-`--all-stages` runs ours under gemm_gpu.all_stages (every stage that fits: part 26's A/B);
 `--tokens T` sets the weight gradients' K (part 28's fixed cost: T = 64 is one k-step).
 """
 
 import argparse
-import contextlib
 
 import torch
 
 import pytorch_custom_ops as pco
 from benchmark.gpu_script import need_cuda
 from benchmark.timing import kernel_times_us
-from pytorch_custom_ops import gemm_gpu
 
 FORWARDS = ((16384, 2304, 768), (16384, 768, 3072))  # (tokens, out, in): y = x W^T
 WEIGHT_GRADS = ((8192, 768, 768), (8192, 768, 2304))  # (tokens, in, out): dW = dY^T X, (out, in)
 
 
-def forced(version: str, fn, all_stages: bool = False):
+def forced(version: str, fn):
     def run():
-        with pco.gemm_version(version), gemm_gpu.all_stages() if all_stages else contextlib.nullcontext():
+        with pco.gemm_version(version):
             return fn()
 
     return run
 
 
-def calls(
-    weight_grads: bool, versions: list[str], all_stages: bool = False, tokens: int = 8192
-) -> list[tuple[str, object, object]]:
+def calls(weight_grads: bool, versions: list[str], tokens: int = 8192) -> list[tuple[str, object, object]]:
     """(label, ours, cuBLAS's) for each shape and version; the weight gradients at `tokens`."""
     out = []
     shapes = [(tokens, n, k) for _, n, k in WEIGHT_GRADS] if weight_grads else FORWARDS
@@ -56,7 +51,7 @@ def calls(
             w = torch.randn(n, k, device="cuda").bfloat16()
             label = f"y {m}x{n}, K={k}"
             ours, theirs = (lambda x=x, w=w: pco.gemm(x, w, transpose_b=True)), (lambda x=x, w=w: x @ w.t())
-        out.extend((f"{label} {v}", forced(v, ours, all_stages), theirs) for v in versions)
+        out.extend((f"{label} {v}", forced(v, ours), theirs) for v in versions)
     return out
 
 
@@ -65,10 +60,9 @@ def main() -> None:
     parser.add_argument("--weight-grads", action="store_true", help="the split-K weight gradients")
     parser.add_argument("--names", action="store_true", help="print each call's kernels (CUPTI), no ncu")
     parser.add_argument("--versions", nargs="+", default=["AUTO"], help="gemm_version names")
-    parser.add_argument("--all-stages", action="store_true", help="ours with every stage that fits (part 26)")
     parser.add_argument("--tokens", type=int, default=8192, help="the weight gradients' K")
     args = parser.parse_args()
-    todo = calls(args.weight_grads, args.versions, args.all_stages, args.tokens)
+    todo = calls(args.weight_grads, args.versions, args.tokens)
     if args.names:
         print(torch.cuda.get_device_name())
         for label, ours, cublas in todo:

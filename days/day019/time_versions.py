@@ -6,8 +6,7 @@
     PYTHONPATH=$PWD python days/day019/time_versions.py --small --versions AUTO TMA_128x128
     PYTHONPATH=$PWD python days/day019/time_versions.py --one-round --versions AUTO PINGPONG_TMA_128x128
     PYTHONPATH=$PWD python days/day019/time_versions.py --in-turn 5 --versions AUTO TMA_128x256
-    PYTHONPATH=$PWD python days/day019/time_versions.py --one-round --in-turn 3 --all-stages-too --versions AUTO
-    PYTHONPATH=$PWD python days/day019/time_versions.py --one-round --in-turn 1 --flushed [--all-stages]
+    PYTHONPATH=$PWD python days/day019/time_versions.py --one-round --in-turn 1 --flushed
     PYTHONPATH=$PWD python days/day019/time_versions.py --cluster-split --in-turn 3 --versions AUTO SPLITK_256x128
 
 The issue's squares and GPT-2 small's linear layers at 8192 tokens (forward, dX, dW);
@@ -21,9 +20,8 @@ with `--width` those of one day 016 block of that width (d -> 3d, d -> d, d -> 4
 `--tokens`, `--small` or `--one-round` ones), cuBLAS and every version timed in turn for
 R rounds, each round in another order, and the median of the rounds: after the 8192^3
 products the card runs at its power limit for a while, and whoever is timed first then
-pays for it (part 24). `--all-stages-too` adds AUTO with every stage that fits
-(`gemm_gpu.all_stages`, part 26) to each turn, `--all-stages` runs everything so, and
-`--flushed` times each shape once in turn with the benchmark's timer (L2 flushed before
+pays for it (part 24). (Part 26's `--all-stages-too` went with the rule it tested, in
+part 29.) `--flushed` times each shape once in turn with the benchmark's timer (L2 flushed before
 every call, CUDA events) instead of back-to-back kernel time. `--l2-promotion 256` has
 the operand tensor maps widen each L2 request to 256 bytes (`gemm_gpu.l2_promotion`), and
 `--l2-promotion-too 256` adds AUTO with it to each turn (part 27).
@@ -35,7 +33,6 @@ Each version is checked on sampled entries against float64, then timed by kernel
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 from dataclasses import dataclass
 
@@ -73,24 +70,18 @@ VERSIONS = (
 )
 
 
-# AUTO with every stage that fits (gemm_gpu.all_stages: ONE_ROUND_STAGES off), for part 26's A/B
-ALL_STAGES = "AUTO_ALL_STAGES"
-
-
 @dataclass(frozen=True)
 class Turns:
-    """in_turn's options: `all_stages_too` adds ALL_STAGES to each turn; `l2_promotion_too`
-    (bytes) adds AUTO with the operand maps' L2 promotion at that width (`AUTO_L2_256`);
-    `flushed` times end to end from a flushed L2 (the benchmark's time_cuda) instead of
-    kernel time."""
+    """in_turn's options: `l2_promotion_too` (bytes) adds AUTO with the operand maps' L2
+    promotion at that width (`AUTO_L2_256`); `flushed` times end to end from a flushed L2
+    (the benchmark's time_cuda) instead of kernel time."""
 
-    all_stages_too: bool = False
     flushed: bool = False
     l2_promotion_too: int = 0
 
     def extra_autos(self) -> dict[str, object]:
         """AUTO's A/B twins: name -> a context manager factory to run AUTO inside."""
-        extra = {ALL_STAGES: gemm_gpu.all_stages} if self.all_stages_too else {}
+        extra = {}
         if self.l2_promotion_too:
             extra[f"AUTO_L2_{self.l2_promotion_too}"] = lambda: gemm_gpu.l2_promotion(self.l2_promotion_too)
         return extra
@@ -106,22 +97,17 @@ def main() -> None:
     parser.add_argument("--in-turn", type=int, default=0, metavar="R", help="R rounds in turn, medians")
     parser.add_argument("--width", type=int, default=None, help="with --tokens: one day 016 block of this width")
     parser.add_argument("--versions", nargs="+", default=list(VERSIONS), choices=list(gemm_gpu.VERSIONS))
-    parser.add_argument("--all-stages-too", action="store_true", help=f"in turn: also {ALL_STAGES} (part 26)")
-    parser.add_argument("--all-stages", action="store_true", help="the whole run under gemm_gpu.all_stages")
     parser.add_argument("--flushed", action="store_true", help="in turn: end to end from a flushed L2 (time_cuda)")
     parser.add_argument("--l2-promotion", type=int, default=0, help="the operand maps' L2 promotion, bytes")
     parser.add_argument("--l2-promotion-too", type=int, default=0, help="in turn: also AUTO with this promotion")
     args = parser.parse_args()
     need_cuda(None, __file__)
-    with (
-        gemm_gpu.all_stages() if args.all_stages else contextlib.nullcontext(),
-        gemm_gpu.l2_promotion(args.l2_promotion),
-    ):
+    with gemm_gpu.l2_promotion(args.l2_promotion):
         run(args)
 
 
 def run(args) -> None:
-    turns = Turns(args.all_stages_too, args.flushed, args.l2_promotion_too)
+    turns = Turns(args.flushed, args.l2_promotion_too)
     if args.tokens:
         layers = block_layers(args.width) if args.width else STEP_LAYERS
         step_layers(args.tokens, args.versions, layers, args.in_turn, turns)
