@@ -722,8 +722,12 @@ def few_tiles_tile(m: int, n: int, batch: int, sms: int) -> tuple[str, int, int]
 # results/nvidia-h100-80gb-hbm3/day019_one_round_tiles.txt): GPT-2's dW 2304 x 768 x 8192
 # 75-76 -> 83-84%, 1280 x 1280 x 8192 76 -> 84%, 1536 x 1024 x 8192 90-92 -> 99-101%,
 # 1024 x 1536 x 4096 58 -> 67%, 2048 x 1024 x 4096 77 -> 77-81%. At K = 1024 it lost
-# (2304 x 768: 81-83 -> 75-77%) and at K = 2048 it was mixed (-2 to +5 points).
-ONE_ROUND_LONG_K = 4096
+# (2304 x 768: 81-83 -> 75-77%) and at K = 2048 it was mixed (-2 to +5 points). Since its
+# k-loop stopped dividing by 6 (day 019, part 29; H200, results/nvidia-h200/day019_part29.txt)
+# it wins from K = 1024: in turn by kernel time in all 21 one-round problems at K = 1024,
+# 2048 and 3072 (+2 to +17 points; 2304 x 768 x 2048: 80 -> 94%), end to end from a
+# flushed L2 in 17 of them (K = 1024: +1 to +10, level in 2, -2 at 1024 x 2048 x 1024).
+ONE_ROUND_LONG_K = 1024
 ONE_ROUND_LONG_K_TILE = ("pingpong_tma", 128, 128)
 # Split-K (part 3), for few output tiles and a long K (GPT-2's weight gradients): each
 # 256 x 128 tile's k-steps are cut into S aligned pieces, one block each, all in one

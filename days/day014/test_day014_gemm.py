@@ -324,7 +324,8 @@ BF16, FP16, FP32, FP64 = torch.bfloat16, torch.float16, torch.float32, torch.flo
 BRANCHES = [
     ("AUTO", BF16, None, 200, 264, 136, "pingpong 64x64 tma"),  # 6 square tiles: FEW_TILES, 20 of 64 x 64
     ("AUTO", BF16, None, 1160, 1160, 136, "tma 128x128"),  # 81 square tiles: more than half a round
-    ("AUTO", FP16, None, 1160, 1160, 4104, "pingpong 128x128 tma"),  # the same, K >= 4096: ONE_ROUND_LONG_K
+    ("AUTO", FP16, None, 1160, 1160, 4104, "pingpong 128x128 tma"),  # the same, K >= 1024: ONE_ROUND_LONG_K
+    ("AUTO", BF16, None, 1160, 1160, 1032, "pingpong 128x128 tma"),  # ... from its threshold (part 29)
     ("AUTO", BF16, None, 1160, 1160, 16392, "pingpong 128x128 tma"),  # K >= 16384: not split (ONE_ROUND_UNSPLIT_K)
     ("PINGPONG_TMA_128x128", FP16, 2, 1000, 520, 16392, "pingpong 128x128 tma"),  # 8 x 5 x 2 tiles, K past 2^14
     ("AUTO", FP16, None, 1536, 2816, 72, "coop 256x128 tma"),  # 6 x 22 = 132 wide tiles: version 4

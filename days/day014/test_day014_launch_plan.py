@@ -171,8 +171,9 @@ AUTO = [
     ((768, 768, 4032, BF16, None), "splitk 256x128"),  # below it: split-K, as before
     ((768, 768, 16384, BF16, None), "splitk 256x128"),  # a long K: split-K's second kernel costs less
     ((768, 2304, 8192, BF16, None), "pingpong 128x128 tma"),  # 108 square tiles, one wave: 2 pieces do not
-    # pay; K >= 4096: ONE_ROUND_LONG_K
-    ((2304, 768, 1024, BF16, None), "tma 128x128"),  # the same tiles, a short K: version 3
+    # pay; K >= 1024: ONE_ROUND_LONG_K (4096 until day 019's part 29)
+    ((2304, 768, 1024, BF16, None), "pingpong 128x128 tma"),  # the same tiles at K = 1024 (part 29) ...
+    ((2304, 768, 1016, BF16, None), "tma 128x128"),  # ... and a shorter K: version 3
     ((768, 2304, 16384, BF16, None), "pingpong 128x128 tma"),  # ... and at twice the K (the 124M step),
     # not split: ahead of split-K by kernel time and from a flushed L2 (parts 26, 29)
     ((768, 1024, 16384, BF16, None), "splitk 256x128"),  # 48 square tiles: FEW_TILES; 2 x 8 wide ones, split
@@ -188,7 +189,7 @@ AUTO = [
     ((512, 768, 768, BF16, None), "pingpong 64x64 tma"),  # 24 square tiles, 96 of 64 x 64: one round
     ((256, 3072, 768, BF16, None), "pingpong 128x64 tma"),  # 48 square tiles, 192 of 64 x 64: two rounds
     ((1000, 1000, 1000, BF16, None), "pingpong 128x64 tma"),  # 64 square tiles (FEW_TILES)
-    ((1152, 1152, 1024, BF16, None), "tma 128x128"),  # 81 square tiles: more than half a round
+    ((1152, 1152, 1000, BF16, None), "tma 128x128"),  # 81 square tiles: more than half a round, K < 1024
     ((1, 8, 8, BF16, None), "pingpong 128x64 tma"),  # at most 64 wide: no half-empty tiles
     ((4097, 8, 8, BF16, None), "pingpong 128x64 tma"),
     ((1024, 64, 1024, BF16, 96), "pingpong 128x64 tma"),  # day 016's attention: P V of 96 heads
