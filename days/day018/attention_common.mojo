@@ -29,7 +29,7 @@ from std.utils import IndexList
 from std.sys._assembly import inlined_assembly
 
 from days.day014.gemm_common import quad_transpose
-from days.day014.gemm_v3_tma import TMA_BK, RingCursor, mbar_wait, tma_desc
+from days.day014.gemm_v3_tma import TMA_BK, mbar_wait, ring_slot, tma_desc
 from days.day018.operand_hold import hold_32, hold_64, hold_96
 from days.day018.pv_wgmma_64x128 import pv_wgmma_issue_64x128, pv_wait_64x128
 from days.day018.pv_wgmma_64x64 import pv_wgmma_issue_64x64, pv_wait_64x64
@@ -611,12 +611,11 @@ def produce_stream[
     var full1 = bars.unsafe_offset(1 + STAGES)
     var empty = bars.unsafe_offset(1 + 2 * STAGES)
     var empty1 = empty_s1[STAGES, SPLIT](bars)
-    var ring = RingCursor[STAGES](it0)  # no division a tile (day 019, part 29)
     for j in range(n_tiles):
         var g = it0 + j
-        var s = ring.stage
-        if g >= STAGES:  # the consumers released the stage's previous round
-            mbar_wait(empty.unsafe_offset(s), ring.phase ^ 1)
+        var s = ring_slot[STAGES](g)[0]
+        if g >= STAGES:
+            mbar_wait(empty.unsafe_offset(s), ring_slot[STAGES](g - STAGES)[1])
         var st0 = skv.unsafe_offset(s * 2 * T_ELEMS)
         var st1 = st0.unsafe_offset(T_ELEMS)
         var head = s_head0 + j // per_head
@@ -636,7 +635,9 @@ def produce_stream[
             )
         comptime if SPLIT:
             if g >= STAGES:
-                mbar_wait(empty1.unsafe_offset(s), ring.phase ^ 1)
+                mbar_wait(
+                    empty1.unsafe_offset(s), ring_slot[STAGES](g - STAGES)[1]
+                )
         mbarrier_arrive_expect_tx_shared(
             full1.unsafe_offset(s), Int32(T_ELEMS * size_of[dtype]())
         )
@@ -651,7 +652,6 @@ def produce_stream[
                     head,
                     b,
                 )
-        ring.advance()
 
 
 # The blocks of a causal backward pass differ in work: the dQ pass's query block walks

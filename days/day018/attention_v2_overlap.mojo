@@ -13,7 +13,7 @@
 from max.gpu.compute.mma import wgmma_wait_group_sync
 from std.sys._assembly import inlined_assembly
 
-from days.day014.gemm_v3_tma import RingCursor, mbar_wait, ring_slot
+from days.day014.gemm_v3_tma import mbar_wait, ring_slot
 from days.day018.attention_common import (
     hold,
     mask_tile,
@@ -67,21 +67,8 @@ def wait_stage[
 ):
     """Wait until both streams of the block's j-th streamed tile have landed."""
     var slot = ring_slot[STAGES](j)
-    wait_slot[STAGES](bars, slot[0], slot[1])
-
-
-@always_inline
-def wait_slot[
-    STAGES: Int
-](
-    bars: Pointer[Int64, MutUntrackedOrigin, address_space=AddressSpace.SHARED],
-    stage: Int,
-    phase: Int,
-):
-    """wait_stage for the tile at (stage, phase) of the ring (a RingCursor's).
-    """
-    mbar_wait(bars.unsafe_offset(1 + stage), phase)
-    mbar_wait(bars.unsafe_offset(1 + STAGES + stage), phase)
+    mbar_wait(bars.unsafe_offset(1 + slot[0]), slot[1])
+    mbar_wait(bars.unsafe_offset(1 + STAGES + slot[0]), slot[1])
 
 
 @always_inline
@@ -111,16 +98,15 @@ def pass_tiles[
     comptime if PINGPONG:
         if open_turns and cw == NC - 1:
             sched_arrive(other)
-    var ring = RingCursor[STAGES](it0)
-    for _ in range(n):
-        wait_slot[STAGES](bars, ring.stage, ring.phase)
+    for j in range(n):
+        wait_stage[STAGES](bars, it0 + j)
         comptime if PINGPONG:
             comptime for _ in range(TURNS):
                 sched_sync(mine)
                 sched_arrive(other)
-        release_s0[STAGES, SPLIT](bars, ring.stage)
-        release_s1[STAGES, SPLIT](bars, ring.stage)
-        ring.advance()
+        var s = ring_slot[STAGES](it0 + j)[0]
+        release_s0[STAGES, SPLIT](bars, s)
+        release_s1[STAGES, SPLIT](bars, s)
 
 
 # --8<-- [start:consume]
@@ -167,30 +153,29 @@ def consume_v2[
     var full_k = bars.unsafe_offset(1)
     var full_v = bars.unsafe_offset(1 + STAGES)
     # tile 0: S alone, softmax (O is 0: nothing to rescale)
-    # the ring's stage and phase by a cursor: no division a tile (day 019, part 29)
-    var ring = RingCursor[STAGES](it0)
-    var first = ring.stage
-    mbar_wait(full_k.unsafe_offset(first), ring.phase)
+    var first = ring_slot[STAGES](it0)
+    mbar_wait(full_k.unsafe_offset(first[0]), first[1])
     comptime if PINGPONG:
         sched_sync(mine)
-    var sc = s_wgmma[dtype, D, BN](sq, skv.unsafe_offset(first * 2 * BN * D))
+    var sc = s_wgmma[dtype, D, BN](sq, skv.unsafe_offset(first[0] * 2 * BN * D))
     comptime if PINGPONG:
         sched_arrive(other)
     wgmma_wait_group_sync[0]()
-    release_s0[STAGES, SPLIT](bars, first)
+    release_s0[STAGES, SPLIT](bars, first[0])
     sc = hold(sc)
     if needs_mask[BN, CAUSAL](0, row0, Lk):
         mask_tile[BN, CAUSAL](sc, my_row, 0, Lk)
     _ = online_softmax[BN](sc, m, l, scale_log2)
     var p = p_fragments[dtype, BN](sc)
     for j in range(1, n_tiles):
-        var prev = ring.stage  # tile j - 1's
-        var prev_phase = ring.phase
-        ring.advance()
-        var s = ring.stage
+        var g = it0 + j
+        var before = ring_slot[STAGES](g - 1)
+        var now = ring_slot[STAGES](g)
+        var prev = before[0]
+        var s = now[0]
         var sk = skv.unsafe_offset(s * 2 * BN * D)
-        mbar_wait(full_k.unsafe_offset(s), ring.phase)
-        mbar_wait(full_v.unsafe_offset(prev), prev_phase)
+        mbar_wait(full_k.unsafe_offset(s), now[1])
+        mbar_wait(full_v.unsafe_offset(prev), before[1])
         comptime if PINGPONG:
             sched_sync(mine)
         sc = s_wgmma[dtype, D, BN](sq, sk)
@@ -208,8 +193,9 @@ def consume_v2[
         rescale[D](o, alpha)
         release_s1[STAGES, SPLIT](bars, prev)
         p = p_fragments[dtype, BN](sc)
-    var last = ring.stage  # tile n_tiles - 1's
-    mbar_wait(full_v.unsafe_offset(last), ring.phase)
+    var end = ring_slot[STAGES](it0 + n_tiles - 1)
+    var last = end[0]
+    mbar_wait(full_v.unsafe_offset(last), end[1])
     var sv_last = skv.unsafe_offset(last * 2 * BN * D + BN * D)
     o = pv_issue[dtype, D, BN](p, v_descs[dtype, D, BN](sv_last), o)
     o = pv_wait[D, BN](p, o)
