@@ -725,8 +725,8 @@ def few_tiles_tile(m: int, n: int, batch: int, sms: int) -> tuple[str, int, int]
 # (2304 x 768: 81-83 -> 75-77%) and at K = 2048 it was mixed (-2 to +5 points). Since its
 # k-loop stopped dividing by 6 (day 019, part 29; H200, results/nvidia-h200/day019_part29.txt)
 # it wins from K = 1024: in turn by kernel time in all 21 one-round problems at K = 1024,
-# 2048 and 3072 (+2 to +17 points; 2304 x 768 x 2048: 80 -> 94%), end to end from a
-# flushed L2 in 17 of them (K = 1024: +1 to +10, level in 2, -2 at 1024 x 2048 x 1024).
+# 2048 and 3072 (+2 to +19 points; 2304 x 768 x 2048: 80 -> 94%), end to end from a
+# flushed L2 in 19 of them (K = 1024: +1 to +10, level in 1, -2 at 1024 x 2048 x 1024).
 ONE_ROUND_LONG_K = 1024
 ONE_ROUND_LONG_K_TILE = ("pingpong_tma", 128, 128)
 # Split-K (part 3), for few output tiles and a long K (GPT-2's weight gradients): each
