@@ -393,12 +393,13 @@ def wg_store_acc[
     var g = lane_id() // 4
     var t = lane_id() % 4
     var wrow = row0 + (warp_id() % 4) * 16 + g
-    var out = scaled_with_bias[dtype, BN, BIAS](acc, alpha, bias, n0, N)
 
     # beta == 0 compiles without c (tma_store.mojo's wg_store_acc_tma says why)
     @always_inline
     @__parameter
     def epilogue[WITH_C: Bool]():
+        var out = scaled_with_bias[dtype, BN, BIAS](acc, alpha, bias, n0, N)
+        var with_c = WITH_C and beta != 0
         # GELU goes pair by pair: applied to all 128 values at once it needed three times
         # their registers and spilled.
         comptime for half in range(2):
@@ -409,11 +410,11 @@ def wg_store_acc[
             # the 256 x 192 tile, whose epilogue spills; day 019, part 16)
             comptime if C_BLOCKS:
                 cq = SIMD[DType.uint32, BN // 8]()
-                comptime if WITH_C:
+                if with_c:  # beta: the same in every lane
                     cq = load_c_blocks[dtype, BN // 8](c_t, row, n0, M, N, c_rs)
             else:
                 cq = load_c_pairs[dtype, BN // 8, GELU_GRAD](
-                    c_t, row, n0, M, N, c_rs, c_cs, WITH_C
+                    c_t, row, n0, M, N, c_rs, c_cs, with_c
                 )
             comptime for jq in range(BN // 32):
                 var res = SIMD[DType.uint32, 4]()
@@ -426,7 +427,7 @@ def wg_store_acc[
                         out.slice[2, offset=4 * j + 2 * half](),
                         cq[j],
                         beta,
-                        WITH_C,
+                        with_c,
                         aux,
                         kept,
                     )
@@ -456,8 +457,9 @@ def wg_store_acc[
                                     row * N + col, bitcast[dtype, 8](pre)
                                 )
 
-    comptime if GELU_GRAD:  # c is GELU's derivative, whatever beta
-        epilogue[False]()
+    # the fused epilogues keep one body (tma_store.mojo's wg_store_acc_tma says why)
+    comptime if BIAS or GELU or GELU_GRAD:
+        epilogue[True]()
     else:
         if beta != 0:  # a kernel argument: the same in every lane
             epilogue[True]()

@@ -266,7 +266,6 @@ def wg_store_acc_tma[
     ), "GELU_GRAD is an epilogue of its own"
     var g = lane_id() // 4
     var wrow = row0 + (warp_id() % 4) * 16 + g
-    var out = scaled_with_bias[dtype, BN, BIAS](acc, alpha, bias, n0, N)
 
     # beta == 0 (a plain product) compiles without c: a per-pair `if beta != 0`
     # still unpacked c's zeros and kept the selects, about a fifth of the epilogue's
@@ -275,11 +274,13 @@ def wg_store_acc_tma[
     @always_inline
     @__parameter
     def epilogue[WITH_C: Bool]():
+        var out = scaled_with_bias[dtype, BN, BIAS](acc, alpha, bias, n0, N)
+        var with_c = WITH_C and beta != 0
         # C_BLOCKS: every box's c first, so that one wait covers them all (loads issued
         # between the boxes' stores made a trip to memory per box and half)
         var c_all = SIMD[DType.uint32, BN // 4]()
         comptime if C_BLOCKS:
-            comptime if WITH_C:
+            if with_c:  # beta: the same in every lane
                 comptime for h in range(BN // STORE_BOX):
                     comptime for half in range(2):
                         c_all = c_all.insert[offset=(2 * h + half) * 8](
@@ -314,7 +315,7 @@ def wg_store_acc_tma[
                         N,
                         c_rs,
                         c_cs,
-                        WITH_C,
+                        with_c,
                     )
                 comptime for jc in range(8):
                     comptime j = J0 + jc
@@ -323,7 +324,7 @@ def wg_store_acc_tma[
                         out.slice[2, offset=4 * j + 2 * half](),
                         cq[jc],
                         beta,
-                        WITH_C,
+                        with_c,
                         aux,
                         kept,
                     )
@@ -363,8 +364,10 @@ def wg_store_acc_tma[
                     )
                     piece += 1
 
-    comptime if GELU_GRAD:  # c is GELU's derivative, whatever beta
-        epilogue[False]()
+    # the fused epilogues keep one body that tests beta per pair: two bodies of theirs
+    # spilled (GELU's: 1072 local loads and stores, the training MLP's forward)
+    comptime if BIAS or GELU or GELU_GRAD:
+        epilogue[True]()
     else:
         if beta != 0:  # a kernel argument: the same in every lane
             epilogue[True]()
